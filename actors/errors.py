@@ -1,0 +1,38 @@
+"""Errors raised by the live layer.
+
+::
+
+    ActorsError
+    ├── InvalidFact (ValueError)              a remember request that cannot be stored
+    │   └── OrganizationNotConfigured         remembering into ``organization`` without one
+    └── ActorTimeout (TimeoutError)           an actor did not answer in time
+"""
+
+from __future__ import annotations
+
+
+class ActorsError(Exception):
+    """Root of every error the live layer raises."""
+
+
+class InvalidFact(ActorsError, ValueError):
+    """A remember request that cannot be stored; nothing was appended."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"cannot remember this fact: {field} {problem}")
+
+
+class OrganizationNotConfigured(InvalidFact):
+    """The ``organization`` scope was asked for, but no organization is configured."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "scope",
+            "is 'organization', but the organization scope is not configured: pass "
+            'organization="acme" to journaled.open() or set JOURNALED_ORGANIZATION',
+        )
+
+
+class ActorTimeout(ActorsError, TimeoutError):
+    """An actor did not answer within its timeout (it may be stuck in user code)."""

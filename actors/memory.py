@@ -1,0 +1,487 @@
+"""Memory as actors: one scope actor per physical scope, and one writer.
+
+A :class:`ScopeActor` owns the projection of one physical scope (``user``, ``project``,
+``repository``, ``organization``) and answers reads. The :class:`MemoryWriter` is the only actor
+that appends memory events: it decides a command against the scope actors' state, appends every
+event of the command in one transaction (J2), then tells each scope actor to fold the events that
+concern it. Because those tells are queued before the writer answers, a read sent after a write
+returns always sees it.
+
+The writer never blocks on a scope actor that could ask it back: scope actors ask nobody.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import pykka
+
+from actors.errors import ActorTimeout, InvalidFact, OrganizationNotConfigured
+from events.base import DomainEvent, Event, Pending
+from events.errors import ConcurrencyConflict, CorruptEvent
+from events.journal import Journal
+from events.memory import (
+    ConflictKeyClaimed,
+    Fact,
+    FactDeleted,
+    FactPurged,
+    FactRelinked,
+    FactRemembered,
+    FactRestored,
+    FactSuperseded,
+    FactUnlinked,
+    key_stream,
+    physical_scope,
+)
+from events.memory_state import ScopeState
+from events.messages import (
+    All,
+    Apply,
+    Candidates,
+    CatchUp,
+    Delete,
+    Deletion,
+    Get,
+    Links,
+    LinksAnswer,
+    Purge,
+    Remember,
+    SearchScore,
+    SearchStats,
+    WithKey,
+)
+from events.redact import find_secrets, redact
+
+ASK_TIMEOUT = 30.0
+"""Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
+_RETRIES = 20
+_FOLD_BATCH = 2000
+
+Clock = Callable[[], int]
+Staged = tuple[str, DomainEvent]
+"""An event decided but not yet versioned: (stream, event)."""
+
+
+def system_clock() -> int:
+    """Return the wall clock in epoch milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def new_fact_id(now: int) -> str:
+    """Make a collision-safe, time-ordered fact id: 64 random bits per millisecond."""
+    return f"mem_{_base36(now):>09}_{os.urandom(8).hex()}"
+
+
+def _base36(n: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    n = max(0, n)
+    while True:
+        n, r = divmod(n, 36)
+        out = digits[r] + out
+        if n == 0:
+            return out
+
+
+def ask(ref: Any, message: object) -> Any:
+    """Ask an actor and wait, translating pykka's timeout into :class:`ActorTimeout`."""
+    try:
+        return ref.ask(message, timeout=ASK_TIMEOUT)
+    except pykka.Timeout as exc:
+        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
+
+
+def ask_all(refs: Sequence[Any], message: object) -> list[Any]:
+    """Ask several actors at once and wait for every answer, in order."""
+    futures = [ref.ask(message, block=False) for ref in refs]
+    try:
+        return [f.get(timeout=ASK_TIMEOUT) for f in futures]
+    except pykka.Timeout as exc:
+        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
+
+
+class ScopeActor(pykka.ThreadingActor):
+    """Hold one physical scope's facts and index; fold events; answer reads."""
+
+    def __init__(self, physical: str) -> None:
+        super().__init__()
+        self.state = ScopeState(physical)
+
+    def on_receive(self, message: object) -> object:
+        """Dispatch one message."""
+        state = self.state
+        match message:
+            case Apply(events=events, texts=texts):
+                for event in events:
+                    data = event.data
+                    text = texts.get(data.fact_id) if isinstance(data, FactRemembered) else None
+                    state.apply(data, text)
+                return None
+            case Get(fact_id=fact_id):
+                return state.get(fact_id)
+            case All():
+                return state.all()
+            case WithKey(conflict_key=key):
+                return [(f, state.superseder_until(f.id)) for f in state.with_key(key)]
+            case Links(fact_id=fact_id):
+                return LinksAnswer(
+                    listing=tuple(state.listing(fact_id)),
+                    superseded=tuple(state.superseded_by(fact_id)),
+                )
+            case SearchStats(query=query):
+                return state.stats(query)
+            case SearchScore(query=query, idfs=idfs, avgdl=avgdl):
+                return state.score(query, idfs, avgdl)
+            case Candidates(query=query):
+                return state.candidates(query)
+        raise TypeError(f"scope actor got an unknown message {type(message).__name__}")
+
+
+class MemoryWriter(pykka.ThreadingActor):
+    """Decide memory commands, append their events atomically, and fan them out to scopes."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        scopes: dict[str, Any],
+        clock: Clock,
+        organization: str | None,
+    ) -> None:
+        super().__init__()
+        self.journal = journal
+        self.scopes = scopes
+        self.clock = clock
+        self.organization = organization
+        self.position = 0
+        self.versions: dict[str, int] = {}
+        self.route: dict[str, str | None] = {}
+        self.purged: set[str] = set()
+
+    # -- dispatch --------------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> object:
+        """Dispatch one command."""
+        match message:
+            case Remember():
+                return self._retrying(lambda: self._remember(message))
+            case Delete(fact_id=fact_id):
+                return self._retrying(lambda: self._delete(fact_id))
+            case Purge(fact_id=fact_id, reason=reason):
+                return self._retrying(lambda: self._purge(fact_id, reason))
+            case CatchUp(initial=initial):
+                if initial:
+                    self._replay()
+                else:
+                    self._catch_up()
+                return self.position
+        raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
+
+    def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
+        for _ in range(_RETRIES):
+            try:
+                return decide_and_append()
+            except ConcurrencyConflict:
+                self._catch_up()  # another process wrote first: see its events, decide again
+        raise ConcurrencyConflict([], f"gave up after {_RETRIES} conflicting attempts")
+
+    # -- commands --------------------------------------------------------------------------------
+
+    def _remember(self, msg: Remember) -> Fact:
+        fields = _validate(msg, self.organization)
+        now = self.clock()
+        fact_id = new_fact_id(now)
+        text = redact(msg.text)
+        kinds = tuple(find_secrets(msg.text))
+        pending: list[Staged] = []
+        superseded: list[str] = []
+        key = msg.conflict_key
+        if key is not None:
+            for fact, superseder_until in self._with_key(key):
+                if fact.id == fact_id:
+                    continue
+                active = fact.superseded_by is None or (
+                    superseder_until is not None and superseder_until < now
+                )
+                if not active:
+                    continue
+                superseded.append(fact.id)
+                pending.append(
+                    self._next(
+                        fact.id,
+                        FactSuperseded(
+                            at=now,
+                            fact_id=fact.id,
+                            by=fact_id,
+                            conflict_key=key,
+                            by_valid_until=msg.valid_until,
+                        ),
+                    )
+                )
+            pending.append(
+                self._next(
+                    key_stream(key), ConflictKeyClaimed(at=now, conflict_key=key, fact_id=fact_id)
+                )
+            )
+        remembered = FactRemembered(
+            at=now,
+            fact_id=fact_id,
+            scope=msg.scope,
+            organization=self.organization if fields.physical == "organization" else None,
+            domain=msg.domain,
+            confidence=fields.confidence,
+            conflict_key=key,
+            source=msg.source,
+            valid_from=msg.valid_from,
+            valid_until=msg.valid_until,
+            supersedes=tuple(superseded),
+            redacted=kinds,
+        )
+        pending.insert(0, (fact_id, remembered))
+        self._append(pending, payloads={fact_id: text.encode("utf-8")})
+        return Fact(
+            id=fact_id,
+            scope=msg.scope,
+            text=text,
+            domain=msg.domain,
+            confidence=fields.confidence,
+            conflict_key=key,
+            source=msg.source,
+            valid_from=msg.valid_from,
+            valid_until=msg.valid_until,
+            created_at=now,
+            supersedes=tuple(superseded),
+        )
+
+    def _delete(self, fact_id: str) -> Deletion:
+        target = self._get(fact_id)
+        if target is None:
+            return Deletion(primary=False, relationships=0)
+        pending, relationships = self._cascade(target, self.clock())
+        self._append(pending)
+        return Deletion(primary=True, relationships=relationships)
+
+    def _purge(self, fact_id: str, reason: str | None) -> bool:
+        if fact_id in self.purged or fact_id not in self.route:
+            return False
+        now = self.clock()
+        pending: list[Staged] = []
+        target = self._get(fact_id)
+        if target is not None:
+            pending, _ = self._cascade(target, now)
+        pending.append(self._next(fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
+        self._append(pending, forget=[fact_id])
+        self.journal.scrub()
+        return True
+
+    def _cascade(self, target: Fact, now: int) -> tuple[list[Staged], int]:
+        """Decide a delete's events: heirs re-linked or restored, listers stripped (M8)."""
+        heir = self._get(target.superseded_by) if target.superseded_by else None
+        answers: list[LinksAnswer] = ask_all(self._traversed(), Links(fact_id=target.id))
+        listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
+        superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})
+        pending: list[Staged] = []
+        touched: set[str] = set()
+        for fact_id in superseded:
+            touched.add(fact_id)
+            if heir is not None:
+                event: DomainEvent = FactRelinked(
+                    at=now,
+                    fact_id=fact_id,
+                    deleted=target.id,
+                    to=heir.id,
+                    to_valid_until=heir.valid_until,
+                )
+            else:
+                event = FactRestored(at=now, fact_id=fact_id, deleted=target.id)
+            pending.append(self._next(fact_id, event))
+        gained = tuple(superseded) if heir is not None else ()
+        lister_ids = sorted(listing)
+        if heir is not None and gained and heir.id not in listing:
+            lister_ids.append(heir.id)
+        for fact_id in lister_ids:
+            touched.add(fact_id)
+            gains = gained if heir is not None and fact_id == heir.id else ()
+            pending.append(
+                self._next(
+                    fact_id, FactUnlinked(at=now, fact_id=fact_id, deleted=target.id, gained=gains)
+                )
+            )
+        relationships = len(touched)
+        pending.append(
+            self._next(
+                target.id, FactDeleted(at=now, fact_id=target.id, relationships=relationships)
+            )
+        )
+        return pending, relationships
+
+    # -- journal ---------------------------------------------------------------------------------
+
+    def _next(self, stream: str, event: DomainEvent) -> Staged:
+        return (stream, event)
+
+    def _append(
+        self,
+        staged: list[Staged],
+        payloads: dict[str, bytes] | None = None,
+        forget: Sequence[str] = (),
+    ) -> None:
+        counters: dict[str, int] = {}
+        pending: list[Pending] = []
+        for stream, data in staged:
+            version = counters.get(stream, self.versions.get(stream, 0)) + 1
+            counters[stream] = version
+            pending.append(Pending(stream=stream, version=version, data=data))
+        positions = self.journal.append(pending, payloads=payloads, forget=forget)
+        if positions and positions[0] != self.position + 1:
+            self._catch_up(upto=positions[0] - 1)  # others appended in between: keep log order
+        texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
+        events = [
+            Event(position=pos, stream=p.stream, version=p.version, data=p.data)
+            for pos, p in zip(positions, pending, strict=True)
+        ]
+        self._fold(events, texts)
+
+    def _replay(self) -> None:
+        """Fold the whole journal on open, reading every payload once, and check integrity (J5)."""
+        payloads = self.journal.payloads()
+        missing: dict[str, int] = {}
+        batch: list[Event] = []
+        texts: dict[str, str] = {}
+        for event in self.journal.read(after=self.position):
+            data = event.data
+            if isinstance(data, FactRemembered):
+                raw = payloads.get(data.fact_id)
+                if raw is None:
+                    missing[data.fact_id] = event.position
+                else:
+                    texts[data.fact_id] = raw.decode("utf-8")
+            batch.append(event)
+            if len(batch) >= _FOLD_BATCH:
+                self._fold(batch, texts)
+                batch, texts = [], {}
+        self._fold(batch, texts)
+        lost = {k: v for k, v in missing.items() if k not in self.purged}
+        if lost:
+            fact_id, position = min(lost.items(), key=lambda kv: kv[1])
+            raise CorruptEvent(
+                position,
+                "memory.fact-remembered",
+                f"the text of fact {fact_id} is missing from the payload table and the fact was "
+                f"never purged ({len(lost)} fact(s) affected)",
+            )
+
+    def _catch_up(self, upto: int | None = None) -> None:
+        batch: list[Event] = []
+        for event in self.journal.read(after=self.position, upto=upto):
+            batch.append(event)
+            if len(batch) >= _FOLD_BATCH:
+                self._fold(batch, self._texts(batch))
+                batch = []
+        if batch:
+            self._fold(batch, self._texts(batch))
+
+    def _texts(self, events: Sequence[Event]) -> dict[str, str]:
+        ids = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]
+        if not ids:
+            return {}
+        return {k: v.decode("utf-8") for k, v in self.journal.payloads(ids).items()}
+
+    def _fold(self, events: Sequence[Event], texts: dict[str, str]) -> None:
+        """Track versions and routes, and tell each scope actor the events about its facts."""
+        per_scope: dict[str, list[Event]] = {}
+        for event in events:
+            self.position = event.position
+            self.versions[event.stream] = event.version
+            data = event.data
+            if isinstance(data, FactRemembered):
+                physical = physical_scope(data.scope)
+                wanted = physical in self.scopes and (
+                    physical != "organization" or data.organization == self.organization
+                )
+                self.route[data.fact_id] = physical if wanted else None
+            elif isinstance(data, FactPurged):
+                self.purged.add(data.fact_id)
+            fact_id = getattr(data, "fact_id", None)
+            if isinstance(data, ConflictKeyClaimed) or not isinstance(fact_id, str):
+                continue
+            physical_or_none = self.route.get(fact_id)
+            if physical_or_none is not None:
+                per_scope.setdefault(physical_or_none, []).append(event)
+        for physical, scoped in per_scope.items():
+            wanted_texts = {
+                e.data.fact_id: texts[e.data.fact_id]
+                for e in scoped
+                if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
+            }
+            self.scopes[physical].tell(Apply(events=tuple(scoped), texts=wanted_texts))
+
+    # -- reads through scope actors --------------------------------------------------------------
+
+    def _traversed(self) -> list[Any]:
+        return list(self.scopes.values())
+
+    def _get(self, fact_id: str) -> Fact | None:
+        physical = self.route.get(fact_id)
+        if physical is None:
+            return None
+        fact: Fact | None = ask(self.scopes[physical], Get(fact_id=fact_id))
+        return fact
+
+    def _with_key(self, key: str) -> list[tuple[Fact, int | None]]:
+        found: list[tuple[Fact, int | None]] = []
+        for answer in ask_all(self._traversed(), WithKey(conflict_key=key)):
+            found.extend(answer)
+        return sorted(found, key=lambda pair: pair[0].id)
+
+
+class _Validated:
+    __slots__ = ("confidence", "physical")
+
+    def __init__(self, physical: str, confidence: float) -> None:
+        self.physical = physical
+        self.confidence = confidence
+
+
+def _validate(msg: Remember, organization: str | None) -> _Validated:
+    """Check a remember request; raise :class:`InvalidFact` naming the field and the fix (M2)."""
+    if not isinstance(msg.text, str):
+        raise InvalidFact("text", f"must be a string, got {type(msg.text).__name__}")
+    if not msg.text.strip():
+        raise InvalidFact("text", "is empty: give the fact's words")
+    if not isinstance(msg.scope, str) or not msg.scope.strip():
+        raise InvalidFact("scope", f"must be a non-empty string, got {msg.scope!r}")
+    physical = physical_scope(msg.scope)
+    if physical == "organization" and organization is None:
+        raise OrganizationNotConfigured
+    for name in ("domain", "conflict_key", "source"):
+        value = getattr(msg, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
+    confidence = 1.0
+    if msg.confidence is not None:
+        if isinstance(msg.confidence, bool) or not isinstance(msg.confidence, int | float):
+            raise InvalidFact(
+                "confidence", f"must be a number in [0, 1], got {type(msg.confidence).__name__}"
+            )
+        if math.isnan(msg.confidence):
+            raise InvalidFact("confidence", "is NaN: give a number in [0, 1]")
+        confidence = min(1.0, max(0.0, float(msg.confidence)))
+    for name in ("valid_from", "valid_until"):
+        value = getattr(msg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidFact(name, f"must be epoch milliseconds (int), got {value!r}")
+    if (
+        msg.valid_from is not None
+        and msg.valid_until is not None
+        and msg.valid_until < msg.valid_from
+    ):
+        raise InvalidFact(
+            "valid_until",
+            f"({msg.valid_until}) is before valid_from ({msg.valid_from}): the fact would never "
+            "be valid",
+        )
+    return _Validated(physical, confidence)

@@ -1,0 +1,56 @@
+"""The base types every stored event and every journal read shares.
+
+A *domain event* is a past-tense fact about one stream (``FactRemembered``, ``FactSuperseded``): a
+frozen, keyword-only msgspec Struct with an explicit tag. The tag and the class's ``version`` form
+the stored topic (``memory.fact-remembered@1``), so moving or renaming a class never breaks an old
+journal. An :class:`Event` is what reading the journal gives back: the domain event with the stream
+it belongs to, its version in that stream and its global position.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import msgspec
+
+
+class DomainEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Base of every stored event. Subclasses set ``tag=`` and may raise ``version``.
+
+    Fields equal to their default are not stored (``omit_defaults``): a default never changes.
+    """
+
+    version: ClassVar[int] = 1
+    """Schema version of the payload. A breaking change is a new version plus an upcaster."""
+
+    at: int
+    """When the event happened, in epoch milliseconds from the runtime's clock."""
+
+
+class Pending(msgspec.Struct, frozen=True, kw_only=True):
+    """An event about to be appended: its stream and the version it must take there."""
+
+    stream: str
+    """Identifier of the stream (one aggregate: a fact, a conflict key, a run)."""
+    version: int
+    """Version the event takes in its stream, 1 for the first; a taken version is a conflict."""
+    data: DomainEvent
+    """The event itself."""
+
+
+class Event(msgspec.Struct, frozen=True, kw_only=True):
+    """An event as read back from the journal, in the journal's one global order (J1)."""
+
+    position: int
+    """Global position in the journal (the notification id): the journal's clock."""
+    stream: str
+    """The stream the event belongs to."""
+    version: int
+    """Version of the event within its stream."""
+    data: DomainEvent
+    """The decoded (and, for old releases, upcast) event."""
+
+    @property
+    def kind(self) -> str:
+        """Return the event's tag, e.g. ``memory.fact-superseded``."""
+        return str(type(self.data).__struct_config__.tag)

@@ -1,0 +1,467 @@
+"""Okapi BM25 over a filtered candidate set, backed by an incremental inverted index (spec M6).
+
+Every statistic BM25 needs (N, the per-term document frequency n, and avgdl) is taken over
+the candidates that survive the caller's filter, never over the whole corpus, so a filter
+changes the scores and not only which documents come back.
+
+One memory scope owns one :class:`InvertedIndex`, and scopes live in separate actors, so a
+query runs in two rounds: :meth:`InvertedIndex.stats` on every index, summed by the caller
+into global N, total length and n; then :meth:`InvertedIndex.score` on every index with the
+global idf and avgdl, merged by :func:`merge_top`. :func:`search` is that protocol for
+indexes in one process, and :func:`bm25_rescore` is the from-scratch reference it must
+agree with.
+
+Query terms are the distinct tokens of the query, each used once in order of first
+appearance: repeating a word in a query does not weight it more.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from itertools import chain
+from types import MappingProxyType
+
+__all__ = [
+    "K1",
+    "B",
+    "InvertedIndex",
+    "bm25_rescore",
+    "idf",
+    "merge_top",
+    "query_terms",
+    "search",
+    "tokenize",
+]
+
+K1: float = 1.2
+B: float = 0.75
+
+_TOKEN = re.compile(r"[^\W_]+", re.UNICODE)
+_EMPTY: Mapping[str, int] = MappingProxyType({})
+# Scores are sums of rounded terms, so a pruning bound needs headroom beyond the exact
+# mathematical bound to never discard a document that would tie or win after rounding.
+_BOUND_SLACK = 1e-9
+
+
+def tokenize(text: str) -> list[str]:
+    """Split text into lower-cased runs of Unicode letters and digits.
+
+    Underscore and every other non-alphanumeric character separate tokens.
+
+    Args:
+        text: Any text.
+
+    Returns:
+        The tokens in order of appearance, repeats kept.
+    """
+    return _TOKEN.findall(text.lower())
+
+
+def query_terms(query: str) -> list[str]:
+    """Tokenise a query into its distinct terms, in order of first appearance.
+
+    Args:
+        query: The query text.
+
+    Returns:
+        Each distinct token once; empty for an empty or all-punctuation query.
+    """
+    return list(dict.fromkeys(tokenize(query)))
+
+
+def idf(n_docs: int, n_with_term: int) -> float:
+    """Compute the BM25 inverse document frequency ln(1 + (N - n + 0.5) / (n + 0.5)).
+
+    The ``1 +`` keeps it positive even when every candidate contains the term, so a single
+    candidate is still found by its own words.
+
+    Args:
+        n_docs: N, the number of filtered candidates.
+        n_with_term: n, how many of those candidates contain the term.
+
+    Returns:
+        The idf, always greater than zero.
+
+    Raises:
+        ValueError: If n is negative or greater than N.
+    """
+    if not 0 <= n_with_term <= n_docs:
+        raise ValueError(f"need 0 <= n_with_term <= n_docs, got n={n_with_term}, N={n_docs}")
+    return math.log1p((n_docs - n_with_term + 0.5) / (n_with_term + 0.5))
+
+
+def _check_limit(limit: int) -> None:
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+
+
+def _summation_order(weights: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """Order (term, weight) pairs by weight descending, then term, for summing a score.
+
+    Floating-point addition is not associative, so the index and the reference baseline
+    must add a document's term contributions in one agreed order to produce identical
+    scores, hence identical tie-breaks. Heaviest first also lets pruning skip the light
+    terms, which have the longest postings.
+    """
+    return sorted(weights, key=lambda tw: (-tw[1], tw[0]))
+
+
+def _rank_key(item: tuple[float, str]) -> tuple[float, str]:
+    return (-item[0], item[1])
+
+
+class InvertedIndex:
+    """Per-document term frequencies and postings, updated incrementally.
+
+    Running totals of the document count and token length keep unfiltered statistics O(1),
+    and scoring touches only the postings of the query terms.
+    """
+
+    def __init__(self) -> None:
+        """Create an empty index."""
+        self._docs: dict[str, dict[str, int]] = {}
+        self._lengths: dict[str, int] = {}
+        self._postings: dict[str, dict[str, int]] = {}
+        self._total_length = 0
+
+    def add(self, doc_id: str, text: str) -> None:
+        """Index a document, replacing any earlier text under the same id.
+
+        Args:
+            doc_id: The document's id.
+            text: The document's text; it is tokenised with :func:`tokenize`.
+        """
+        self.remove(doc_id)
+        tokens = tokenize(text)
+        counts = dict(Counter(tokens))
+        self._docs[doc_id] = counts
+        self._lengths[doc_id] = len(tokens)
+        self._total_length += len(tokens)
+        for term, tf in counts.items():
+            self._postings.setdefault(term, {})[doc_id] = tf
+
+    def remove(self, doc_id: str) -> None:
+        """Drop a document from the index; do nothing if it is absent.
+
+        Args:
+            doc_id: The document's id.
+        """
+        counts = self._docs.pop(doc_id, None)
+        if counts is None:
+            return
+        self._total_length -= self._lengths.pop(doc_id)
+        for term in counts:
+            posting = self._postings[term]
+            del posting[doc_id]
+            # Empty postings would otherwise accumulate forever under churn.
+            if not posting:
+                del self._postings[term]
+
+    def __contains__(self, doc_id: object) -> bool:
+        """Tell whether a document with this id is indexed."""
+        return doc_id in self._lengths
+
+    def __len__(self) -> int:
+        """Count the indexed documents."""
+        return len(self._lengths)
+
+    def length(self, doc_id: str) -> int:
+        """Return the token count of a document.
+
+        Args:
+            doc_id: The document's id.
+
+        Returns:
+            How many tokens the document's text has, repeats included.
+
+        Raises:
+            KeyError: If the document is not indexed.
+        """
+        return self._lengths[doc_id]
+
+    def postings(self, term: str) -> Mapping[str, int]:
+        """Return a read-only view of the documents containing a term.
+
+        Args:
+            term: A token, as produced by :func:`tokenize`.
+
+        Returns:
+            A live mapping of doc id to term frequency; empty if no document has the term.
+        """
+        posting = self._postings.get(term)
+        return _EMPTY if posting is None else MappingProxyType(posting)
+
+    def stats(
+        self,
+        terms: Sequence[str],
+        accept: Callable[[str], bool] | None,
+        universe: Iterable[str] | None = None,
+    ) -> tuple[int, int, dict[str, int]]:
+        """Compute (N, total_length, {term: n}) over the docs accepted by `accept`.
+
+        The candidates are the indexed documents that pass `accept` (all of them if None)
+        and, when `universe` is given, also belong to it. With neither, N and total_length
+        are O(1) and each n is a posting length. With only `accept`, N and total_length
+        must call it on every document; pass `universe`, a pre-narrowed set of ids that
+        holds every document the caller wants, to bound that work by its size instead.
+        Ids in `universe` that are not indexed are ignored. :meth:`score` has no
+        `universe`, so give it an `accept` that also rejects documents outside it.
+
+        Args:
+            terms: Query terms; duplicates are counted once.
+            accept: Filter on doc ids, or None to accept every document.
+            universe: Optional set of doc ids that bounds the candidates.
+
+        Returns:
+            N, the candidates' summed token length, and for each distinct term the number
+            of candidates containing it.
+        """
+        lengths = self._lengths
+        if universe is None:
+            if accept is None:
+                n_docs, total = len(lengths), self._total_length
+            else:
+                accepted = [dl for doc, dl in lengths.items() if accept(doc)]
+                n_docs, total = len(accepted), sum(accepted)
+            members: Set[str] | None = None
+        else:
+            members = universe if isinstance(universe, Set) else set(universe)
+            accepted = [
+                lengths[doc]
+                for doc in members
+                if doc in lengths and (accept is None or accept(doc))
+            ]
+            n_docs, total = len(accepted), sum(accepted)
+
+        counts: dict[str, int] = {}
+        for term in dict.fromkeys(terms):
+            posting = self._postings.get(term, {})
+            if members is None:
+                if accept is None:
+                    counts[term] = len(posting)
+                else:
+                    counts[term] = sum(1 for doc in posting if accept(doc))
+            else:
+                # Walk whichever side is smaller; both count the same intersection.
+                smaller, larger = (
+                    (members, posting) if len(members) < len(posting) else (posting, members)
+                )
+                counts[term] = sum(
+                    1 for doc in smaller if doc in larger and (accept is None or accept(doc))
+                )
+        return n_docs, total, counts
+
+    def score(
+        self,
+        terms: Sequence[str],
+        idf: Mapping[str, float],
+        avgdl: float,
+        accept: Callable[[str], bool] | None,
+        limit: int,
+    ) -> list[tuple[float, str]]:
+        """Rank accepted docs that contain a query term by BM25 and keep the top `limit`.
+
+        `idf` and `avgdl` come from the caller so that they can describe candidates spread
+        over several indexes. Only the query terms' postings are read. Terms are taken in
+        decreasing idf order, and once the best score the remaining terms could give an
+        unseen document falls below the current `limit`-th score, their postings are
+        skipped (max-score pruning); the result is the same as scoring every posting.
+
+        Args:
+            terms: Query terms; duplicates are used once.
+            idf: The idf of every term in `terms` that occurs in this index.
+            avgdl: Mean token length of the candidates, greater than zero.
+            accept: Filter on doc ids, or None to accept every document.
+            limit: Maximum number of results.
+
+        Returns:
+            Up to `limit` (score, doc_id) pairs, best first, ties by doc id ascending.
+
+        Raises:
+            ValueError: If `limit` is negative or `avgdl` is not positive.
+            KeyError: If a term that occurs in this index has no entry in `idf`.
+        """
+        _check_limit(limit)
+        if avgdl <= 0:
+            raise ValueError(f"avgdl must be > 0, got {avgdl}")
+        postings = self._postings
+        weighted = [(t, idf[t] * (K1 + 1.0)) for t in dict.fromkeys(terms) if t in postings]
+        if limit == 0 or not weighted:
+            return []
+        order = [(postings[term], weight) for term, weight in _summation_order(weighted)]
+        # A term adds less than its weight, since tf / (tf + norm) < 1, so rest[i] caps
+        # what terms i.. can give a document that none of the earlier terms reached.
+        rest = [0.0] * (len(order) + 1)
+        for i in range(len(order) - 1, -1, -1):
+            rest[i] = rest[i + 1] + order[i][1]
+
+        c1 = K1 * (1.0 - B)
+        c2 = K1 * B / avgdl
+        lengths = self._lengths
+        scores: dict[str, float] = {}
+        rejected: set[str] = set()
+        for i, (posting, _) in enumerate(order):
+            if i and len(scores) >= limit:
+                threshold = heapq.nlargest(limit, scores.values())[-1]
+                if rest[i] * (1.0 + _BOUND_SLACK) < threshold:
+                    break
+            for doc in posting:
+                # A doc already met under an earlier term was scored in full then.
+                if i and (doc in scores or doc in rejected):
+                    continue
+                if accept is not None and not accept(doc):
+                    rejected.add(doc)
+                    continue
+                norm = c1 + c2 * lengths[doc]
+                total = 0.0
+                for other, weight in order:
+                    tf = other.get(doc)
+                    if tf:
+                        total += weight * tf / (tf + norm)
+                scores[doc] = total
+
+        if len(scores) > limit:
+            # A key call per item is slow on long postings, so cut on bare floats first.
+            kth = heapq.nlargest(limit, scores.values())[-1]
+            scores = {doc: value for doc, value in scores.items() if value >= kth}
+        top = heapq.nsmallest(limit, scores.items(), key=lambda kv: (-kv[1], kv[0]))
+        return [(value, doc) for doc, value in top]
+
+
+def merge_top(results: Iterable[list[tuple[float, str]]], limit: int) -> list[tuple[float, str]]:
+    """Merge per-index top lists into one top `limit`, score desc, id asc.
+
+    Each document is expected to live in exactly one index, so entries are not
+    de-duplicated.
+
+    Args:
+        results: One :meth:`InvertedIndex.score` result per index.
+        limit: Maximum number of results.
+
+    Returns:
+        Up to `limit` (score, doc_id) pairs, best first, ties by doc id ascending.
+
+    Raises:
+        ValueError: If `limit` is negative.
+    """
+    _check_limit(limit)
+    return heapq.nsmallest(limit, chain.from_iterable(results), key=_rank_key)
+
+
+def search(
+    indexes: Sequence[InvertedIndex],
+    query: str,
+    limit: int,
+    accept: Callable[[str], bool] | None = None,
+    universe: Iterable[str] | None = None,
+) -> list[tuple[float, str]]:
+    """Rank the filtered candidates of several in-process indexes by BM25.
+
+    This is the two-round protocol that actor-hosted indexes follow through messages:
+    sum :meth:`InvertedIndex.stats` over the indexes, derive idf and avgdl once, then
+    merge every :meth:`InvertedIndex.score`.
+
+    Args:
+        indexes: The indexes, each holding different documents.
+        query: The query text; see the module docstring for how terms are taken.
+        limit: Maximum number of results.
+        accept: Filter on doc ids, or None to accept every document.
+        universe: Optional set of doc ids that bounds the candidates, as in
+            :meth:`InvertedIndex.stats`.
+
+    Returns:
+        Up to `limit` (score, doc_id) pairs, best first, ties by doc id ascending; empty
+        for an empty or all-punctuation query.
+
+    Raises:
+        ValueError: If `limit` is negative.
+    """
+    _check_limit(limit)
+    terms = query_terms(query)
+    if not terms or limit == 0:
+        return []
+    members: Set[str] | None = None
+    if universe is not None:
+        members = universe if isinstance(universe, Set) else set(universe)
+    n_docs = 0
+    total = 0
+    counts = dict.fromkeys(terms, 0)
+    for index in indexes:
+        part_docs, part_total, part_counts = index.stats(terms, accept, members)
+        n_docs += part_docs
+        total += part_total
+        for term, n in part_counts.items():
+            counts[term] += n
+    # total == 0 means every candidate is empty, so none can contain a term.
+    if n_docs == 0 or total == 0:
+        return []
+    idfs = {term: idf(n_docs, n) for term, n in counts.items()}
+    avgdl = total / n_docs
+    effective = accept
+    if members is not None:
+        effective = members.__contains__ if accept is None else _both(members, accept)
+    return merge_top(
+        (index.score(terms, idfs, avgdl, effective, limit) for index in indexes), limit
+    )
+
+
+def _both(members: Set[str], accept: Callable[[str], bool]) -> Callable[[str], bool]:
+    return lambda doc: doc in members and accept(doc)
+
+
+def bm25_rescore(
+    query: str, docs: Sequence[tuple[str, str]], limit: int
+) -> list[tuple[float, str]]:
+    """Tokenise and score every (doc_id, text) from scratch: the slow reference baseline.
+
+    Every given document is a candidate; filter `docs` beforehand to apply a filter.
+
+    Args:
+        query: The query text; see the module docstring for how terms are taken.
+        docs: The candidates as (doc_id, text), ids distinct.
+        limit: Maximum number of results.
+
+    Returns:
+        Up to `limit` (score, doc_id) pairs with a positive score, best first, ties by doc
+        id ascending; empty for an empty or all-punctuation query.
+
+    Raises:
+        ValueError: If `limit` is negative.
+    """
+    _check_limit(limit)
+    terms = query_terms(query)
+    if not terms or limit == 0:
+        return []
+    counted = [(doc_id, Counter(tokenize(text))) for doc_id, text in docs]
+    lengths = {doc_id: counts.total() for doc_id, counts in counted}
+    n_docs = len(counted)
+    total_length = sum(lengths.values())
+    if n_docs == 0 or total_length == 0:
+        return []
+    avgdl = total_length / n_docs
+    weights = _summation_order(
+        [
+            (term, idf(n_docs, sum(1 for _, counts in counted if term in counts)) * (K1 + 1.0))
+            for term in terms
+        ]
+    )
+    # Same constants and summation order as InvertedIndex.score, so results match exactly.
+    c1 = K1 * (1.0 - B)
+    c2 = K1 * B / avgdl
+    scored: list[tuple[float, str]] = []
+    for doc_id, counts in counted:
+        norm = c1 + c2 * lengths[doc_id]
+        total = 0.0
+        matched = False
+        for term, weight in weights:
+            tf = counts.get(term)
+            if tf:
+                total += weight * tf / (tf + norm)
+                matched = True
+        if matched:
+            scored.append((total, doc_id))
+    return heapq.nsmallest(limit, scored, key=_rank_key)

@@ -1,0 +1,55 @@
+"""Errors raised by the log layer.
+
+Every error here derives from :class:`EventsError`; where a builtin fits, it is inherited too, so
+callers can catch either::
+
+    EventsError
+    ├── JournalUrlError (ValueError)         a journal URL that cannot be used
+    ├── JournalClosed (RuntimeError)         the journal was used after close()
+    ├── ConcurrencyConflict                  another writer appended to a stream first
+    ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
+    └── UnknownEventType (CorruptEvent)      a stored topic this release does not know
+"""
+
+from __future__ import annotations
+
+
+class EventsError(Exception):
+    """Root of every error the log layer raises."""
+
+
+class JournalUrlError(EventsError, ValueError):
+    """A journal URL that names no usable backend."""
+
+
+class JournalClosed(EventsError, RuntimeError):
+    """The journal was used after it was closed."""
+
+
+class ConcurrencyConflict(EventsError):
+    """Another writer appended to one of the streams first; reload, re-decide and append again."""
+
+    def __init__(self, streams: list[str], detail: str) -> None:
+        self.streams = streams
+        super().__init__(
+            f"concurrent append to stream(s) {', '.join(streams) or '?'}: {detail}; "
+            "the writer must catch up with the journal and decide again"
+        )
+
+
+class CorruptEvent(EventsError, ValueError):
+    """A stored event that cannot be decoded. Carries the journal position and the reason."""
+
+    def __init__(self, position: int | None, topic: str, reason: str) -> None:
+        self.position = position
+        self.topic = topic
+        self.reason = reason
+        where = f"at journal position {position}" if position is not None else "(no position)"
+        super().__init__(
+            f"cannot decode event {where} (topic {topic!r}): {reason}. "
+            "The journal was written by an incompatible release or damaged; nothing was skipped."
+        )
+
+
+class UnknownEventType(CorruptEvent):
+    """A stored topic that no event type of this release (nor any upcaster) knows."""

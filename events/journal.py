@@ -1,0 +1,391 @@
+"""The journal: one ordered log of events over the eventsourcing library (J1, J2, J4, J5).
+
+This module is the only one that imports ``eventsourcing``. It builds one eventsourcing
+``Application`` per journal, sealed against the process environment (its settings come from the
+journal URL alone), with a mapper that stores our msgspec events, and recorder subclasses that add
+two things the library lacks:
+
+- *forgettable payloads*: a side table written in the same transaction as the events, holding data
+  that may later have to be erased (a fact's text). Erasing deletes the row with SQLite's
+  ``secure_delete`` on and truncates the write-ahead log, so the bytes leave the file (M10);
+- one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from eventsourcing.application import Application
+from eventsourcing.persistence import (
+    IntegrityError,
+    JSONTranscoder,
+    Mapper,
+    Notification,
+    PersistenceError,
+    StoredEvent,
+)
+from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
+from eventsourcing.sqlite import (
+    SQLiteApplicationRecorder,
+    SQLiteConnection,
+    SQLiteConnectionPool,
+    SQLiteCursor,
+    SQLiteFactory,
+)
+from eventsourcing.utils import Environment, get_topic
+
+from events.base import DomainEvent, Event, Pending
+from events.codec import Codec
+from events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed, JournalUrlError
+from events.url import JournalConfig
+
+PAYLOAD_TABLE = "journaled_payloads"
+_ROWS_PER_INSERT = 500  # 4 parameters a row stays far below SQLite's 32,766-variable limit
+
+
+class _MsgspecMapper(Mapper[str]):
+    """Store our events as ``<tag>@<version>`` topics with msgpack payloads.
+
+    The released mapper copies events through ``__dict__``, which slotted msgspec Structs lack; it
+    also stores ``module:qualname`` topics, which would tie old journals to class locations.
+    """
+
+    def __init__(self, codec: Codec) -> None:
+        super().__init__(transcoder=JSONTranscoder())
+        self.codec = codec
+
+    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+        """Convert a :class:`Pending` event into the library's stored form."""
+        pending: Pending = domain_event
+        return StoredEvent(
+            originator_id=pending.stream,
+            originator_version=pending.version,
+            topic=self.codec.topic(pending.data),
+            state=self.codec.encode(pending.data),
+        )
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        """Decode a stored event's payload (position unknown on this path)."""
+        return self.codec.decode(stored_event.topic, stored_event.state)
+
+
+class _Pool(SQLiteConnectionPool):
+    """Connections that erase deleted bytes and commit with the configured durability."""
+
+    synchronous = "NORMAL"
+
+    def _create_connection(self) -> SQLiteConnection:
+        connection = super()._create_connection()
+        raw: sqlite3.Connection = connection._sqlite_conn
+        raw.execute("PRAGMA secure_delete=ON")
+        raw.execute(f"PRAGMA synchronous={self.synchronous}")
+        return connection
+
+
+class _FullPool(_Pool):
+    synchronous = "FULL"
+
+
+class _SQLiteRecorder(SQLiteApplicationRecorder):
+    """The library's recorder, plus forgettable payloads and one INSERT per append."""
+
+    def construct_create_table_statements(self) -> list[str]:
+        """Return the library's events table and our payload table."""
+        return [
+            *super().construct_create_table_statements(),
+            f"CREATE TABLE IF NOT EXISTS {PAYLOAD_TABLE} "
+            "(stream TEXT PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID",
+        ]
+
+    def _insert_events(
+        self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        positions: list[int] = []
+        for start in range(0, len(stored_events), _ROWS_PER_INSERT):
+            chunk = stored_events[start : start + _ROWS_PER_INSERT]
+            params: list[Any] = []
+            for s in chunk:
+                params += (s.originator_id, s.originator_version, s.topic, s.state)
+            values = ",".join(["(?,?,?,?)"] * len(chunk))
+            c.execute(f"INSERT INTO {self.events_table_name} VALUES {values}", params)  # noqa: S608
+            last = int(c.lastrowid)
+            positions.extend(range(last - len(chunk) + 1, last + 1))
+        payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
+        if payloads:
+            c.executemany(
+                f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
+                list(payloads.items()),
+            )
+        forget: Sequence[str] = kwargs.get("forget") or ()
+        if forget:
+            c.executemany(
+                f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
+                [(s,) for s in forget],
+            )
+        return positions
+
+    def select_stream(self, stream: str) -> list[Notification]:
+        """Return a stream's events with their global positions, oldest first."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT rowid, * FROM {self.events_table_name} "  # noqa: S608
+                "WHERE originator_id = ? ORDER BY originator_version",
+                [stream],
+            )
+            return [
+                Notification(
+                    id=row["rowid"],
+                    originator_id=row["originator_id"],
+                    originator_version=row["originator_version"],
+                    topic=row["topic"],
+                    state=row["state"],
+                )
+                for row in c.fetchall()
+            ]
+
+    def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
+        """Return the payloads of the given streams (every payload when None)."""
+        with self.datastore.transaction(commit=False) as c:
+            if streams is None:
+                c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
+                return {row[0]: bytes(row[1]) for row in c.fetchall()}
+            found: dict[str, bytes] = {}
+            for stream in streams:
+                c.execute(
+                    f"SELECT payload FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
+                    [stream],
+                )
+                row = c.fetchone()
+                if row is not None:
+                    found[stream] = bytes(row[0])
+            return found
+
+
+class _SQLiteFactory(SQLiteFactory):
+    application_recorder_class = _SQLiteRecorder
+
+    def __init__(self, env: Environment | Any) -> None:
+        super().__init__(env)
+        pool_class = _FullPool if self.env.get("JOURNALED_DURABILITY") == "full" else _Pool
+        stock = self.datastore.pool
+        self.datastore.pool = pool_class(
+            db_name=stock.db_name, lock_timeout=stock.lock_timeout, pool_size=5, max_overflow=10
+        )
+        stock.close()
+
+
+class _POPORecorder(POPOApplicationRecorder):
+    """The library's in-memory recorder, plus forgettable payloads and stream reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._payloads: dict[str, bytes] = {}
+
+    def _insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        with self._database_lock:
+            positions = super()._insert_events(stored_events)
+            self._payloads.update(kwargs.get("payloads") or {})
+            for stream in kwargs.get("forget") or ():
+                self._payloads.pop(stream, None)
+            return positions
+
+    def select_stream(self, stream: str) -> list[Notification]:
+        """Return a stream's events with their global positions, oldest first."""
+        with self._database_lock:
+            index = self._stored_events_index.get(stream, {})
+            out = []
+            for version in sorted(index):
+                i = index[version]
+                s = self._stored_events[i]
+                out.append(
+                    Notification(
+                        id=i + 1,
+                        originator_id=s.originator_id,
+                        originator_version=s.originator_version,
+                        topic=s.topic,
+                        state=s.state,
+                    )
+                )
+            return out
+
+    def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
+        """Return the payloads of the given streams (every payload when None)."""
+        with self._database_lock:
+            if streams is None:
+                return dict(self._payloads)
+            return {s: self._payloads[s] for s in streams if s in self._payloads}
+
+
+class _POPOFactory(POPOFactory):
+    def application_recorder(self) -> _POPORecorder:
+        return _POPORecorder()
+
+
+class _JournalApp(Application[str]):
+    """The one eventsourcing application behind a journal, configured by our URL only."""
+
+    name = "journaled"
+
+    def __init__(self, env: dict[str, str], codec: Codec) -> None:
+        self._codec = codec
+        super().__init__(env)
+
+    def construct_env(self, name: str, env: Any = None) -> Environment:
+        """Seal the configuration: ignore ``os.environ`` so a stray variable cannot redirect it."""
+        return Environment(name, dict(env or {}))
+
+    def construct_mapper(self) -> Mapper[str]:
+        """Use our msgspec mapper instead of the library's JSON one."""
+        return _MsgspecMapper(self._codec)
+
+
+def _settings(config: JournalConfig) -> dict[str, str]:
+    if config.backend == "memory":
+        return {"PERSISTENCE_MODULE": get_topic(_POPOFactory)}
+    if config.backend == "sqlite":
+        assert config.path is not None
+        return {
+            "PERSISTENCE_MODULE": get_topic(_SQLiteFactory),
+            "SQLITE_DBNAME": config.path,
+            "SQLITE_LOCK_TIMEOUT": "30",
+            "ORIGINATOR_ID_TYPE": "text",
+            "CREATE_TABLE": "y",
+            "JOURNALED_DURABILITY": config.durability,
+        }
+    raise JournalUrlError(f"journal backend {config.backend!r} is not available in this release")
+
+
+class Journal:
+    """Append events atomically and read them back in one global order.
+
+    Thread-safe: every method may be called from any thread.
+    """
+
+    def __init__(self, config: JournalConfig, codec: Codec, *, create: bool = True) -> None:
+        self.config = config
+        self.codec = codec
+        if config.backend == "sqlite":
+            assert config.path is not None
+            path = Path(config.path)
+            if not create and not path.exists():
+                raise JournalUrlError(
+                    f"no journal at {config.path}: check the URL (nothing was created, because "
+                    "reading must not make an empty journal)"
+                )
+            path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self._app = _JournalApp(_settings(config), codec)
+        except PersistenceError as exc:
+            raise JournalUrlError(f"cannot open journal {config.url}: {exc}") from exc
+        self._recorder: _SQLiteRecorder | _POPORecorder = self._app.recorder  # type: ignore[assignment]
+        self._closed = False
+        self._scrub_lock = threading.Lock()
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def append(
+        self,
+        events: Sequence[Pending],
+        *,
+        payloads: Mapping[str, bytes] | None = None,
+        forget: Sequence[str] = (),
+    ) -> list[int]:
+        """Append events, payloads and erasures in one transaction; return the events' positions.
+
+        Raises:
+            ConcurrencyConflict: a stream already has one of the versions (another writer won).
+        """
+        self._check_open()
+        mapper = self._app.mapper
+        stored = [mapper.to_stored_event(p) for p in events]  # type: ignore[arg-type]
+        try:
+            positions = self._recorder.insert_events(
+                stored, payloads=dict(payloads or {}), forget=list(forget)
+            )
+        except IntegrityError as exc:
+            streams = sorted({p.stream for p in events})
+            raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
+        return list(positions or [])
+
+    def scrub(self) -> None:
+        """Make erased payload bytes unrecoverable from the files (after ``forget``)."""
+        self._check_open()
+        if self.config.backend != "sqlite" or self.config.path is None:
+            return
+        with self._scrub_lock:
+            conn = sqlite3.connect(self.config.path, timeout=30, isolation_level=None)
+            try:
+                conn.execute("PRAGMA secure_delete=ON")
+                for _ in range(50):
+                    busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    if not busy:
+                        return
+                    time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
+                raise PersistenceError(
+                    f"could not truncate the write-ahead log of {self.config.path}: "
+                    "another connection keeps reading; erased bytes may remain until it closes"
+                )
+            finally:
+                conn.close()
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def position(self) -> int:
+        """Return the global position of the last event (0 for an empty journal)."""
+        self._check_open()
+        return int(self._recorder.max_notification_id() or 0)
+
+    def read(self, after: int = 0, upto: int | None = None, page: int = 1000) -> Iterator[Event]:
+        """Yield events after position ``after`` up to ``upto`` (inclusive), in global order.
+
+        Raises:
+            CorruptEvent: an event cannot be decoded; its position is in the error.
+        """
+        self._check_open()
+        start = after + 1
+        while True:
+            rows = self._recorder.select_notifications(start, page, stop=upto)
+            for row in rows:
+                yield self._event(row)
+            if len(rows) < page:
+                return
+            start = rows[-1].id + 1  # ids may have gaps (PostgreSQL): never assume contiguity
+
+    def stream(self, stream: str) -> list[Event]:
+        """Return every event of one stream, oldest first, with global positions."""
+        self._check_open()
+        return [self._event(row) for row in self._recorder.select_stream(stream)]
+
+    def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
+        """Return the forgettable payloads of the given streams (all when None)."""
+        self._check_open()
+        return self._recorder.select_payloads(streams)
+
+    def close(self) -> None:
+        """Close the journal's connections. Idempotent."""
+        if not self._closed:
+            self._closed = True
+            self._app.close()
+
+    def _event(self, row: Notification) -> Event:
+        data: DomainEvent = self.codec.decode(row.topic, row.state, position=row.id)
+        return Event(
+            position=row.id,
+            stream=str(row.originator_id),
+            version=row.originator_version,
+            data=data,
+        )
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise JournalClosed(f"journal {self.config.url} is closed")
+
+
+__all__ = ["PAYLOAD_TABLE", "CorruptEvent", "Journal"]

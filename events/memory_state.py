@@ -1,0 +1,421 @@
+"""The memory projection: facts of one physical scope folded from events, with a live BM25 index.
+
+:class:`ScopeState` is what a scope actor holds; :class:`MemoryState` combines every scope for
+views that run without actors (time travel, M12). Both change only by :meth:`apply`, which reads no
+clock and makes no id: replaying the same events always gives the same state.
+
+Search statistics are exact over the filtered candidates (M5, M6) without scanning the store.
+Facts fall in three classes, kept current as events arrive:
+
+- *plain*: confidence 1, no validity window, not superseded — visible at any time, so they are
+  counted in per-(scope, domain) totals and never inspected one by one;
+- *hidden*: superseded by a fact without expiry — invisible until a delete heals the chain, and
+  kept out of the index;
+- *conditional*: everything else (a validity window, a superseder that expires, confidence below
+  1) — checked one by one per query. These are few in practice; correctness never depends on it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+
+import msgspec
+
+from events.base import DomainEvent, Event
+from events.bm25 import InvertedIndex, idf, merge_top, tokenize
+from events.memory import (
+    FACT_EVENTS,
+    Fact,
+    FactDeleted,
+    FactPurged,
+    FactRelinked,
+    FactRemembered,
+    FactRestored,
+    FactSuperseded,
+    FactUnlinked,
+    physical_scope,
+)
+
+PURGED_TEXT = "[purged]"
+"""Text shown for a fact whose payload was erased, in a view of a time before the erasure."""
+
+
+class Query(msgspec.Struct, frozen=True, kw_only=True):
+    """The filter stage shared by BM25 and semantic search (M5), plus the query's terms."""
+
+    terms: tuple[str, ...] = ()
+    now: int
+    scopes: frozenset[str] | None = None
+    """Logical scope names to keep, or all."""
+    domains: frozenset[str] | None = None
+    min_confidence: float = 0.0
+    limit: int = 10
+
+
+class Stats(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-scope BM25 statistics over the filtered candidates."""
+
+    n_docs: int
+    total_length: int
+    df: dict[str, int]
+
+
+class ScopeState:
+    """The facts of one physical scope and their index. Not thread-safe: one owner (an actor)."""
+
+    def __init__(self, physical: str) -> None:
+        self.physical = physical
+        self.facts: dict[str, Fact] = {}
+        self.index = InvertedIndex()
+        self._superseder_until: dict[str, int | None] = {}
+        self._listed_by: dict[str, set[str]] = {}
+        self._conditional: set[str] = set()
+        self._plain_group: dict[str, tuple[str, str | None]] = {}
+        self._group_count: dict[tuple[str, str | None], int] = {}
+        self._group_length: dict[tuple[str, str | None], int] = {}
+        self._by_key: dict[str, set[str]] = {}
+        self._erased: set[str] = set()
+
+    # -- folding ---------------------------------------------------------------------------------
+
+    def apply(self, event: DomainEvent, text: str | None = None) -> None:
+        """Fold one event about a fact of this scope; ``text`` is a remembered fact's payload."""
+        match event:
+            case FactRemembered():
+                fact = Fact(
+                    id=event.fact_id,
+                    scope=event.scope,
+                    text=text if text is not None else PURGED_TEXT,
+                    domain=event.domain,
+                    confidence=event.confidence,
+                    conflict_key=event.conflict_key,
+                    source=event.source,
+                    valid_from=event.valid_from,
+                    valid_until=event.valid_until,
+                    created_at=event.at,
+                    supersedes=event.supersedes,
+                )
+                if text is None:
+                    self._erased.add(fact.id)
+                self._put(fact)
+                for old in event.supersedes:
+                    self._listed_by.setdefault(old, set()).add(fact.id)
+                if fact.conflict_key is not None:
+                    self._by_key.setdefault(fact.conflict_key, set()).add(fact.id)
+            case FactSuperseded():
+                self._superseder_until[event.fact_id] = event.by_valid_until
+                self._replace(event.fact_id, superseded_by=event.by)
+            case FactRelinked():
+                self._superseder_until[event.fact_id] = event.to_valid_until
+                self._replace(event.fact_id, superseded_by=event.to)
+            case FactRestored():
+                self._superseder_until.pop(event.fact_id, None)
+                self._replace(event.fact_id, superseded_by=None)
+            case FactUnlinked():
+                current = self.facts.get(event.fact_id)
+                if current is not None:
+                    fact = current
+                    kept = tuple(i for i in fact.supersedes if i != event.deleted)
+                    self._drop_listing(event.deleted, fact.id)
+                    for gained in event.gained:
+                        self._listed_by.setdefault(gained, set()).add(fact.id)
+                    self._replace(fact.id, supersedes=kept + event.gained)
+            case FactDeleted() | FactPurged():
+                self._remove(event.fact_id)
+            case _:
+                raise TypeError(f"scope state cannot apply {type(event).__qualname__}")
+
+    def _put(self, fact: Fact) -> None:
+        self._unclassify(fact.id)
+        self.facts[fact.id] = fact
+        self._classify(fact)
+
+    def _replace(self, fact_id: str, **changes: object) -> None:
+        fact = self.facts.get(fact_id)
+        if fact is None:
+            return
+        self._unclassify(fact_id)
+        updated = msgspec.structs.replace(fact, **changes)
+        self.facts[fact_id] = updated
+        self._classify(updated)
+
+    def _remove(self, fact_id: str) -> None:
+        self._erased.discard(fact_id)
+        fact = self.facts.pop(fact_id, None)
+        if fact is None:
+            return
+        self._unclassify(fact_id)
+        self.index.remove(fact_id)
+        self._superseder_until.pop(fact_id, None)
+        for old in fact.supersedes:
+            self._drop_listing(old, fact_id)
+        if fact.conflict_key is not None:
+            holders = self._by_key.get(fact.conflict_key)
+            if holders is not None:
+                holders.discard(fact_id)
+                if not holders:
+                    del self._by_key[fact.conflict_key]
+
+    def _drop_listing(self, listed: str, lister: str) -> None:
+        listers = self._listed_by.get(listed)
+        if listers is not None:
+            listers.discard(lister)
+            if not listers:
+                del self._listed_by[listed]
+
+    def _is_hidden(self, fact: Fact) -> bool:
+        return fact.superseded_by is not None and self._superseder_until.get(fact.id) is None
+
+    def _classify(self, fact: Fact) -> None:
+        if fact.id in self._erased:
+            return  # erased text: nothing to find
+        if self._is_hidden(fact):
+            self.index.remove(fact.id)
+            return
+        if fact.id not in self.index:
+            self.index.add(fact.id, fact.text)
+        conditional = (
+            fact.valid_from is not None
+            or fact.valid_until is not None
+            or fact.superseded_by is not None
+            or fact.confidence < 1.0
+        )
+        if conditional:
+            self._conditional.add(fact.id)
+            return
+        group = (fact.scope, fact.domain)
+        self._plain_group[fact.id] = group
+        self._group_count[group] = self._group_count.get(group, 0) + 1
+        self._group_length[group] = self._group_length.get(group, 0) + self.index.length(fact.id)
+
+    def _unclassify(self, fact_id: str) -> None:
+        self._conditional.discard(fact_id)
+        group = self._plain_group.pop(fact_id, None)
+        if group is not None:
+            self._group_count[group] -= 1
+            self._group_length[group] -= self.index.length(fact_id)
+            if not self._group_count[group]:
+                del self._group_count[group]
+                del self._group_length[group]
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def get(self, fact_id: str) -> Fact | None:
+        """Return a fact of this scope, or None."""
+        return self.facts.get(fact_id)
+
+    def all(self) -> list[Fact]:
+        """Return every fact of this scope, superseded and expired included (M4)."""
+        return list(self.facts.values())
+
+    def superseder_until(self, fact_id: str) -> int | None:
+        """Return the expiry of the fact that supersedes ``fact_id`` (None: never expires)."""
+        return self._superseder_until.get(fact_id)
+
+    def with_key(self, conflict_key: str) -> list[Fact]:
+        """Return the facts of this scope that claim a conflict key."""
+        return [self.facts[i] for i in sorted(self._by_key.get(conflict_key, ()))]
+
+    def listing(self, fact_id: str) -> list[Fact]:
+        """Return the facts of this scope whose ``supersedes`` lists ``fact_id``."""
+        return [self.facts[i] for i in sorted(self._listed_by.get(fact_id, ())) if i in self.facts]
+
+    def superseded_by(self, fact_id: str) -> list[Fact]:
+        """Return the facts of this scope currently superseded by ``fact_id``."""
+        return [f for f in self.facts.values() if f.superseded_by == fact_id]
+
+    def visible(self, fact: Fact, query: Query) -> bool:
+        """Tell whether a fact passes the M5 filter at ``query.now``."""
+        now = query.now
+        if fact.valid_until is not None and fact.valid_until < now:
+            return False
+        if fact.valid_from is not None and fact.valid_from > now:
+            return False
+        if fact.superseded_by is not None:
+            until = self._superseder_until.get(fact.id)
+            if until is None or until >= now:
+                return False
+        if fact.confidence < query.min_confidence:
+            return False
+        if query.scopes is not None and fact.scope not in query.scopes:
+            return False
+        return query.domains is None or fact.domain in query.domains
+
+    def candidates(self, query: Query) -> list[Fact]:
+        """Return the facts passing the M5 filter, in id order."""
+        return sorted(
+            (f for f in self.facts.values() if self.visible(f, query)), key=lambda f: f.id
+        )
+
+    def _groups(self, query: Query) -> list[tuple[str, str | None]]:
+        if query.min_confidence > 1.0:
+            return []
+        return [
+            g
+            for g in self._group_count
+            if (query.scopes is None or g[0] in query.scopes)
+            and (query.domains is None or g[1] in query.domains)
+        ]
+
+    def _accepts(self, query: Query) -> tuple[bool, set[tuple[str, str | None]]]:
+        """Return (everything indexed is accepted, the plain groups the query keeps)."""
+        groups = set(self._groups(query))
+        unfiltered = query.scopes is None and query.domains is None and query.min_confidence <= 1.0
+        return unfiltered and not self._conditional, groups
+
+    def _accept(self, doc: str, query: Query, groups: set[tuple[str, str | None]]) -> bool:
+        group = self._plain_group.get(doc)
+        if group is not None:
+            return group in groups
+        return self.visible(self.facts[doc], query)
+
+    def stats(self, query: Query) -> Stats:
+        """Return N, total length and document frequencies over this scope's filtered candidates."""
+        everything, groups = self._accepts(query)
+        n_docs = sum(self._group_count[g] for g in groups)
+        total = sum(self._group_length[g] for g in groups)
+        for doc in self._conditional:
+            if self.visible(self.facts[doc], query):
+                n_docs += 1
+                total += self.index.length(doc)
+        df: dict[str, int] = {}
+        for term in query.terms:
+            postings = self.index.postings(term)
+            if everything:
+                df[term] = len(postings)
+            else:
+                df[term] = sum(1 for d in postings if self._accept(d, query, groups))
+        return Stats(n_docs=n_docs, total_length=total, df=df)
+
+    def score(
+        self, query: Query, idfs: Mapping[str, float], avgdl: float
+    ) -> list[tuple[float, Fact]]:
+        """Return this scope's top ``query.limit`` (score, fact), best first, ties by id."""
+        everything, groups = self._accepts(query)
+        accept = None if everything else (lambda d: self._accept(d, query, groups))
+        hits = self.index.score(list(query.terms), idfs, avgdl, accept, query.limit)
+        return [(s, self.facts[d]) for s, d in hits]
+
+
+def plan_terms(query: str) -> tuple[str, ...]:
+    """Return the distinct query terms in first-seen order (M6)."""
+    return tuple(dict.fromkeys(tokenize(query)))
+
+
+def combine(stats: Iterable[Stats], terms: Sequence[str]) -> tuple[dict[str, float], float, int]:
+    """Combine per-scope statistics into (idf per term, avgdl, N)."""
+    n_docs = 0
+    total = 0
+    df = dict.fromkeys(terms, 0)
+    for s in stats:
+        n_docs += s.n_docs
+        total += s.total_length
+        for term, n in s.df.items():
+            df[term] += n
+    avgdl = total / n_docs if n_docs else 0.0
+    if not any(df.values()):
+        return {}, avgdl, n_docs
+    return {t: idf(n_docs, n) for t, n in df.items()}, avgdl, n_docs
+
+
+def merge_hits(per_scope: Iterable[list[tuple[float, Fact]]], limit: int) -> list[Fact]:
+    """Merge per-scope hit lists into the global top ``limit``: score desc, id asc."""
+    by_id: dict[str, Fact] = {}
+    lists: list[list[tuple[float, str]]] = []
+    for hits in per_scope:
+        lists.append([(s, f.id) for s, f in hits])
+        by_id.update((f.id, f) for _, f in hits)
+    return [by_id[i] for _, i in merge_top(lists, limit)]
+
+
+def cosine(a: Sequence[float], b: Sequence[float]) -> float:
+    """Return the cosine similarity, 0 for different lengths or a zero magnitude (M7)."""
+    if len(a) != len(b):
+        return 0.0
+    dot = sum(x * y for x, y in zip(a, b, strict=True))
+    na = math.fsum(x * x for x in a)
+    nb = math.fsum(y * y for y in b)
+    if na == 0 or nb == 0:
+        return 0.0
+    return dot / (math.sqrt(na) * math.sqrt(nb))
+
+
+def usable(vector: object) -> bool:
+    """Tell whether an embedding can be ranked and cached: non-empty, all finite numbers (M7)."""
+    if not isinstance(vector, list | tuple) or not vector:
+        return False
+    return all(
+        isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in vector
+    )
+
+
+class MemoryState:
+    """Every scope's facts, folded from the log without actors (time travel and tests)."""
+
+    def __init__(self, physical: Sequence[str], organization: str | None) -> None:
+        self.organization = organization
+        self.scopes = {p: ScopeState(p) for p in physical}
+        self.route: dict[str, str | None] = {}
+        """Fact id -> physical scope, or None for a fact outside this view (other organization)."""
+        self.position = 0
+
+    def scope_of(self, event: DomainEvent) -> str | None:
+        """Return the physical scope an event's fact lives in, learning it from remembers."""
+        if isinstance(event, FactRemembered):
+            physical = _physical(event)
+            wanted = physical in self.scopes and (
+                physical != "organization" or event.organization == self.organization
+            )
+            self.route[event.fact_id] = physical if wanted else None
+            return physical if wanted else None
+        if not isinstance(event, FACT_EVENTS):
+            return None
+        fact_id: str = event.fact_id  # type: ignore[attr-defined]
+        return self.route.get(fact_id)
+
+    def apply(self, event: Event, texts: Mapping[str, bytes]) -> None:
+        """Fold one journal event (memory events only; others pass through)."""
+        self.position = event.position
+        physical = self.scope_of(event.data)
+        if physical is None:
+            return
+        text = None
+        if isinstance(event.data, FactRemembered):
+            raw = texts.get(event.data.fact_id)
+            text = raw.decode("utf-8") if raw is not None else None
+        self.scopes[physical].apply(event.data, text)
+
+    def get(self, fact_id: str) -> Fact | None:
+        """Return a fact from any traversed scope, or None (M4)."""
+        for state in self.scopes.values():
+            fact = state.get(fact_id)
+            if fact is not None:
+                return fact
+        return None
+
+    def all(self) -> list[Fact]:
+        """Return every stored fact across scopes (M4)."""
+        return [f for state in self.scopes.values() for f in state.all()]
+
+    def search(self, query: Query) -> list[Fact]:
+        """Rank the filtered candidates by BM25 (M6)."""
+        if not query.terms:
+            return []
+        stats = [s.stats(query) for s in self.scopes.values()]
+        idfs, avgdl, n_docs = combine(stats, query.terms)
+        if not n_docs or not idfs:
+            return []
+        return merge_hits((s.score(query, idfs, avgdl) for s in self.scopes.values()), query.limit)
+
+    def candidates(self, query: Query) -> list[Fact]:
+        """Return every filtered candidate across scopes, in id order."""
+        return sorted((f for s in self.scopes.values() for f in s.candidates(query)), key=_id)
+
+
+def _id(fact: Fact) -> str:
+    return fact.id
+
+
+def _physical(event: FactRemembered) -> str:
+    return physical_scope(event.scope)

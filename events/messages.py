@@ -1,0 +1,121 @@
+"""Requests the memory actors exchange (imperative, frozen, never stored).
+
+Only the memory writer turns requests into events, so each stream has one writer in a process and a
+version conflict in the journal always means another process wrote first.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.base import Event
+from events.memory import Fact
+from events.memory_state import Query
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every actor message."""
+
+
+# -- to the memory writer ------------------------------------------------------------------------
+
+
+class Remember(Message, frozen=True, kw_only=True, tag="memory.remember"):
+    """Store a fact, superseding the facts that claim its conflict key (M2, M3)."""
+
+    text: str
+    scope: str = "project"
+    domain: str | None = None
+    confidence: float | None = None
+    conflict_key: str | None = None
+    source: str | None = None
+    valid_from: int | None = None
+    valid_until: int | None = None
+
+
+class Delete(Message, frozen=True, kw_only=True, tag="memory.delete"):
+    """Delete a fact and heal the supersession links around it (M8)."""
+
+    fact_id: str
+
+
+class Purge(Message, frozen=True, kw_only=True, tag="memory.purge"):
+    """Delete a fact and erase its text from the journal itself (M10)."""
+
+    fact_id: str
+    reason: str | None = None
+
+
+class CatchUp(Message, frozen=True, kw_only=True, tag="memory.catch-up"):
+    """Fold every journal event the writer has not seen yet; answer the position reached."""
+
+    initial: bool = False
+    """The first fold after open: also check that no fact lost its text unpurged (J5)."""
+
+
+class Deletion(msgspec.Struct, frozen=True, kw_only=True):
+    """What a delete did (M8)."""
+
+    primary: bool
+    """Whether the fact existed."""
+    relationships: int
+    """How many other facts were re-linked, restored or stripped."""
+
+
+# -- to a scope actor ----------------------------------------------------------------------------
+
+
+class Apply(Message, frozen=True, kw_only=True, tag="memory.apply"):
+    """Fold journal events about facts of the receiving scope, with the texts of remembered ones."""
+
+    events: tuple[Event, ...]
+    texts: dict[str, str] = {}
+
+
+class Get(Message, frozen=True, kw_only=True, tag="memory.get"):
+    """Answer the fact with this id, or None."""
+
+    fact_id: str
+
+
+class All(Message, frozen=True, kw_only=True, tag="memory.all"):
+    """Answer every fact of the scope."""
+
+
+class WithKey(Message, frozen=True, kw_only=True, tag="memory.with-key"):
+    """Answer (fact, its superseder's expiry) for every fact claiming a conflict key."""
+
+    conflict_key: str
+
+
+class Links(Message, frozen=True, kw_only=True, tag="memory.links"):
+    """Answer the facts listing ``fact_id`` in ``supersedes`` and those it currently supersedes."""
+
+    fact_id: str
+
+
+class LinksAnswer(msgspec.Struct, frozen=True, kw_only=True):
+    """The facts around a fact about to be deleted."""
+
+    listing: tuple[Fact, ...]
+    superseded: tuple[Fact, ...]
+
+
+class SearchStats(Message, frozen=True, kw_only=True, tag="memory.search-stats"):
+    """Answer BM25 statistics over this scope's filtered candidates."""
+
+    query: Query
+
+
+class SearchScore(Message, frozen=True, kw_only=True, tag="memory.search-score"):
+    """Answer this scope's top hits under global BM25 parameters."""
+
+    query: Query
+    idfs: dict[str, float]
+    avgdl: float
+
+
+class Candidates(Message, frozen=True, kw_only=True, tag="memory.candidates"):
+    """Answer this scope's filtered candidates (for semantic ranking)."""
+
+    query: Query

@@ -1,0 +1,344 @@
+"""Replace secrets in free text with a fixed marker before the text is journaled (M9).
+
+The journal is append-only and replayed forever: a secret that reaches it cannot be taken back
+by a later event, it is copied into every snapshot, export and backup, and it is shown to every
+agent that replays the stream. So redaction happens on the way in, before anything is appended,
+and nothing downstream ever has to be trusted with a secret. That makes this a filter that errs
+towards redacting: a false positive costs a few characters of context, a false negative leaks.
+
+What is caught, each reported by :func:`find_secrets` under the kind named first:
+
+- ``openai-key``: ``sk-...`` API keys, including ``sk-proj-...`` and other prefixed forms;
+- ``anthropic-key``: ``sk-ant-...`` API keys;
+- ``aws-access-key-id``: ``AKIA`` or ``ASIA`` followed by 16 upper-case letters or digits;
+- ``aws-secret-access-key``: the value of an ``aws_secret_access_key = ...`` assignment;
+- ``github-token``: ``ghp_``, ``gho_``, ``ghu_``, ``ghs_``, ``ghr_`` and ``github_pat_`` tokens;
+- ``gitlab-token``: ``glpat-`` tokens;
+- ``slack-token``: ``xoxa-``, ``xoxb-``, ``xoxp-``, ``xoxo-``, ``xoxr-`` and ``xoxs-`` tokens;
+- ``jwt``: three base64url segments, the first starting ``eyJ``;
+- ``private-key``: a PEM ``-----BEGIN ... PRIVATE KEY-----`` block through its END line, or
+  through the end of the text when the END line is missing;
+- ``credential-assignment``: the value of ``password``, ``passwd``, ``pwd``, ``passphrase``,
+  ``token``, ``secret``, ``secret_key`` and ``api_key`` (also ``apikey``, ``api-key``)
+  assignments, with ``=``, or with ``:`` (mid-sentence only when the value is not a plain
+  word); the name may carry a prefix (``DB_PASSWORD``, ``access_token``) and is matched
+  case-insensitively;
+- ``bearer-token``: the token after ``Authorization: Bearer`` or after a bare ``Bearer``;
+- ``basic-auth``: the credentials after ``Authorization: Basic``;
+- ``url-credentials``: the password in ``scheme://user:password@host``.
+
+Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are kept, so the
+redacted text still says what was there: ``password=hunter2`` becomes ``password=[REDACTED]``.
+Redaction is idempotent, and text that was already redacted has no secrets left to find.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["REDACTED", "find_secrets", "redact"]
+
+REDACTED: str = "[REDACTED]"
+"""The marker that replaces every secret."""
+
+
+def _openai_body_is_key(secret: str) -> bool:
+    # A hyphenated word such as "sk-learn-compatible-estimators" is prose; a key has a digit,
+    # an upper-case letter or an underscore, or at least one long unbroken run of characters.
+    body = secret[3:]
+    return any(c.isdigit() or c.isupper() or c == "_" for c in body) or any(
+        len(run) >= 20 for run in body.split("-")
+    )
+
+
+def _bearer_token_is_credential(secret: str) -> bool:
+    # "Bearer authentication" and "the bearer of this note" are prose; tokens are long and have
+    # a digit or an upper-case letter past the first character.
+    return len(secret) >= 8 and any(c.isdigit() or c.isupper() for c in secret[1:])
+
+
+def _looks_like_value(secret: str) -> bool:
+    # "password: hunter2" mid-sentence is a leak; "password: at least" and "password: 12
+    # characters" are prose, so a word of letters only, or a very short one, is left alone.
+    return len(secret) >= 4 and not secret.isalpha()
+
+
+_MARKER = re.compile(re.escape(REDACTED))
+
+
+def _within_markers(start: int, end: int, markers: list[tuple[int, int]]) -> bool:
+    """Return whether ``[start, end)`` lies wholly inside markers that follow one another."""
+    position = start
+    for marker_start, marker_end in markers:
+        if marker_start <= position < marker_end:
+            position = marker_end
+    return position >= end
+
+
+@dataclass(frozen=True, slots=True)
+class _Rule:
+    """One kind of secret and how to find it.
+
+    Attributes:
+        kind: The name reported by :func:`find_secrets`.
+        pattern: The compiled expression.
+        groups: Names of the groups holding the secret, tried in order; empty means the whole
+            match is the secret.
+        accept: A further check on the secret text, for shapes a regex cannot rule out cheaply.
+    """
+
+    kind: str
+    pattern: re.Pattern[str]
+    groups: tuple[str, ...] = ()
+    accept: Callable[[str], bool] | None = None
+
+    def spans(self, text: str, markers: list[tuple[int, int]]) -> list[tuple[int, int]]:
+        """Return the start and end of every secret this rule finds in ``text``.
+
+        Args:
+            text: The text to scan.
+            markers: Where :data:`REDACTED` already occurs in ``text``, in order.
+
+        Returns:
+            The spans of the secrets, skipping empty ones and ones made only of markers.
+        """
+        found: list[tuple[int, int]] = []
+        for match in self.pattern.finditer(text):
+            start, end = match.span()
+            for name in self.groups:
+                if match.group(name) is not None:
+                    start, end = match.span(name)
+                    break
+            # An already-redacted value is not a secret. Skipping it keeps find_secrets empty on
+            # redacted text, and keeps a value class that stops at "]" from turning
+            # "[REDACTED]" into "[REDACTED]]" on a second pass.
+            if start == end or _within_markers(start, end, markers):
+                continue
+            if self.accept is None or self.accept(text[start:end]):
+                found.append((start, end))
+        return found
+
+
+_VALUE_GROUPS = ("dq", "sq", "bare")
+# Backslash escapes are honoured so that a password holding an escaped quote is not cut short.
+_QUOTED = r"""(?:"(?P<dq>(?:[^"\\\n]|\\.)*)"|'(?P<sq>(?:[^'\\\n]|\\.)*)')"""
+# An unquoted value ends where a shell word, a query parameter or a connection-string field ends.
+_BARE_IN_LINE = r"""(?P<bare>[^\s'"&;,]+)"""
+_BARE_IN_JSON = r"""(?P<bare>[^\s'"&;,}\]]+)"""
+# After "name:" at the start of a line (YAML, headers, env files) the value is the rest of it.
+_BARE_TO_EOL = r"""(?P<bare>[^\s'"](?:[^\r\n]*\S)?)"""
+# Names may carry a prefix such as DB_ or x-api-; the separator stops "mytoken" from matching.
+_NAME_PREFIX = r"(?:[A-Za-z0-9_.-]*[_.-])?"
+
+
+def _assignment_rules(kind: str, names: str) -> list[_Rule]:
+    """Build the rules for ``name = value`` and ``name: value`` written with the given names.
+
+    Args:
+        kind: The kind to report.
+        names: A regex alternation of the key names, without groups that capture.
+
+    Returns:
+        Rules for ``=`` anywhere; for ``:`` after a quoted key, after a key that starts a line,
+        or before a quoted value; and for ``:`` elsewhere only when the value does not read as
+        a word, because prose uses that colon ("choose a strong password: at least 12 chars").
+    """
+    flags = re.IGNORECASE
+    equals = rf"""(?<![A-Za-z0-9])(?:{names})["']?[ \t]*(?:=>|:?=)[ \t]*"""
+    equals += rf"(?:{_QUOTED}|{_BARE_IN_LINE})"
+    quoted_key = (
+        rf"""["']{_NAME_PREFIX}(?:{names})["'][ \t]*:(?!=)[ \t]*(?:{_QUOTED}|{_BARE_IN_JSON})"""
+    )
+    line_start = (
+        rf"""^[ \t]*(?:-[ \t]+)?{_NAME_PREFIX}(?:{names})[ \t]*:(?!=)[ \t]*"""
+        rf"""(?:{_QUOTED}|{_BARE_TO_EOL})"""
+    )
+    colon = rf"""(?<![A-Za-z0-9])(?:{names})[ \t]*:(?!=)[ \t]*"""
+    return [
+        _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS),
+        _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS),
+        _Rule(kind, re.compile(line_start, flags | re.MULTILINE), _VALUE_GROUPS),
+        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq")),
+        _Rule(kind, re.compile(colon + _BARE_IN_LINE, flags), ("bare",), _looks_like_value),
+    ]
+
+
+# RFC 6750 b64token, without a trailing dot so that a sentence's full stop is kept.
+_B64TOKEN = r"[A-Za-z0-9\-._~+/]*[A-Za-z0-9\-_~+/]=*"
+_AUTH_HEADER = r"""\bAuthorization["']?[ \t]*[:=][ \t]*["']?"""
+
+# Order is priority: when matches overlap they are redacted as one, and find_secrets reports the
+# kind of the earliest rule among them, so self-describing token formats come before the
+# contextual rules that would also match them ("token=eyJ..." is reported as a jwt).
+_RULES: tuple[_Rule, ...] = (
+    _Rule(
+        "private-key",
+        re.compile(
+            # A truncated block (the END line cut off by a log limit) still holds key material.
+            r"-----BEGIN[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----"
+            r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*)",
+            re.DOTALL,
+        ),
+    ),
+    _Rule(
+        "jwt",
+        # "-" may precede: a PEM block ends in "-----", and a JWT straight after it would hide
+        # behind that lookbehind only to be found once the block became a marker.
+        re.compile(r"(?<![A-Za-z0-9_])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+    ),
+    _Rule("anthropic-key", re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}")),
+    _Rule(
+        "openai-key",
+        re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}"),
+        accept=_openai_body_is_key,
+    ),
+    _Rule(
+        "aws-access-key-id",
+        re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+    ),
+    _Rule(
+        "github-token",
+        re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+    ),
+    _Rule("gitlab-token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}")),
+    _Rule("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abpors]-[A-Za-z0-9-]{10,}")),
+    *_assignment_rules("aws-secret-access-key", r"aws[_-]?secret[_-]?access[_-]?key"),
+    _Rule(
+        "url-credentials",
+        # Only the password: the scheme, user and host are what make the text useful to read.
+        re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@?#]*:(?P<password>[^\s@/?#]+)@"),
+        ("password",),
+    ),
+    _Rule(
+        "bearer-token",
+        # In an Authorization header anything after Bearer is a credential, whatever it looks like.
+        re.compile(rf"{_AUTH_HEADER}Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
+        ("token",),
+    ),
+    _Rule(
+        "bearer-token",
+        re.compile(rf"(?<![A-Za-z0-9])Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
+        ("token",),
+        accept=_bearer_token_is_credential,
+    ),
+    _Rule(
+        "basic-auth",
+        re.compile(rf"{_AUTH_HEADER}Basic[ \t]+(?P<token>[A-Za-z0-9+/]+=*)", re.IGNORECASE),
+        ("token",),
+    ),
+    *_assignment_rules(
+        "credential-assignment",
+        r"password|passwd|pwd|passphrase|token|secret(?:[_-]?key)?|api[_-]?key|apikey",
+    ),
+)
+
+
+@dataclass(slots=True)
+class _Hit:
+    """A stretch of text to redact and the kind of secret it was reported as."""
+
+    start: int
+    end: int
+    kind: str
+
+
+def _widen(start: int, end: int, markers: list[tuple[int, int]]) -> tuple[int, int]:
+    """Stretch ``[start, end)`` to cover whole any marker it cuts into."""
+    for marker_start, marker_end in markers:
+        if marker_start < start < marker_end:
+            start = marker_start
+        if marker_start < end < marker_end:
+            end = marker_end
+    return start, end
+
+
+def _scan(text: str) -> list[_Hit]:
+    """Find every secret in ``text``, with overlapping and touching matches merged.
+
+    Matching every rule against the same text, rather than against text already partly
+    redacted, lets overlapping matches be merged: a value that two rules see differently
+    (``password=foo/sk-...``) is redacted whole.
+
+    Args:
+        text: The text to scan.
+
+    Returns:
+        Disjoint hits in order of position, each with the kind of the highest-priority rule
+        that matched inside it. No hit cuts into a marker, and each holds some text that is
+        not a marker.
+    """
+    markers = [match.span() for match in _MARKER.finditer(text)]
+    found = sorted(
+        (*_widen(start, end, markers), priority, rule.kind)
+        for priority, rule in enumerate(_RULES)
+        for start, end in rule.spans(text, markers)
+    )
+    hits: list[_Hit] = []
+    best = len(_RULES)
+    for start, end, priority, kind in found:
+        # Touching spans are merged too, so two markers never end up side by side.
+        if hits and start <= hits[-1].end:
+            last = hits[-1]
+            last.end = max(last.end, end)
+            if priority < best:
+                best, last.kind = priority, kind
+        else:
+            hits.append(_Hit(start, end, kind))
+            best = priority
+    return hits
+
+
+def _redact(text: str) -> tuple[str, list[str]]:
+    """Redact ``text`` until no rule finds anything, and name the kinds found on the way.
+
+    One pass is not always enough: a rule's context can change once its neighbour becomes a
+    marker (the tail of a value that only part of was a key, say), and redaction must be
+    idempotent. Every pass turns at least one character that is not part of a marker into a
+    marker and never cuts an existing marker, so the loop ends; it rarely runs a second pass.
+
+    Args:
+        text: The text to redact.
+
+    Returns:
+        The redacted text and the kinds found, in order of first appearance, without
+        duplicates.
+    """
+    kinds: dict[str, None] = {}
+    while hits := _scan(text):
+        kinds.update(dict.fromkeys(hit.kind for hit in hits))
+        parts: list[str] = []
+        position = 0
+        for hit in hits:
+            parts.extend((text[position : hit.start], REDACTED))
+            position = hit.end
+        parts.append(text[position:])
+        text = "".join(parts)
+    return text, list(kinds)
+
+
+def redact(text: str) -> str:
+    """Return ``text`` with every secret replaced by :data:`REDACTED`.
+
+    Args:
+        text: Free text about to be journaled: a prompt, a tool call, a tool's output.
+
+    Returns:
+        The text with each secret, and only the secret, replaced by the marker. Applying
+        ``redact`` again returns the same text.
+    """
+    return _redact(text)[0]
+
+
+def find_secrets(text: str) -> list[str]:
+    """Name the kinds of secret in ``text``, as :func:`redact` would see them.
+
+    Args:
+        text: The text to scan.
+
+    Returns:
+        Kind names such as ``"openai-key"`` or ``"jwt"``, in order of first appearance and
+        without duplicates; empty when there is nothing to redact.
+    """
+    return _redact(text)[1]

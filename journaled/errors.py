@@ -1,0 +1,53 @@
+"""Errors a user of ``journaled`` meets, re-exported from the layer that raises them.
+
+::
+
+    JournaledError
+    └── ConfigurationError (ValueError)        a setting of open() that cannot be used
+    EventsError                                (from the log layer)
+    ├── JournalUrlError (ValueError)
+    ├── JournalClosed (RuntimeError)
+    ├── ConcurrencyConflict
+    └── CorruptEvent (ValueError)
+        └── UnknownEventType
+    ActorsError                                (from the live layer)
+    ├── InvalidFact (ValueError)
+    │   └── OrganizationNotConfigured
+    └── ActorTimeout (TimeoutError)
+"""
+
+from __future__ import annotations
+
+from actors.errors import ActorsError, ActorTimeout, InvalidFact, OrganizationNotConfigured
+from events.errors import (
+    ConcurrencyConflict,
+    CorruptEvent,
+    EventsError,
+    JournalClosed,
+    JournalUrlError,
+    UnknownEventType,
+)
+
+
+class JournaledError(Exception):
+    """Root of the errors raised by the ``journaled`` package itself."""
+
+
+class ConfigurationError(JournaledError, ValueError):
+    """A setting of :func:`journaled.open` that cannot be used."""
+
+
+__all__ = [
+    "ActorTimeout",
+    "ActorsError",
+    "ConcurrencyConflict",
+    "ConfigurationError",
+    "CorruptEvent",
+    "EventsError",
+    "InvalidFact",
+    "JournalClosed",
+    "JournalUrlError",
+    "JournaledError",
+    "OrganizationNotConfigured",
+    "UnknownEventType",
+]

@@ -1,0 +1,327 @@
+"""``rt.memory``: scoped long-term memory, every change an event (SPEC section 1)."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
+
+from actors.memory import ask, ask_all
+from events.base import Event
+from events.journal import Journal
+from events.memory import Fact, FactRemembered
+from events.memory_audit import explain
+from events.memory_state import (
+    MemoryState,
+    Query,
+    Stats,
+    combine,
+    cosine,
+    merge_hits,
+    plan_terms,
+    usable,
+)
+from events.messages import (
+    All,
+    Candidates,
+    Delete,
+    Deletion,
+    Get,
+    Purge,
+    Remember,
+    SearchScore,
+    SearchStats,
+)
+
+
+class Embedder(Protocol):
+    """Anything that turns texts into vectors."""
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Return one vector per text."""
+        ...
+
+
+def _query(
+    query: str,
+    now: int,
+    scopes: Iterable[str] | None,
+    domains: Iterable[str] | None,
+    min_confidence: float,
+    limit: int,
+) -> Query:
+    if not isinstance(query, str):
+        raise TypeError(f"search query must be a string, got {type(query).__name__}")
+    if isinstance(scopes, str) or isinstance(domains, str):
+        raise TypeError("scopes and domains take a list of names, not a single string")
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+    if not isinstance(min_confidence, int | float) or math.isnan(min_confidence):
+        raise ValueError(f"min_confidence must be a number, got {min_confidence!r}")
+    return Query(
+        terms=plan_terms(query),
+        now=now,
+        scopes=frozenset(scopes) if scopes is not None else None,
+        domains=frozenset(domains) if domains is not None else None,
+        min_confidence=float(min_confidence),
+        limit=limit,
+    )
+
+
+class _Semantic:
+    """Rank by cosine with a per-runtime cache of usable vectors, falling back to BM25 (M7)."""
+
+    def __init__(self, embedder: Embedder | None) -> None:
+        self.embedder = embedder
+        self._cache: dict[str, list[float]] = {}
+        self._lock = threading.Lock()
+
+    def rank(
+        self,
+        text: str,
+        query: Query,
+        candidates: Sequence[Fact],
+        bm25: Callable[[], list[Fact]],
+    ) -> list[Fact]:
+        embedder = self.embedder
+        if embedder is None or not candidates:
+            return bm25()
+        try:
+            with self._lock:
+                need = list(dict.fromkeys(c.text for c in candidates if c.text not in self._cache))
+            if need:
+                vectors = embedder.embed(need)
+                with self._lock:
+                    for t, v in zip(need, vectors, strict=False):
+                        if usable(v):
+                            self._cache[t] = [float(x) for x in v]
+            query_vectors = embedder.embed([text])
+            query_vector = query_vectors[0] if query_vectors else None
+            with self._lock:
+                docs = [(c, self._cache[c.text]) for c in candidates if c.text in self._cache]
+            if not usable(query_vector) or not docs:
+                return bm25()
+            assert query_vector is not None
+            scored = [(cosine(query_vector, v), c) for c, v in docs]
+        except Exception:
+            return bm25()
+        hits = sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))
+        return [c for _, c in hits[: query.limit]]
+
+    def forget(self, text: str) -> None:
+        with self._lock:
+            self._cache.pop(text, None)
+
+
+class MemoryView:
+    """The memory store as it was at one journal position (M12): get, all, search."""
+
+    def __init__(self, state: MemoryState, now: int, semantic: _Semantic) -> None:
+        self._state = state
+        self._now = now
+        self._semantic = semantic
+        self.position = state.position
+        """The journal position this view reflects."""
+
+    def get(self, fact_id: str) -> Fact | None:
+        """Return the fact as it was then, or None."""
+        return self._state.get(fact_id)
+
+    def all(self) -> list[Fact]:
+        """Return every fact stored then."""
+        return sorted(self._state.all(), key=lambda f: f.id)
+
+    def search(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Search as the store would have then; ``now`` defaults to the view's time."""
+        q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
+        return self._state.search(q)
+
+    def search_semantic(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Rank semantically as the store would have then (M7 fallbacks included)."""
+        q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
+        return self._semantic.rank(
+            query, q, self._state.candidates(q), lambda: self._state.search(q)
+        )
+
+
+class Memory:
+    """Scoped long-term memory over the memory actors. Safe to use from any thread."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        writer: Any,
+        scopes: dict[str, Any],
+        clock: Callable[[], int],
+        embedder: Embedder | None,
+        organization: str | None,
+    ) -> None:
+        self._journal = journal
+        self._writer = writer
+        self._scopes = scopes
+        self._refs = list(scopes.values())
+        self._clock = clock
+        self._organization = organization
+        self._semantic = _Semantic(embedder)
+
+    def remember(
+        self,
+        text: str,
+        scope: str = "project",
+        domain: str | None = None,
+        confidence: float | None = None,
+        conflict_key: str | None = None,
+        source: str | None = None,
+        valid_from: int | None = None,
+        valid_until: int | None = None,
+    ) -> Fact:
+        """Store a fact, superseding older facts with its conflict key, in one append (M2, M3).
+
+        Raises:
+            InvalidFact: the text, confidence, scope or validity window cannot be stored.
+            OrganizationNotConfigured: ``scope="organization"`` without an organization.
+        """
+        fact: Fact = ask(
+            self._writer,
+            Remember(
+                text=text,
+                scope=scope,
+                domain=domain,
+                confidence=confidence,
+                conflict_key=conflict_key,
+                source=source,
+                valid_from=valid_from,
+                valid_until=valid_until,
+            ),
+        )
+        return fact
+
+    def get(self, fact_id: str) -> Fact | None:
+        """Return a fact from any traversed scope, or None (M4)."""
+        for fact in ask_all(self._refs, Get(fact_id=fact_id)):
+            if fact is not None:
+                return fact  # type: ignore[no-any-return]
+        return None
+
+    def all(self) -> list[Fact]:
+        """Return every stored fact across scopes, superseded and expired included (M4)."""
+        facts: list[Fact] = [f for answer in ask_all(self._refs, All()) for f in answer]
+        return sorted(facts, key=lambda f: f.id)
+
+    def search(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Rank the filtered candidates by BM25 and return the top ``limit`` (M5, M6)."""
+        q = _query(
+            query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
+        )
+        return self._bm25(q)
+
+    def _bm25(self, q: Query) -> list[Fact]:
+        if not q.terms or q.limit == 0:
+            return []
+        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q))
+        idfs, avgdl, n_docs = combine(stats, q.terms)
+        if not n_docs or not idfs:
+            return []
+        hits = ask_all(self._refs, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
+        return merge_hits(hits, q.limit)
+
+    def search_semantic(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Rank the filtered candidates by cosine similarity, falling back to BM25 (M7)."""
+        q = _query(
+            query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
+        )
+        candidates = sorted(
+            (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
+            key=lambda f: f.id,
+        )
+        return self._semantic.rank(query, q, candidates, lambda: self._bm25(q))
+
+    def delete(self, fact_id: str) -> Deletion:
+        """Delete a fact and heal the supersession chain around it, atomically (M8)."""
+        deletion: Deletion = ask(self._writer, Delete(fact_id=fact_id))
+        return deletion
+
+    def purge(self, fact_id: str, reason: str | None = None) -> bool:
+        """Delete a fact and erase its text from the journal itself (M10).
+
+        Returns:
+            True if a text was erased; False for an unknown or already purged fact.
+        """
+        before = self.get(fact_id)
+        purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
+        if purged and before is not None:
+            self._semantic.forget(before.text)
+        return purged
+
+    def history(self, fact_id: str) -> list[Event]:
+        """Return the events of a fact's life, oldest first (M11)."""
+        return self._journal.stream(fact_id)
+
+    def why(self, fact_id: str) -> str:
+        """Explain a fact's life in plain words from its events (M11)."""
+        return explain(fact_id, self.history(fact_id))
+
+    def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
+        """View the store as it was at a journal position or a time (M12).
+
+        ``position`` is a journal position; ``at`` an epoch-ms time (the view holds every event
+        recorded at or before it). The view's searches default ``now`` to that time.
+        """
+        if (position is None) == (at is None):
+            raise ValueError("as_of takes exactly one of position= or at=")
+        last = self._journal.position()
+        if position is not None:
+            if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+                raise ValueError(f"position must be a journal position >= 0, got {position!r}")
+            if position > last:
+                raise ValueError(f"position {position} is past the end of the journal ({last})")
+        state = MemoryState(list(self._scopes), self._organization)
+        texts = self._journal.payloads()
+        now = at if at is not None else 0
+        for event in self._journal.read(upto=position):
+            if at is not None and event.data.at > at:
+                break
+            state.apply(event, texts)
+            if at is None:
+                now = event.data.at
+        return MemoryView(state, now, self._semantic)
+
+    def remembered(self, fact_id: str) -> FactRemembered | None:
+        """Return the event that remembered a fact (even after delete), or None."""
+        for event in self.history(fact_id):
+            if isinstance(event.data, FactRemembered):
+                return event.data
+        return None

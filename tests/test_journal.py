@@ -1,0 +1,221 @@
+"""The journal contract (J1, J2, J4, J5), run against every backend through one fixture."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from events.base import Pending
+from events.codec import Codec
+from events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed, JournalUrlError
+from events.journal import PAYLOAD_TABLE, Journal
+from events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
+from events.url import default_url, parse_url
+
+
+@pytest.fixture
+def journal(journal_url: str) -> Iterator[Journal]:
+    """Yield an open journal on each backend."""
+    j = Journal(parse_url(journal_url), Codec(MEMORY_EVENTS))
+    yield j
+    j.close()
+
+
+def remembered(fact_id: str, at: int = 1) -> FactRemembered:
+    """Make a small event."""
+    return FactRemembered(at=at, fact_id=fact_id, scope="project")
+
+
+def test_positions_are_one_global_order(journal: Journal) -> None:
+    """J1: every append gets increasing positions, and read() returns that order."""
+    assert journal.position() == 0
+    p1 = journal.append([Pending(stream="a", version=1, data=remembered("a"))])
+    p2 = journal.append(
+        [
+            Pending(stream="b", version=1, data=remembered("b")),
+            Pending(stream="a", version=2, data=FactPurged(at=2, fact_id="a")),
+        ]
+    )
+    assert p1 == [1]
+    assert p2 == [2, 3]
+    assert journal.position() == 3
+    events = list(journal.read())
+    assert [(e.position, e.stream, e.version) for e in events] == [
+        (1, "a", 1),
+        (2, "b", 1),
+        (3, "a", 2),
+    ]
+    assert [e.position for e in journal.read(after=1, upto=2)] == [2]
+
+
+def test_read_pages_through_long_logs(journal: Journal) -> None:
+    """J1: reading pages through more events than one page holds, in order."""
+    journal.append(
+        [Pending(stream=f"s{i}", version=1, data=remembered(f"s{i}")) for i in range(2500)]
+    )
+    assert [e.position for e in journal.read(page=1000)] == list(range(1, 2501))
+
+
+def test_conflicting_append_writes_nothing(journal: Journal) -> None:
+    """J2/J3: an append whose one event conflicts is rejected whole, payloads included."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))], payloads={"a": b"one"})
+    with pytest.raises(ConcurrencyConflict) as info:
+        journal.append(
+            [
+                Pending(stream="b", version=1, data=remembered("b")),
+                Pending(stream="a", version=1, data=remembered("a")),
+            ],
+            payloads={"b": b"two"},
+        )
+    assert "a" in info.value.streams
+    assert journal.position() == 1
+    assert journal.stream("b") == []
+    assert journal.payloads() == {"a": b"one"}
+
+
+def test_payloads_written_and_forgotten_with_events(journal: Journal) -> None:
+    """M10: payloads are written with their events and forgotten in the same append."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))], payloads={"a": b"text"})
+    assert journal.payloads(["a", "zzz"]) == {"a": b"text"}
+    journal.append(
+        [Pending(stream="a", version=2, data=FactPurged(at=3, fact_id="a"))], forget=["a"]
+    )
+    assert journal.payloads() == {}
+    journal.scrub()
+
+
+def test_stream_has_positions(journal: Journal) -> None:
+    """J1: a stream's events come back with their global positions."""
+    journal.append([Pending(stream="x", version=1, data=remembered("x"))])
+    journal.append([Pending(stream="y", version=1, data=remembered("y"))])
+    journal.append([Pending(stream="x", version=2, data=FactPurged(at=2, fact_id="x"))])
+    assert [(e.position, e.version) for e in journal.stream("x")] == [(1, 1), (3, 2)]
+    assert journal.stream("nope") == []
+
+
+def test_closed_journal_refuses_use(journal: Journal) -> None:
+    """A closed journal says so instead of failing obscurely."""
+    journal.close()
+    with pytest.raises(JournalClosed):
+        journal.position()
+
+
+def test_corrupt_row_names_its_position(sqlite_url: str) -> None:
+    """J5: an undecodable event fails loudly with its position, never skipped."""
+    config = parse_url(sqlite_url)
+    j = Journal(config, Codec(MEMORY_EVENTS))
+    j.append([Pending(stream="a", version=1, data=remembered("a"))])
+    j.append([Pending(stream="b", version=1, data=remembered("b"))])
+    j.close()
+    assert config.path is not None
+    with sqlite3.connect(config.path) as conn:
+        conn.execute("UPDATE stored_events SET state = x'c1c1' WHERE originator_id = 'b'")
+    j = Journal(config, Codec(MEMORY_EVENTS))
+    try:
+        with pytest.raises(CorruptEvent, match="position 2") as info:
+            list(j.read())
+        assert info.value.position == 2
+    finally:
+        j.close()
+
+
+def test_unknown_topic_names_its_position(sqlite_url: str) -> None:
+    """J5: a topic this release does not know is an error with the position."""
+    config = parse_url(sqlite_url)
+    j = Journal(config, Codec(MEMORY_EVENTS))
+    j.append([Pending(stream="a", version=1, data=remembered("a"))])
+    j.close()
+    assert config.path is not None
+    with sqlite3.connect(config.path) as conn:
+        conn.execute("UPDATE stored_events SET topic = 'memory.from-the-future@1'")
+    j = Journal(config, Codec(MEMORY_EVENTS))
+    try:
+        with pytest.raises(CorruptEvent, match="position 1"):
+            list(j.read())
+    finally:
+        j.close()
+
+
+# -- URLs (J4) -------------------------------------------------------------------------------------
+
+
+def test_sqlite_urls(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """J4: sqlite:///relative is under the working directory; sqlite:////abs is absolute."""
+    monkeypatch.chdir(tmp_path)
+    assert parse_url("sqlite:///j.sqlite").path == str(tmp_path / "j.sqlite")
+    assert parse_url(f"sqlite:///{tmp_path}/x.sqlite").path == str(tmp_path / "x.sqlite")
+    assert parse_url("sqlite:///j.sqlite?durability=full").durability == "full"
+    assert default_url(tmp_path) == f"sqlite:///{tmp_path / '.journaled' / 'journal.sqlite'}"
+
+
+@pytest.mark.parametrize(
+    ("url", "words"),
+    [
+        ("", "empty"),
+        ("mysql://x", "unknown scheme"),
+        ("sqlite://host/x.sqlite", "has a host"),
+        ("sqlite:///", "names no database file"),
+        ("sqlite:///:memory:", "memory://"),
+        ("sqlite:///x.sqlite?durability=sometimes", "durability"),
+        ("sqlite:///x.sqlite?pool=3", "unknown parameter"),
+        ("memory://?x=1", "unknown parameter"),
+    ],
+)
+def test_malformed_urls_are_clear_errors(url: str, words: str) -> None:
+    """J4: a malformed journal URL raises an error naming what is wrong."""
+    with pytest.raises(JournalUrlError, match=words):
+        parse_url(url)
+
+
+def test_password_is_masked_in_errors() -> None:
+    """J4: a URL's password never appears in an error message."""
+    with pytest.raises(JournalUrlError) as info:
+        parse_url("mysql://me:hunter2@db/x")
+    assert "hunter2" not in str(info.value)
+
+
+def test_stray_environment_cannot_redirect_the_journal(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J4: eventsourcing settings in os.environ are ignored; only the URL decides."""
+    decoy = tmp_path / "decoy.sqlite"
+    monkeypatch.setenv("PERSISTENCE_MODULE", "eventsourcing.popo")
+    monkeypatch.setenv("SQLITE_DBNAME", str(decoy))
+    monkeypatch.setenv("JOURNALED_SQLITE_DBNAME", str(decoy))
+    real = tmp_path / "real.sqlite"
+    j = Journal(parse_url(f"sqlite:///{real}"), Codec(MEMORY_EVENTS))
+    j.append([Pending(stream="a", version=1, data=remembered("a"))])
+    j.close()
+    assert real.exists()
+    assert not decoy.exists()
+
+
+def test_reading_a_missing_journal_creates_nothing(tmp_path: Path) -> None:
+    """J4: opening for reading only does not create an empty journal."""
+    path = tmp_path / "nothing.sqlite"
+    with pytest.raises(JournalUrlError, match="no journal"):
+        Journal(parse_url(f"sqlite:///{path}"), Codec(MEMORY_EVENTS), create=False)
+    assert not path.exists()
+
+
+def test_sqlite_file_is_wal_with_chosen_durability(tmp_path: Path) -> None:
+    """J4: file journals use WAL; durability=full sets synchronous=FULL on its connections."""
+    for durability, level in (("normal", 1), ("full", 2)):
+        path = tmp_path / f"{durability}.sqlite"
+        j = Journal(parse_url(f"sqlite:///{path}?durability={durability}"), Codec(MEMORY_EVENTS))
+        j.append([Pending(stream="a", version=1, data=remembered("a"))])
+        with j._recorder.datastore.transaction(commit=False) as c:  # type: ignore[union-attr]
+            c.execute("PRAGMA synchronous")
+            assert c.fetchone()[0] == level
+            c.execute("PRAGMA secure_delete")
+            assert c.fetchone()[0] == 1
+        j.close()
+        with sqlite3.connect(path) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
+            assert {"stored_events", PAYLOAD_TABLE} <= tables
+    assert os.path.exists(tmp_path / "normal.sqlite")
