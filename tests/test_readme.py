@@ -1,0 +1,64 @@
+"""The README's quick start works on a fresh clone with a fresh virtual environment."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def quick_start_commands() -> list[str]:
+    """Return the shell commands of the README's quick start block."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert block is not None, "the quick start has a ```sh block"
+    return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_quick_start_has_exactly_two_commands() -> None:
+    """README: exactly two commands, one for the demo and one for the tests; CI runs the latter."""
+    commands = quick_start_commands()
+    assert commands == ["./dev demo", "./dev test"]
+    assert "./dev test" in (ROOT / ".ci" / "run").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git to make a fresh clone")
+def test_demo_command_works_on_a_fresh_clone(tmp_path: Path) -> None:
+    """README: `./dev demo` sets up a fresh clone from nothing and runs the demo, twice."""
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
+    tracked = subprocess.run(
+        ["git", "ls-files", "-m", "-o", "--exclude-standard"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    for name in tracked:  # carry uncommitted work so the test checks the tree under test
+        source = ROOT / name
+        if source.is_file():
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, clone / name)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VIRTUAL_ENV", "JOURNALED_"))}
+    for run in (1, 2):
+        out = subprocess.run(
+            ["./dev", "demo"],
+            cwd=clone,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=False,
+        )
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert "superseded" in out.stdout, f"run {run}"
+    assert (clone / ".journaled" / "journal.sqlite").exists()
