@@ -8,7 +8,8 @@ callers can catch either::
     ├── JournalClosed (RuntimeError)         the journal was used after close()
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
-    └── UnknownEventType (CorruptEvent)      a stored topic this release does not know
+    │   └── UnknownEventType                 a stored topic this release does not know
+    └── PlanRejected (ValueError)            a plan that cannot run, naming the step
 """
 
 from __future__ import annotations
@@ -53,3 +54,13 @@ class CorruptEvent(EventsError, ValueError):
 
 class UnknownEventType(CorruptEvent):
     """A stored topic that no event type of this release (nor any upcaster) knows."""
+
+
+class PlanRejected(EventsError, ValueError):
+    """A plan that cannot run: names the step and the reason (E1). Nothing ran."""
+
+    def __init__(self, step_id: str | None, reason: str) -> None:
+        self.step_id = step_id
+        self.reason = reason
+        where = f"step {step_id!r}: " if step_id is not None else ""
+        super().__init__(f"plan rejected: {where}{reason}")

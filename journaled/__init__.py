@@ -6,9 +6,12 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
+from actors.steps import AgentContext, NeedsInput
 from events.base import DomainEvent, Event
+from events.errors import PlanRejected
 from events.memory import Fact
 from events.messages import Deletion
+from events.plans import AgentResult, ExecuteResult, Limits, Observation, Plan, Step
 from journaled.errors import (
     ActorsError,
     ActorTimeout,
@@ -24,11 +27,14 @@ from journaled.errors import (
     UnknownEventType,
 )
 from journaled.memory import Embedder, Memory, MemoryView
+from journaled.runs import RunNotFound, RunNotResumable, Runs
 from journaled.runtime import JournalHandle, Runtime, open
 
 __all__ = [
     "ActorTimeout",
     "ActorsError",
+    "AgentContext",
+    "AgentResult",
     "ConcurrencyConflict",
     "ConfigurationError",
     "CorruptEvent",
@@ -37,16 +43,26 @@ __all__ = [
     "Embedder",
     "Event",
     "EventsError",
+    "ExecuteResult",
     "Fact",
     "InvalidFact",
     "JournalClosed",
     "JournalHandle",
     "JournalUrlError",
     "JournaledError",
+    "Limits",
     "Memory",
     "MemoryView",
+    "NeedsInput",
+    "Observation",
     "OrganizationNotConfigured",
+    "Plan",
+    "PlanRejected",
+    "RunNotFound",
+    "RunNotResumable",
+    "Runs",
     "Runtime",
+    "Step",
     "UnknownEventType",
     "open",
 ]

@@ -3,17 +3,25 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from types import TracebackType
+from typing import Any
 
+from actors.executor import Progress
 from actors.memory import Clock, system_clock
 from actors.runtime import MemoryActors
+from actors.steps import AgentContext, Registry
 from events.base import Event
 from events.codec import Codec
 from events.journal import Journal
 from events.memory import MEMORY_EVENTS
+from events.plan_rules import Reserve
+from events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from events.runs import RUN_EVENTS
 from events.url import default_url, parse_url
 from journaled.errors import ConfigurationError
 from journaled.memory import Embedder, Memory
+from journaled.runs import Runs
 
 ENV_URL = "JOURNALED_URL"
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
@@ -21,7 +29,7 @@ ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
 
 def codec() -> Codec:
     """Return a codec for every event type this release stores."""
-    return Codec(MEMORY_EVENTS)
+    return Codec((*MEMORY_EVENTS, *RUN_EVENTS))
 
 
 class JournalHandle:
@@ -89,7 +97,70 @@ class Runtime:
             embedder,
             organization,
         )
+        self._registry = Registry(agents_enabled=agents)
+        self.runs = Runs(self._journal, self._registry, clock or system_clock, agents)
         self._closed = False
+
+    # -- registration ----------------------------------------------------------------------------
+
+    def register_skill(self, name: str, fn: Callable[[Any], Any]) -> None:
+        """Register a skill: ``fn(input) -> output``; raising fails the step; costs 1 model call."""
+        self._registry.register("skill", name, fn)
+
+    def register_tool(self, name: str, fn: Callable[[Any], Any]) -> None:
+        """Register a tool: ``fn(input) -> output``; raising fails the step; costs no model call."""
+        self._registry.register("tool", name, fn)
+
+    def register_agent(self, name: str, fn: Callable[[Step, AgentContext], AgentResult]) -> None:
+        """Register an agent: ``fn(step, ctx) -> AgentResult``; raise NeedsInput to wait."""
+        self._registry.register("agent", name, fn)
+
+    # -- runs ------------------------------------------------------------------------------------
+
+    def execute(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+    ) -> ExecuteResult:
+        """Execute a plan as a journaled run and return its result (E1-E13).
+
+        Raises:
+            PlanRejected: the plan is malformed (nothing was appended).
+            ValueError: a bad budget, parallelism, limit or timeout.
+        """
+        return self.runs.execute(
+            plan,
+            call_budget,
+            max_parallel_steps,
+            limits,
+            reserve,
+            on_progress,
+            step_timeout=step_timeout,
+        )
+
+    def resume(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: dict[str, str] | None = None,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+    ) -> ExecuteResult:
+        """Rebuild a run from the journal and carry on (E14): answers, a new total budget."""
+        return self.runs.resume(
+            run_id, call_budget, answers, reserve=reserve, on_progress=on_progress
+        )
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask a running run to stop scheduling (E5). Safe from any thread."""
+        return self.runs.cancel(run_id)
 
     def refresh(self) -> int:
         """Fold events other processes appended since; return the position reached."""
@@ -100,6 +171,8 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
+        for run_id in self.runs.active():
+            self.runs.cancel(run_id)
         try:
             self._actors.stop()
         finally:

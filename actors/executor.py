@@ -1,0 +1,498 @@
+"""The plan executor: one actor per active run, the single writer of that run's stream.
+
+It never blocks. It tells each step to a step actor and is told the outcome back; the bounds
+(``max_parallel_steps`` batches, per-tool/skill/agent caps, the call budget, waiting) are plain
+counters in its own thread. Every decision is an event folded into the run's :class:`RunState`
+first and appended at the next quiescent point — before any step it starts is dispatched — so the
+journal always knows which steps were in flight (E12, E14).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import pykka
+
+from actors.steps import ACTOR_FOR_KIND, Registry, missing
+from events.base import DomainEvent, Event, Pending
+from events.errors import ConcurrencyConflict
+from events.journal import Journal
+from events.plan_rules import Reserve, fold_calls, step_calls, waves
+from events.plans import (
+    CANCELLED_ABORT,
+    CANCELLED_BRANCH,
+    SKIPPED_DEPENDENCY,
+    ExecuteResult,
+    Limits,
+    Observation,
+    Step,
+)
+from events.run_messages import Begin, CancelRun, RunStep, StepDeadline, StepDone
+from events.run_state import RunState
+from events.runs import (
+    BudgetStopped,
+    CancelRequested,
+    RunFinished,
+    RunStatus,
+    StepFailed,
+    StepsSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+    WavePartitioned,
+)
+
+log = logging.getLogger("journaled.executor")
+
+Progress = Callable[[str, list[Observation], int, list[str]], None]
+"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
+Trace = Callable[[int, ExecuteResult], None]
+"""Test hook: called with (position, state) after each event is appended."""
+
+
+class RunOwnedElsewhere(ConcurrencyConflict):
+    """Another executor appended to this run first: it is being executed by another process."""
+
+
+class Executor(pykka.ThreadingActor):
+    """Execute one run to its next stop: completion, failure, a budget stop, a wait or a cancel."""
+
+    def __init__(
+        self,
+        *,
+        journal: Journal,
+        registry: Registry,
+        state: RunState,
+        opening: list[DomainEvent],
+        done: Future[ExecuteResult],
+        clock: Callable[[], int],
+        cancel: threading.Event,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        child_runner: Callable[..., ExecuteResult] | None = None,
+        trace: Trace | None = None,
+    ) -> None:
+        super().__init__()
+        self.journal = journal
+        self.registry = registry
+        self.state = state
+        self.clock = clock
+        self.done = done
+        self.cancel_token = cancel
+        self.reserve = reserve
+        self.on_progress = on_progress
+        self.child_runner = child_runner
+        self.trace = trace
+        self._opening = opening
+        self._staged: list[DomainEvent] = []
+        self._snapshots: list[ExecuteResult] = []
+        self._notes: list[tuple[str, list[Observation], int, list[str]]] = []
+        self._emitted = len(state.observations)
+        self._to_dispatch: list[RunStep] = []
+        self._in_flight: dict[str, tuple[int, Any, threading.Timer | None]] = {}
+        self._batch_queue: list[Step] = []
+        self._wave_rest: list[Step] = []
+        self._in_batch = False
+        self._wave_index = 0
+        self._waves: list[list[Step]] = []
+        self._idle: dict[str, list[Any]] = {}
+        self._workers: list[Any] = []
+        self._running_per_key: dict[tuple[str, str], int] = {}
+        self._finished = False
+
+    # -- messages --------------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> object:
+        """Dispatch one message."""
+        match message:
+            case Begin():
+                for event in self._opening:
+                    self._stage(event)
+                self._waves = waves([self.state.steps[i] for i in self.state.order])
+                self._advance()
+            case StepDone():
+                self._on_done(message)
+            case StepDeadline(step_id=step_id, attempt=attempt):
+                self._on_deadline(step_id, attempt)
+            case CancelRun():
+                self._on_cancel()
+            case _:
+                raise TypeError(f"executor got an unknown message {type(message).__name__}")
+        return None
+
+    def on_failure(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        """Report a crash of the executor to whoever waits for the run, and stop the workers."""
+        if not self.done.done() and isinstance(exc_value, BaseException):
+            self.done.set_exception(exc_value)
+        self._stop_workers()
+
+    # -- scheduling ------------------------------------------------------------------------------
+
+    def _advance(self) -> None:
+        """Run the state machine until it must wait for a step or the run ends."""
+        while not self._finished:
+            if self._in_flight or self._to_dispatch:
+                self._flush_and_dispatch()
+                return
+            if self._in_batch:
+                self._in_batch = False
+                self._note("batch")
+            if self.state.cancel_requested and self._wave_rest:
+                self._skip_for_cancel(self._wave_rest)
+                self._wave_rest = []
+            if self._wave_rest:
+                self._start_batch()
+                continue
+            if self.state.waiting:
+                self._finish("waiting")
+                return
+            if not self._partition_next_wave():
+                self._finish(self._final_status())
+                return
+
+    def _partition_next_wave(self) -> bool:
+        """Partition the next wave with pending steps; False when there is none or a stop."""
+        state = self.state
+        while self._wave_index < len(self._waves):
+            number = self._wave_index + 1
+            wave = [s for s in self._waves[self._wave_index] if state.status[s.id] == "pending"]
+            self._wave_index += 1
+            if not wave:
+                continue
+            runnable: list[Step] = []
+            skipped: list[Observation] = []
+            unobserved: list[str] = []
+            for step in wave:
+                deps = [state.status[d] for d in step.depends_on]
+                if state.cancel_requested:
+                    if step.agent is not None:
+                        skipped.append(_cancelled(step, CANCELLED_ABORT, agent=True))
+                    else:
+                        unobserved.append(step.id)
+                elif any(d in ("failed", "skipped") for d in deps):
+                    if any(d in state.cancelled for d in step.depends_on):
+                        skipped.append(_cancelled(step, CANCELLED_BRANCH, agent=False))
+                    else:
+                        skipped.append(
+                            Observation(step_id=step.id, ok=False, error=SKIPPED_DEPENDENCY)
+                        )
+                elif all(d == "succeeded" for d in deps):
+                    runnable.append(step)
+            self._stage(
+                WavePartitioned(
+                    at=self.clock(),
+                    wave=number,
+                    runnable=tuple(s.id for s in runnable),
+                    skipped=tuple(skipped),
+                    unobserved=tuple(unobserved),
+                )
+            )
+            self._note("wave-partition")
+            budget = state.budget
+            if budget is not None and runnable:
+                estimate = fold_calls(runnable, budget - state.calls_used, self.reserve)
+                if estimate > 0 and state.calls_used + estimate > budget:
+                    self._stage(
+                        BudgetStopped(
+                            at=self.clock(),
+                            wave=number,
+                            estimate=estimate,
+                            used=state.calls_used,
+                            budget=budget,
+                            pending=tuple(s.id for s in runnable),
+                        )
+                    )
+                    self._note("budget-stop")
+                    return False
+            self._wave_rest = runnable
+            return True
+        return False
+
+    def _start_batch(self) -> None:
+        size = max(1, self._started().max_parallel_steps)
+        batch, self._wave_rest = self._wave_rest[:size], self._wave_rest[size:]
+        self._batch_queue = list(batch)
+        self._in_batch = True
+        self._start_what_fits()
+
+    def _start_what_fits(self) -> None:
+        """Start the queued steps of the batch whose per-key cap has room (E3)."""
+        waiting: list[Step] = []
+        for step in self._batch_queue:
+            key = _key(step)
+            cap = _cap(self._started().limits, step)
+            if cap is not None and self._running_per_key.get(key, 0) >= max(1, cap):
+                waiting.append(step)
+                continue
+            self._start(step)
+        self._batch_queue = waiting
+
+    def _start(self, step: Step) -> None:
+        attempt = self.state.attempts.get(step.id, 0) + 1
+        self._stage(
+            StepStarted(at=self.clock(), step_id=step.id, attempt=attempt, wave=self.state.wave)
+        )
+        if self.registry.lookup(step) is None:
+            self._record(step, attempt, missing(step), None)
+            return
+        key = _key(step)
+        self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
+        reservation = step_calls(step, float("inf"), self.reserve)
+        self._to_dispatch.append(
+            RunStep(
+                run_id=self.state.run_id,
+                step=step,
+                attempt=attempt,
+                reservation=reservation,
+                answer=self.state.answers.get(step.id),
+                cancel=self.cancel_token,
+                reply_to=self.actor_ref,
+                child_runner=self.child_runner,
+            )
+        )
+
+    def _flush_and_dispatch(self) -> None:
+        self._flush()
+        dispatch, self._to_dispatch = self._to_dispatch, []
+        timeout = self._started().step_timeout
+        for msg in dispatch:
+            kind = msg.step.kind or "tool"
+            worker = self._worker(kind)
+            timer = None
+            if timeout is not None:
+                timer = threading.Timer(
+                    timeout,
+                    self.actor_ref.tell,
+                    args=(StepDeadline(step_id=msg.step.id, attempt=msg.attempt),),
+                )
+                timer.daemon = True
+                timer.start()
+            self._in_flight[msg.step.id] = (msg.attempt, worker, timer)
+            worker.tell(msg)
+
+    def _on_done(self, msg: StepDone) -> None:
+        flight = self._in_flight.get(msg.step_id)
+        if flight is None or flight[0] != msg.attempt:
+            return  # an attempt that already timed out: its late answer is not journaled
+        _, worker, timer = self._in_flight.pop(msg.step_id)
+        if timer is not None:
+            timer.cancel()
+        step = self.state.steps[msg.step_id]
+        self._idle.setdefault(step.kind or "tool", []).append(worker)
+        self._release(step)
+        self._record(step, msg.attempt, msg.observation, msg.question)
+        self._start_what_fits()
+        if not self._in_flight and not self._to_dispatch and not self._batch_queue:
+            self._advance()
+        elif self._to_dispatch:
+            self._flush_and_dispatch()
+
+    def _on_deadline(self, step_id: str, attempt: int) -> None:
+        flight = self._in_flight.get(step_id)
+        if flight is None or flight[0] != attempt:
+            return
+        _, worker, _ = self._in_flight.pop(step_id)
+        worker.stop(block=False)  # it is stuck in user code: abandon it, it ends when that returns
+        self._workers.remove(worker)
+        step = self.state.steps[step_id]
+        self._release(step)
+        timeout = self._started().step_timeout
+        error = f"timed out after {timeout}s"
+        obs = Observation(
+            step_id=step.id,
+            ok=False,
+            error=error,
+            code="agent-timeout" if step.agent is not None else None,
+            skill=step.skill,
+            tool=step.tool,
+            agent=step.agent,
+        )
+        self._record(step, attempt, obs, None)
+        self._start_what_fits()
+        if not self._in_flight and not self._to_dispatch and not self._batch_queue:
+            self._advance()
+        elif self._to_dispatch:
+            self._flush_and_dispatch()
+
+    def _on_cancel(self) -> None:
+        if self._finished or self.state.cancel_requested:
+            return
+        self.cancel_token.set()
+        self._stage(CancelRequested(at=self.clock()))
+        if self._batch_queue:
+            self._skip_for_cancel(self._batch_queue)
+            self._batch_queue = []
+        if not self._in_flight:
+            self._advance()
+        else:
+            self._flush()
+
+    def _skip_for_cancel(self, steps: list[Step]) -> None:
+        observations = tuple(_cancelled(s, CANCELLED_ABORT, agent=True) for s in steps if s.agent)
+        unobserved = tuple(s.id for s in steps if s.agent is None)
+        self._stage(StepsSkipped(at=self.clock(), observations=observations, unobserved=unobserved))
+
+    def _record(self, step: Step, attempt: int, obs: Observation, question: str | None) -> None:
+        """Turn a step's observation into its event, charging calls (E8)."""
+        if step.skill is not None:
+            charged = 1
+        elif step.agent is not None and obs.code != "agent-not-enabled":
+            reservation = step_calls(step, float("inf"), self.reserve)
+            charged = obs.calls_used if obs.calls_used is not None else reservation
+        else:
+            charged = 0
+        at = self.clock()
+        event: DomainEvent
+        if question is not None:
+            event = StepWaiting(
+                at=at,
+                step_id=step.id,
+                attempt=attempt,
+                question=question,
+                observation=obs,
+                charged=charged,
+            )
+        elif obs.ok:
+            event = StepSucceeded(
+                at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
+            )
+        else:
+            event = StepFailed(
+                at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
+            )
+        self._stage(event)
+
+    def _release(self, step: Step) -> None:
+        key = _key(step)
+        self._running_per_key[key] = self._running_per_key.get(key, 1) - 1
+
+    def _final_status(self) -> RunStatus:
+        state = self.state
+        if state.stopped_for_budget:
+            return "stopped_for_budget"
+        if state.cancel_requested:
+            return "cancelled"
+        if all(state.status[i] == "succeeded" for i in state.order):
+            return "completed"
+        return "failed"
+
+    def _finish(self, status: RunStatus) -> None:
+        state = self.state
+        ok = status == "completed"
+        self._stage(
+            RunFinished(
+                at=self.clock(),
+                status=status,
+                ok=ok,
+                calls_used=state.calls_used,
+                waiting=tuple(state.waiting),
+            )
+        )
+        self._note("plan-end")
+        self._flush()
+        self._finished = True
+        self._stop_workers()
+        if not self.done.done():
+            self.done.set_result(state.result())
+        self.stop()
+
+    # -- journal ---------------------------------------------------------------------------------
+
+    def _stage(self, event: DomainEvent) -> None:
+        self.state.fold(event)
+        self._staged.append(event)
+        if self.trace is not None:
+            self._snapshots.append(self.state.result())
+
+    def _note(self, at: str) -> None:
+        """Queue an on_progress call for the current quiescent point (E12)."""
+        if self.on_progress is None:
+            return
+        delta = self.state.observations[self._emitted :]
+        self._emitted = len(self.state.observations)
+        self._notes.append((at, list(delta), self.state.calls_used, list(self.state.waiting)))
+
+    def _flush(self) -> None:
+        """Append the staged events in one transaction, then report progress."""
+        staged, self._staged = self._staged, []
+        if staged:
+            version = self.state.version
+            pending = [
+                Pending(stream=self.state.run_id, version=version + i, data=e)
+                for i, e in enumerate(staged, 1)
+            ]
+            try:
+                positions = self.journal.append(pending)
+            except ConcurrencyConflict as exc:
+                raise RunOwnedElsewhere(
+                    [self.state.run_id],
+                    f"run {self.state.run_id} is being executed by another process",
+                ) from exc
+            self.state.version = version + len(staged)
+            self.state.position = positions[-1]
+            if self.trace is not None:
+                snapshots, self._snapshots = self._snapshots, []
+                for position, snapshot in zip(positions, snapshots, strict=True):
+                    self.trace(position, snapshot)
+        notes, self._notes = self._notes, []
+        if self.on_progress is not None:
+            for note in notes:
+                try:
+                    self.on_progress(*note)
+                except Exception:
+                    log.exception("on_progress raised at %s; the run goes on", note[0])
+
+    # -- workers ---------------------------------------------------------------------------------
+
+    def _worker(self, kind: str) -> Any:
+        idle = self._idle.setdefault(kind, [])
+        if idle:
+            return idle.pop()
+        worker = ACTOR_FOR_KIND[kind].start(self.registry)
+        self._workers.append(worker)
+        return worker
+
+    def _stop_workers(self) -> None:
+        workers, self._workers = self._workers, []
+        self._idle.clear()
+        for worker in workers:
+            worker.stop(block=False)
+
+    def _started(self) -> Any:
+        started = self.state.started
+        assert started is not None
+        return started
+
+
+def _key(step: Step) -> tuple[str, str]:
+    return (step.kind or "tool", step.target)
+
+
+def _cap(limits: Limits, step: Step) -> int | None:
+    if step.tool is not None:
+        return limits.per_tool.get(step.tool)
+    if step.skill is not None:
+        return limits.per_skill.get(step.skill)
+    if step.agent is not None:
+        return limits.per_agent.get(step.agent)
+    return None
+
+
+def _cancelled(step: Step, reason: str, *, agent: bool) -> Observation:
+    if agent:
+        return Observation(
+            step_id=step.id, agent=step.agent, ok=False, code="cancelled", error=reason
+        )
+    return Observation(step_id=step.id, ok=False, code="cancelled", error=reason)
+
+
+def fold_stream(events: list[Event]) -> RunState:
+    """Fold a run's stream into its state (resume, time travel)."""
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    return state

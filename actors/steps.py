@@ -1,0 +1,263 @@
+"""Step-kind actors: one actor kind per step kind (skill, tool, agent), and what each does.
+
+A step actor runs user code in its own thread, so a busy step never blocks the executor: it is told
+a :class:`RunStep` and tells back a :class:`StepDone`. An exception in user code becomes a failed
+observation (E11). An output that cannot be journaled (not msgspec-encodable, or larger than
+:data:`MAX_OUTPUT_BYTES`) fails its own step rather than the run.
+
+The behaviour (:func:`run_callable`, :func:`run_agent`) is plain functions, kept apart from pykka
+so it can run on other actor systems.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+import pykka
+
+from events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
+from events.run_messages import RunStep, StepDone
+
+MAX_OUTPUT_BYTES = 1 << 20
+"""Largest encoded output (and error text) a step may journal: 1 MiB."""
+MAX_AGENT_DATA_BYTES = 64 << 10
+"""Largest encoded ``data`` an agent step may journal (64 KiB); larger data is dropped, noted."""
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+class NeedsInput(Exception):
+    """Raised by an agent to wait for a human answer (E10): the step stays pending."""
+
+    def __init__(self, question: str) -> None:
+        self.question = question
+        super().__init__(question)
+
+
+class Registry:
+    """The skills, tools and agents a runtime can run, by name. Thread-safe."""
+
+    def __init__(self, agents_enabled: bool = True) -> None:
+        self.agents_enabled = agents_enabled
+        self.skills: dict[str, Callable[[Any], Any]] = {}
+        self.tools: dict[str, Callable[[Any], Any]] = {}
+        self.agents: dict[str, Callable[[Step, AgentContext], AgentResult]] = {}
+        self._lock = threading.Lock()
+
+    def register(self, kind: str, name: str, fn: Callable[..., Any]) -> None:
+        """Register (or replace) a function under a kind and name."""
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"a {kind} name must be a non-empty string, got {name!r}")
+        if not callable(fn):
+            raise TypeError(f"{kind} {name!r} must be callable, got {type(fn).__name__}")
+        with self._lock:
+            table: dict[str, Any] = getattr(self, kind + "s")
+            table[name] = fn
+
+    def lookup(self, step: Step) -> Callable[..., Any] | None:
+        """Return the function a step names, or None if it is not registered."""
+        with self._lock:
+            if step.skill is not None:
+                return self.skills.get(step.skill)
+            if step.tool is not None:
+                return self.tools.get(step.tool)
+            if step.agent is not None and self.agents_enabled:
+                return self.agents.get(step.agent)
+        return None
+
+
+class AgentContext:
+    """What an agent function receives besides its step.
+
+    Attributes:
+        run_id: the run the step belongs to.
+        step_id: the step.
+        attempt: 1 for the first execution; higher when the step runs again after a crash or an
+            answer. Steps are executed at least once: use (run_id, step_id, attempt) to stay
+            idempotent.
+        reservation: model calls reserved for this agent (E6).
+        answer: the human answer given on resume, or None (E10).
+    """
+
+    def __init__(self, msg: RunStep) -> None:
+        self.run_id = msg.run_id
+        self.step_id = msg.step.id
+        self.attempt = msg.attempt
+        self.reservation = msg.reservation
+        self.answer = msg.answer
+        self._cancel: threading.Event | None = msg.cancel
+        self._runner: Callable[..., ExecuteResult] | None = msg.child_runner
+        self.child_runs: list[str] = []
+
+    def cancelled(self) -> bool:
+        """Tell whether the run was asked to stop (E5)."""
+        return self._cancel is not None and self._cancel.is_set()
+
+    def execute(self, plan: Plan, **options: Any) -> ExecuteResult:
+        """Run a child plan as a journaled run linked to this step (E9)."""
+        if self._runner is None:
+            raise RuntimeError("this agent context cannot start child runs")
+        result = self._runner(plan, parent=(self.run_id, self.step_id), **options)
+        self.child_runs.append(result.run_id)
+        return result
+
+
+def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
+    """Return ``value`` as msgspec builtins, or raise ValueError saying why it cannot be stored."""
+    try:
+        builtins = msgspec.to_builtins(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what} cannot be journaled: {exc}") from exc
+    size = len(_ENCODER.encode(builtins))
+    if size > limit:
+        raise ValueError(f"{what} is {size} bytes encoded, over the {limit}-byte bound")
+    return builtins
+
+
+def _error_text(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) <= 4096 else text[:4096] + "…"
+
+
+def run_callable(kind: str, step: Step, fn: Callable[[Any], Any]) -> Observation:
+    """Run a skill or tool function and observe the outcome (E11)."""
+    try:
+        output = fn(step.input)
+        stored = journalable(output, f"the output of {kind} {step.target!r}")
+    except Exception as exc:
+        return Observation(
+            step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=_error_text(exc)
+        )
+    return Observation(step_id=step.id, skill=step.skill, tool=step.tool, ok=True, output=stored)
+
+
+def run_agent(
+    step: Step, fn: Callable[[Step, AgentContext], Any], msg: RunStep
+) -> tuple[Observation, str | None]:
+    """Run an agent function; return its observation and, if it waits, its question (E9, E10)."""
+    ctx = AgentContext(msg)
+    base: dict[str, Any] = {"step_id": step.id, "agent": step.agent}
+    try:
+        result = fn(step, ctx)
+    except NeedsInput as need:
+        question = str(need.question)
+        task = ctx.child_runs[-1] if ctx.child_runs else None
+        obs = Observation(
+            **base, ok=False, code="agent-waiting", error=question, agent_task_id=task
+        )
+        return obs, question
+    except Exception as exc:
+        task = ctx.child_runs[-1] if ctx.child_runs else None
+        obs = Observation(
+            **base, ok=False, code="agent-failed", error=_error_text(exc), agent_task_id=task
+        )
+        return obs, None
+    task = ctx.child_runs[-1] if ctx.child_runs else None
+    if not isinstance(result, AgentResult):
+        error = f"agent {step.agent!r} returned {type(result).__name__}, not journaled.AgentResult"
+        return Observation(**base, ok=False, code="agent-failed", error=error), None
+    try:
+        output = journalable(result.output, f"the output of agent {step.agent!r}")
+        artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
+        calls = result.calls_used
+        if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int)):
+            raise ValueError(f"calls_used must be an int, got {calls!r}")
+    except ValueError as exc:
+        return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
+    data = result.data
+    try:
+        data = journalable(data, "the agent's data", MAX_AGENT_DATA_BYTES)
+    except ValueError as exc:
+        data = {"dropped": str(exc)}
+    code = result.code
+    if code == "agent-waiting":
+        question = result.error or "the agent is waiting for input"
+        obs = Observation(**base, ok=False, code=code, error=question, agent_task_id=task)
+        return obs, question
+    obs = Observation(
+        **base,
+        ok=bool(result.ok),
+        output=output,
+        error=result.error,
+        code=code,
+        data=data,
+        artifacts=artifacts,
+        calls_used=None if calls is None else max(0, calls),
+        agent_task_id=task,
+    )
+    return obs, None
+
+
+class StepActor(pykka.ThreadingActor):
+    """Run steps of one kind, one at a time, in this actor's thread."""
+
+    kind = "step"
+
+    def __init__(self, registry: Registry) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def on_receive(self, message: object) -> object:
+        """Run the step and tell the executor how it went."""
+        if not isinstance(message, RunStep):
+            raise TypeError(f"{self.kind} actor got an unknown message {type(message).__name__}")
+        step = message.step
+        fn = self.registry.lookup(step)
+        question = None
+        if fn is None:
+            obs = missing(step)
+        elif step.agent is not None:
+            obs, question = run_agent(step, fn, message)
+        else:
+            obs = run_callable(self.kind, step, fn)
+        message.reply_to.tell(
+            StepDone(step_id=step.id, attempt=message.attempt, observation=obs, question=question)
+        )
+        return None
+
+
+def missing(step: Step) -> Observation:
+    """Observe a step whose skill, tool or agent is not registered in this runtime (E9)."""
+    if step.agent is not None:
+        return Observation(
+            step_id=step.id,
+            agent=step.agent,
+            ok=False,
+            code="agent-not-enabled",
+            error=f"agent {step.agent!r} is not enabled in this runtime",
+        )
+    kind = "skill" if step.skill is not None else "tool"
+    return Observation(
+        step_id=step.id,
+        ok=False,
+        error=f"{kind} {step.target!r} is not registered in this runtime",
+        skill=step.skill,
+        tool=step.tool,
+    )
+
+
+class SkillActor(StepActor):
+    """Runs skill steps (each costs one model call)."""
+
+    kind = "skill"
+
+
+class ToolActor(StepActor):
+    """Runs tool steps (free of model calls)."""
+
+    kind = "tool"
+
+
+class AgentActor(StepActor):
+    """Runs agent steps: sub-agents with a reservation, a cancel token and child runs."""
+
+    kind = "agent"
+
+
+ACTOR_FOR_KIND: dict[str, type[StepActor]] = {
+    "skill": SkillActor,
+    "tool": ToolActor,
+    "agent": AgentActor,
+}

@@ -1,0 +1,147 @@
+"""Pure rules over plans: validation (E1), waves (E2) and step cost (E6).
+
+These are the single source of truth for the executor, the orchestrator's estimate and resume, so
+they cannot disagree about what a step costs or which wave it is in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container, Sequence
+
+from events.errors import PlanRejected
+from events.plans import Plan, Step
+
+Reserve = Callable[[Step, float], float]
+"""What an agent step reserves, given the model calls still available when it is reached."""
+
+
+def validate(
+    plan: Plan,
+    *,
+    skills: Container[str],
+    tools: Container[str],
+    agents: Container[str],
+    agents_enabled: bool,
+) -> None:
+    """Reject a malformed plan before anything runs (E1).
+
+    Raises:
+        PlanRejected: naming the step and the reason.
+    """
+    if not isinstance(plan, Plan):
+        raise PlanRejected(None, f"expected a journaled.Plan, got {type(plan).__name__}")
+    if not isinstance(plan.goal, str):
+        raise PlanRejected(None, "the plan's goal must be a string")
+    if not isinstance(plan.steps, list | tuple) or not plan.steps:
+        raise PlanRejected(None, "the plan has no steps")
+    seen: set[str] = set()
+    for index, step in enumerate(plan.steps):
+        if not isinstance(step, Step):
+            raise PlanRejected(None, f"step #{index} is a {type(step).__name__}, not a Step")
+        if not isinstance(step.id, str) or not step.id:
+            raise PlanRejected(None, f"step #{index} has no id")
+        if step.id in seen:
+            raise PlanRejected(step.id, "the id is used by more than one step")
+        seen.add(step.id)
+        named = [k for k in ("skill", "tool", "agent") if getattr(step, k) is not None]
+        if len(named) != 1:
+            what = "names none of" if not named else f"names {' and '.join(named)}; pick one of"
+            raise PlanRejected(step.id, f"the step {what} skill, tool, agent")
+        name = step.target
+        if not isinstance(name, str) or not name:
+            raise PlanRejected(step.id, f"the {named[0]} name must be a non-empty string")
+        if not isinstance(step.depends_on, list | tuple) or not all(
+            isinstance(d, str) for d in step.depends_on
+        ):
+            raise PlanRejected(step.id, "depends_on must be a list of step ids")
+    for step in plan.steps:
+        for dep in step.depends_on:
+            if dep not in seen:
+                raise PlanRejected(step.id, f"it depends on unknown step {dep!r}")
+            if dep == step.id:
+                raise PlanRejected(step.id, "it depends on itself")
+    cycle = find_cycle(plan.steps)
+    if cycle:
+        raise PlanRejected(cycle[0], f"dependency cycle {' -> '.join(cycle)}")
+    for step in plan.steps:
+        if step.skill is not None and step.skill not in skills:
+            raise PlanRejected(step.id, f"skill {step.skill!r} is not registered")
+        if step.tool is not None and step.tool not in tools:
+            raise PlanRejected(step.id, f"tool {step.tool!r} is not registered")
+        if step.agent is not None:
+            if not agents_enabled:
+                raise PlanRejected(
+                    step.id,
+                    f"agent steps are disabled (agent {step.agent!r}); "
+                    "open the runtime with agents=True",
+                )
+            if step.agent not in agents:
+                raise PlanRejected(step.id, f"agent {step.agent!r} is not registered")
+
+
+def find_cycle(steps: Sequence[Step]) -> list[str]:
+    """Return one dependency cycle as a list of ids (first repeated at the end), or []."""
+    deps = {s.id: list(s.depends_on) for s in steps}
+    colour: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str]:
+        colour[node] = 1
+        stack.append(node)
+        for dep in deps.get(node, []):
+            if colour.get(dep) == 1:
+                return [*stack[stack.index(dep) :], dep]
+            if dep not in colour:
+                found = visit(dep)
+                if found:
+                    return found
+        stack.pop()
+        colour[node] = 2
+        return []
+
+    for step in steps:
+        if step.id not in colour:
+            found = visit(step.id)
+            if found:
+                return found
+    return []
+
+
+def waves(steps: Sequence[Step]) -> list[list[Step]]:
+    """Split a validated plan into dependency waves (topological layers), in plan order (E2)."""
+    level: dict[str, int] = {}
+    by_id = {s.id: s for s in steps}
+
+    def depth(step_id: str) -> int:
+        if step_id not in level:
+            step = by_id[step_id]
+            level[step_id] = 1 + max((depth(d) for d in step.depends_on), default=-1)
+        return level[step_id]
+
+    out: list[list[Step]] = []
+    for step in steps:
+        d = depth(step.id)
+        while len(out) <= d:
+            out.append([])
+        out[d].append(step)
+    return out
+
+
+def step_calls(step: Step, remaining: float, reserve: Reserve | None) -> int:
+    """Return the model calls one step needs: skill 1, tool 0, agent its reservation (E6)."""
+    if step.skill is not None:
+        return 1
+    if step.agent is not None:
+        return max(0, int(reserve(step, remaining))) if reserve is not None else 0
+    return 0
+
+
+def fold_calls(
+    steps: Sequence[Step], budget_remaining: float | None, reserve: Reserve | None
+) -> int:
+    """Cost a list of steps sequentially against a declining remainder, in list order (E6)."""
+    used = 0
+    for step in steps:
+        remaining = float("inf") if budget_remaining is None else budget_remaining - used
+        used += step_calls(step, remaining, reserve)
+    return used

@@ -1,0 +1,120 @@
+"""Plans, steps, observations and results: the value types of execution (SPEC section 2).
+
+``Step`` takes its id positionally (``Step("a", tool="fetch")``) as SPEC section 5 shows; every
+other field is a keyword. Outputs, agent data and artifacts are stored in the journal, so they are
+kept as msgspec builtins (str, int, float, bool, None, lists and str-keyed dicts).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import msgspec
+
+StepStatus = Literal["pending", "running", "succeeded", "failed", "skipped"]
+StepKind = Literal["skill", "tool", "agent"]
+ObservationCode = Literal[
+    "cancelled",
+    "agent-failed",
+    "agent-timeout",
+    "agent-call-budget",
+    "agent-tool-budget",
+    "finding-contract",
+    "agent-not-enabled",
+    "agent-waiting",
+]
+OBSERVATION_CODES: frozenset[str] = frozenset(ObservationCode.__args__)  # type: ignore[attr-defined]
+
+SKIPPED_DEPENDENCY = "skipped: a dependency failed"
+CANCELLED_BRANCH = "cancelled: an agent branch was cancelled"
+CANCELLED_ABORT = "cancelled: the run was aborted"
+
+
+class Step(msgspec.Struct, frozen=True):
+    """One step of a plan: exactly one of ``skill``, ``tool`` or ``agent``."""
+
+    id: str
+    skill: str | None = None
+    tool: str | None = None
+    agent: str | None = None
+    input: Any = None
+    """Handed to the skill/tool function; available to an agent as ``step.input``."""
+    depends_on: Sequence[str] = ()
+    status: StepStatus = "pending"
+
+    @property
+    def kind(self) -> StepKind | None:
+        """Return which kind of step this is, or None when it names none or several."""
+        named = [k for k in ("skill", "tool", "agent") if getattr(self, k) is not None]
+        return named[0] if len(named) == 1 else None  # type: ignore[return-value]
+
+    @property
+    def target(self) -> str:
+        """Return the skill, tool or agent name the step uses."""
+        return self.skill or self.tool or self.agent or ""
+
+
+class Plan(msgspec.Struct, frozen=True, kw_only=True):
+    """A goal and the DAG of steps that reaches it."""
+
+    goal: str
+    steps: Sequence[Step]
+    id: str = ""
+    """Assigned when the plan is executed, if empty."""
+
+
+class Limits(msgspec.Struct, frozen=True, kw_only=True):
+    """Caps on how many steps using one tool, skill or agent run at once (E3)."""
+
+    per_tool: dict[str, int] = {}
+    per_skill: dict[str, int] = {}
+    per_agent: dict[str, int] = {}
+
+
+class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """What one execution of a step produced (or why it did not run)."""
+
+    step_id: str
+    ok: bool
+    skill: str | None = None
+    tool: str | None = None
+    agent: str | None = None
+    agent_task_id: str | None = None
+    """For an agent step that ran a child plan: the child run's id."""
+    output: Any = None
+    error: str | None = None
+    code: ObservationCode | None = None
+    data: Any = None
+    """Agent steps only, bounded."""
+    artifacts: tuple[Any, ...] = ()
+    """Agent steps only."""
+    calls_used: int | None = None
+    """Agent steps only: model calls the agent reports it spent."""
+
+
+class AgentResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What an agent function returns; it becomes the step's observation."""
+
+    ok: bool = True
+    output: Any = None
+    error: str | None = None
+    code: ObservationCode | None = None
+    calls_used: int | None = None
+    data: Any = None
+    artifacts: Sequence[Any] = ()
+
+
+class ExecuteResult(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of executing (or resuming) a plan (E13)."""
+
+    run_id: str
+    ok: bool
+    """True only when every step succeeded and the run neither stopped for budget nor waits."""
+    plan: Plan
+    """The plan with each step's status."""
+    observations: list[Observation]
+    calls_used: int
+    stopped_for_budget: bool = False
+    waiting: list[str] = []
+    """Steps waiting for an answer; non-empty means the run is resumable, not failed."""

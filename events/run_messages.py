@@ -1,0 +1,54 @@
+"""Requests the executor and the step actors exchange (never stored)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from events.plans import Observation, Step
+
+
+class RunMessage(msgspec.Struct, frozen=True, kw_only=True):
+    """Base of every execution message."""
+
+
+class Begin(RunMessage, frozen=True, kw_only=True, tag="run.begin"):
+    """Start (or resume) the run the executor was built for."""
+
+
+class CancelRun(RunMessage, frozen=True, kw_only=True, tag="run.cancel"):
+    """Stop scheduling: steps not yet started are skipped (E5)."""
+
+
+class RunStep(RunMessage, frozen=True, kw_only=True, tag="run.run-step"):
+    """Execute one step and tell the executor the outcome."""
+
+    run_id: str
+    step: Step
+    attempt: int
+    reservation: int = 0
+    answer: str | None = None
+    cancel: Any = None
+    """The run's cancel token (a ``threading.Event``) that running user code can check."""
+    reply_to: Any = None
+    """The executor's actor ref."""
+    child_runner: Any = None
+    """Runs a child plan for ``ctx.execute`` (agent steps)."""
+
+
+class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
+    """A step actor finished a step (well or not)."""
+
+    step_id: str
+    attempt: int
+    observation: Observation
+    question: str | None = None
+    """Set when an agent asked for input (``NeedsInput``)."""
+
+
+class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline"):
+    """A step's timeout passed; if that attempt is still running, it fails."""
+
+    step_id: str
+    attempt: int

@@ -1,0 +1,175 @@
+"""The run projection: a plan in execution folded from its events (E13, E14, O7).
+
+The executor applies each event it decides to a :class:`RunState` before appending it, resume folds
+the stream from the journal, and time travel folds a prefix of it: one code path for all three.
+Folding reads no clock and calls no user code.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from events.base import DomainEvent, Event
+from events.plans import ExecuteResult, Observation, Plan, Step, StepStatus
+from events.runs import (
+    AnswersGiven,
+    BudgetRaised,
+    BudgetStopped,
+    CancelRequested,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    RunStatus,
+    StepFailed,
+    StepsSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+    WavePartitioned,
+)
+
+
+class RunState:
+    """Everything known about one run at one position of its stream."""
+
+    def __init__(self) -> None:
+        self.run_id = ""
+        self.started: RunStarted | None = None
+        self.order: list[str] = []
+        self.steps: dict[str, Step] = {}
+        self.status: dict[str, StepStatus] = {}
+        self.observations: list[Observation] = []
+        self.calls_used = 0
+        self.budget: int | None = None
+        self.waiting: list[str] = []
+        self.questions: dict[str, str] = {}
+        self.answers: dict[str, str] = {}
+        self.attempts: dict[str, int] = {}
+        self.stopped_for_budget = False
+        self.budget_stop: BudgetStopped | None = None
+        self.cancel_requested = False
+        self.finished: RunFinished | None = None
+        self.resumptions = 0
+        self.wave = 0
+        self.version = 0
+        self.position = 0
+        self.last_at = 0
+        self.failures: dict[str, str] = {}
+        self.cancelled: set[str] = set()
+        """Steps whose observation says ``cancelled`` (their dependents are cancelled too, E4)."""
+
+    @property
+    def is_finished(self) -> bool:
+        """Tell whether the run's last pass ended (a resumed run is not finished)."""
+        return self.finished is not None
+
+    @property
+    def run_status(self) -> RunStatus | None:
+        """Return how the last pass ended, or None while it runs."""
+        return self.finished.status if self.finished is not None else None
+
+    def apply(self, event: Event) -> None:
+        """Fold one event of this run's stream."""
+        self.version = event.version
+        self.position = event.position
+        self.fold(event.data)
+
+    def fold(self, data: DomainEvent) -> None:
+        """Fold one run event (without journal coordinates)."""
+        self.last_at = data.at
+        match data:
+            case RunStarted():
+                self.run_id = data.run_id
+                self.started = data
+                self.budget = data.call_budget
+                self.order = [s.id for s in data.plan.steps]
+                self.steps = {s.id: s for s in data.plan.steps}
+                self.status = dict.fromkeys(self.order, "pending")
+            case WavePartitioned():
+                self.wave = data.wave
+                for obs in data.skipped:
+                    self._observe(obs, "skipped")
+                for step_id in data.unobserved:
+                    self.status[step_id] = "skipped"
+            case StepStarted():
+                self.status[data.step_id] = "running"
+                self.attempts[data.step_id] = data.attempt
+            case StepSucceeded():
+                self.calls_used += data.charged
+                self._observe(data.observation, "succeeded")
+            case StepFailed():
+                self.calls_used += data.charged
+                self._observe(data.observation, "failed")
+                self.failures[data.step_id] = data.observation.error or "failed"
+            case StepWaiting():
+                self.calls_used += data.charged
+                self._observe(data.observation, "pending")
+                if data.step_id not in self.waiting:
+                    self.waiting.append(data.step_id)
+                self.questions[data.step_id] = data.question
+            case StepsSkipped():
+                for obs in data.observations:
+                    self._observe(obs, "skipped")
+                for step_id in data.unobserved:
+                    self.status[step_id] = "skipped"
+            case CancelRequested():
+                self.cancel_requested = True
+            case BudgetStopped():
+                self.stopped_for_budget = True
+                self.budget_stop = data
+            case AnswersGiven():
+                self.answers.update(data.answers)
+            case BudgetRaised():
+                self.budget = data.budget
+            case RunResumed():
+                self.resumptions = data.resumption
+                self.stopped_for_budget = False
+                self.waiting = []
+                self.finished = None
+                for step_id in data.rerun:
+                    self.status[step_id] = "pending"
+            case RunFinished():
+                self.finished = data
+            case _:
+                raise TypeError(f"a run cannot fold {type(data).__qualname__}")
+
+    def _observe(self, obs: Observation, status: StepStatus) -> None:
+        self.status[obs.step_id] = status
+        self.observations.append(obs)
+        if obs.code == "cancelled":
+            self.cancelled.add(obs.step_id)
+
+    def plan(self) -> Plan:
+        """Return the plan with each step's current status."""
+        assert self.started is not None
+        steps = [msgspec.structs.replace(self.steps[i], status=self.status[i]) for i in self.order]
+        return Plan(goal=self.started.plan.goal, steps=steps, id=self.started.plan.id)
+
+    def in_flight(self) -> list[str]:
+        """Return the steps started but not finished (running when the process stopped)."""
+        return [i for i in self.order if self.status[i] == "running"]
+
+    def result(self) -> ExecuteResult:
+        """Return the run as an :class:`ExecuteResult` (E13)."""
+        ok = (
+            not self.stopped_for_budget
+            and not self.waiting
+            and all(self.status[i] == "succeeded" for i in self.order)
+        )
+        return ExecuteResult(
+            run_id=self.run_id,
+            ok=ok,
+            plan=self.plan(),
+            observations=list(self.observations),
+            calls_used=self.calls_used,
+            stopped_for_budget=self.stopped_for_budget,
+            waiting=list(self.waiting),
+        )
+
+
+def fold_run(events: list[Event]) -> RunState:
+    """Fold a run's events (oldest first) into its state."""
+    state = RunState()
+    for event in events:
+        state.apply(event)
+    return state

@@ -1,0 +1,153 @@
+"""Run events: every state change of a plan in execution, with its cause (SPEC section 2).
+
+A run is one stream (its run id). Its single writer is the executor actor running it; a second
+process trying to execute the same run collides on the stream's next version. Events are appended at
+quiescent points — a wave's partition and the steps it starts, a batch's results, a budget stop, the
+end — so a crash loses at most the steps in flight, and those are known from ``step-started``.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from events.base import DomainEvent
+from events.plans import Limits, Observation, Plan
+
+RunStatus = Literal["completed", "failed", "waiting", "stopped_for_budget", "cancelled"]
+
+
+class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
+    """A run began with its settled plan (O5): journaled before the first step runs."""
+
+    run_id: str
+    plan: Plan
+    call_budget: int | None = None
+    max_parallel_steps: int = 2
+    limits: Limits = Limits()
+    parent_run: str | None = None
+    """For a sub-agent's run: the run whose agent step started it (E9)."""
+    parent_step: str | None = None
+    step_timeout: float | None = None
+    """Seconds after which a step that has not answered fails (None: no limit)."""
+
+
+class WavePartitioned(DomainEvent, frozen=True, kw_only=True, tag="run.wave-partitioned"):
+    """A wave's steps were sorted into runnable and skipped/cancelled, with each reason (E4, E5)."""
+
+    wave: int
+    """Wave number, from 1."""
+    runnable: tuple[str, ...] = ()
+    skipped: tuple[Observation, ...] = ()
+    """Observations of the steps skipped (dependency failed) or cancelled (branch or abort)."""
+    unobserved: tuple[str, ...] = ()
+    """Steps skipped because the run was aborted, which record no observation (E5)."""
+
+
+class StepStarted(DomainEvent, frozen=True, kw_only=True, tag="run.step-started"):
+    """A step was handed to a step actor. A start with no result means it was in flight."""
+
+    step_id: str
+    attempt: int
+    """1 for the first execution; a re-run after a crash or an answer counts up (at-least-once)."""
+    wave: int
+
+
+class StepSucceeded(DomainEvent, frozen=True, kw_only=True, tag="run.step-succeeded"):
+    """A step finished well."""
+
+    step_id: str
+    attempt: int
+    observation: Observation
+    charged: int = 0
+    """Model calls charged for it (E8)."""
+
+
+class StepFailed(DomainEvent, frozen=True, kw_only=True, tag="run.step-failed"):
+    """A step failed; the observation carries the error (and a code when there is one)."""
+
+    step_id: str
+    attempt: int
+    observation: Observation
+    charged: int = 0
+
+
+class StepWaiting(DomainEvent, frozen=True, kw_only=True, tag="run.step-waiting"):
+    """An agent step needs an answer: it stays pending and the run pauses after its wave (E10)."""
+
+    step_id: str
+    attempt: int
+    question: str
+    observation: Observation
+    charged: int = 0
+
+
+class StepsSkipped(DomainEvent, frozen=True, kw_only=True, tag="run.steps-skipped"):
+    """Steps of the current wave that were never started because the run was cancelled (E5)."""
+
+    observations: tuple[Observation, ...] = ()
+    unobserved: tuple[str, ...] = ()
+    cause: str = "cancel"
+
+
+class CancelRequested(DomainEvent, frozen=True, kw_only=True, tag="run.cancel-requested"):
+    """Someone asked the run to stop scheduling (E5)."""
+
+
+class BudgetStopped(DomainEvent, frozen=True, kw_only=True, tag="run.budget-stopped"):
+    """Execution stopped before a wave that would exceed the call budget (E7)."""
+
+    wave: int
+    estimate: int
+    """Model calls the wave's runnable steps would cost."""
+    used: int
+    budget: int
+    pending: tuple[str, ...] = ()
+    """The wave's runnable steps, left pending."""
+
+
+class AnswersGiven(DomainEvent, frozen=True, kw_only=True, tag="run.answers-given"):
+    """Answers for waiting steps were given (E10)."""
+
+    answers: dict[str, str]
+
+
+class BudgetRaised(DomainEvent, frozen=True, kw_only=True, tag="run.budget-raised"):
+    """The run's total call budget changed on resume (E14)."""
+
+    previous: int | None
+    budget: int | None
+
+
+class RunResumed(DomainEvent, frozen=True, kw_only=True, tag="run.resumed"):
+    """The run was taken up again; steps that were in flight will run again (E14)."""
+
+    resumption: int
+    """1 for the first resume."""
+    rerun: tuple[str, ...] = ()
+    """Steps that were started but never finished: they run again with the next attempt."""
+
+
+class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):
+    """A pass of the run ended: completed, failed, waiting, stopped for budget, or cancelled."""
+
+    status: RunStatus
+    ok: bool
+    calls_used: int
+    waiting: tuple[str, ...] = ()
+
+
+RUN_EVENTS: tuple[type[DomainEvent], ...] = (
+    RunStarted,
+    WavePartitioned,
+    StepStarted,
+    StepSucceeded,
+    StepFailed,
+    StepWaiting,
+    StepsSkipped,
+    CancelRequested,
+    BudgetStopped,
+    AnswersGiven,
+    BudgetRaised,
+    RunResumed,
+    RunFinished,
+)

@@ -1,0 +1,307 @@
+"""Plans in execution: ``rt.execute``, ``rt.resume``, ``rt.cancel``, ``rt.runs`` (SPEC 2)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any
+
+import msgspec
+
+from actors.executor import Executor, Progress, Trace
+from actors.steps import Registry, journalable
+from events.base import DomainEvent, Event
+from events.errors import PlanRejected
+from events.journal import Journal
+from events.plan_rules import Reserve, validate
+from events.plans import ExecuteResult, Limits, Plan, Step
+from events.run_messages import Begin, CancelRun
+from events.run_state import RunState, fold_run
+from events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
+from journaled.errors import JournaledError
+
+RUN_PREFIX = "run_"
+
+
+class RunNotFound(JournaledError, KeyError):
+    """No run with that id in this journal."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "run not found"
+
+
+class RunNotResumable(JournaledError, ValueError):
+    """The run cannot be resumed as asked (finished, running here, or bad answers/budget)."""
+
+
+def new_run_id(now: int) -> str:
+    """Make a collision-safe, time-ordered run id."""
+    return f"{RUN_PREFIX}{now:012x}_{os.urandom(6).hex()}"
+
+
+def _check_budget(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be a non-negative int (model calls) or None, got {value!r}")
+    return value
+
+
+def _normalise(plan: Plan, run_id: str) -> Plan:
+    steps = []
+    for step in plan.steps:
+        try:
+            data = journalable(step.input, "its input")
+        except ValueError as exc:
+            raise PlanRejected(step.id, str(exc)) from exc
+        steps.append(
+            msgspec.structs.replace(
+                step, input=data, depends_on=tuple(step.depends_on), status="pending"
+            )
+        )
+    return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
+
+
+class Runs:
+    """``rt.runs`` and the run operations of a runtime. Safe to use from any thread."""
+
+    def __init__(
+        self,
+        journal: Journal,
+        registry: Registry,
+        clock: Callable[[], int],
+        agents_enabled: bool,
+    ) -> None:
+        self._journal = journal
+        self._registry = registry
+        self._clock = clock
+        self._agents = agents_enabled
+        self._lock = threading.Lock()
+        self._active: dict[str, tuple[Any, threading.Event]] = {}
+        self._children: dict[str, list[str]] = {}
+
+    # -- execution -------------------------------------------------------------------------------
+
+    def execute(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+        parent: tuple[str, str] | None = None,
+        trace: Trace | None = None,
+    ) -> ExecuteResult:
+        """Validate and execute a plan as a new journaled run (E1-E13)."""
+        validate(
+            plan,
+            skills=self._registry.skills,
+            tools=self._registry.tools,
+            agents=self._registry.agents,
+            agents_enabled=self._agents,
+        )
+        budget = _check_budget("call_budget", call_budget)
+        if isinstance(max_parallel_steps, bool) or not isinstance(max_parallel_steps, int):
+            raise ValueError(f"max_parallel_steps must be an int >= 1, got {max_parallel_steps!r}")
+        if max_parallel_steps < 1:
+            raise ValueError(f"max_parallel_steps must be >= 1, got {max_parallel_steps}")
+        limits = _check_limits(limits)
+        _check_callable("reserve", reserve)
+        _check_callable("on_progress", on_progress)
+        if step_timeout is not None and (
+            isinstance(step_timeout, bool)
+            or not isinstance(step_timeout, int | float)
+            or step_timeout <= 0
+        ):
+            raise ValueError(
+                f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
+            )
+        now = self._clock()
+        run_id = new_run_id(now)
+        settled = _normalise(plan, run_id)
+        started = RunStarted(
+            at=now,
+            run_id=run_id,
+            plan=settled,
+            call_budget=budget,
+            max_parallel_steps=max_parallel_steps,
+            limits=limits,
+            parent_run=parent[0] if parent else None,
+            parent_step=parent[1] if parent else None,
+            step_timeout=float(step_timeout) if step_timeout is not None else None,
+        )
+        return self._run(run_id, RunState(), [started], reserve, on_progress, trace, parent)
+
+    def resume(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: Mapping[str, str] | None = None,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        trace: Trace | None = None,
+    ) -> ExecuteResult:
+        """Rebuild a run from the journal alone and carry on (E14)."""
+        state = self.state(run_id)
+        with self._lock:
+            if run_id in self._active:
+                raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
+        if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
+            raise RunNotResumable(
+                f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
+            )
+        budget = _check_budget("call_budget", call_budget)
+        given = dict(answers or {})
+        for step_id, answer in given.items():
+            if step_id not in state.waiting:
+                waiting = ", ".join(state.waiting) or "none"
+                raise RunNotResumable(
+                    f"run {run_id}: step {step_id!r} is not waiting for an answer "
+                    f"(waiting steps: {waiting})"
+                )
+            if not isinstance(answer, str):
+                raise RunNotResumable(
+                    f"run {run_id}: the answer for step {step_id!r} must be a string"
+                )
+        _check_callable("reserve", reserve)
+        _check_callable("on_progress", on_progress)
+        now = self._clock()
+        opening: list[DomainEvent] = []
+        if given:
+            opening.append(AnswersGiven(at=now, answers=given))
+        if budget is not None and budget != state.budget:
+            opening.append(BudgetRaised(at=now, previous=state.budget, budget=budget))
+        opening.append(
+            RunResumed(at=now, resumption=state.resumptions + 1, rerun=tuple(state.in_flight()))
+        )
+        started = state.started
+        assert started is not None
+        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
+        return self._run(run_id, state, opening, reserve, on_progress, trace, parent)
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
+        with self._lock:
+            active = self._active.get(run_id)
+            children = list(self._children.get(run_id, ()))
+        for child in children:
+            self.cancel(child)
+        if active is None:
+            return False
+        executor, token = active
+        token.set()
+        executor.tell(CancelRun())
+        return True
+
+    def _run(
+        self,
+        run_id: str,
+        state: RunState,
+        opening: list[DomainEvent],
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        trace: Trace | None,
+        parent: tuple[str, str] | None,
+    ) -> ExecuteResult:
+        done: Future[ExecuteResult] = Future()
+        token = threading.Event()
+        executor = Executor.start(
+            journal=self._journal,
+            registry=self._registry,
+            state=state,
+            opening=opening,
+            done=done,
+            clock=self._clock,
+            cancel=token,
+            reserve=reserve,
+            on_progress=on_progress,
+            child_runner=self._child_runner,
+            trace=trace,
+        )
+        with self._lock:
+            self._active[run_id] = (executor, token)
+            if parent is not None:
+                self._children.setdefault(parent[0], []).append(run_id)
+                parent_active = self._active.get(parent[0])
+        if parent is not None and parent_active is not None and parent_active[1].is_set():
+            self.cancel(run_id)
+        try:
+            executor.tell(Begin())
+            while True:
+                try:
+                    return done.result(timeout=0.5)
+                except FutureTimeout:
+                    if not executor.is_alive() and not done.done():
+                        raise RuntimeError(
+                            f"the executor of run {run_id} stopped unexpectedly"
+                        ) from None
+        finally:
+            with self._lock:
+                self._active.pop(run_id, None)
+                self._children.pop(run_id, None)
+
+    def _child_runner(
+        self, plan: Plan, *, parent: tuple[str, str], **options: Any
+    ) -> ExecuteResult:
+        return self.execute(plan, parent=parent, **options)
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def history(self, run_id: str) -> list[Event]:
+        """Return every event of a run, oldest first."""
+        events = self._journal.stream(run_id)
+        if not events:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
+        return events
+
+    def state(self, run_id: str, position: int | None = None) -> RunState:
+        """Fold a run's events (up to a journal position) into its state."""
+        events = self.history(run_id)
+        if position is not None:
+            if position < events[0].position:
+                raise ValueError(
+                    f"position {position} is before run {run_id} began "
+                    f"(its first event is at {events[0].position})"
+                )
+            events = [e for e in events if e.position <= position]
+        return fold_run(events)
+
+    def at(self, run_id: str, position: int) -> ExecuteResult:
+        """Return the run exactly as it was at a journal position (O7)."""
+        return self.state(run_id, position).result()
+
+    def active(self) -> list[str]:
+        """Return the runs executing in this runtime now."""
+        with self._lock:
+            return sorted(self._active)
+
+    def list(self) -> list[str]:
+        """Return the ids of every run in the journal, oldest first."""
+        return [e.stream for e in self._journal.read() if isinstance(e.data, RunStarted)]
+
+
+def _check_limits(limits: Limits | None) -> Limits:
+    if limits is None:
+        return Limits()
+    if not isinstance(limits, Limits):
+        raise ValueError(f"limits must be a journaled.Limits, got {type(limits).__name__}")
+    for table_name in ("per_tool", "per_skill", "per_agent"):
+        for key, cap in getattr(limits, table_name).items():
+            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+                raise ValueError(f"limits.{table_name}[{key!r}] must be an int >= 1, got {cap!r}")
+    return limits
+
+
+def _check_callable(name: str, value: object) -> None:
+    if value is not None and not callable(value):
+        raise ValueError(f"{name} must be callable, got {type(value).__name__}")
+
+
+__all__ = ["RunNotFound", "RunNotResumable", "Runs", "Step"]
