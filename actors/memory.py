@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import os
+import random
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -58,7 +59,7 @@ from events.redact import find_secrets, redact
 
 ASK_TIMEOUT = 30.0
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
-_RETRIES = 20
+_RETRIES = 50
 _FOLD_BATCH = 2000
 
 Clock = Callable[[], int]
@@ -181,11 +182,14 @@ class MemoryWriter(pykka.ThreadingActor):
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
-        for _ in range(_RETRIES):
+        for attempt in range(_RETRIES):
             try:
                 return decide_and_append()
             except ConcurrencyConflict:
-                self._catch_up()  # another process wrote first: see its events, decide again
+                # Another process wrote first: see its events and decide again. Random backoff
+                # breaks the symmetry between writers hammering one conflict key.
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                self._catch_up()
         raise ConcurrencyConflict([], f"gave up after {_RETRIES} conflicting attempts")
 
     # -- commands --------------------------------------------------------------------------------

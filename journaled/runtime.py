@@ -12,12 +12,10 @@ from actors.memory import Clock, system_clock
 from actors.runtime import MemoryActors
 from actors.steps import AgentContext, Registry
 from events.base import Event
-from events.codec import Codec
+from events.catalog import codec
 from events.journal import Journal
-from events.memory import MEMORY_EVENTS
 from events.plan_rules import Reserve
 from events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
-from events.runs import RUN_EVENTS
 from events.url import default_url, parse_url
 from journaled.errors import ConfigurationError
 from journaled.memory import Embedder, Memory
@@ -25,11 +23,6 @@ from journaled.runs import Runs
 
 ENV_URL = "JOURNALED_URL"
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
-
-
-def codec() -> Codec:
-    """Return a codec for every event type this release stores."""
-    return Codec((*MEMORY_EVENTS, *RUN_EVENTS))
 
 
 class JournalHandle:
