@@ -11,6 +11,7 @@ so it can run on other actor systems.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -194,6 +195,8 @@ class StepActor(pykka.ThreadingActor):
     """Run steps of one kind, one at a time, in this actor's thread."""
 
     kind = "step"
+    use_daemon_thread = True
+    """User code may hang forever; it must not keep the interpreter alive once the run is over."""
 
     def __init__(self, registry: Registry) -> None:
         super().__init__()
@@ -212,9 +215,12 @@ class StepActor(pykka.ThreadingActor):
             obs, question = run_agent(step, fn, message)
         else:
             obs = run_callable(self.kind, step, fn)
-        message.reply_to.tell(
-            StepDone(step_id=step.id, attempt=message.attempt, observation=obs, question=question)
+        done = StepDone(
+            step_id=step.id, attempt=message.attempt, observation=obs, question=question
         )
+        # If the run ended without this step (it timed out), nobody waits for the answer.
+        with contextlib.suppress(pykka.ActorDeadError):
+            message.reply_to.tell(done)
         return None
 
 
