@@ -6,7 +6,7 @@ agent that replays the stream. So redaction happens on the way in, before anythi
 and nothing downstream ever has to be trusted with a secret. That makes this a filter that errs
 towards redacting: a false positive costs a few characters of context, a false negative leaks.
 
-What is caught, each reported by :func:`find_secrets` under the kind named first:
+What is caught, under the kind name that :func:`find_secrets` reports for it:
 
 - ``openai-key``: ``sk-...`` API keys, including ``sk-proj-...`` and other prefixed forms;
 - ``anthropic-key``: ``sk-ant-...`` API keys;
@@ -34,6 +34,8 @@ Redaction is idempotent, and text that was already redacted has no secrets left 
 
 from __future__ import annotations
 
+import bisect
+import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -68,12 +70,26 @@ def _looks_like_value(secret: str) -> bool:
 _MARKER = re.compile(re.escape(REDACTED))
 
 
+def _marker_at(position: int, markers: list[tuple[int, int]]) -> int | None:
+    """Return the index of the marker covering ``position``, if one does."""
+    # Markers are disjoint and sorted, so a binary search keeps the second pass of a text full
+    # of markers linear instead of markers times matches.
+    index = bisect.bisect_right(markers, (position, math.inf)) - 1
+    if index >= 0 and markers[index][0] <= position < markers[index][1]:
+        return index
+    return None
+
+
 def _within_markers(start: int, end: int, markers: list[tuple[int, int]]) -> bool:
     """Return whether ``[start, end)`` lies wholly inside markers that follow one another."""
-    position = start
-    for marker_start, marker_end in markers:
-        if marker_start <= position < marker_end:
-            position = marker_end
+    index = _marker_at(start, markers)
+    if index is None:
+        return False
+    position = markers[index][1]
+    index += 1
+    while position < end and index < len(markers) and markers[index][0] == position:
+        position = markers[index][1]
+        index += 1
     return position >= end
 
 
@@ -184,9 +200,8 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "jwt",
-        # "-" may precede: a PEM block ends in "-----", and a JWT straight after it would hide
-        # behind that lookbehind only to be found once the block became a marker.
-        re.compile(r"(?<![A-Za-z0-9_])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+        # Starting only where a base64url run starts keeps the scan linear on "-eyJ-eyJ...".
+        re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
     ),
     _Rule("anthropic-key", re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}")),
     _Rule(
@@ -208,7 +223,9 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "url-credentials",
         # Only the password: the scheme, user and host are what make the text useful to read.
-        re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s:/@?#]*:(?P<password>[^\s@/?#]+)@"),
+        # Anchored on "://" rather than on the scheme, whose character class would be rescanned
+        # from every letter of a long run of them (quadratic on a hex or base64url blob).
+        re.compile(r"://[^\s:/@?#]*:(?P<password>[^\s@/?#]+)@"),
         ("password",),
     ),
     _Rule(
@@ -246,11 +263,12 @@ class _Hit:
 
 def _widen(start: int, end: int, markers: list[tuple[int, int]]) -> tuple[int, int]:
     """Stretch ``[start, end)`` to cover whole any marker it cuts into."""
-    for marker_start, marker_end in markers:
-        if marker_start < start < marker_end:
-            start = marker_start
-        if marker_start < end < marker_end:
-            end = marker_end
+    first = _marker_at(start, markers)
+    if first is not None:
+        start = markers[first][0]
+    last = _marker_at(end - 1, markers)
+    if last is not None:
+        end = markers[last][1]
     return start, end
 
 
@@ -314,7 +332,12 @@ def _redact(text: str) -> tuple[str, list[str]]:
             parts.extend((text[position : hit.start], REDACTED))
             position = hit.end
         parts.append(text[position:])
-        text = "".join(parts)
+        redacted = "".join(parts)
+        # Every pass shrinks the text outside markers, so this never triggers; it is here so
+        # that a mistake in that reasoning costs a missed redaction, not a hung journal.
+        if redacted == text:
+            break
+        text = redacted
     return text, list(kinds)
 
 

@@ -225,6 +225,47 @@ def test_empty_and_secret_free_text_is_returned_as_is() -> None:
     assert redact('password=""') == 'password=""'
 
 
+def test_jwt_right_after_pem_block_is_redacted() -> None:
+    """M9: a JWT glued to the dashes ending a PEM block is still found and redacted."""
+    out = redact(f"{PEM}{JWT}")
+    assert JWT not in out
+    assert find_secrets(f"{PEM}{JWT}") == ["private-key", "jwt"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f'"token": {OPENAI}',
+        f"secret={PEM}-",
+        "note [REDACTED] then password=[REDACTED] and [REDACTED][REDACTED]",
+        '{"pwd": [REDACTED]}',
+        "postgresql://u:[REDACTED]x@host",
+    ],
+)
+def test_redaction_settles_in_one_call(text: str) -> None:
+    """M9: text with markers or merged matches is fully redacted by a single call."""
+    once = redact(text)
+    assert redact(once) == once
+    assert find_secrets(once) == []
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "text",
+    [
+        "sk-" * 100_000,
+        "0123456789abcdef" * 20_000,
+        "-eyJ" * 80_000,
+        'password="' * 30_000,
+        "[REDACTED] password=[REDACTED] " * 10_000,
+    ],
+)
+def test_adversarial_text_is_redacted_in_linear_time(text: str) -> None:
+    """M9: inputs that made a regex backtrack quadratically finish well within the timeout."""
+    out = redact(text)
+    assert redact(out) == out
+
+
 def test_module_imports_only_the_standard_library() -> None:
     """M9: events.redact depends on nothing outside the standard library."""
     source = Path(redact_module.__file__).read_text(encoding="utf-8")
