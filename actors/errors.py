@@ -5,7 +5,9 @@
     ActorsError
     ├── InvalidFact (ValueError)              a remember request that cannot be stored
     │   └── OrganizationNotConfigured         remembering into ``organization`` without one
-    └── ActorTimeout (TimeoutError)           an actor did not answer in time
+    ├── ActorTimeout (TimeoutError)           an actor did not answer in time
+    ├── RunNotFound (KeyError)                no run with that id in the journal
+    └── RunNotResumable (ValueError)          finished, running here, or bad answers/options
 """
 
 from __future__ import annotations
@@ -36,3 +38,14 @@ class OrganizationNotConfigured(InvalidFact):
 
 class ActorTimeout(ActorsError, TimeoutError):
     """An actor did not answer within its timeout (it may be stuck in user code)."""
+
+
+class RunNotFound(ActorsError, KeyError):
+    """No run with that id in this journal."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else "run not found"
+
+
+class RunNotResumable(ActorsError, ValueError):
+    """The run cannot be resumed as asked (finished, running here, or bad answers/options)."""

@@ -11,30 +11,19 @@ from typing import Any
 
 import msgspec
 
+from actors.errors import RunNotFound, RunNotResumable
 from actors.executor import Executor, Progress, Trace
 from actors.steps import Registry, journalable
 from events.base import DomainEvent, Event
 from events.errors import PlanRejected
 from events.journal import Journal
 from events.plan_rules import Reserve, validate
-from events.plans import ExecuteResult, Limits, Plan, Step
+from events.plans import ExecuteResult, Limits, Plan
 from events.run_messages import Begin, CancelRun
 from events.run_state import RunState, fold_run
 from events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
-from journaled.errors import JournaledError
 
 RUN_PREFIX = "run_"
-
-
-class RunNotFound(JournaledError, KeyError):
-    """No run with that id in this journal."""
-
-    def __str__(self) -> str:
-        return str(self.args[0]) if self.args else "run not found"
-
-
-class RunNotResumable(JournaledError, ValueError):
-    """The run cannot be resumed as asked (finished, running here, or bad answers/budget)."""
 
 
 def new_run_id(now: int) -> str:
@@ -97,15 +86,10 @@ class Runs:
         step_timeout: float | None = None,
         parent: tuple[str, str] | None = None,
         trace: Trace | None = None,
+        run_id: str | None = None,
     ) -> ExecuteResult:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
-        validate(
-            plan,
-            skills=self._registry.skills,
-            tools=self._registry.tools,
-            agents=self._registry.agents,
-            agents_enabled=self._agents,
-        )
+        self.validate(plan)
         budget = _check_budget("call_budget", call_budget)
         if isinstance(max_parallel_steps, bool) or not isinstance(max_parallel_steps, int):
             raise ValueError(f"max_parallel_steps must be an int >= 1, got {max_parallel_steps!r}")
@@ -123,7 +107,7 @@ class Runs:
                 f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
             )
         now = self._clock()
-        run_id = new_run_id(now)
+        run_id = run_id or new_run_id(now)
         settled = _normalise(plan, run_id)
         started = RunStarted(
             at=now,
@@ -137,6 +121,21 @@ class Runs:
             step_timeout=float(step_timeout) if step_timeout is not None else None,
         )
         return self._run(run_id, RunState(), [started], reserve, on_progress, trace, parent)
+
+    def validate(self, plan: Plan) -> None:
+        """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
+        validate(
+            plan,
+            skills=self._registry.skills,
+            tools=self._registry.tools,
+            agents=self._registry.agents,
+            agents_enabled=self._agents,
+        )
+        for step in plan.steps:
+            try:
+                journalable(step.input, "its input")
+            except ValueError as exc:
+                raise PlanRejected(step.id, str(exc)) from exc
 
     def resume(
         self,
@@ -283,7 +282,7 @@ class Runs:
             return sorted(self._active)
 
     def list(self) -> list[str]:
-        """Return the ids of every run in the journal, oldest first."""
+        """Return the ids of every run and orchestration in the journal, oldest first."""
         return [e.stream for e in self._journal.read() if isinstance(e.data, RunStarted)]
 
 
@@ -302,6 +301,3 @@ def _check_limits(limits: Limits | None) -> Limits:
 def _check_callable(name: str, value: object) -> None:
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be callable, got {type(value).__name__}")
-
-
-__all__ = ["RunNotFound", "RunNotResumable", "Runs", "Step"]

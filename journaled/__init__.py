@@ -6,11 +6,14 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
+from actors.errors import RunNotFound, RunNotResumable
+from actors.runs import Runs
 from actors.steps import AgentContext, NeedsInput
 from events.base import DomainEvent, Event
 from events.errors import PlanRejected
 from events.memory import Fact
 from events.messages import Deletion
+from events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
 from events.plans import AgentResult, ExecuteResult, Limits, Observation, Plan, Step
 from journaled.errors import (
     ActorsError,
@@ -27,7 +30,6 @@ from journaled.errors import (
     UnknownEventType,
 )
 from journaled.memory import Embedder, Memory, MemoryView
-from journaled.runs import RunNotFound, RunNotResumable, Runs
 from journaled.runtime import JournalHandle, Runtime, open
 
 __all__ = [
@@ -35,6 +37,8 @@ __all__ = [
     "ActorsError",
     "AgentContext",
     "AgentResult",
+    "Budget",
+    "Clarify",
     "ConcurrencyConflict",
     "ConfigurationError",
     "CorruptEvent",
@@ -45,6 +49,8 @@ __all__ = [
     "EventsError",
     "ExecuteResult",
     "Fact",
+    "Gap",
+    "Gaps",
     "InvalidFact",
     "JournalClosed",
     "JournalHandle",
@@ -56,6 +62,7 @@ __all__ = [
     "NeedsInput",
     "Observation",
     "OrganizationNotConfigured",
+    "Outcome",
     "Plan",
     "PlanRejected",
     "RunNotFound",

@@ -13,12 +13,21 @@
     ActorsError                                (from the live layer)
     ├── InvalidFact (ValueError)
     │   └── OrganizationNotConfigured
-    └── ActorTimeout (TimeoutError)
+    ├── ActorTimeout (TimeoutError)
+    ├── RunNotFound (KeyError)
+    └── RunNotResumable (ValueError)
 """
 
 from __future__ import annotations
 
-from actors.errors import ActorsError, ActorTimeout, InvalidFact, OrganizationNotConfigured
+from actors.errors import (
+    ActorsError,
+    ActorTimeout,
+    InvalidFact,
+    OrganizationNotConfigured,
+    RunNotFound,
+    RunNotResumable,
+)
 from events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
@@ -49,5 +58,7 @@ __all__ = [
     "JournalUrlError",
     "JournaledError",
     "OrganizationNotConfigured",
+    "RunNotFound",
+    "RunNotResumable",
     "UnknownEventType",
 ]

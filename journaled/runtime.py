@@ -7,19 +7,22 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from actors.errors import RunNotResumable
 from actors.executor import Progress
 from actors.memory import Clock, system_clock
+from actors.orchestrator import Orchestrations, Planner
+from actors.runs import Runs
 from actors.runtime import MemoryActors
 from actors.steps import AgentContext, Registry
 from events.base import Event
 from events.catalog import codec
 from events.journal import Journal
+from events.orchestration import Outcome
 from events.plan_rules import Reserve
 from events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
 from events.url import default_url, parse_url
 from journaled.errors import ConfigurationError
 from journaled.memory import Embedder, Memory
-from journaled.runs import Runs
 
 ENV_URL = "JOURNALED_URL"
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
@@ -92,6 +95,7 @@ class Runtime:
         )
         self._registry = Registry(agents_enabled=agents)
         self.runs = Runs(self._journal, self._registry, clock or system_clock, agents)
+        self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
         self._closed = False
 
     # -- registration ----------------------------------------------------------------------------
@@ -137,16 +141,71 @@ class Runtime:
             step_timeout=step_timeout,
         )
 
+    def orchestrate(
+        self,
+        goal: str,
+        planner: Planner,
+        mode: str = "execute",
+        call_budget: int | None = None,
+        partial: bool = False,
+        require_approval: bool = False,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        max_passes: int = 3,
+    ) -> Outcome:
+        """Plan toward a goal and run it under the budget and approval policy (O1-O5).
+
+        The planner is ``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``.
+        A planner failure is a ``failed`` outcome, never an exception out of here.
+        """
+        return self._orchestrations.orchestrate(
+            goal,
+            planner,
+            mode,
+            call_budget,
+            partial,
+            require_approval,
+            reserve=reserve,
+            on_progress=on_progress,
+            max_passes=max_passes,
+        )
+
     def resume(
         self,
         run_id: str,
         call_budget: int | None = None,
         answers: dict[str, str] | None = None,
+        approve: bool = False,
+        clarification: str | None = None,
         *,
+        planner: Planner | None = None,
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
-    ) -> ExecuteResult:
-        """Rebuild a run from the journal and carry on (E14): answers, a new total budget."""
+    ) -> ExecuteResult | Outcome:
+        """Rebuild a run from the journal and carry on (E14, O3, O4).
+
+        Returns an ExecuteResult for a run started by ``execute`` and an Outcome for one started
+        by ``orchestrate``. ``call_budget`` is the new total budget; ``answers`` answer waiting
+        steps; ``approve`` approves a plan awaiting approval; ``clarification`` answers the
+        planner's question (or the one waiting step).
+        """
+        if self._orchestrations.is_orchestration(run_id):
+            return self._orchestrations.resume(
+                run_id,
+                call_budget,
+                answers,
+                approve,
+                clarification,
+                planner=planner,
+                reserve=reserve,
+                on_progress=on_progress,
+            )
+        if approve or clarification is not None:
+            raise RunNotResumable(
+                f"run {run_id} was started by execute(): it has no plan approval or planner "
+                "question; pass answers= for waiting steps"
+            )
         return self.runs.resume(
             run_id, call_budget, answers, reserve=reserve, on_progress=on_progress
         )

@@ -32,6 +32,13 @@ def statuses(result: journaled.ExecuteResult) -> dict[str, str]:
     return {s.id: s.status for s in result.plan.steps}
 
 
+def resumed(rt: journaled.Runtime, run_id: str, **options: Any) -> journaled.ExecuteResult:
+    """Resume a run started by execute(), which gives back an ExecuteResult."""
+    result = rt.resume(run_id, **options)
+    assert isinstance(result, journaled.ExecuteResult)
+    return result
+
+
 def kinds(rt: journaled.Runtime, run_id: str) -> list[str]:
     """Return the run's event kinds in order."""
     return [e.kind for e in rt.runs.history(run_id)]
@@ -483,7 +490,7 @@ def test_missing_agent_on_resume_fails_with_code(journal_url: str, clock: Manual
         assert stopped.stopped_for_budget
         rt.runs._registry.agents.clear()
         rt.runs._registry.skills.clear()
-        result = rt.resume(stopped.run_id, call_budget=5)
+        result = resumed(rt, stopped.run_id, call_budget=5)
         obs = {o.step_id: o for o in result.observations}
         assert obs["s"].error == "skill 'think' is not registered in this runtime"
         assert statuses(result)["a"] == "skipped"
@@ -541,10 +548,10 @@ def test_waiting_pauses_after_the_wave(runtime: journaled.Runtime) -> None:
         "later": "pending",
     }
     assert runtime.runs.state(result.run_id).questions == {"w": "which branch for w?"}
-    resumed = runtime.resume(result.run_id, answers={"w": "main"})
-    assert resumed.ok
-    assert resumed.waiting == []
-    outputs = {o.step_id: o.output for o in resumed.observations if o.ok}
+    again = resumed(runtime, result.run_id, answers={"w": "main"})
+    assert again.ok
+    assert again.waiting == []
+    outputs = {o.step_id: o.output for o in again.observations if o.ok}
     assert outputs["w"] == "w on main"
     assert [e.kind for e in runtime.runs.history(result.run_id)].count("run.answers-given") == 1
 
@@ -692,7 +699,7 @@ def test_resume_in_a_new_runtime_never_reruns_succeeded_steps(sqlite_url: str) -
     with journaled.open(sqlite_url) as rt:
         rt.register_tool("rec", ran.append)
         rt.register_skill("think", ran.append)
-        result = rt.resume(stopped.run_id, call_budget=1)
+        result = resumed(rt, stopped.run_id, call_budget=1)
         assert result.ok
         assert result.calls_used == 1
         assert ran == ["a", "b"]
@@ -711,10 +718,10 @@ def test_resume_budget_is_the_new_total(runtime: journaled.Runtime) -> None:
     )
     first = runtime.execute(plan, call_budget=1)
     assert first.calls_used == 1
-    second = runtime.resume(first.run_id, call_budget=2)
+    second = resumed(runtime, first.run_id, call_budget=2)
     assert second.stopped_for_budget
     assert statuses(second) == {"a": "succeeded", "b": "succeeded", "c": "pending"}
-    third = runtime.resume(first.run_id, call_budget=3)
+    third = resumed(runtime, first.run_id, call_budget=3)
     assert third.ok
     raised = [e.data for e in runtime.runs.history(first.run_id) if e.kind == "run.budget-raised"]
     assert [(r.previous, r.budget) for r in raised] == [(1, 2), (2, 3)]  # type: ignore[attr-defined]

@@ -1,0 +1,185 @@
+"""Orchestration: planning, approval, clarification and budget policy around runs (SPEC section 3).
+
+An orchestration is one stream (its run id). Each pass executes its settled plan as a child run
+linked to the orchestration (``RunStarted.parent_run`` is the orchestration's id, ``parent_step`` is
+``pass-N``), so a pass is journaled before its first step (O5) and the replan loop (O2) keeps every
+pass's history.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+from events.base import DomainEvent
+from events.plans import Observation, Plan
+
+OutcomeStatus = Literal[
+    "completed",
+    "failed",
+    "waiting_for_clarification",
+    "waiting_for_approval",
+    "waiting_for_budget",
+    "dry_run",
+]
+Mode = Literal["plan", "execute", "orchestrate"]
+
+
+class Clarify(msgspec.Struct, frozen=True):
+    """A planner's answer asking the user a question before it can plan (O4)."""
+
+    question: str
+
+
+class Gap(msgspec.Struct, frozen=True, kw_only=True):
+    """A capability the planner needed but the runtime lacks."""
+
+    kind: str
+    """What is missing: ``skill``, ``tool``, ``agent`` or another capability name."""
+    name: str
+    reason: str = ""
+
+
+class Gaps(msgspec.Struct, frozen=True):
+    """A planner's answer that it cannot plan: the structured capability gaps (O1)."""
+
+    gaps: list[Gap]
+
+
+class Budget(msgspec.Struct, frozen=True, kw_only=True):
+    """Estimated against available model calls, when waiting for budget (O1, O3)."""
+
+    est_calls: int
+    """Model calls the steps not yet succeeded would cost."""
+    max_calls: int
+    completed_steps: int
+    total_steps: int
+
+
+class Outcome(msgspec.Struct, frozen=True, kw_only=True):
+    """The result of an orchestration (O1)."""
+
+    run_id: str
+    status: OutcomeStatus
+    plan: Plan | None
+    observations: list[Observation]
+    summary: str
+    """One line: what happened or what is awaited."""
+    budget: Budget | None = None
+    gaps: list[Gap] | None = None
+    pass_run: str | None = None
+    """The execution run of the current pass, if one started."""
+
+
+class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestration.started"):
+    """Someone asked to reach a goal."""
+
+    run_id: str
+    goal: str
+    mode: Mode
+    call_budget: int | None = None
+    partial: bool = False
+    require_approval: bool = False
+    max_passes: int = 3
+
+
+class PlanProposed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.plan-proposed"):
+    """The planner proposed a plan for a pass."""
+
+    pass_no: int
+    plan: Plan
+
+
+class PlanningFailed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.planning-failed"):
+    """The planner could not plan: it raised, answered garbage, an invalid plan, or gaps."""
+
+    pass_no: int
+    reason: str
+    gaps: tuple[Gap, ...] = ()
+
+
+class ClarificationRequested(
+    DomainEvent, frozen=True, kw_only=True, tag="orchestration.clarification-requested"
+):
+    """The planner asked a question before it could plan (O4)."""
+
+    question: str
+
+
+class ClarificationGiven(
+    DomainEvent, frozen=True, kw_only=True, tag="orchestration.clarification-given"
+):
+    """The user answered the planner's question."""
+
+    question: str
+    answer: str
+
+
+class ApprovalRequested(
+    DomainEvent, frozen=True, kw_only=True, tag="orchestration.approval-requested"
+):
+    """The plan waits for a human to approve it (O4)."""
+
+    pass_no: int
+
+
+class PlanApproved(DomainEvent, frozen=True, kw_only=True, tag="orchestration.plan-approved"):
+    """A human approved the plan."""
+
+    pass_no: int
+
+
+class BudgetAwaited(DomainEvent, frozen=True, kw_only=True, tag="orchestration.budget-awaited"):
+    """The plan does not fit the call budget: it waits for a bigger one (O3)."""
+
+    pass_no: int
+    budget: Budget
+    partial: bool = False
+    """True when the waves that fit ran first (the pass run stopped for budget)."""
+
+
+class BudgetGiven(DomainEvent, frozen=True, kw_only=True, tag="orchestration.budget-given"):
+    """The call budget was raised on resume."""
+
+    previous: int | None
+    budget: int | None
+
+
+class PassStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestration.pass-started"):
+    """A pass's settled plan started executing as a child run (O5)."""
+
+    pass_no: int
+    run: str
+
+
+class PassEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.pass-ended"):
+    """A pass's run stopped: completed, failed, waiting for an answer, or stopped for budget."""
+
+    pass_no: int
+    run: str
+    status: str
+    calls_used: int
+
+
+class OrchestrationEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.ended"):
+    """The orchestration reached a status (terminal or waiting) with a one-line summary."""
+
+    status: OutcomeStatus
+    summary: str
+
+
+ORCHESTRATION_EVENTS: tuple[type[DomainEvent], ...] = (
+    OrchestrationStarted,
+    PlanProposed,
+    PlanningFailed,
+    ClarificationRequested,
+    ClarificationGiven,
+    ApprovalRequested,
+    PlanApproved,
+    BudgetAwaited,
+    BudgetGiven,
+    PassStarted,
+    PassEnded,
+    OrchestrationEnded,
+)
