@@ -17,8 +17,10 @@ from actors.steps import Registry, journalable
 from events.base import DomainEvent, Event
 from events.errors import PlanRejected
 from events.journal import Journal
+from events.orchestration import OrchestrationStarted, PassStarted
 from events.plan_rules import Reserve, validate
 from events.plans import ExecuteResult, Limits, Plan
+from events.run_audit import explain_orchestration, explain_run
 from events.run_messages import Begin, CancelRun
 from events.run_state import RunState, fold_run
 from events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
@@ -273,8 +275,36 @@ class Runs:
         return fold_run(events)
 
     def at(self, run_id: str, position: int) -> ExecuteResult:
-        """Return the run exactly as it was at a journal position (O7)."""
+        """Return the run exactly as it was at a journal position (O7).
+
+        For an orchestration, this is the run of the pass that was current at that position.
+        """
+        events = self.history(run_id)
+        if isinstance(events[0].data, OrchestrationStarted):
+            if position < events[0].position:
+                raise ValueError(
+                    f"position {position} is before run {run_id} began "
+                    f"(its first event is at {events[0].position})"
+                )
+            passes = [
+                e.data.run
+                for e in events
+                if isinstance(e.data, PassStarted) and e.position <= position
+            ]
+            if not passes:
+                raise ValueError(f"run {run_id} had not started executing at position {position}")
+            pass_events = [e for e in self._journal.stream(passes[-1]) if e.position <= position]
+            if not pass_events:
+                raise ValueError(f"run {run_id} had not started executing at position {position}")
+            return fold_run(pass_events).result()
         return self.state(run_id, position).result()
+
+    def why(self, run_id: str) -> str:
+        """Explain, from events alone, why a run or orchestration is in its state (O6)."""
+        events = self.history(run_id)
+        if isinstance(events[0].data, OrchestrationStarted):
+            return explain_orchestration(run_id, events, self._journal.stream)
+        return explain_run(run_id, events)
 
     def active(self) -> list[str]:
         """Return the runs executing in this runtime now."""
@@ -283,7 +313,11 @@ class Runs:
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
-        return [e.stream for e in self._journal.read() if isinstance(e.data, RunStarted)]
+        return [
+            e.stream
+            for e in self._journal.read()
+            if e.version == 1 and isinstance(e.data, RunStarted | OrchestrationStarted)
+        ]
 
 
 def _check_limits(limits: Limits | None) -> Limits:

@@ -1,0 +1,273 @@
+"""Explain runs and orchestrations from their events, in plain words with ids and numbers (O6)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from events.base import Event
+from events.memory_audit import when
+from events.orchestration import (
+    ApprovalRequested,
+    BudgetAwaited,
+    BudgetGiven,
+    ClarificationGiven,
+    ClarificationRequested,
+    OrchestrationEnded,
+    OrchestrationStarted,
+    PassEnded,
+    PassStarted,
+    PlanApproved,
+    PlanningFailed,
+    PlanProposed,
+)
+from events.run_state import fold_run
+from events.runs import (
+    AnswersGiven,
+    BudgetRaised,
+    BudgetStopped,
+    CancelRequested,
+    RunFinished,
+    RunResumed,
+    RunStarted,
+    StepFailed,
+    StepsSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+    WavePartitioned,
+)
+
+
+def duration(ms: int) -> str:
+    """Render a duration in milliseconds for people: 850ms, 12.5s, 3m 20s, 2h 5m."""
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = ms / 1000
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, sec = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m {sec}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes}m"
+
+
+def describe_run_event(event: Event) -> str | None:
+    """Say in one line what a run event records (None for routine bookkeeping)."""
+    data = event.data
+    match data:
+        case RunStarted():
+            budget = (
+                "no call budget"
+                if data.call_budget is None
+                else f"a budget of {data.call_budget} model call(s)"
+            )
+            parent = (
+                f", for step {data.parent_step!r} of {data.parent_run}" if data.parent_run else ""
+            )
+            steps = len(data.plan.steps)
+            return f"started {steps} step(s) toward {data.plan.goal!r} with {budget}{parent}"
+        case WavePartitioned():
+            skipped = [o.step_id for o in data.skipped] + list(data.unobserved)
+            extra = f"; skipped {', '.join(skipped)}" if skipped else ""
+            return f"wave {data.wave}: runnable {', '.join(data.runnable) or 'none'}{extra}"
+        case StepStarted():
+            again = f" (attempt {data.attempt})" if data.attempt > 1 else ""
+            return f"step {data.step_id!r} started{again}"
+        case StepSucceeded():
+            return f"step {data.step_id!r} succeeded" + (
+                f", charged {data.charged} call(s)" if data.charged else ""
+            )
+        case StepFailed():
+            return f"step {data.step_id!r} failed: {data.observation.error}"
+        case StepWaiting():
+            return f"step {data.step_id!r} waits for an answer: {data.question}"
+        case StepsSkipped():
+            ids = [o.step_id for o in data.observations] + list(data.unobserved)
+            return f"steps {', '.join(ids)} skipped ({data.cause})"
+        case CancelRequested():
+            return "cancel requested"
+        case BudgetStopped():
+            return (
+                f"paused before wave {data.wave}: it needed {data.estimate} model call(s) with "
+                f"{data.used} of the budget of {data.budget} used"
+            )
+        case AnswersGiven():
+            return "answers given for " + ", ".join(f"{k!r}" for k in data.answers)
+        case BudgetRaised():
+            return f"call budget changed from {data.previous} to {data.budget}"
+        case RunResumed():
+            rerun = (
+                f"; re-running {', '.join(data.rerun)} (in flight when it stopped)"
+                if data.rerun
+                else ""
+            )
+            return f"resumed (resumption {data.resumption}){rerun}"
+        case RunFinished():
+            return f"pass ended: {data.status}, {data.calls_used} model call(s) used"
+    return None
+
+
+def explain_run(run_id: str, events: Sequence[Event]) -> str:
+    """Explain why a run is in its state, from its events alone (O6)."""
+    if not events:
+        return f"no run {run_id} in this journal"
+    state = fold_run(list(events))
+    lines = [f"run {run_id} — {_run_status(state.run_status, state.is_finished)}:"]
+    lines += _timeline(events, describe_run_event)
+    lines.append("now: " + _run_now(events))
+    return "\n".join(lines)
+
+
+def _run_status(status: str | None, finished: bool) -> str:
+    return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
+
+
+def _run_now(events: Sequence[Event]) -> str:
+    state = fold_run(list(events))
+    last = events[-1].data.at
+    if not state.is_finished:
+        flight = state.in_flight()
+        return (
+            f"not finished; step(s) {', '.join(flight)} were in flight and run again on resume"
+            if flight
+            else "not finished; resume it to carry on"
+        )
+    if state.waiting:
+        parts = []
+        for step_id in state.waiting:
+            since = max(
+                (
+                    e.data.at
+                    for e in events
+                    if isinstance(e.data, StepWaiting) and e.data.step_id == step_id
+                ),
+                default=last,
+            )
+            parts.append(
+                f"step {step_id!r} waits for an answer to {state.questions.get(step_id, '?')!r} "
+                f"since {when(since)}"
+            )
+        return "; ".join(parts) + " — resume with answers={step: answer}"
+    if state.stopped_for_budget and state.budget_stop is not None:
+        stop = state.budget_stop
+        return (
+            f"paused for budget before wave {stop.wave}: it needs {stop.estimate} model call(s), "
+            f"{stop.used} of {stop.budget} used — resume with a call_budget of at least "
+            f"{stop.used + stop.estimate}"
+        )
+    if state.run_status == "failed":
+        failed = [
+            f"step {s!r} failed with {state.failures[s]!r}"
+            for s in state.order
+            if s in state.failures
+        ]
+        return "; ".join(failed) or "not every step succeeded"
+    if state.run_status == "cancelled":
+        return "cancelled; steps that had not started were skipped"
+    return f"completed using {state.calls_used} model call(s)"
+
+
+def describe_orchestration_event(event: Event) -> str | None:
+    """Say in one line what an orchestration event records."""
+    data = event.data
+    match data:
+        case OrchestrationStarted():
+            budget = (
+                "no call budget"
+                if data.call_budget is None
+                else f"a budget of {data.call_budget} call(s)"
+            )
+            return f"asked to reach {data.goal!r} (mode {data.mode}, {budget})"
+        case PlanProposed():
+            return f"pass {data.pass_no}: the planner proposed {len(data.plan.steps)} step(s)"
+        case PlanningFailed():
+            return f"pass {data.pass_no}: planning failed: {data.reason}"
+        case ClarificationRequested():
+            return f"the planner asked: {data.question}"
+        case ClarificationGiven():
+            return f"answered {data.question!r} with {data.answer!r}"
+        case ApprovalRequested():
+            return f"pass {data.pass_no}: the plan waits for approval"
+        case PlanApproved():
+            return f"pass {data.pass_no}: the plan was approved"
+        case BudgetAwaited():
+            b = data.budget
+            how = "after running the waves that fit" if data.partial else "before running anything"
+            return (
+                f"waiting for budget {how}: {b.est_calls} call(s) needed, {b.max_calls} allowed "
+                f"({b.completed_steps} of {b.total_steps} step(s) done)"
+            )
+        case BudgetGiven():
+            return f"call budget changed from {data.previous} to {data.budget}"
+        case PassStarted():
+            return f"pass {data.pass_no} runs as {data.run}"
+        case PassEnded():
+            return (
+                f"pass {data.pass_no} ({data.run}) ended: {data.status}, {data.calls_used} call(s)"
+            )
+        case OrchestrationEnded():
+            return f"status {data.status}: {data.summary}"
+    return None
+
+
+def explain_orchestration(
+    run_id: str, events: Sequence[Event], run_events: Callable[[str], Sequence[Event]]
+) -> str:
+    """Explain an orchestration and each of its passes, from events alone (O6)."""
+    if not events:
+        return f"no run {run_id} in this journal"
+    ended = [e.data for e in events if isinstance(e.data, OrchestrationEnded)]
+    status = ended[-1].status.replace("_", " ") if ended else "running"
+    lines = [f"orchestration {run_id} — {status}:"]
+    lines += _timeline(events, describe_orchestration_event)
+    waited_since = {
+        "waiting_for_approval": [
+            e.data.at for e in events if isinstance(e.data, ApprovalRequested)
+        ],
+        "waiting_for_clarification": [
+            e.data.at for e in events if isinstance(e.data, ClarificationRequested)
+        ],
+        "waiting_for_budget": [e.data.at for e in events if isinstance(e.data, BudgetAwaited)],
+    }
+    if ended:
+        last = ended[-1]
+        since = waited_since.get(last.status) or [e.data.at for e in events if e.data is last]
+        lines.append(
+            f"now: {last.summary}"
+            + (f" (since {when(since[-1])})" if last.status.startswith("waiting") else "")
+        )
+    for e in events:
+        if isinstance(e.data, PassStarted):
+            sub = run_events(e.data.run)
+            lines.append("")
+            lines += ["  " + line for line in explain_run(e.data.run, sub).splitlines()]
+    return "\n".join(lines)
+
+
+def _timeline(events: Sequence[Event], describe: Callable[[Event], str | None]) -> list[str]:
+    start = events[0].data.at
+    out = []
+    for event in events:
+        text = describe(event)
+        if text is not None:
+            out.append(f"  [#{event.position} +{duration(event.data.at - start)}] {text}")
+    return out
+
+
+def waits(events: Sequence[Event]) -> list[tuple[str, int, int | None]]:
+    """Return (what, from, until) for every wait a run went through: answers and budget."""
+    out: list[tuple[str, int, int | None]] = []
+    open_waits: dict[str, int] = {}
+    for event in events:
+        data = event.data
+        if isinstance(data, StepWaiting):
+            open_waits.setdefault(f"an answer for step {data.step_id!r}", data.at)
+        elif isinstance(data, BudgetStopped):
+            open_waits.setdefault(f"budget before wave {data.wave}", data.at)
+        elif isinstance(data, RunResumed):
+            for what, since in open_waits.items():
+                out.append((what, since, data.at))
+            open_waits.clear()
+    out += [(what, since, None) for what, since in open_waits.items()]
+    return out
