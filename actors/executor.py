@@ -9,6 +9,7 @@ journal always knows which steps were in flight (E12, E14).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -47,6 +48,9 @@ from events.runs import (
 )
 
 log = logging.getLogger("journaled.executor")
+_STOP_TIMEOUT = 5.0
+SNAPSHOT_EVERY = 2000
+"""Events between two snapshots of a long-running run."""
 
 Progress = Callable[[str, list[Observation], int, list[str]], None]
 """``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
@@ -89,7 +93,7 @@ class Executor(pykka.ThreadingActor):
         self.trace = trace
         self._opening = opening
         self._staged: list[DomainEvent] = []
-        self._snapshots: list[ExecuteResult] = []
+        self._traced: list[ExecuteResult] = []
         self._notes: list[tuple[str, list[Observation], int, list[str]]] = []
         self._emitted = len(state.observations)
         self._to_dispatch: list[RunStep] = []
@@ -103,6 +107,7 @@ class Executor(pykka.ThreadingActor):
         self._workers: list[Any] = []
         self._running_per_key: dict[tuple[str, str], int] = {}
         self._finished = False
+        self._snapshot_version = state.version
 
     # -- messages --------------------------------------------------------------------------------
 
@@ -393,7 +398,7 @@ class Executor(pykka.ThreadingActor):
             )
         )
         self._note("plan-end")
-        self._flush()
+        self._flush(snapshot=True)
         self._finished = True
         self._stop_workers()
         if not self.done.done():
@@ -406,7 +411,7 @@ class Executor(pykka.ThreadingActor):
         self.state.fold(event)
         self._staged.append(event)
         if self.trace is not None:
-            self._snapshots.append(self.state.result())
+            self._traced.append(self.state.result())
 
     def _note(self, at: str) -> None:
         """Queue an on_progress call for the current quiescent point (E12)."""
@@ -416,8 +421,12 @@ class Executor(pykka.ThreadingActor):
         self._emitted = len(self.state.observations)
         self._notes.append((at, list(delta), self.state.calls_used, list(self.state.waiting)))
 
-    def _flush(self) -> None:
-        """Append the staged events in one transaction, then report progress."""
+    def _flush(self, snapshot: bool = False) -> None:
+        """Append the staged events in one transaction, then report progress.
+
+        A snapshot of the run goes with the append at the end of a pass and every
+        :data:`SNAPSHOT_EVERY` events, so resuming a long run reads only the events after it.
+        """
         staged, self._staged = self._staged, []
         if staged:
             version = self.state.version
@@ -425,8 +434,14 @@ class Executor(pykka.ThreadingActor):
                 Pending(stream=self.state.run_id, version=version + i, data=e)
                 for i, e in enumerate(staged, 1)
             ]
+            snapshots = None
+            if snapshot or version + len(staged) - self._snapshot_version >= SNAPSHOT_EVERY:
+                self.state.version = version + len(staged)
+                snapshots = {self.state.run_id: (self.state.version, self.state.snapshot())}
+                self._snapshot_version = self.state.version
+                self.state.version = version
             try:
-                positions = self.journal.append(pending)
+                positions = self.journal.append(pending, snapshots=snapshots)
             except ConcurrencyConflict as exc:
                 raise RunOwnedElsewhere(
                     [self.state.run_id],
@@ -435,9 +450,9 @@ class Executor(pykka.ThreadingActor):
             self.state.version = version + len(staged)
             self.state.position = positions[-1]
             if self.trace is not None:
-                snapshots, self._snapshots = self._snapshots, []
-                for position, snapshot in zip(positions, snapshots, strict=True):
-                    self.trace(position, snapshot)
+                traced, self._traced = self._traced, []
+                for position, result in zip(positions, traced, strict=True):
+                    self.trace(position, result)
         notes, self._notes = self._notes, []
         if self.on_progress is not None:
             for note in notes:
@@ -457,10 +472,13 @@ class Executor(pykka.ThreadingActor):
         return worker
 
     def _stop_workers(self) -> None:
+        """Stop the step actors (all idle by now): fire every stop, then wait on each."""
         workers, self._workers = self._workers, []
         self._idle.clear()
-        for worker in workers:
-            worker.stop(block=False)
+        futures = [worker.stop(block=False) for worker in workers]
+        for future in futures:
+            with contextlib.suppress(pykka.Timeout, pykka.ActorDeadError):
+                future.get(timeout=_STOP_TIMEOUT)
 
     def _started(self) -> Any:
         started = self.state.started

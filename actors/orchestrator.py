@@ -116,8 +116,8 @@ class Orchestrations:
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
-        events = self._journal.stream(run_id)
-        return bool(events) and isinstance(events[0].data, OrchestrationStarted)
+        first = self._journal.first(run_id)
+        return first is not None and isinstance(first.data, OrchestrationStarted)
 
     def state(self, run_id: str, position: int | None = None) -> OrchestrationState:
         """Fold an orchestration's events (up to a journal position)."""

@@ -26,6 +26,7 @@ from events.run_state import RunState, fold_run
 from events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
 RUN_PREFIX = "run_"
+_STOP_TIMEOUT = 5.0
 
 
 def new_run_id(now: int) -> str:
@@ -50,7 +51,7 @@ def _normalise(plan: Plan, run_id: str) -> Plan:
             raise PlanRejected(step.id, str(exc)) from exc
         steps.append(
             msgspec.structs.replace(
-                step, input=data, depends_on=tuple(step.depends_on), status="pending"
+                step, input=data, depends_on=list(step.depends_on), status="pending"
             )
         )
     return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
@@ -237,7 +238,9 @@ class Runs:
             executor.tell(Begin())
             while True:
                 try:
-                    return done.result(timeout=0.5)
+                    result = done.result(timeout=0.5)
+                    executor.actor_stopped.wait(_STOP_TIMEOUT)  # it stops right after answering
+                    return result
                 except FutureTimeout:
                     if not executor.is_alive() and not done.done():
                         raise RuntimeError(
@@ -263,37 +266,49 @@ class Runs:
         return events
 
     def state(self, run_id: str, position: int | None = None) -> RunState:
-        """Fold a run's events (up to a journal position) into its state."""
-        events = self.history(run_id)
+        """Fold a run's events (up to a journal position) into its state.
+
+        The latest state starts from the run's snapshot, when there is one, and folds only the
+        events after it; a past state folds the prefix of the stream.
+        """
+        first = self._journal.first(run_id)
+        if first is None:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
         if position is not None:
-            if position < events[0].position:
+            if position < first.position:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
-                    f"(its first event is at {events[0].position})"
+                    f"(its first event is at {first.position})"
                 )
-            events = [e for e in events if e.position <= position]
-        return fold_run(events)
+            return fold_run(self._journal.stream(run_id, upto=position))
+        snapshot = self._journal.snapshot(run_id)
+        state = RunState.restore(snapshot[1]) if snapshot is not None else None
+        if state is None:
+            return fold_run(self._journal.stream(run_id))
+        for event in self._journal.stream(run_id, after_version=state.version):
+            state.apply(event)
+        return state
 
     def at(self, run_id: str, position: int) -> ExecuteResult:
         """Return the run exactly as it was at a journal position (O7).
 
         For an orchestration, this is the run of the pass that was current at that position.
         """
-        events = self.history(run_id)
-        if isinstance(events[0].data, OrchestrationStarted):
-            if position < events[0].position:
+        first = self._journal.first(run_id)
+        if first is None:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
+        if isinstance(first.data, OrchestrationStarted):
+            if position < first.position:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
-                    f"(its first event is at {events[0].position})"
+                    f"(its first event is at {first.position})"
                 )
             passes = [
                 e.data.run
-                for e in events
-                if isinstance(e.data, PassStarted) and e.position <= position
+                for e in self._journal.stream(run_id, upto=position)
+                if isinstance(e.data, PassStarted)
             ]
-            if not passes:
-                raise ValueError(f"run {run_id} had not started executing at position {position}")
-            pass_events = [e for e in self._journal.stream(passes[-1]) if e.position <= position]
+            pass_events = self._journal.stream(passes[-1], upto=position) if passes else []
             if not pass_events:
                 raise ValueError(f"run {run_id} had not started executing at position {position}")
             return fold_run(pass_events).result()

@@ -25,7 +25,6 @@ from eventsourcing.persistence import (
     IntegrityError,
     JSONTranscoder,
     Mapper,
-    Notification,
     PersistenceError,
     StoredEvent,
 )
@@ -45,6 +44,9 @@ from events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed, Jour
 from events.url import JournalConfig
 
 PAYLOAD_TABLE = "journaled_payloads"
+SNAPSHOT_TABLE = "journaled_snapshots"
+Row = tuple[int, str, int, str, bytes]
+"""A stored event as read: (position, stream, version, topic, payload)."""
 _ROWS_PER_INSERT = 500  # 4 parameters a row stays far below SQLite's 32,766-variable limit
 
 
@@ -100,6 +102,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             *super().construct_create_table_statements(),
             f"CREATE TABLE IF NOT EXISTS {PAYLOAD_TABLE} "
             "(stream TEXT PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID",
+            f"CREATE TABLE IF NOT EXISTS {SNAPSHOT_TABLE} "
+            "(stream TEXT PRIMARY KEY, version INTEGER NOT NULL, state BLOB NOT NULL)",
         ]
 
     def _insert_events(
@@ -127,26 +131,59 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
                 [(s,) for s in forget],
             )
+        snapshots: Mapping[str, tuple[int, bytes]] = kwargs.get("snapshots") or {}
+        if snapshots:
+            c.executemany(
+                f"INSERT OR REPLACE INTO {SNAPSHOT_TABLE} VALUES (?, ?, ?)",  # noqa: S608
+                [(k, v, b) for k, (v, b) in snapshots.items()],
+            )
         return positions
 
-    def select_stream(self, stream: str) -> list[Notification]:
-        """Return a stream's events with their global positions, oldest first."""
+    def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        """Return a stream's snapshot (version, state), if one was written."""
         with self.datastore.transaction(commit=False) as c:
             c.execute(
-                f"SELECT rowid, * FROM {self.events_table_name} "  # noqa: S608
-                "WHERE originator_id = ? ORDER BY originator_version",
+                f"SELECT version, state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
                 [stream],
             )
-            return [
-                Notification(
-                    id=row["rowid"],
-                    originator_id=row["originator_id"],
-                    originator_version=row["originator_version"],
-                    topic=row["topic"],
-                    state=row["state"],
-                )
-                for row in c.fetchall()
-            ]
+            row = c.fetchone()
+            return (int(row[0]), bytes(row[1])) if row is not None else None
+
+    def select_rows(self, after: int, upto: int | None, limit: int) -> list[Row]:
+        """Return raw rows after a position (up to another), in global order."""
+        sql = (
+            f"SELECT rowid, originator_id, originator_version, topic, state "  # noqa: S608
+            f"FROM {self.events_table_name} WHERE rowid > ?"
+        )
+        params: list[Any] = [after]
+        if upto is not None:
+            sql += " AND rowid <= ?"
+            params.append(upto)
+        sql += " ORDER BY rowid LIMIT ?"
+        params.append(limit)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(sql, params)
+            return [tuple(row) for row in c.fetchall()]
+
+    def select_stream(
+        self, stream: str, after_version: int, upto: int | None, limit: int | None
+    ) -> list[Row]:
+        """Return a stream's raw rows after a version (up to a position), oldest first."""
+        sql = (
+            f"SELECT rowid, originator_id, originator_version, topic, state "  # noqa: S608
+            f"FROM {self.events_table_name} WHERE originator_id = ? AND originator_version > ?"
+        )
+        params: list[Any] = [stream, after_version]
+        if upto is not None:
+            sql += " AND rowid <= ?"
+            params.append(upto)
+        sql += " ORDER BY originator_version"
+        if limit is not None:
+            sql += " LIMIT ?"
+            params.append(limit)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(sql, params)
+            return [tuple(row) for row in c.fetchall()]
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""
@@ -185,6 +222,7 @@ class _POPORecorder(POPOApplicationRecorder):
     def __init__(self) -> None:
         super().__init__()
         self._payloads: dict[str, bytes] = {}
+        self._snapshots: dict[str, tuple[int, bytes]] = {}
 
     def _insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -194,25 +232,41 @@ class _POPORecorder(POPOApplicationRecorder):
             self._payloads.update(kwargs.get("payloads") or {})
             for stream in kwargs.get("forget") or ():
                 self._payloads.pop(stream, None)
+            self._snapshots.update(kwargs.get("snapshots") or {})
             return positions
 
-    def select_stream(self, stream: str) -> list[Notification]:
-        """Return a stream's events with their global positions, oldest first."""
+    def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        """Return a stream's snapshot (version, state), if one was written."""
+        with self._database_lock:
+            return self._snapshots.get(stream)
+
+    def select_rows(self, after: int, upto: int | None, limit: int) -> list[Row]:
+        """Return raw rows after a position (up to another), in global order."""
+        with self._database_lock:
+            stop = len(self._stored_events) if upto is None else min(upto, len(self._stored_events))
+            out: list[Row] = []
+            for i in range(max(after, 0), stop):
+                s = self._stored_events[i]
+                out.append((i + 1, str(s.originator_id), s.originator_version, s.topic, s.state))
+                if len(out) == limit:
+                    break
+            return out
+
+    def select_stream(
+        self, stream: str, after_version: int, upto: int | None, limit: int | None
+    ) -> list[Row]:
+        """Return a stream's raw rows after a version (up to a position), oldest first."""
         with self._database_lock:
             index = self._stored_events_index.get(stream, {})
-            out = []
-            for version in sorted(index):
+            out: list[Row] = []
+            for version in sorted(v for v in index if v > after_version):
                 i = index[version]
+                if upto is not None and i + 1 > upto:
+                    break
                 s = self._stored_events[i]
-                out.append(
-                    Notification(
-                        id=i + 1,
-                        originator_id=s.originator_id,
-                        originator_version=s.originator_version,
-                        topic=s.topic,
-                        state=s.state,
-                    )
-                )
+                out.append((i + 1, stream, s.originator_version, s.topic, s.state))
+                if limit is not None and len(out) == limit:
+                    break
             return out
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
@@ -296,8 +350,12 @@ class Journal:
         *,
         payloads: Mapping[str, bytes] | None = None,
         forget: Sequence[str] = (),
+        snapshots: Mapping[str, tuple[int, bytes]] | None = None,
     ) -> list[int]:
-        """Append events, payloads and erasures in one transaction; return the events' positions.
+        """Append events, payloads, erasures and snapshots in one transaction; return positions.
+
+        A snapshot ``{stream: (version, state)}`` is a cache of a stream's folded state at a
+        version, kept beside the log; it replaces the stream's previous snapshot.
 
         Raises:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
@@ -307,7 +365,10 @@ class Journal:
         stored = [mapper.to_stored_event(p) for p in events]  # type: ignore[arg-type]
         try:
             positions = self._recorder.insert_events(
-                stored, payloads=dict(payloads or {}), forget=list(forget)
+                stored,
+                payloads=dict(payloads or {}),
+                forget=list(forget),
+                snapshots=dict(snapshots or {}),
             )
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
@@ -349,19 +410,37 @@ class Journal:
             CorruptEvent: an event cannot be decoded; its position is in the error.
         """
         self._check_open()
-        start = after + 1
+        start = after
         while True:
-            rows = self._recorder.select_notifications(start, page, stop=upto)
+            rows = self._recorder.select_rows(start, upto, page)
             for row in rows:
                 yield self._event(row)
             if len(rows) < page:
                 return
-            start = rows[-1].id + 1  # ids may have gaps (PostgreSQL): never assume contiguity
+            start = rows[-1][0]  # positions may have gaps (PostgreSQL): page by the last one
 
-    def stream(self, stream: str) -> list[Event]:
-        """Return every event of one stream, oldest first, with global positions."""
+    def stream(
+        self,
+        stream: str,
+        *,
+        after_version: int = 0,
+        upto: int | None = None,
+        limit: int | None = None,
+    ) -> list[Event]:
+        """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
-        return [self._event(row) for row in self._recorder.select_stream(stream)]
+        rows = self._recorder.select_stream(stream, after_version, upto, limit)
+        return [self._event(row) for row in rows]
+
+    def snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        """Return the latest snapshot of a stream as (version, state), or None."""
+        self._check_open()
+        return self._recorder.select_snapshot(stream)
+
+    def first(self, stream: str) -> Event | None:
+        """Return the first event of a stream, or None if the stream is empty."""
+        events = self.stream(stream, limit=1)
+        return events[0] if events else None
 
     def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
         """Return the forgettable payloads of the given streams (all when None)."""
@@ -374,14 +453,10 @@ class Journal:
             self._closed = True
             self._app.close()
 
-    def _event(self, row: Notification) -> Event:
-        data: DomainEvent = self.codec.decode(row.topic, row.state, position=row.id)
-        return Event(
-            position=row.id,
-            stream=str(row.originator_id),
-            version=row.originator_version,
-            data=data,
-        )
+    def _event(self, row: Row) -> Event:
+        position, stream, version, topic, state = row
+        data: DomainEvent = self.codec.decode(topic, state, position=position)
+        return Event(position=position, stream=stream, version=version, data=data)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -80,50 +80,50 @@ def validate(
 
 
 def find_cycle(steps: Sequence[Step]) -> list[str]:
-    """Return one dependency cycle as a list of ids (first repeated at the end), or []."""
+    """Return one dependency cycle as a list of ids (first repeated at the end), or [].
+
+    Iterative, so a plan of thousands of steps listed in any order cannot exhaust the stack.
+    """
     deps = {s.id: list(s.depends_on) for s in steps}
     colour: dict[str, int] = {}
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str]:
-        colour[node] = 1
-        stack.append(node)
-        for dep in deps.get(node, []):
+    for root in list(deps):
+        if root in colour:
+            continue
+        colour[root] = 1
+        path = [root]
+        stack = [iter(deps[root])]
+        while stack:
+            dep = next(stack[-1], None)
+            if dep is None:
+                colour[path.pop()] = 2
+                stack.pop()
+                continue
             if colour.get(dep) == 1:
-                return [*stack[stack.index(dep) :], dep]
-            if dep not in colour:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        colour[node] = 2
-        return []
-
-    for step in steps:
-        if step.id not in colour:
-            found = visit(step.id)
-            if found:
-                return found
+                return [*path[path.index(dep) :], dep]
+            if dep not in colour and dep in deps:
+                colour[dep] = 1
+                path.append(dep)
+                stack.append(iter(deps[dep]))
     return []
 
 
 def waves(steps: Sequence[Step]) -> list[list[Step]]:
     """Split a validated plan into dependency waves (topological layers), in plan order (E2)."""
     level: dict[str, int] = {}
-    by_id = {s.id: s for s in steps}
-
-    def depth(step_id: str) -> int:
-        if step_id not in level:
-            step = by_id[step_id]
-            level[step_id] = 1 + max((depth(d) for d in step.depends_on), default=-1)
-        return level[step_id]
-
-    out: list[list[Step]] = []
+    remaining = list(steps)
+    while remaining:
+        blocked = []
+        for step in remaining:
+            if all(d in level for d in step.depends_on):
+                level[step.id] = 1 + max((level[d] for d in step.depends_on), default=-1)
+            else:
+                blocked.append(step)
+        if len(blocked) == len(remaining):
+            raise ValueError("waves() needs an acyclic plan with known dependencies")
+        remaining = blocked
+    out: list[list[Step]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
     for step in steps:
-        d = depth(step.id)
-        while len(out) <= d:
-            out.append([])
-        out[d].append(step)
+        out[level[step.id]].append(step)
     return out
 
 

@@ -28,6 +28,38 @@ from events.runs import (
     WavePartitioned,
 )
 
+SNAPSHOT_SCHEMA = 1
+"""Bump when :class:`RunSnapshot` changes incompatibly: older snapshots are then ignored."""
+
+
+class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A run's folded state at one version of its stream: a cache, rebuilt from events if lost."""
+
+    schema: int = SNAPSHOT_SCHEMA
+    version: int
+    started: RunStarted
+    status: dict[str, StepStatus]
+    observations: list[Observation]
+    calls_used: int
+    budget: int | None
+    waiting: list[str]
+    questions: dict[str, str]
+    answers: dict[str, str]
+    attempts: dict[str, int]
+    stopped_for_budget: bool
+    budget_stop: BudgetStopped | None
+    cancel_requested: bool
+    finished: RunFinished | None
+    resumptions: int
+    wave: int
+    last_at: int
+    failures: dict[str, str]
+    cancelled: list[str]
+
+
+_SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
+_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(RunSnapshot)
+
 
 class RunState:
     """Everything known about one run at one position of its stream."""
@@ -138,6 +170,64 @@ class RunState:
         self.observations.append(obs)
         if obs.code == "cancelled":
             self.cancelled.add(obs.step_id)
+
+    def snapshot(self) -> bytes:
+        """Encode this state as a :class:`RunSnapshot` at its current version."""
+        assert self.started is not None
+        return _SNAPSHOT_ENCODER.encode(
+            RunSnapshot(
+                version=self.version,
+                started=self.started,
+                status=self.status,
+                observations=self.observations,
+                calls_used=self.calls_used,
+                budget=self.budget,
+                waiting=self.waiting,
+                questions=self.questions,
+                answers=self.answers,
+                attempts=self.attempts,
+                stopped_for_budget=self.stopped_for_budget,
+                budget_stop=self.budget_stop,
+                cancel_requested=self.cancel_requested,
+                finished=self.finished,
+                resumptions=self.resumptions,
+                wave=self.wave,
+                last_at=self.last_at,
+                failures=self.failures,
+                cancelled=sorted(self.cancelled),
+            )
+        )
+
+    @classmethod
+    def restore(cls, encoded: bytes) -> RunState | None:
+        """Rebuild a state from a snapshot; None if it is unreadable or of another schema."""
+        try:
+            snap = _SNAPSHOT_DECODER.decode(encoded)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return None
+        if snap.schema != SNAPSHOT_SCHEMA:
+            return None
+        state = cls()
+        state.fold(snap.started)
+        state.version = snap.version
+        state.status = dict(snap.status)
+        state.observations = list(snap.observations)
+        state.calls_used = snap.calls_used
+        state.budget = snap.budget
+        state.waiting = list(snap.waiting)
+        state.questions = dict(snap.questions)
+        state.answers = dict(snap.answers)
+        state.attempts = dict(snap.attempts)
+        state.stopped_for_budget = snap.stopped_for_budget
+        state.budget_stop = snap.budget_stop
+        state.cancel_requested = snap.cancel_requested
+        state.finished = snap.finished
+        state.resumptions = snap.resumptions
+        state.wave = snap.wave
+        state.last_at = snap.last_at
+        state.failures = dict(snap.failures)
+        state.cancelled = set(snap.cancelled)
+        return state
 
     def plan(self) -> Plan:
         """Return the plan with each step's current status."""

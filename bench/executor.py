@@ -1,0 +1,359 @@
+"""Benchmark of the plan executor: per-step overhead, resume and time travel, against a raw floor.
+
+Every figure is measured on a SQLite journal in a temporary directory, once per durability level
+(``?durability=normal``, the default, and ``?durability=full``), next to a floor measured in the
+same run, with a ratio and PASS/MISS against a target. A miss is reported, never raised: the script
+exits non-zero only when it crashes.
+
+1. chain: N no-op tool steps (``rt.register_tool("noop", lambda x: None)``), each depending on the
+   previous one; ``rt.execute`` wall time / N. N = 1,000 (quick: 200).
+2. waves: 10 waves x 20 no-op steps at ``max_parallel_steps=2``; step j of wave k depends on step j
+   of wave k-1 only (one dependency, not all). Wall time / 200.
+3. resume: a run of ~10k events (a chain of 3,300 tool steps, 3 events a step, then one skill step
+   under ``call_budget=0``, so the run stops for budget before its last wave). In a fresh
+   ``journaled.open`` of a copy of that journal, ``rt.resume(run_id, call_budget=1)`` end to end
+   (rebuild, executor start, the skill step, two commits); and, separately, ``rt.runs.state``.
+4. time travel: ``rt.runs.at(run_id, position)`` at the middle of that stream.
+
+Write floor: eventsourcing's stock SQLite recorder (``InfrastructureFactory.construct`` with
+PERSISTENCE_MODULE=eventsourcing.sqlite, text originator ids) inserting the very rows the executor
+appended (same topics and bytes) in the same commits: the executor's appends are counted by
+wrapping its journal's ``append`` during the timed runs. It commits at the journal's ``PRAGMA
+synchronous`` level, which the library has no setting for: every pooled connection is checked out
+through the pool's public ``get_connection``, runs the PRAGMA in autocommit mode (no transaction is
+open), goes back, and the level is read back in a writer transaction and checked. An informative
+row repeats the floor with one pykka ask after each commit (the design's floor: a commit plus an
+actor round trip). Read floor: the stock ``select_events`` of the same stream (or its prefix, for
+time travel) plus a typed msgspec decode of each payload. Targets: per-step overhead <= 3x the
+floor per step; resume of the 10k-event run <= 100 ms.
+
+Run ``python bench/executor.py`` (full sizes) or ``python bench/executor.py --quick`` (< 60 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import itertools
+import math
+import os
+import platform
+import shutil
+import sqlite3
+import statistics
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import msgspec
+import pykka
+from eventsourcing.persistence import InfrastructureFactory, StoredEvent
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore, SQLiteFactory
+
+import journaled
+from events.codec import topic_of
+from events.runs import RUN_EVENTS
+
+LIBRARIES = ("eventsourcing", "pykka", "msgspec")
+DURABILITIES = ("normal", "full")
+SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
+RESUME_CHAIN = 3300
+REFERENCES = (("LangGraph + SQLite checkpointer", 4.0, 6.0), ("DBOS", 5.0, 7.0))
+DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
+
+
+class Row(NamedTuple):
+    """One line of the result table; ``ok`` is None for an informative line without a target."""
+
+    name: str
+    ours: str
+    baseline: str
+    ratio: str
+    target: str
+    ok: bool | None
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:,.0f} us"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.1f} ms"
+
+
+def chain(n: int, prefix: str = "c") -> list[journaled.Step]:
+    """Return N no-op tool steps, each depending on the previous one."""
+    return [
+        journaled.Step(f"{prefix}{i}", tool="noop", depends_on=(f"{prefix}{i - 1}",) if i else ())
+        for i in range(n)
+    ]
+
+
+def waves(count: int, width: int) -> list[journaled.Step]:
+    """Return ``count`` waves of ``width`` no-op steps; step j of wave k needs step j of k-1."""
+    return [
+        journaled.Step(f"w{k}_{j}", tool="noop", depends_on=(f"w{k - 1}_{j}",) if k else ())
+        for k in range(count)
+        for j in range(width)
+    ]
+
+
+def open_runtime(path: Path, durability: str) -> journaled.Runtime:
+    """Open a runtime on a SQLite file with the two functions the plans use."""
+    rt = journaled.open(f"sqlite:///{path}?durability={durability}")
+    rt.register_tool("noop", lambda x: None)
+    rt.register_skill("think", lambda x: "ok")
+    return rt
+
+
+def timed_execute(
+    rt: journaled.Runtime, steps: list[journaled.Step]
+) -> tuple[float, str, list[int]]:
+    """Execute a plan; return seconds, the run id and the events of each append (commit)."""
+    journal = rt._journal
+    commits: list[int] = []
+    append = journal.append
+
+    def counting(events: Sequence[Any], **kwargs: Any) -> list[int]:
+        commits.append(len(events))
+        return append(events, **kwargs)
+
+    journal.append = counting  # type: ignore[method-assign]
+    try:
+        plan = journaled.Plan(goal="bench", steps=steps)
+        start = time.perf_counter()
+        result = rt.execute(plan, max_parallel_steps=2)
+        seconds = time.perf_counter() - start
+    finally:
+        del journal.append  # back to the class's method
+    return seconds, result.run_id, commits
+
+
+def stream_rows(path: Path, run_id: str) -> list[tuple[str, bytes]]:
+    """Return (topic, payload) of every event of a run, in stream order, read with sqlite3."""
+    with sqlite3.connect(path) as conn:
+        cursor = conn.execute(
+            "SELECT topic, state FROM stored_events WHERE originator_id = ? "
+            "ORDER BY originator_version",
+            (run_id,),
+        )
+        return [(str(topic), bytes(state)) for topic, state in cursor]
+
+
+def set_synchronous(datastore: SQLiteDatastore, level: str, code: int) -> None:
+    """Run ``PRAGMA synchronous=<level>`` on every pooled connection, then check it (docstring)."""
+    pool = datastore.pool
+    connections = [pool.get_connection() for _ in range(pool.pool_size)]
+    try:
+        for connection in connections:
+            connection.cursor().execute(f"PRAGMA synchronous={level}")
+    finally:
+        for connection in connections:
+            pool.put_connection(connection)
+    with datastore.transaction(commit=True) as cursor:
+        cursor.execute("PRAGMA synchronous")
+        found = cursor.fetchone()[0]
+    if found != code:
+        raise RuntimeError(f"floor recorder runs at synchronous={found}, not {level}")
+
+
+class Floor:
+    """eventsourcing's stock SQLite application recorder on a fresh file, at one sync level."""
+
+    def __init__(self, tmp: Path, durability: str) -> None:
+        path = Path(tempfile.mkdtemp(dir=tmp)) / "floor.sqlite"
+        env = {
+            "PERSISTENCE_MODULE": "eventsourcing.sqlite",
+            "SQLITE_DBNAME": str(path),
+            "ORIGINATOR_ID_TYPE": "text",
+        }
+        factory = InfrastructureFactory.construct(env)
+        assert isinstance(factory, SQLiteFactory)
+        self.factory = factory
+        recorder = factory.application_recorder()
+        assert isinstance(recorder, SQLiteApplicationRecorder)
+        self.recorder = recorder
+        set_synchronous(factory.datastore, *SYNCHRONOUS[durability])
+        self.streams = 0
+
+    def append(
+        self, rows: list[tuple[str, bytes]], commits: list[int], pace: pykka.ActorRef[Any] | None
+    ) -> float:
+        """Insert ``rows`` as a new stream in ``commits`` transactions (each followed by one ask
+        to ``pace``, when given: the design's floor); return seconds."""
+        assert sum(commits) == len(rows), "the counted appends must cover the stream"
+        self.streams += 1
+        stream = f"run_floor_{self.streams}"
+        events = [StoredEvent(stream, v, t, s) for v, (t, s) in enumerate(rows, 1)]
+        starts = itertools.accumulate(commits, initial=0)
+        batches = [events[at : at + size] for at, size in zip(starts, commits, strict=False)]
+        start = time.perf_counter()
+        for batch in batches:
+            self.recorder.insert_events(batch)
+            if pace is not None:
+                pace.ask(None)
+        return time.perf_counter() - start
+
+    def read(self, stream: str, upto: int | None = None) -> float:
+        """Select a stream (up to a version) and decode every payload; return seconds."""
+        start = time.perf_counter()
+        for event in self.recorder.select_events(stream, lte=upto):
+            DECODERS[event.topic].decode(event.state)
+        return time.perf_counter() - start
+
+
+class Echo(pykka.ThreadingActor):
+    """An actor that answers every ask at once: one actor round trip."""
+
+    def on_receive(self, message: object) -> object:
+        """Answer the message."""
+        return message
+
+
+def bench_steps(
+    tmp: Path, durability: str, name: str, steps: list[journaled.Step], repeats: int
+) -> tuple[list[Row], float]:
+    """Time a plan and its floors, interleaved ``repeats`` times; return rows, best s/step."""
+    path = tmp / f"{name.split(maxsplit=1)[0]}-{durability}.sqlite"
+    rt = open_runtime(path, durability)
+    floor, echo = Floor(tmp, durability), Echo.start()
+    try:
+        timed_execute(rt, chain(20, "warm"))
+        floor.append([("warm@1", b"x" * 64)] * 20, [2] * 10, echo)
+        best, best_floor, best_paced = math.inf, math.inf, math.inf
+        commits: list[int] = []
+        for _ in range(repeats):
+            seconds, run_id, commits = timed_execute(rt, steps)
+            best = min(best, seconds)
+            rows = stream_rows(path, run_id)
+            best_floor = min(best_floor, floor.append(rows, commits, None))
+            best_paced = min(best_paced, floor.append(rows, commits, echo))
+    finally:
+        echo.stop()
+        floor.factory.close()
+        rt.close()
+    n, events = len(steps), sum(commits)
+    label = f"{name} [{durability}] per step"
+    base = f"{_us(best_floor / n)} ({len(commits)} commits, {events:,} events)"
+    ratio = best / best_floor
+    paced = f"{_us(best_paced / n)} (same, + 1 pykka ask a commit)"
+    return [
+        Row(label, _us(best / n), base, f"{ratio:.1f}x", "<= 3x", ratio <= 3),
+        Row("  same, floor paced by an actor", "", paced, f"{best / best_paced:.1f}x", "-", None),
+    ], best / n
+
+
+def _time(fn: Callable[[], object]) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+def build_stopped_run(path: Path, durability: str) -> tuple[str, int]:
+    """Journal a ~10k-event run that stops for budget before its last wave; return (id, events)."""
+    steps = chain(RESUME_CHAIN)
+    steps.append(journaled.Step("final", skill="think", depends_on=(steps[-1].id,)))
+    with open_runtime(path, durability) as rt:
+        result = rt.execute(journaled.Plan(goal="bench resume", steps=steps), call_budget=0)
+        assert result.stopped_for_budget, "the run must stop for budget to be resumable"
+        return result.run_id, len(rt.runs.history(result.run_id))
+
+
+def bench_resume(tmp: Path, durability: str, samples: int) -> list[Row]:
+    """Time resume, state rebuild and time travel on a ~10k-event run, against the read floor."""
+    path = tmp / f"resume-{durability}.sqlite"
+    run_id, events = build_stopped_run(path, durability)
+    rows = stream_rows(path, run_id)
+    floor = Floor(tmp, durability)
+    try:
+        floor.recorder.insert_events(
+            [StoredEvent(run_id, v, t, s) for v, (t, s) in enumerate(rows, 1)]
+        )
+        with open_runtime(path, durability) as rt:
+            history = rt.runs.history(run_id)
+            middle = history[len(history) // 2]
+            state_s, at_s, floor_s, prefix_s = [], [], [], []
+            for _ in range(samples):
+                state_s.append(_time(lambda: rt.runs.state(run_id)))
+                at_s.append(_time(lambda: rt.runs.at(run_id, middle.position)))
+                floor_s.append(floor.read(run_id))
+                prefix_s.append(floor.read(run_id, middle.version))
+        resume_s = []
+        for i in range(samples):
+            copy = tmp / f"resume-{durability}-{i}.sqlite"
+            for suffix in ("", "-wal"):
+                if Path(f"{path}{suffix}").exists():
+                    shutil.copyfile(f"{path}{suffix}", f"{copy}{suffix}")
+            with open_runtime(copy, durability) as rt:
+                start = time.perf_counter()
+                result = rt.resume(run_id, call_budget=1)
+                resume_s.append(time.perf_counter() - start)
+                assert isinstance(result, journaled.ExecuteResult), "a plain run, not orchestration"
+                assert result.ok, "the resumed run must complete"
+    finally:
+        floor.factory.close()
+    read, prefix = statistics.median(floor_s), statistics.median(prefix_s)
+    resume, state, at = (statistics.median(s) for s in (resume_s, state_s, at_s))
+    base = f"read floor {_ms(read)}"
+    half = f"prefix read floor {_ms(prefix)} ({middle.version:,} ev)"
+    return [
+        Row(f"resume {events:,}-event run [{durability}]", _ms(resume), base,
+            f"{resume / read:.1f}x", "<= 100 ms", resume <= 0.1),
+        Row(f"  rebuild state, runs.state [{durability}]", _ms(state), base,
+            f"{state / read:.1f}x", "-", None),
+        Row(f"  time travel, runs.at(middle) [{durability}]", _ms(at), half,
+            f"{at / prefix:.1f}x", "-", None),
+    ]  # fmt: skip
+
+
+def reference_rows(per_step: dict[str, float]) -> list[Row]:
+    """Compare the chain's seconds per step with published figures (not measured here)."""
+    return [
+        Row(f"chain [{durability}] vs {name}", f"{s * 1e3:.3f} ms", f"{lo:g}-{hi:g} ms/step (ref.)",
+            f"{lo / 1e3 / s:.0f}-{hi / 1e3 / s:.0f}x faster", "-", None)
+        for durability, s in per_step.items()
+        for name, lo, hi in REFERENCES
+    ]  # fmt: skip
+
+
+def print_table(rows: list[Row]) -> None:
+    """Print the rows as aligned columns."""
+    verdicts = {None: "", True: "PASS", False: "MISS"}
+    cells = [("measurement", "ours", "baseline", "ratio", "target", "")]
+    cells += [(*r[:5], verdicts[r.ok]) for r in rows]
+    widths = [max(len(c[i]) for c in cells) for i in range(6)]
+    for i, cell in enumerate(cells):
+        print("  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def main() -> None:
+    """Run every measurement and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run (< 60 s)")
+    quick = parser.parse_args().quick
+    n_chain, repeats, samples = (200, 1, 2) if quick else (1000, 3, 5)
+    print(f"journaled executor benchmark ({'quick' if quick else 'full'}, {os.cpu_count()} CPUs)")
+    versions = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in LIBRARIES)
+    print(f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {versions}\n")
+    rows: list[Row] = []
+    per_step: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-executor-") as name:
+        tmp = Path(name)
+        for durability in DURABILITIES:
+            chained, per_step[durability] = bench_steps(
+                tmp, durability, f"chain {n_chain}", chain(n_chain), repeats
+            )
+            rows += chained
+            wide = waves(10, 20)  # 20 ms a run: more repeats to see past the noise
+            rows += bench_steps(tmp, durability, "waves 10x20 p=2", wide, 3 * repeats)[0]
+        for durability in DURABILITIES:
+            rows += bench_resume(tmp, durability, samples)
+    print_table(rows + reference_rows(per_step))
+
+
+if __name__ == "__main__":
+    main()
