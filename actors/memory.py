@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
 import pykka
 
 from actors.errors import ActorTimeout, InvalidFact, OrganizationNotConfigured
@@ -38,7 +39,15 @@ from events.memory import (
     key_stream,
     physical_scope,
 )
-from events.memory_state import ScopeState
+from events.memory_state import (
+    MEMORY_SNAPSHOT_DECODER,
+    MEMORY_SNAPSHOT_PREFIX,
+    MEMORY_SNAPSHOT_SCHEMA,
+    SCOPE_SNAPSHOT_DECODER,
+    MemorySnapshot,
+    ScopeState,
+    memory_snapshot_key,
+)
 from events.messages import (
     All,
     Apply,
@@ -46,22 +55,26 @@ from events.messages import (
     CatchUp,
     Delete,
     Deletion,
+    ExportScope,
     Get,
     Links,
     LinksAnswer,
     Purge,
     Remember,
+    RestoreScope,
+    SaveSnapshot,
     SearchScore,
     SearchStats,
     WithKey,
 )
-from events.redact import find_secrets, redact
+from events.redact import redact_report
 
 ASK_TIMEOUT = 30.0
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
 
+_ENCODER = msgspec.msgpack.Encoder()
 Clock = Callable[[], int]
 Staged = tuple[str, DomainEvent]
 """An event decided but not yet versioned: (stream, event)."""
@@ -96,9 +109,12 @@ def ask(ref: Any, message: object) -> Any:
         raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
 
 
-def ask_all(refs: Sequence[Any], message: object) -> list[Any]:
-    """Ask several actors at once and wait for every answer, in order."""
-    futures = [ref.ask(message, block=False) for ref in refs]
+def ask_all(
+    refs: Sequence[Any], message: object, messages: Sequence[object] | None = None
+) -> list[Any]:
+    """Ask several actors at once (one message, or one each) and wait for every answer."""
+    each = messages if messages is not None else [message] * len(refs)
+    futures = [ref.ask(m, block=False) for ref, m in zip(refs, each, strict=True)]
     try:
         return [f.get(timeout=ASK_TIMEOUT) for f in futures]
     except pykka.Timeout as exc:
@@ -139,6 +155,11 @@ class ScopeActor(pykka.ThreadingActor):
                 return state.score(query, idfs, avgdl)
             case Candidates(query=query):
                 return state.candidates(query)
+            case ExportScope():
+                return _ENCODER.encode(state.export())
+            case RestoreScope(data=data):
+                self.state = ScopeState.restore(SCOPE_SNAPSHOT_DECODER.decode(data))
+                return None
         raise TypeError(f"scope actor got an unknown message {type(message).__name__}")
 
 
@@ -161,6 +182,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self.versions: dict[str, int] = {}
         self.route: dict[str, str | None] = {}
         self.purged: set[str] = set()
+        self._since_snapshot = 0
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -179,6 +201,8 @@ class MemoryWriter(pykka.ThreadingActor):
                 else:
                     self._catch_up()
                 return self.position
+            case SaveSnapshot(min_events=min_events):
+                return self._save_snapshot(min_events)
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
@@ -198,8 +222,8 @@ class MemoryWriter(pykka.ThreadingActor):
         fields = _validate(msg, self.organization)
         now = self.clock()
         fact_id = new_fact_id(now)
-        text = redact(msg.text)
-        kinds = tuple(find_secrets(msg.text))
+        text, found = redact_report(msg.text)
+        kinds = tuple(found)
         pending: list[Staged] = []
         superseded: list[str] = []
         key = msg.conflict_key
@@ -277,7 +301,7 @@ class MemoryWriter(pykka.ThreadingActor):
         if target is not None:
             pending, _ = self._cascade(target, now)
         pending.append(self._next(fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
-        self._append(pending, forget=[fact_id])
+        self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
         self.journal.scrub()
         return True
 
@@ -332,6 +356,7 @@ class MemoryWriter(pykka.ThreadingActor):
         staged: list[Staged],
         payloads: dict[str, bytes] | None = None,
         forget: Sequence[str] = (),
+        drop_snapshots: str | None = None,
     ) -> None:
         counters: dict[str, int] = {}
         pending: list[Pending] = []
@@ -339,7 +364,9 @@ class MemoryWriter(pykka.ThreadingActor):
             version = counters.get(stream, self.versions.get(stream, 0)) + 1
             counters[stream] = version
             pending.append(Pending(stream=stream, version=version, data=data))
-        positions = self.journal.append(pending, payloads=payloads, forget=forget)
+        positions = self.journal.append(
+            pending, payloads=payloads, forget=forget, drop_snapshots=drop_snapshots
+        )
         if positions and positions[0] != self.position + 1:
             self._catch_up(upto=positions[0] - 1)  # others appended in between: keep log order
         texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
@@ -349,25 +376,64 @@ class MemoryWriter(pykka.ThreadingActor):
         ]
         self._fold(events, texts)
 
+    def _save_snapshot(self, min_events: int) -> bool:
+        """Store memory's state at the current position, so the next open folds only the tail."""
+        if self._since_snapshot < min_events:
+            return False
+        scopes = dict(
+            zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
+        )
+        snapshot = MemorySnapshot(
+            position=self.position,
+            organization=self.organization,
+            versions=self.versions,
+            route=self.route,
+            purged=sorted(self.purged),
+            scopes=scopes,
+        )
+        key = memory_snapshot_key(self.organization)
+        self.journal.save_snapshot(key, self.position, _ENCODER.encode(snapshot))
+        self._since_snapshot = 0
+        return True
+
+    def _restore_snapshot(self) -> None:
+        """Start from memory's latest snapshot, if a usable one exists (a cache of the fold)."""
+        stored = self.journal.snapshot(memory_snapshot_key(self.organization))
+        if stored is None:
+            return
+        try:
+            snapshot = MEMORY_SNAPSHOT_DECODER.decode(stored[1])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return  # unreadable: fold from the start instead
+        if (
+            snapshot.schema != MEMORY_SNAPSHOT_SCHEMA
+            or snapshot.organization != self.organization
+            or set(snapshot.scopes) != set(self.scopes)
+            or snapshot.position > self.journal.position()
+        ):
+            return
+        ask_all(
+            list(self.scopes.values()),
+            None,
+            messages=[RestoreScope(data=snapshot.scopes[name]) for name in self.scopes],
+        )
+        self.position = snapshot.position
+        self.versions = dict(snapshot.versions)
+        self.route = dict(snapshot.route)
+        self.purged = set(snapshot.purged)
+
     def _replay(self) -> None:
-        """Fold the whole journal on open, reading every payload once, and check integrity (J5)."""
-        payloads = self.journal.payloads()
+        """Fold the journal on open — from memory's snapshot when there is one — reading every
+        payload once, and check that no fact lost its text unpurged (J5)."""
+        self._restore_snapshot()
         missing: dict[str, int] = {}
         batch: list[Event] = []
-        texts: dict[str, str] = {}
         for event in self.journal.read(after=self.position):
-            data = event.data
-            if isinstance(data, FactRemembered):
-                raw = payloads.get(data.fact_id)
-                if raw is None:
-                    missing[data.fact_id] = event.position
-                else:
-                    texts[data.fact_id] = raw.decode("utf-8")
             batch.append(event)
             if len(batch) >= _FOLD_BATCH:
-                self._fold(batch, texts)
-                batch, texts = [], {}
-        self._fold(batch, texts)
+                self._fold_checked(batch, missing)
+                batch = []
+        self._fold_checked(batch, missing)
         lost = {k: v for k, v in missing.items() if k not in self.purged}
         if lost:
             fact_id, position = min(lost.items(), key=lambda kv: kv[1])
@@ -377,6 +443,15 @@ class MemoryWriter(pykka.ThreadingActor):
                 f"the text of fact {fact_id} is missing from the payload table and the fact was "
                 f"never purged ({len(lost)} fact(s) affected)",
             )
+
+    def _fold_checked(self, batch: list[Event], missing: dict[str, int]) -> None:
+        """Fold a batch with its texts, noting remembered facts whose text is missing."""
+        texts = self._texts(batch)
+        for event in batch:
+            data = event.data
+            if isinstance(data, FactRemembered) and data.fact_id not in texts:
+                missing[data.fact_id] = event.position
+        self._fold(batch, texts)
 
     def _catch_up(self, upto: int | None = None) -> None:
         batch: list[Event] = []
@@ -397,6 +472,7 @@ class MemoryWriter(pykka.ThreadingActor):
     def _fold(self, events: Sequence[Event], texts: dict[str, str]) -> None:
         """Track versions and routes, and tell each scope actor the events about its facts."""
         per_scope: dict[str, list[Event]] = {}
+        self._since_snapshot += len(events)
         for event in events:
             self.position = event.position
             self.versions[event.stream] = event.version

@@ -8,7 +8,7 @@ import pykka
 
 from actors.memory import Clock, MemoryWriter, ScopeActor, ask
 from events.journal import Journal
-from events.messages import CatchUp
+from events.messages import CatchUp, SaveSnapshot
 
 STOP_TIMEOUT = 10.0
 
@@ -35,6 +35,11 @@ class MemoryActors:
         """Fold journal events appended by other writers; return the position reached."""
         position: int = ask(self.writer, CatchUp())
         return position
+
+    def save_snapshot(self, min_events: int) -> bool:
+        """Store memory's folded state if at least ``min_events`` were folded since the last."""
+        saved: bool = ask(self.writer, SaveSnapshot(min_events=min_events))
+        return saved
 
     def stop(self) -> None:
         """Stop every actor: fire all stops first, then wait on each."""

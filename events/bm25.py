@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from itertools import chain
 from types import MappingProxyType
 
+import msgspec
+
 __all__ = [
     "K1",
     "B",
@@ -114,6 +116,13 @@ def _rank_key(item: tuple[float, str]) -> tuple[float, str]:
     return (-item[0], item[1])
 
 
+class IndexSnapshot(msgspec.Struct, frozen=True):
+    """What an :class:`InvertedIndex` holds: term counts and token length per document."""
+
+    docs: dict[str, dict[str, int]]
+    lengths: dict[str, int]
+
+
 class InvertedIndex:
     """Per-document term frequencies and postings, updated incrementally.
 
@@ -127,6 +136,27 @@ class InvertedIndex:
         self._lengths: dict[str, int] = {}
         self._postings: dict[str, dict[str, int]] = {}
         self._total_length = 0
+
+    def export(self) -> IndexSnapshot:
+        """Return the index's contents, to be restored without re-tokenising any text."""
+        return IndexSnapshot(docs=self._docs, lengths=self._lengths)
+
+    @classmethod
+    def restore(cls, snapshot: IndexSnapshot) -> InvertedIndex:
+        """Rebuild an index from :meth:`export` output."""
+        index = cls()
+        index._docs = snapshot.docs
+        index._lengths = snapshot.lengths
+        index._total_length = sum(snapshot.lengths.values())
+        postings = index._postings
+        for doc_id, counts in snapshot.docs.items():
+            for term, tf in counts.items():
+                posting = postings.get(term)
+                if posting is None:
+                    postings[term] = {doc_id: tf}
+                else:
+                    posting[doc_id] = tf
+        return index
 
     def add(self, doc_id: str, text: str) -> None:
         """Index a document, replacing any earlier text under the same id.

@@ -131,6 +131,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
                 [(s,) for s in forget],
             )
+        dropped: str | None = kwargs.get("drop_snapshots")
+        if dropped:
+            c.execute(
+                f"DELETE FROM {SNAPSHOT_TABLE} WHERE substr(stream, 1, ?) = ?",  # noqa: S608
+                [len(dropped), dropped],
+            )
         snapshots: Mapping[str, tuple[int, bytes]] = kwargs.get("snapshots") or {}
         if snapshots:
             c.executemany(
@@ -192,14 +198,15 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
                 return {row[0]: bytes(row[1]) for row in c.fetchall()}
             found: dict[str, bytes] = {}
-            for stream in streams:
+            wanted = list(streams)
+            for start in range(0, len(wanted), _ROWS_PER_INSERT):
+                chunk = wanted[start : start + _ROWS_PER_INSERT]
+                marks = ",".join("?" * len(chunk))
                 c.execute(
-                    f"SELECT payload FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
-                    [stream],
+                    f"SELECT stream, payload FROM {PAYLOAD_TABLE} WHERE stream IN ({marks})",  # noqa: S608
+                    chunk,
                 )
-                row = c.fetchone()
-                if row is not None:
-                    found[stream] = bytes(row[0])
+                found.update((row[0], bytes(row[1])) for row in c.fetchall())
             return found
 
 
@@ -232,6 +239,10 @@ class _POPORecorder(POPOApplicationRecorder):
             self._payloads.update(kwargs.get("payloads") or {})
             for stream in kwargs.get("forget") or ():
                 self._payloads.pop(stream, None)
+            dropped: str | None = kwargs.get("drop_snapshots")
+            if dropped:
+                for key in [k for k in self._snapshots if k.startswith(dropped)]:
+                    del self._snapshots[key]
             self._snapshots.update(kwargs.get("snapshots") or {})
             return positions
 
@@ -351,11 +362,14 @@ class Journal:
         payloads: Mapping[str, bytes] | None = None,
         forget: Sequence[str] = (),
         snapshots: Mapping[str, tuple[int, bytes]] | None = None,
+        drop_snapshots: str | None = None,
     ) -> list[int]:
         """Append events, payloads, erasures and snapshots in one transaction; return positions.
 
         A snapshot ``{stream: (version, state)}`` is a cache of a stream's folded state at a
         version, kept beside the log; it replaces the stream's previous snapshot.
+        ``drop_snapshots`` deletes every snapshot whose key starts with that prefix (a purge
+        drops the memory snapshots, which hold fact texts).
 
         Raises:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
@@ -369,6 +383,7 @@ class Journal:
                 payloads=dict(payloads or {}),
                 forget=list(forget),
                 snapshots=dict(snapshots or {}),
+                drop_snapshots=drop_snapshots,
             )
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
@@ -431,6 +446,10 @@ class Journal:
         self._check_open()
         rows = self._recorder.select_stream(stream, after_version, upto, limit)
         return [self._event(row) for row in rows]
+
+    def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
+        """Store a snapshot (a cache of folded state at a version or position) on its own."""
+        self.append([], snapshots={stream: (version, state)})
 
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from events.base import DomainEvent, Event
-from events.bm25 import InvertedIndex, idf, merge_top, tokenize
+from events.bm25 import IndexSnapshot, InvertedIndex, idf, merge_top, tokenize
 from events.memory import (
     FACT_EVENTS,
     Fact,
@@ -61,6 +61,47 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     df: dict[str, int]
 
 
+class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """A scope's folded state, restorable without replaying or re-tokenising (a cache)."""
+
+    physical: str
+    facts: list[Fact]
+    index: IndexSnapshot
+    superseder_until: dict[str, int | None]
+    listed_by: dict[str, list[str]]
+    by_key: dict[str, list[str]]
+    erased: list[str]
+    conditional: list[str]
+    plain_group: dict[str, tuple[str, str | None]]
+
+
+MEMORY_SNAPSHOT_SCHEMA = 1
+"""Bump when the snapshot layout changes incompatibly: older snapshots are then ignored."""
+MEMORY_SNAPSHOT_PREFIX = "memory:"
+
+
+def memory_snapshot_key(organization: str | None) -> str:
+    """Return the snapshot key of memory as seen with this organization configured."""
+    return MEMORY_SNAPSHOT_PREFIX + (organization or "")
+
+
+class MemorySnapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Memory folded up to a journal position: the writer's bookkeeping and each scope's state."""
+
+    schema: int = MEMORY_SNAPSHOT_SCHEMA
+    position: int
+    organization: str | None
+    versions: dict[str, int]
+    route: dict[str, str | None]
+    purged: list[str]
+    scopes: dict[str, bytes]
+    """Physical scope -> encoded :class:`ScopeSnapshot`."""
+
+
+SCOPE_SNAPSHOT_DECODER: msgspec.msgpack.Decoder[ScopeSnapshot]
+MEMORY_SNAPSHOT_DECODER: msgspec.msgpack.Decoder[MemorySnapshot]
+
+
 class ScopeState:
     """The facts of one physical scope and their index. Not thread-safe: one owner (an actor)."""
 
@@ -76,6 +117,40 @@ class ScopeState:
         self._group_length: dict[tuple[str, str | None], int] = {}
         self._by_key: dict[str, set[str]] = {}
         self._erased: set[str] = set()
+
+    # -- snapshots -------------------------------------------------------------------------------
+
+    def export(self) -> ScopeSnapshot:
+        """Return this scope's state as a snapshot."""
+        return ScopeSnapshot(
+            physical=self.physical,
+            facts=list(self.facts.values()),
+            index=self.index.export(),
+            superseder_until=self._superseder_until,
+            listed_by={k: sorted(v) for k, v in self._listed_by.items()},
+            by_key={k: sorted(v) for k, v in self._by_key.items()},
+            erased=sorted(self._erased),
+            conditional=sorted(self._conditional),
+            plain_group=self._plain_group,
+        )
+
+    @classmethod
+    def restore(cls, snap: ScopeSnapshot) -> ScopeState:
+        """Rebuild a scope's state from :meth:`export` output."""
+        state = cls(snap.physical)
+        state.facts = {f.id: f for f in snap.facts}
+        state.index = InvertedIndex.restore(snap.index)
+        state._superseder_until = dict(snap.superseder_until)
+        state._listed_by = {k: set(v) for k, v in snap.listed_by.items()}
+        state._by_key = {k: set(v) for k, v in snap.by_key.items()}
+        state._erased = set(snap.erased)
+        state._conditional = set(snap.conditional)
+        state._plain_group = {k: (g[0], g[1]) for k, g in snap.plain_group.items()}
+        lengths = state.index.export().lengths
+        for fact_id, group in state._plain_group.items():
+            state._group_count[group] = state._group_count.get(group, 0) + 1
+            state._group_length[group] = state._group_length.get(group, 0) + lengths[fact_id]
+        return state
 
     # -- folding ---------------------------------------------------------------------------------
 
@@ -419,3 +494,7 @@ def _id(fact: Fact) -> str:
 
 def _physical(event: FactRemembered) -> str:
     return physical_scope(event.scope)
+
+
+SCOPE_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(ScopeSnapshot)
+MEMORY_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(MemorySnapshot)

@@ -119,3 +119,19 @@ class Candidates(Message, frozen=True, kw_only=True, tag="memory.candidates"):
     """Answer this scope's filtered candidates (for semantic ranking)."""
 
     query: Query
+
+
+class ExportScope(Message, frozen=True, kw_only=True, tag="memory.export-scope"):
+    """Answer the scope's state, encoded as a ScopeSnapshot."""
+
+
+class RestoreScope(Message, frozen=True, kw_only=True, tag="memory.restore-scope"):
+    """Replace the scope's state with an encoded ScopeSnapshot."""
+
+    data: bytes
+
+
+class SaveSnapshot(Message, frozen=True, kw_only=True, tag="memory.save-snapshot"):
+    """Store a snapshot of memory at the writer's position, if enough changed since the last."""
+
+    min_events: int = 1

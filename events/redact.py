@@ -354,6 +354,18 @@ def redact(text: str) -> str:
     return _redact(text)[0]
 
 
+def redact_report(text: str) -> tuple[str, list[str]]:
+    """Redact ``text`` and name the kinds of secret removed, in one pass over the rules.
+
+    Args:
+        text: Free text about to be journaled.
+
+    Returns:
+        ``(redact(text), find_secrets(text))``, computed once.
+    """
+    return _redact(text)
+
+
 def find_secrets(text: str) -> list[str]:
     """Name the kinds of secret in ``text``, as :func:`redact` would see them.
 

@@ -30,6 +30,7 @@ from events.messages import (
     Get,
     Purge,
     Remember,
+    SaveSnapshot,
     SearchScore,
     SearchStats,
 )
@@ -318,6 +319,19 @@ class Memory:
             if at is None:
                 now = event.data.at
         return MemoryView(state, now, self._semantic)
+
+    def checkpoint(self) -> bool:
+        """Snapshot the memory projection now, so the next open folds only what follows.
+
+        Runtimes on a file journal also do this on close once 500 events were folded since the
+        last snapshot. Snapshots are a cache: a purge drops them, and a missing or unreadable one
+        only means the next open folds the whole journal.
+
+        Returns:
+            True if a snapshot was written (False when nothing changed since the last).
+        """
+        saved: bool = ask(self._writer, SaveSnapshot(min_events=1))
+        return saved
 
     def remembered(self, fact_id: str) -> FactRemembered | None:
         """Return the event that remembered a fact (even after delete), or None."""

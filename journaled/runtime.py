@@ -25,6 +25,8 @@ from journaled.errors import ConfigurationError
 from journaled.memory import Embedder, Memory
 
 ENV_URL = "JOURNALED_URL"
+SNAPSHOT_MIN_EVENTS = 500
+"""On close, memory is snapshotted when at least this many events were folded since the last."""
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
 
 
@@ -225,6 +227,13 @@ class Runtime:
         self._closed = True
         for run_id in self.runs.active():
             self.runs.cancel(run_id)
+        try:
+            if self._journal.config.backend != "memory":
+                self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
+        finally:
+            self._stop()
+
+    def _stop(self) -> None:
         try:
             self._actors.stop()
         finally:
