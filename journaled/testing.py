@@ -97,3 +97,28 @@ def wait_for(condition: Callable[[], bool], timeout: float = 5.0, interval: floa
         if time.monotonic() > deadline:
             raise TimeoutError(f"condition not met within {timeout}s")
         time.sleep(interval)
+
+
+class ScriptedModel:
+    """A deterministic stand-in for a language model: answers prompts from a script.
+
+    Each reply is chosen by the first key that occurs in the prompt (case-insensitive); prompts
+    matching no key get ``default``. Every call is recorded in ``calls``, so tests can assert what
+    the model was asked and how many model calls a run made.
+    """
+
+    def __init__(self, replies: Mapping[str, str], default: str = "I have nothing to add.") -> None:
+        self.replies = dict(replies)
+        self.default = default
+        self.calls: list[str] = []
+        self._lock = threading.Lock()
+
+    def complete(self, prompt: str) -> str:
+        """Return the scripted reply for a prompt."""
+        with self._lock:
+            self.calls.append(prompt)
+        lowered = prompt.lower()
+        for key, reply in self.replies.items():
+            if key.lower() in lowered:
+                return reply
+        return self.default
