@@ -80,8 +80,11 @@ def _reserve(step: journaled.Step, remaining: float) -> int:
     return 2  # the deployer agent reserves two model calls
 
 
-def run(url: str | None, console: Console) -> str:
-    """Tell the story on the journal at ``url``; return the orchestration's run id."""
+def run(url: str | None, console: Console, human_delay: float = 1.5) -> str:
+    """Tell the story on the journal at ``url``; return the orchestration's run id.
+
+    ``human_delay`` is how long the scripted human takes to answer the agent's question.
+    """
     with journaled.open(url) as rt:
         start = rt.journal.position()
         console.print(
@@ -143,7 +146,7 @@ def run(url: str | None, console: Console) -> str:
         )
         _status(console, outcome)
         with console.status(f"[bold]a human reads the question: {QUESTION}[/]"):
-            time.sleep(1.5)
+            time.sleep(human_delay)
         console.print(f"  answer: [bold]{ANSWER}[/]")
         outcome = _as_outcome(
             rt.resume(run_id, answers={"deploy": ANSWER}, reserve=_reserve, on_progress=progress)
