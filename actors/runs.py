@@ -19,7 +19,7 @@ from events.errors import PlanRejected
 from events.journal import Journal
 from events.orchestration import OrchestrationStarted, PassStarted
 from events.plan_rules import Reserve, validate
-from events.plans import ExecuteResult, Limits, Plan
+from events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from events.run_audit import explain_orchestration, explain_run
 from events.run_messages import Begin, CancelRun
 from events.run_state import RunState, fold_run
@@ -313,6 +313,22 @@ class Runs:
                 raise ValueError(f"run {run_id} had not started executing at position {position}")
             return fold_run(pass_events).result()
         return self.state(run_id, position).result()
+
+    def diff(self, run_id: str, a: int, b: int) -> RunDiff:
+        """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
+        if b < a:
+            raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
+        return diff_results(run_id, a, b, self.at(run_id, a), self.at(run_id, b))
+
+    def at_time(self, run_id: str, at: int) -> ExecuteResult:
+        """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
+        events = self.history(run_id)
+        if at < events[0].data.at:
+            raise ValueError(
+                f"run {run_id} had not begun at {at} (it began at {events[0].data.at})"
+            )
+        position = max(e.position for e in events if e.data.at <= at)
+        return self.at(run_id, position)
 
     def why(self, run_id: str) -> str:
         """Explain, from events alone, why a run or orchestration is in its state (O6)."""

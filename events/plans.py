@@ -118,3 +118,48 @@ class ExecuteResult(msgspec.Struct, frozen=True, kw_only=True):
     stopped_for_budget: bool = False
     waiting: list[str] = []
     """Steps waiting for an answer; non-empty means the run is resumable, not failed."""
+
+
+class StatusChange(msgspec.Struct, frozen=True, kw_only=True):
+    """One step whose status differs between two positions."""
+
+    step_id: str
+    before: StepStatus
+    after: StepStatus
+
+
+class RunDiff(msgspec.Struct, frozen=True, kw_only=True):
+    """What changed in a run between two journal positions (O7)."""
+
+    run_id: str
+    a: int
+    b: int
+    status_changes: list[StatusChange]
+    new_observations: list[Observation]
+    calls_used_before: int
+    calls_used_after: int
+    waiting_before: list[str]
+    waiting_after: list[str]
+
+
+def diff_results(
+    run_id: str, a: int, b: int, before: ExecuteResult, after: ExecuteResult
+) -> RunDiff:
+    """Compare a run's states at positions a and b (observations only grow between them)."""
+    old = {s.id: s.status for s in before.plan.steps}
+    changes = [
+        StatusChange(step_id=s.id, before=old.get(s.id, "pending"), after=s.status)
+        for s in after.plan.steps
+        if old.get(s.id, "pending") != s.status
+    ]
+    return RunDiff(
+        run_id=run_id,
+        a=a,
+        b=b,
+        status_changes=changes,
+        new_observations=list(after.observations[len(before.observations) :]),
+        calls_used_before=before.calls_used,
+        calls_used_after=after.calls_used,
+        waiting_before=list(before.waiting),
+        waiting_after=list(after.waiting),
+    )

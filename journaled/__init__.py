@@ -14,7 +14,16 @@ from events.errors import PlanRejected
 from events.memory import Fact
 from events.messages import Deletion
 from events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
-from events.plans import AgentResult, ExecuteResult, Limits, Observation, Plan, Step
+from events.plans import (
+    AgentResult,
+    ExecuteResult,
+    Limits,
+    Observation,
+    Plan,
+    RunDiff,
+    StatusChange,
+    Step,
+)
 from journaled.errors import (
     ActorsError,
     ActorTimeout,
@@ -65,10 +74,12 @@ __all__ = [
     "Outcome",
     "Plan",
     "PlanRejected",
+    "RunDiff",
     "RunNotFound",
     "RunNotResumable",
     "Runs",
     "Runtime",
+    "StatusChange",
     "Step",
     "UnknownEventType",
     "open",
