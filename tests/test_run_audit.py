@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 import journaled
+from events.runs import StepSucceeded
 from journaled import Plan, Step
 from journaled.testing import ManualClock
 
@@ -38,8 +39,8 @@ def test_diff_between_positions(rt: journaled.Runtime, failed_run: str) -> None:
     events = rt.runs.history(failed_run)
     a = events[0].position
     b_success = next(
-        e.position for e in events if e.kind == "run.step-succeeded" and e.data.step_id == "b"
-    )  # type: ignore[attr-defined]
+        e.position for e in events if isinstance(e.data, StepSucceeded) and e.data.step_id == "b"
+    )
     diff = rt.runs.diff(failed_run, a, b_success)
     assert [(c.step_id, c.before, c.after) for c in diff.status_changes] == [
         ("a", "pending", "succeeded"),
