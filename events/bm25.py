@@ -117,9 +117,10 @@ def _rank_key(item: tuple[float, str]) -> tuple[float, str]:
 
 
 class IndexSnapshot(msgspec.Struct, frozen=True):
-    """What an :class:`InvertedIndex` holds: term counts and token length per document."""
+    """What an :class:`InvertedIndex` holds, in the shape it holds it (restored without loops)."""
 
-    docs: dict[str, dict[str, int]]
+    postings: dict[str, dict[str, int]]
+    terms: dict[str, str]
     lengths: dict[str, int]
 
 
@@ -132,30 +133,24 @@ class InvertedIndex:
 
     def __init__(self) -> None:
         """Create an empty index."""
-        self._docs: dict[str, dict[str, int]] = {}
+        # Each document's distinct terms, space-joined: what remove() needs, compact to store.
+        self._terms: dict[str, str] = {}
         self._lengths: dict[str, int] = {}
         self._postings: dict[str, dict[str, int]] = {}
         self._total_length = 0
 
     def export(self) -> IndexSnapshot:
         """Return the index's contents, to be restored without re-tokenising any text."""
-        return IndexSnapshot(docs=self._docs, lengths=self._lengths)
+        return IndexSnapshot(postings=self._postings, terms=self._terms, lengths=self._lengths)
 
     @classmethod
     def restore(cls, snapshot: IndexSnapshot) -> InvertedIndex:
         """Rebuild an index from :meth:`export` output."""
         index = cls()
-        index._docs = snapshot.docs
+        index._postings = snapshot.postings
+        index._terms = snapshot.terms
         index._lengths = snapshot.lengths
         index._total_length = sum(snapshot.lengths.values())
-        postings = index._postings
-        for doc_id, counts in snapshot.docs.items():
-            for term, tf in counts.items():
-                posting = postings.get(term)
-                if posting is None:
-                    postings[term] = {doc_id: tf}
-                else:
-                    posting[doc_id] = tf
         return index
 
     def add(self, doc_id: str, text: str) -> None:
@@ -168,7 +163,7 @@ class InvertedIndex:
         self.remove(doc_id)
         tokens = tokenize(text)
         counts = dict(Counter(tokens))
-        self._docs[doc_id] = counts
+        self._terms[doc_id] = " ".join(counts)
         self._lengths[doc_id] = len(tokens)
         self._total_length += len(tokens)
         for term, tf in counts.items():
@@ -180,11 +175,11 @@ class InvertedIndex:
         Args:
             doc_id: The document's id.
         """
-        counts = self._docs.pop(doc_id, None)
-        if counts is None:
+        terms = self._terms.pop(doc_id, None)
+        if terms is None:
             return
         self._total_length -= self._lengths.pop(doc_id)
-        for term in counts:
+        for term in terms.split(" ") if terms else ():
             posting = self._postings[term]
             del posting[doc_id]
             # Empty postings would otherwise accumulate forever under churn.

@@ -248,7 +248,9 @@ class Memory:
         idfs, avgdl, n_docs = combine(stats, q.terms)
         if not n_docs or not idfs:
             return []
-        hits = ask_all(self._refs, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
+        # Only scopes holding a candidate with a query term can contribute hits.
+        holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
+        hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
         return merge_hits(hits, q.limit)
 
     def search_semantic(
