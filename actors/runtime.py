@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import logging
+import threading
 from typing import Any
 
 import pykka
 
+from actors.errors import ActorTimeout
 from actors.memory import Clock, MemoryWriter, ScopeActor, ask
+from events.errors import EventsError, JournalClosed
 from events.journal import Journal
 from events.messages import CatchUp, SaveSnapshot
 
 STOP_TIMEOUT = 10.0
+log = logging.getLogger("journaled.follower")
 
 
 class MemoryActors:
     """The scope actors and the writer of one runtime, replayed from the journal on start."""
 
-    def __init__(self, journal: Journal, clock: Clock, organization: str | None) -> None:
+    def __init__(
+        self,
+        journal: Journal,
+        clock: Clock,
+        organization: str | None,
+        follow: float | None = None,
+    ) -> None:
+        self._journal = journal
+        self._stop_following = threading.Event()
+        self._follower: threading.Thread | None = None
         physical = ["user", "project", "repository"]
         if organization is not None:
             physical.append("organization")
@@ -26,10 +40,31 @@ class MemoryActors:
             for name in physical:
                 self.scopes[name] = ScopeActor.start(name)
             self.writer = MemoryWriter.start(journal, self.scopes, clock, organization)
-            ask(self.writer, CatchUp(initial=True))
+            self._known = int(ask(self.writer, CatchUp(initial=True)))
         except BaseException:
             self.stop()
             raise
+        if follow is not None:
+            self._follower = threading.Thread(
+                target=self._follow, args=(follow,), name="journaled-follower", daemon=True
+            )
+            self._follower.start()
+
+    def _follow(self, interval: float) -> None:
+        """Fold what other processes append, polling the log's position every ``interval`` s.
+
+        A fact remembered elsewhere is therefore searchable here within about one interval plus
+        the time to fold it. Errors end the thread only at close; a failed poll is retried.
+        """
+        while not self._stop_following.wait(interval):
+            try:
+                if self._journal.position() > self._known:
+                    self._known = self.catch_up()
+            except (ActorTimeout, pykka.ActorDeadError, JournalClosed):
+                if self._stop_following.is_set():
+                    return
+            except EventsError:
+                log.exception("following the journal failed; retrying in %ss", interval)
 
     def catch_up(self) -> int:
         """Fold journal events appended by other writers; return the position reached."""
@@ -42,7 +77,10 @@ class MemoryActors:
         return saved
 
     def stop(self) -> None:
-        """Stop every actor: fire all stops first, then wait on each."""
+        """Stop following, then every actor: fire all stops first, then wait on each."""
+        self._stop_following.set()
+        if self._follower is not None:
+            self._follower.join(STOP_TIMEOUT)
         refs = [r for r in [self.writer, *self.scopes.values()] if r is not None]
         futures = [ref.stop(block=False) for ref in refs]
         for future in futures:

@@ -62,6 +62,7 @@ class Runtime:
         embedder: Embedder | None = None,
         agents: bool = True,
         create: bool = True,
+        follow: float | None = 0.2,
     ) -> None:
         resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
         config = parse_url(resolved)
@@ -82,7 +83,16 @@ class Runtime:
         self.agents = agents
         self._journal = Journal(config, codec(), create=create)
         try:
-            self._actors = MemoryActors(self._journal, clock or system_clock, organization)
+            if follow is not None and (
+                isinstance(follow, bool) or not isinstance(follow, int | float) or follow <= 0
+            ):
+                raise ConfigurationError(
+                    f"follow must be a positive number of seconds or None, got {follow!r}"
+                )
+            following = follow if config.backend != "memory" else None
+            self._actors = MemoryActors(
+                self._journal, clock or system_clock, organization, following
+            )
         except BaseException:
             self._journal.close()
             raise
@@ -258,7 +268,19 @@ def open(
     clock: Clock | None = None,
     embedder: Embedder | None = None,
     agents: bool = True,
+    follow: float | None = 0.2,
 ) -> Runtime:
     """Open a runtime over the journal at ``url`` (default ``$JOURNALED_URL``, then the
-    embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors."""
-    return Runtime(url, organization=organization, clock=clock, embedder=embedder, agents=agents)
+    embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors.
+
+    ``follow`` is how often (seconds) memory polls the journal for what other processes append
+    (None: only on ``rt.refresh()`` or a write conflict); in-process journals never poll.
+    """
+    return Runtime(
+        url,
+        organization=organization,
+        clock=clock,
+        embedder=embedder,
+        agents=agents,
+        follow=follow,
+    )

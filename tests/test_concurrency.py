@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import journaled
-from journaled.testing import ManualClock
+from journaled.testing import ManualClock, wait_for
 
 
 def test_concurrent_key_claims_from_two_runtimes_supersede_properly(tmp_path: Path) -> None:
@@ -47,7 +48,7 @@ def test_concurrent_key_claims_from_two_runtimes_supersede_properly(tmp_path: Pa
 def test_writes_from_another_runtime_are_seen_after_refresh(tmp_path: Path) -> None:
     """J3: a fact remembered by one runtime is found by another after it folds the log."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    with journaled.open(url) as one, journaled.open(url) as two:
+    with journaled.open(url, follow=None) as one, journaled.open(url, follow=None) as two:
         fact = one.memory.remember("written by runtime one")
         assert two.memory.get(fact.id) is None
         assert two.refresh() == one.journal.position()
@@ -55,3 +56,15 @@ def test_writes_from_another_runtime_are_seen_after_refresh(tmp_path: Path) -> N
         mine = two.memory.remember("written by runtime two")
         one.refresh()
         assert {f.id for f in one.memory.all()} == {fact.id, mine.id}
+
+
+def test_another_runtime_follows_within_the_bound(tmp_path: Path) -> None:
+    """J3: a fact remembered by one runtime is found by a search in another within ~follow s."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, follow=0.05) as one, journaled.open(url, follow=0.05) as two:
+        fact = one.memory.remember("the release train leaves on Thursdays")
+        started = time.monotonic()
+        wait_for(lambda: [f.id for f in two.memory.search("release train")] == [fact.id], 5.0)
+        assert time.monotonic() - started < 5.0
+        mine = two.memory.remember("the release train is frozen in December", conflict_key="train")
+        wait_for(lambda: one.memory.get(mine.id) == mine, 5.0)
