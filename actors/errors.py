@@ -8,6 +8,7 @@
     ├── ActorTimeout (TimeoutError)           an actor did not answer in time
     ├── RunNotFound (KeyError)                no run with that id in the journal
     └── RunNotResumable (ValueError)          finished, running here, or bad answers/options
+        └── RunOwnedElsewhere                 another live process executes the run
 """
 
 from __future__ import annotations
@@ -49,3 +50,7 @@ class RunNotFound(ActorsError, KeyError):
 
 class RunNotResumable(ActorsError, ValueError):
     """The run cannot be resumed as asked (finished, running here, or bad answers/options)."""
+
+
+class RunOwnedElsewhere(RunNotResumable):
+    """Another process executes this run (it appended first, or its owner is alive)."""

@@ -12,12 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import pykka
 
+from actors.errors import RunOwnedElsewhere
+from actors.ownership import HEARTBEAT_SECONDS
 from actors.steps import ACTOR_FOR_KIND, Registry, missing
 from events.base import DomainEvent, Event, Pending
 from events.errors import ConcurrencyConflict
@@ -32,12 +35,13 @@ from events.plans import (
     Observation,
     Step,
 )
-from events.run_messages import Begin, CancelRun, RunStep, StepDeadline, StepDone
+from events.run_messages import Begin, CancelRun, Heartbeat, RunStep, StepDeadline, StepDone
 from events.run_state import RunState
 from events.runs import (
     BudgetStopped,
     CancelRequested,
     RunFinished,
+    RunHeartbeat,
     RunStatus,
     StepFailed,
     StepsSkipped,
@@ -56,10 +60,6 @@ Progress = Callable[[str, list[Observation], int, list[str]], None]
 """``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
 Trace = Callable[[int, ExecuteResult], None]
 """Test hook: called with (position, state) after each event is appended."""
-
-
-class RunOwnedElsewhere(ConcurrencyConflict):
-    """Another executor appended to this run first: it is being executed by another process."""
 
 
 class Executor(pykka.ThreadingActor):
@@ -108,6 +108,9 @@ class Executor(pykka.ThreadingActor):
         self._running_per_key: dict[tuple[str, str], int] = {}
         self._finished = False
         self._snapshot_version = state.version
+        self._last_append = time.monotonic()
+        self._heartbeat: threading.Timer | None = None
+        self.heartbeat_seconds = HEARTBEAT_SECONDS
 
     # -- messages --------------------------------------------------------------------------------
 
@@ -119,6 +122,9 @@ class Executor(pykka.ThreadingActor):
                     self._stage(event)
                 self._waves = waves([self.state.steps[i] for i in self.state.order])
                 self._advance()
+                self._arm_heartbeat()
+            case Heartbeat():
+                self._on_heartbeat()
             case StepDone():
                 self._on_done(message)
             case StepDeadline(step_id=step_id, attempt=attempt):
@@ -128,6 +134,33 @@ class Executor(pykka.ThreadingActor):
             case _:
                 raise TypeError(f"executor got an unknown message {type(message).__name__}")
         return None
+
+    def _arm_heartbeat(self) -> None:
+        if self._finished:
+            return
+        ref = self.actor_ref
+
+        def tick() -> None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(Heartbeat())
+
+        self._heartbeat = threading.Timer(self.heartbeat_seconds, tick)
+        self._heartbeat.daemon = True
+        self._heartbeat.start()
+
+    def _on_heartbeat(self) -> None:
+        """Append a heartbeat if the run was quiet, so other hosts see its owner alive."""
+        if self._finished:
+            return
+        if time.monotonic() - self._last_append >= self.heartbeat_seconds:
+            self._stage(RunHeartbeat(at=self.clock(), owner=self.state.owner))
+            self._flush()
+        self._arm_heartbeat()
+
+    def on_stop(self) -> None:
+        """Stop the heartbeat timer."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
 
     def on_failure(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         """Report a crash of the executor to whoever waits for the run, and stop the workers."""
@@ -444,9 +477,10 @@ class Executor(pykka.ThreadingActor):
                 positions = self.journal.append(pending, snapshots=snapshots)
             except ConcurrencyConflict as exc:
                 raise RunOwnedElsewhere(
-                    [self.state.run_id],
-                    f"run {self.state.run_id} is being executed by another process",
+                    f"run {self.state.run_id} is being executed by another process: it appended "
+                    "to the run first; this executor stopped without running anything more"
                 ) from exc
+            self._last_append = time.monotonic()
             self.state.version = version + len(staged)
             self.state.position = positions[-1]
             if self.trace is not None:

@@ -96,6 +96,7 @@ class Orchestrations:
             raise ValueError(f"call_budget must be a non-negative int or None, got {call_budget!r}")
         if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
             raise ValueError(f"max_passes must be an int >= 1, got {max_passes!r}")
+        _check_callables(reserve, on_progress)
         run_id = new_run_id(self._clock())
         self._planners[run_id] = planner
         drive = _Drive(OrchestrationState(), planner, reserve, on_progress)
@@ -149,6 +150,7 @@ class Orchestrations:
             isinstance(call_budget, bool) or not isinstance(call_budget, int) or call_budget < 0
         ):
             raise ValueError(f"call_budget must be a non-negative int or None, got {call_budget!r}")
+        _check_callables(reserve, on_progress)
         if approve and not state.approval_pending:
             raise RunNotResumable(f"run {run_id} is not waiting for approval (status: {status})")
         given = dict(answers or {})
@@ -223,7 +225,7 @@ class Orchestrations:
                 if budget is not None and not started.partial:
                     estimate = fold_calls(plan.steps, budget, d.reserve)
                     if estimate > budget:
-                        return self._await_budget(d, plan, None, estimate, budget)
+                        return self._await_budget(d, plan, None, estimate)
                 run_id = new_run_id(self._clock())
                 self._append(d, PassStarted(at=self._clock(), pass_no=st.pass_no, run=run_id))
                 result: ExecuteResult | None = self._execute(d, plan, run_id, budget)
@@ -249,7 +251,7 @@ class Orchestrations:
                 rest = [s for s in plan.steps if s.status != "succeeded"]
                 remaining = None if budget is None else budget - pass_state.calls_used
                 estimate = fold_calls(rest, remaining, d.reserve)
-                return self._await_budget(d, plan, pass_state, estimate, budget or 0)
+                return self._await_budget(d, plan, pass_state, estimate)
             if pass_state.waiting:
                 step_id = pass_state.waiting[0]
                 question = pass_state.questions.get(step_id, "")
@@ -267,7 +269,11 @@ class Orchestrations:
                     f"using {calls} model call(s)",
                 )
             failed = _first_failure(pass_state)
-            if started.mode == "orchestrate" and st.pass_no < started.max_passes and d.planner:
+            if started.mode == "orchestrate" and st.pass_no < started.max_passes:
+                if d.planner is None:
+                    return self._end(
+                        d, "failed", f"{failed}; resume with planner=... to plan another pass"
+                    )
                 st.pass_no += 1  # replan with what this pass observed (the event follows)
                 continue
             return self._end(d, "failed", failed)
@@ -287,6 +293,8 @@ class Orchestrations:
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
             return self._fail_planning(d, f"the planner raised {type(exc).__name__}: {exc}")
         if isinstance(answer, Clarify):
+            if not isinstance(answer.question, str) or not answer.question.strip():
+                return self._fail_planning(d, "the planner asked to clarify but gave no question")
             self._append(d, ClarificationRequested(at=self._clock(), question=str(answer.question)))
             return self._end(
                 d, "waiting_for_clarification", f"waiting for clarification: {answer.question}"
@@ -321,12 +329,15 @@ class Orchestrations:
         plan: Plan,
         pass_state: RunState | None,
         estimate: int,
-        budget: int,
     ) -> Outcome:
+        """Wait for a bigger total budget; the numbers are the orchestration's, across passes."""
+        st = d.state
+        total = st.budget or 0
+        used = self._calls_before(st) + (pass_state.calls_used if pass_state is not None else 0)
         completed = sum(1 for s in plan.steps if s.status == "succeeded")
         awaited = Budget(
             est_calls=estimate,
-            max_calls=budget,
+            max_calls=total,
             completed_steps=completed,
             total_steps=len(plan.steps),
         )
@@ -334,16 +345,17 @@ class Orchestrations:
             d,
             BudgetAwaited(
                 at=self._clock(),
-                pass_no=d.state.pass_no,
+                pass_no=st.pass_no,
                 budget=awaited,
                 partial=pass_state is not None,
+                used=used,
             ),
         )
         return self._end(
             d,
             "waiting_for_budget",
-            f"waiting for budget: the remaining steps need {estimate} model call(s), "
-            f"{budget} allowed",
+            f"waiting for budget: the remaining steps need {estimate} model call(s); "
+            f"{used} of {total} used — resume with a call_budget of at least {used + estimate}",
         )
 
     def _execute(self, d: _Drive, plan: Plan, run_id: str, budget: int | None) -> ExecuteResult:
@@ -454,3 +466,9 @@ def _mode(mode: str) -> Mode:
     if mode == "orchestrate":
         return "orchestrate"
     return "execute"
+
+
+def _check_callables(reserve: object, on_progress: object) -> None:
+    for name, value in (("reserve", reserve), ("on_progress", on_progress)):
+        if value is not None and not callable(value):
+            raise ValueError(f"{name} must be callable, got {type(value).__name__}")

@@ -11,8 +11,9 @@ from typing import Any
 
 import msgspec
 
-from actors.errors import RunNotFound, RunNotResumable
+from actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
 from actors.executor import Executor, Progress, Trace
+from actors.ownership import owner_alive, this_process
 from actors.steps import Registry, journalable
 from events.base import DomainEvent, Event
 from events.errors import PlanRejected
@@ -122,6 +123,7 @@ class Runs:
             parent_run=parent[0] if parent else None,
             parent_step=parent[1] if parent else None,
             step_timeout=float(step_timeout) if step_timeout is not None else None,
+            owner=this_process(),
         )
         return self._run(run_id, RunState(), [started], reserve, on_progress, trace, parent)
 
@@ -149,8 +151,13 @@ class Runs:
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
         trace: Trace | None = None,
+        take_over: bool = False,
     ) -> ExecuteResult:
-        """Rebuild a run from the journal alone and carry on (E14)."""
+        """Rebuild a run from the journal alone and carry on (E14).
+
+        An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
+        RunOwnedElsewhere unless ``take_over`` is set.
+        """
         state = self.state(run_id)
         with self._lock:
             if run_id in self._active:
@@ -159,6 +166,16 @@ class Runs:
             raise RunNotResumable(
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
+        took_over = None
+        if not state.is_finished and state.owner:
+            now = self._clock()
+            if owner_alive(state.owner, state.last_at, now) and not take_over:
+                raise RunOwnedElsewhere(
+                    f"run {run_id} is being executed by another process ({state.owner}, last "
+                    f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
+                    "take_over=True if you know that process is gone"
+                )
+            took_over = state.owner
         budget = _check_budget("call_budget", call_budget)
         given = dict(answers or {})
         for step_id, answer in given.items():
@@ -181,7 +198,13 @@ class Runs:
         if budget is not None and budget != state.budget:
             opening.append(BudgetRaised(at=now, previous=state.budget, budget=budget))
         opening.append(
-            RunResumed(at=now, resumption=state.resumptions + 1, rerun=tuple(state.in_flight()))
+            RunResumed(
+                at=now,
+                resumption=state.resumptions + 1,
+                rerun=tuple(state.in_flight()),
+                owner=this_process(),
+                took_over_from=took_over,
+            )
         )
         started = state.started
         assert started is not None

@@ -137,6 +137,8 @@ class BudgetAwaited(DomainEvent, frozen=True, kw_only=True, tag="orchestration.b
     budget: Budget
     partial: bool = False
     """True when the waves that fit ran first (the pass run stopped for budget)."""
+    used: int = 0
+    """Model calls used so far, across passes."""
 
 
 class BudgetGiven(DomainEvent, frozen=True, kw_only=True, tag="orchestration.budget-given"):

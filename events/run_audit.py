@@ -195,8 +195,8 @@ def describe_orchestration_event(event: Event) -> str | None:
             b = data.budget
             how = "after running the waves that fit" if data.partial else "before running anything"
             return (
-                f"waiting for budget {how}: {b.est_calls} call(s) needed, {b.max_calls} allowed "
-                f"({b.completed_steps} of {b.total_steps} step(s) done)"
+                f"waiting for budget {how}: {b.est_calls} more call(s) needed, {data.used} of "
+                f"{b.max_calls} used ({b.completed_steps} of {b.total_steps} step(s) done)"
             )
         case BudgetGiven():
             return f"call budget changed from {data.previous} to {data.budget}"

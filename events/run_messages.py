@@ -52,3 +52,7 @@ class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline
 
     step_id: str
     attempt: int
+
+
+class Heartbeat(RunMessage, frozen=True, kw_only=True, tag="run.heartbeat-tick"):
+    """Time to show the run's owner is alive, if it appended nothing for a while."""

@@ -17,6 +17,7 @@ from events.runs import (
     BudgetStopped,
     CancelRequested,
     RunFinished,
+    RunHeartbeat,
     RunResumed,
     RunStarted,
     RunStatus,
@@ -55,6 +56,7 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     last_at: int
     failures: dict[str, str]
     cancelled: list[str]
+    owner: str = ""
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -88,6 +90,7 @@ class RunState:
         self.last_at = 0
         self.failures: dict[str, str] = {}
         self.cancelled: set[str] = set()
+        self.owner = ""
         """Steps whose observation says ``cancelled`` (their dependents are cancelled too, E4)."""
 
     @property
@@ -111,6 +114,7 @@ class RunState:
         self.last_at = data.at
         match data:
             case RunStarted():
+                self.owner = data.owner
                 self.run_id = data.run_id
                 self.started = data
                 self.budget = data.call_budget
@@ -154,6 +158,7 @@ class RunState:
             case BudgetRaised():
                 self.budget = data.budget
             case RunResumed():
+                self.owner = data.owner
                 self.resumptions = data.resumption
                 self.stopped_for_budget = False
                 self.waiting = []
@@ -162,6 +167,8 @@ class RunState:
                     self.status[step_id] = "pending"
             case RunFinished():
                 self.finished = data
+            case RunHeartbeat():
+                pass  # liveness only: last_at is updated above
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 
@@ -195,6 +202,7 @@ class RunState:
                 last_at=self.last_at,
                 failures=self.failures,
                 cancelled=sorted(self.cancelled),
+                owner=self.owner,
             )
         )
 
@@ -227,6 +235,7 @@ class RunState:
         state.last_at = snap.last_at
         state.failures = dict(snap.failures)
         state.cancelled = set(snap.cancelled)
+        state.owner = snap.owner
         return state
 
     def plan(self) -> Plan:

@@ -29,6 +29,8 @@ class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
     parent_step: str | None = None
     step_timeout: float | None = None
     """Seconds after which a step that has not answered fails (None: no limit)."""
+    owner: str = ""
+    """The process executing the run (``host/pid/start-time``)."""
 
 
 class WavePartitioned(DomainEvent, frozen=True, kw_only=True, tag="run.wave-partitioned"):
@@ -125,6 +127,16 @@ class RunResumed(DomainEvent, frozen=True, kw_only=True, tag="run.resumed"):
     """1 for the first resume."""
     rerun: tuple[str, ...] = ()
     """Steps that were started but never finished: they run again with the next attempt."""
+    owner: str = ""
+    """The process executing the run from now on."""
+    took_over_from: str | None = None
+    """The previous owner, found dead, when the run had not finished its pass."""
+
+
+class RunHeartbeat(DomainEvent, frozen=True, kw_only=True, tag="run.heartbeat"):
+    """The owner is alive and still executing (appended when it was quiet for a while)."""
+
+    owner: str
 
 
 class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):
@@ -150,4 +162,5 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     BudgetRaised,
     RunResumed,
     RunFinished,
+    RunHeartbeat,
 )

@@ -2,16 +2,22 @@
 
 One URL chooses the backend: ``memory://`` (an in-process journal for tests), ``sqlite:///path``
 (the embedded default; a relative path after ``sqlite:///`` is relative to the working directory,
-``sqlite:////abs/path`` is absolute), and ``postgresql://user:pass@host:port/db``. Query parameters
-tune the backend: ``durability=normal|full`` for SQLite (``full`` fsyncs every commit; ``normal``,
-the default, loses nothing when a process is killed, only on power loss).
+``sqlite:////abs/path`` is absolute), and ``postgresql://user:pass@host:port/db`` (or
+``postgres://``; the port defaults to 5432, user and password may be percent-encoded). Query
+parameters tune the backend: ``durability=normal|full`` for SQLite (``full`` fsyncs every commit;
+``normal``, the default, loses nothing when a process is killed, only on power loss);
+``pool_size=N`` for PostgreSQL (connections kept open per journal, default 5, 1 to 50).
+
+The password is kept in :class:`JournalConfig` for the adapter, but never in its ``url``, its
+``repr`` or any error message.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Literal
-from urllib.parse import parse_qsl, urlsplit
+from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import msgspec
 
@@ -21,6 +27,9 @@ Backend = Literal["memory", "sqlite", "postgresql"]
 Durability = Literal["normal", "full"]
 
 DEFAULT_SQLITE_PATH = Path(".journaled") / "journal.sqlite"
+DEFAULT_POSTGRES_PORT = 5432
+DEFAULT_POOL_SIZE = 5
+MAX_POOL_SIZE = 50
 
 
 class JournalConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,7 +45,20 @@ class JournalConfig(msgspec.Struct, frozen=True, kw_only=True):
     port: int | None = None
     user: str | None = None
     password: str | None = None
+    """PostgreSQL password (decoded); never shown by ``repr``."""
     dbname: str | None = None
+    pool_size: int = DEFAULT_POOL_SIZE
+    """PostgreSQL connections kept open by one journal."""
+
+    def __repr__(self) -> str:
+        """Show every field but the password, which is masked when set."""
+        fields = []
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if name == "password" and value is not None:
+                value = "***"
+            fields.append(f"{name}={value!r}")
+        return f"JournalConfig({', '.join(fields)})"
 
 
 def default_url(cwd: Path | None = None) -> str:
@@ -46,10 +68,15 @@ def default_url(cwd: Path | None = None) -> str:
 
 
 def _mask(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password:
-        return url.replace(f":{parts.password}@", ":***@", 1)
-    return url
+    """Hide the password (and any ``password=`` query value) of a URL, even a malformed one."""
+    masked = re.sub(r"(?i)([?&][^=&#]*pass[^=&#]*=)[^&#]*", r"\1***", url)
+    try:
+        password = urlsplit(masked).password
+    except ValueError:
+        return re.sub(r"(://[^/@:]*:)[^/]*@", r"\1***@", masked)
+    if password:
+        return masked.replace(f":{password}@", ":***@", 1)
+    return masked
 
 
 def parse_url(url: str) -> JournalConfig:
@@ -59,10 +86,13 @@ def parse_url(url: str) -> JournalConfig:
             "journal URL is empty: pass url='sqlite:///path/journal.sqlite', 'memory://' or "
             "'postgresql://user:pass@host:port/db' to journaled.open(), or set JOURNALED_URL"
         )
-    parts = urlsplit(url.strip())
+    masked = _mask(url)
+    try:
+        parts = urlsplit(url.strip())
+    except ValueError as exc:
+        raise JournalUrlError(f"journal URL {masked!r} is malformed: {exc}") from None
     scheme = parts.scheme.lower()
     query = dict(parse_qsl(parts.query, keep_blank_values=True))
-    masked = _mask(url)
     if scheme == "memory":
         _no_params(query, masked, allowed=())
         return JournalConfig(url=masked, backend="memory")
@@ -97,13 +127,61 @@ def parse_url(url: str) -> JournalConfig:
             durability="full" if durability == "full" else "normal",
         )
     if scheme in ("postgresql", "postgres"):
-        raise JournalUrlError(
-            f"journal URL {masked!r}: PostgreSQL journals are not available in this release; "
-            "use sqlite:///path/journal.sqlite (the embedded default) or memory://"
-        )
+        return _postgres(parts, query, masked)
     raise JournalUrlError(
         f"journal URL {masked!r} has unknown scheme {parts.scheme!r}: use 'sqlite:///path', "
         "'memory://' or 'postgresql://user:pass@host:port/db'"
+    )
+
+
+def _postgres(parts: SplitResult, query: dict[str, str], masked: str) -> JournalConfig:
+    """Parse ``postgresql://user:pass@host:port/db?pool_size=N``."""
+    if "durability" in query:
+        raise JournalUrlError(
+            f"journal URL {masked!r}: durability applies to SQLite journals only; PostgreSQL "
+            "commits durably by its own settings (synchronous_commit): remove ?durability="
+        )
+    _no_params(query, masked, allowed=("pool_size",))
+    try:
+        port = parts.port
+    except ValueError:
+        raise JournalUrlError(
+            f"journal URL {masked!r} has an invalid port: write postgresql://user:pass@host:5432/db"
+        ) from None
+    host = parts.hostname
+    if not host:
+        raise JournalUrlError(
+            f"journal URL {masked!r} names no host: write postgresql://user:pass@host:5432/db"
+        )
+    dbname = unquote(parts.path[1:] if parts.path.startswith("/") else parts.path)
+    if not dbname or "/" in dbname:
+        raise JournalUrlError(
+            f"journal URL {masked!r} names no database: write postgresql://user:pass@host:5432/db"
+        )
+    user = unquote(parts.username) if parts.username else ""
+    if not user:
+        raise JournalUrlError(
+            f"journal URL {masked!r} names no user: write postgresql://user:pass@host:5432/db"
+        )
+    raw_size = query.get("pool_size", str(DEFAULT_POOL_SIZE))
+    try:
+        pool_size = int(raw_size)
+    except ValueError:
+        pool_size = 0
+    if not 1 <= pool_size <= MAX_POOL_SIZE:
+        raise JournalUrlError(
+            f"journal URL {masked!r}: pool_size={raw_size!r} is not a whole number from 1 to "
+            f"{MAX_POOL_SIZE}"
+        )
+    return JournalConfig(
+        url=masked,
+        backend="postgresql",
+        host=host,
+        port=port if port is not None else DEFAULT_POSTGRES_PORT,
+        user=user,
+        password=unquote(parts.password) if parts.password is not None else None,
+        dbname=dbname,
+        pool_size=pool_size,
     )
 
 

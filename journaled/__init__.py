@@ -6,7 +6,7 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
-from actors.errors import RunNotFound, RunNotResumable
+from actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
 from actors.runs import Runs
 from actors.steps import AgentContext, NeedsInput
 from events.base import DomainEvent, Event
@@ -77,6 +77,7 @@ __all__ = [
     "RunDiff",
     "RunNotFound",
     "RunNotResumable",
+    "RunOwnedElsewhere",
     "Runs",
     "Runtime",
     "StatusChange",

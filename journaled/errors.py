@@ -16,6 +16,7 @@
     ├── ActorTimeout (TimeoutError)
     ├── RunNotFound (KeyError)
     └── RunNotResumable (ValueError)
+        └── RunOwnedElsewhere
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from actors.errors import (
     OrganizationNotConfigured,
     RunNotFound,
     RunNotResumable,
+    RunOwnedElsewhere,
 )
 from events.errors import (
     ConcurrencyConflict,
@@ -60,5 +62,6 @@ __all__ = [
     "OrganizationNotConfigured",
     "RunNotFound",
     "RunNotResumable",
+    "RunOwnedElsewhere",
     "UnknownEventType",
 ]

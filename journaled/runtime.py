@@ -7,7 +7,7 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from actors.errors import RunNotResumable
+from actors.errors import RunNotFound, RunNotResumable
 from actors.executor import Progress
 from actors.memory import Clock, system_clock
 from actors.orchestrator import Orchestrations, Planner
@@ -202,6 +202,8 @@ class Runtime:
         steps; ``approve`` approves a plan awaiting approval; ``clarification`` answers the
         planner's question (or the one waiting step).
         """
+        if self._journal.first(run_id) is None:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
             return self._orchestrations.resume(
                 run_id,

@@ -1,0 +1,63 @@
+"""Who executes a run, and whether that owner is still alive (J3, E14).
+
+Exactly one executor may run a run at a time. Ownership is decided through the run's stream: the
+executor that appends ``run.started`` or ``run.resumed`` names itself as owner, and a second process
+appending at the same version loses. A resume of an unfinished run (one whose last pass never ended)
+first asks whether its owner is alive:
+
+- an owner on this host is alive exactly while its process is: the owner id carries the process id
+  and its start time, checked in ``/proc`` (so a reused pid is not mistaken for the owner);
+- an owner on another host is presumed alive while its last event is younger than the lease:
+  the executor appends a heartbeat when it has been quiet for :data:`HEARTBEAT_SECONDS`, and
+  the lease is three heartbeats.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+
+HEARTBEAT_SECONDS = 10.0
+"""A busy executor that appended nothing for this long appends a heartbeat."""
+LEASE_MS = int(3 * HEARTBEAT_SECONDS * 1000)
+"""An owner on another host that was silent this long is presumed dead."""
+
+
+def _start_time(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # The command name may contain spaces or parentheses: fields start after the last ')'.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else None
+
+
+def _host() -> str:
+    return socket.gethostname()
+
+
+def this_process() -> str:
+    """Return this process's owner id: ``host/pid/start-time``."""
+    pid = os.getpid()
+    return f"{_host()}/{pid}/{_start_time(pid) or '?'}"
+
+
+def owner_alive(owner: str, last_seen: int, now: int) -> bool:
+    """Tell whether a run's owner may still be executing it."""
+    host, _, rest = owner.partition("/")
+    pid_text, _, started = rest.partition("/")
+    if host == _host() and pid_text.isdigit():
+        pid = int(pid_text)
+        current = _start_time(pid)
+        if current is not None or Path("/proc/self/stat").exists():
+            return current is not None and (started in ("?", current))
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
+    return now - last_seen < LEASE_MS

@@ -1,0 +1,97 @@
+"""Exactly one executor per run; a dead owner's run can be taken over (J3, E14)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+import journaled
+from actors.ownership import LEASE_MS, owner_alive, this_process
+from journaled import Plan, Step
+from journaled.testing import wait_for
+
+
+def test_this_process_is_alive_and_a_dead_one_is_not() -> None:
+    """J3: an owner on this host is alive exactly while its process runs."""
+    me = this_process()
+    assert owner_alive(me, last_seen=0, now=10**15)
+    child = subprocess.run(
+        [sys.executable, "-c", "from actors.ownership import this_process; print(this_process())"],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
+    gone = child.stdout.strip()
+    assert gone.split("/")[1] != str(os.getpid())
+    assert not owner_alive(gone, last_seen=10**15, now=10**15)
+
+
+def test_a_remote_owner_lives_for_the_lease() -> None:
+    """J3: an owner on another host is presumed alive until its lease runs out."""
+    remote = "some-other-host/123/456"
+    assert owner_alive(remote, last_seen=1_000, now=1_000 + LEASE_MS - 1)
+    assert not owner_alive(remote, last_seen=1_000, now=1_000 + LEASE_MS)
+
+
+def test_a_live_owner_keeps_its_run(tmp_path: Path) -> None:
+    """J3: resuming a run another live executor is running is refused, clearly; nothing appended."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    inside = threading.Event()
+    release = threading.Event()
+    with journaled.open(url) as one, journaled.open(url) as two:
+        one.register_tool("hold", lambda x: (inside.set(), release.wait(10))[1])
+        results: list[journaled.ExecuteResult] = []
+        plan = Plan(
+            goal="g", steps=[Step("a", tool="hold"), Step("b", tool="hold", depends_on=["a"])]
+        )
+        thread = threading.Thread(target=lambda: results.append(one.execute(plan)))
+        thread.start()
+        try:
+            assert inside.wait(10)
+            [run_id] = one.runs.active()
+            before = two.journal.position()
+            with pytest.raises(
+                journaled.RunOwnedElsewhere, match="being executed by another process"
+            ):
+                two.resume(run_id)
+            assert two.journal.position() == before
+        finally:
+            release.set()
+            thread.join(10)
+        assert results[0].ok
+
+
+def test_heartbeats_show_a_quiet_owner_alive(tmp_path: Path) -> None:
+    """J3: an executor busy in a long step appends heartbeats, so its lease never lapses."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    release = threading.Event()
+    with journaled.open(url) as rt:
+        rt.register_tool("slow", lambda x: release.wait(10))
+        import actors.executor as executor_module
+
+        saved = executor_module.HEARTBEAT_SECONDS
+        executor_module.HEARTBEAT_SECONDS = 0.05
+        try:
+            results: list[journaled.ExecuteResult] = []
+            thread = threading.Thread(
+                target=lambda: results.append(
+                    rt.execute(Plan(goal="g", steps=[Step("s", tool="slow")]))
+                )
+            )
+            thread.start()
+            wait_for(lambda: bool(rt.runs.active()), 5)
+            run_id = rt.runs.active()[0]
+            wait_for(
+                lambda: sum(e.kind == "run.heartbeat" for e in rt.runs.history(run_id)) >= 2, 5
+            )
+        finally:
+            release.set()
+            executor_module.HEARTBEAT_SECONDS = saved
+            thread.join(10)
+        assert results[0].ok
