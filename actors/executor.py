@@ -65,6 +65,9 @@ Trace = Callable[[int, ExecuteResult], None]
 class Executor(pykka.ThreadingActor):
     """Execute one run to its next stop: completion, failure, a budget stop, a wait or a cancel."""
 
+    heartbeat_seconds: float = HEARTBEAT_SECONDS
+    """How long the run may be quiet before the executor appends a heartbeat."""
+
     def __init__(
         self,
         *,
@@ -110,7 +113,6 @@ class Executor(pykka.ThreadingActor):
         self._snapshot_version = state.version
         self._last_append = time.monotonic()
         self._heartbeat: threading.Timer | None = None
-        self.heartbeat_seconds = HEARTBEAT_SECONDS
 
     # -- messages --------------------------------------------------------------------------------
 

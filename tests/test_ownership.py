@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import journaled
+from actors.executor import Executor
 from actors.ownership import LEASE_MS, owner_alive, this_process
 from journaled import Plan, Step
 from journaled.testing import wait_for
@@ -21,7 +22,8 @@ def test_this_process_is_alive_and_a_dead_one_is_not() -> None:
     me = this_process()
     assert owner_alive(me, last_seen=0, now=10**15)
     child = subprocess.run(
-        [sys.executable, "-c", "from actors.ownership import this_process; print(this_process())"],
+        [sys.executable, "-c", "from actors.executor import Executor
+from actors.ownership import this_process; print(this_process())"],
         capture_output=True,
         text=True,
         check=True,
@@ -45,7 +47,11 @@ def test_a_live_owner_keeps_its_run(tmp_path: Path) -> None:
     inside = threading.Event()
     release = threading.Event()
     with journaled.open(url) as one, journaled.open(url) as two:
-        one.register_tool("hold", lambda x: (inside.set(), release.wait(10))[1])
+        def hold(_: object) -> bool:
+            inside.set()
+            return release.wait(10)
+
+        one.register_tool("hold", hold)
         results: list[journaled.ExecuteResult] = []
         plan = Plan(
             goal="g", steps=[Step("a", tool="hold"), Step("b", tool="hold", depends_on=["a"])]
@@ -67,16 +73,15 @@ def test_a_live_owner_keeps_its_run(tmp_path: Path) -> None:
         assert results[0].ok
 
 
-def test_heartbeats_show_a_quiet_owner_alive(tmp_path: Path) -> None:
+def test_heartbeats_show_a_quiet_owner_alive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """J3: an executor busy in a long step appends heartbeats, so its lease never lapses."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     release = threading.Event()
     with journaled.open(url) as rt:
         rt.register_tool("slow", lambda x: release.wait(10))
-        import actors.executor as executor_module
-
-        saved = executor_module.HEARTBEAT_SECONDS
-        executor_module.HEARTBEAT_SECONDS = 0.05
+        monkeypatch.setattr(Executor, "heartbeat_seconds", 0.05)
         try:
             results: list[journaled.ExecuteResult] = []
             thread = threading.Thread(
@@ -92,6 +97,5 @@ def test_heartbeats_show_a_quiet_owner_alive(tmp_path: Path) -> None:
             )
         finally:
             release.set()
-            executor_module.HEARTBEAT_SECONDS = saved
             thread.join(10)
         assert results[0].ok
