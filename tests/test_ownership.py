@@ -22,8 +22,7 @@ def test_this_process_is_alive_and_a_dead_one_is_not() -> None:
     me = this_process()
     assert owner_alive(me, last_seen=0, now=10**15)
     child = subprocess.run(
-        [sys.executable, "-c", "from actors.executor import Executor
-from actors.ownership import this_process; print(this_process())"],
+        [sys.executable, "-c", "from actors.ownership import this_process; print(this_process())"],
         capture_output=True,
         text=True,
         check=True,
@@ -47,6 +46,7 @@ def test_a_live_owner_keeps_its_run(tmp_path: Path) -> None:
     inside = threading.Event()
     release = threading.Event()
     with journaled.open(url) as one, journaled.open(url) as two:
+
         def hold(_: object) -> bool:
             inside.set()
             return release.wait(10)
