@@ -33,11 +33,8 @@ Run ``python bench/executor.py`` (full sizes) or ``python bench/executor.py --qu
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import itertools
 import math
-import os
-import platform
 import shutil
 import sqlite3
 import statistics
@@ -45,34 +42,23 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import pykka
 from eventsourcing.persistence import InfrastructureFactory, StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore, SQLiteFactory
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
+from report import Row, header, print_table, set_synchronous
 
 import journaled
 from events.codec import topic_of
 from events.runs import RUN_EVENTS
 
-LIBRARIES = ("eventsourcing", "pykka", "msgspec")
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
 RESUME_CHAIN = 3300
 REFERENCES = (("LangGraph + SQLite checkpointer", 4.0, 6.0), ("DBOS", 5.0, 7.0))
 DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
-
-
-class Row(NamedTuple):
-    """One line of the result table; ``ok`` is None for an informative line without a target."""
-
-    name: str
-    ours: str
-    baseline: str
-    ratio: str
-    target: str
-    ok: bool | None
 
 
 def _us(seconds: float) -> str:
@@ -142,23 +128,6 @@ def stream_rows(path: Path, run_id: str) -> list[tuple[str, bytes]]:
         return [(str(topic), bytes(state)) for topic, state in cursor]
 
 
-def set_synchronous(datastore: SQLiteDatastore, level: str, code: int) -> None:
-    """Run ``PRAGMA synchronous=<level>`` on every pooled connection, then check it (docstring)."""
-    pool = datastore.pool
-    connections = [pool.get_connection() for _ in range(pool.pool_size)]
-    try:
-        for connection in connections:
-            connection.cursor().execute(f"PRAGMA synchronous={level}")
-    finally:
-        for connection in connections:
-            pool.put_connection(connection)
-    with datastore.transaction(commit=True) as cursor:
-        cursor.execute("PRAGMA synchronous")
-        found = cursor.fetchone()[0]
-    if found != code:
-        raise RuntimeError(f"floor recorder runs at synchronous={found}, not {level}")
-
-
 class Floor:
     """eventsourcing's stock SQLite application recorder on a fresh file, at one sync level."""
 
@@ -175,7 +144,7 @@ class Floor:
         recorder = factory.application_recorder()
         assert isinstance(recorder, SQLiteApplicationRecorder)
         self.recorder = recorder
-        set_synchronous(factory.datastore, *SYNCHRONOUS[durability])
+        set_synchronous(factory.datastore, SYNCHRONOUS[durability][0])
         self.streams = 0
 
     def append(
@@ -318,27 +287,13 @@ def reference_rows(per_step: dict[str, float]) -> list[Row]:
     ]  # fmt: skip
 
 
-def print_table(rows: list[Row]) -> None:
-    """Print the rows as aligned columns."""
-    verdicts = {None: "", True: "PASS", False: "MISS"}
-    cells = [("measurement", "ours", "baseline", "ratio", "target", "")]
-    cells += [(*r[:5], verdicts[r.ok]) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(6)]
-    for i, cell in enumerate(cells):
-        print("  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def main() -> None:
     """Run every measurement and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run (< 60 s)")
     quick = parser.parse_args().quick
     n_chain, repeats, samples = (200, 1, 2) if quick else (1000, 3, 5)
-    print(f"journaled executor benchmark ({'quick' if quick else 'full'}, {os.cpu_count()} CPUs)")
-    versions = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in LIBRARIES)
-    print(f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {versions}\n")
+    header("journaled executor benchmark", quick)
     rows: list[Row] = []
     per_step: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="bench-executor-") as name:

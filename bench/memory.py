@@ -23,11 +23,8 @@ from __future__ import annotations
 
 import argparse
 import functools
-import importlib.metadata
 import itertools
 import math
-import os
-import platform
 import random
 import sqlite3
 import statistics
@@ -35,10 +32,10 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import NamedTuple
 
 from eventsourcing.persistence import StoredEvent
-from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteDatastore, SQLiteFactory
+from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
+from report import Row, header, print_table, set_synchronous
 
 import journaled
 from actors.memory import new_fact_id
@@ -62,18 +59,6 @@ SCOPE_WEIGHTS = (7, 2, 1)
 KEYED_SHARE = 0.1
 BATCH = 1000
 T0 = 1_700_000_000_000
-LIBRARIES = ("eventsourcing", "pykka", "msgspec")
-
-
-class Row(NamedTuple):
-    """One line of the result table; ``ok`` is None for an informative line without a target."""
-
-    name: str
-    ours: str
-    baseline: str
-    ratio: str
-    target: str
-    ok: bool | None
 
 
 class Corpus:
@@ -140,27 +125,6 @@ def time_remember(tmp: Path, texts: list[str], keyed: bool, warmup: int) -> floa
         return time.perf_counter() - start
 
 
-def set_synchronous(datastore: SQLiteDatastore, level: str) -> None:
-    """Run ``PRAGMA synchronous=<level>`` on every connection the recorder's pool keeps.
-
-    The library has no setting for it. The PRAGMA is per connection and refused inside a
-    transaction, and ``datastore.transaction()`` always begins with BEGIN, so we check out all
-    ``pool_size`` connections at once through the pool's public ``get_connection`` (which creates
-    them), run the PRAGMA through each connection's public ``cursor()`` (the connections are in
-    autocommit mode, so no transaction is open), and put them back. A single-threaded run never
-    opens overflow connections, so every later commit runs at this level; the caller reads the
-    level back through ``datastore.transaction`` to show it.
-    """
-    pool = datastore.pool
-    connections = [pool.get_connection() for _ in range(pool.pool_size)]
-    try:
-        for connection in connections:
-            connection.cursor().execute(f"PRAGMA synchronous={level}")
-    finally:
-        for connection in connections:
-            pool.put_connection(connection)
-
-
 def time_raw_append(tmp: Path, sizes: list[int], matched: bool, warmup: int) -> float:
     """Time the stock recorder appending one event per fact (state blobs of ``sizes``).
 
@@ -173,11 +137,6 @@ def time_raw_append(tmp: Path, sizes: list[int], matched: bool, warmup: int) -> 
         assert isinstance(recorder, SQLiteApplicationRecorder)
         if matched:
             set_synchronous(factory.datastore, "NORMAL")
-        with factory.datastore.transaction(commit=False) as cursor:
-            cursor.execute("PRAGMA synchronous")
-            level = cursor.fetchone()[0]
-        if level != (1 if matched else 2):  # 1 NORMAL, 2 FULL
-            raise RuntimeError(f"raw append runs at synchronous={level}, not as intended")
         events = [
             StoredEvent(f"mem_{i:09}_{i:016x}", 1, "memory.fact-remembered@1", b"x" * size)
             for i, size in enumerate(sizes[:warmup] + sizes)
@@ -367,18 +326,6 @@ def bench_search(url: str, facts: int, corpus: Corpus, queries: int) -> list[Row
     return rows
 
 
-def print_table(rows: list[Row]) -> None:
-    """Print the rows as aligned columns."""
-    verdicts = {None: "", True: "PASS", False: "MISS"}
-    cells = [("measurement", "ours", "baseline", "ratio", "target", "")]
-    cells += [(*r[:5], verdicts[r.ok]) for r in rows]
-    widths = [max(len(c[i]) for c in cells) for i in range(6)]
-    for i, cell in enumerate(cells):
-        print("  ".join(c.ljust(w) for c, w in zip(cell, widths, strict=True)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
-
-
 def main() -> None:
     """Run every measurement and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -387,9 +334,7 @@ def main() -> None:
     n_remember, n_replay = (300, 10_000) if quick else (3000, 100_000)
     search_sizes = (1000, 10_000) if quick else (1000, 10_000, 100_000)
     repeats = 1 if quick else 3
-    print(f"journaled memory benchmark ({'quick' if quick else 'full'}, {os.cpu_count()} CPUs)")
-    versions = ", ".join(f"{n} {importlib.metadata.version(n)}" for n in LIBRARIES)
-    print(f"Python {platform.python_version()}, SQLite {sqlite3.sqlite_version}, {versions}\n")
+    header("journaled memory benchmark", quick)
     corpus = Corpus(seed=7)
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as name:
