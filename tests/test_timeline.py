@@ -1,0 +1,291 @@
+"""The timeline page (O7): self-contained HTML whose every position is ``rt.runs.at`` there."""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import browser
+import pytest
+from rich.console import Console
+
+import journaled
+from events.orchestration import PassStarted
+from journaled import demo, timeline
+
+ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
+NASTY = "</script><script>alert(1)</script>"
+
+
+@dataclass(frozen=True)
+class Story:
+    """A SQLite journal holding every kind of run the page must show."""
+
+    url: str
+    orchestration: str
+    """The demo's orchestration: a budget stop, a waiting agent, a child run."""
+    pass_run: str
+    failed: str
+    """A plain run: a failed step, its skipped dependent, and a parallel wave."""
+    approval: str
+    """An orchestration that waited for approval before its pass started."""
+
+    def run(self, name: str) -> str:
+        """Return the run id the test parameter ``name`` stands for."""
+        return str(getattr(self, name))
+
+
+RUNS = ["orchestration", "pass_run", "failed", "approval"]
+
+
+def _boom(_: Any) -> str:
+    raise RuntimeError(f"disk full {NASTY}")
+
+
+def _planner(goal: str, observations: list[Any], clarifications: list[Any]) -> journaled.Plan:
+    return journaled.Plan(goal=goal, steps=[journaled.Step("only", tool="ok")])
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
+    """Write the demo story, a failed run and an approved orchestration to one journal."""
+    url = f"sqlite:///{tmp_path_factory.mktemp('timeline') / 'journal.sqlite'}"
+    orchestration = demo.run(url, Console(file=io.StringIO()), human_delay=0)
+    with journaled.open(url) as rt:
+        rt.register_tool("ok", lambda data: f"fine: {data}")
+        rt.register_tool("boom", _boom)
+        rt.register_skill("summarize", lambda data: "short")
+        failed = rt.execute(
+            journaled.Plan(
+                goal="check the mirrors",
+                steps=[
+                    journaled.Step("fetch", tool="ok", input="a"),
+                    journaled.Step("mirror", tool="boom", depends_on=["fetch"]),
+                    journaled.Step("sum", skill="summarize", depends_on=["fetch"]),
+                    journaled.Step("publish", tool="ok", depends_on=["mirror", "sum"]),
+                ],
+            )
+        )
+        assert [s.status for s in failed.plan.steps] == [
+            "succeeded",
+            "failed",
+            "succeeded",
+            "skipped",
+        ]
+        waiting = rt.orchestrate("ship it", _planner, require_approval=True)
+        assert waiting.status == "waiting_for_approval"
+        rt.resume(waiting.run_id, approve=True, planner=_planner)
+        pass_run = next(
+            e.data.run for e in rt.runs.history(orchestration) if isinstance(e.data, PassStarted)
+        )
+    return Story(url, orchestration, pass_run, failed.run_id, waiting.run_id)
+
+
+@pytest.fixture
+def rt(story: Story) -> Iterator[journaled.Runtime]:
+    """Open the story's journal for reading."""
+    with journaled.open(story.url) as runtime:
+        yield runtime
+
+
+def _data(page: str) -> dict[str, Any]:
+    found = re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', page)
+    assert found is not None
+    data: dict[str, Any] = json.loads(found.group(1))
+    return data
+
+
+def _positions(rt: journaled.Runtime, run_id: str) -> list[int]:
+    own = rt.runs.history(run_id)
+    passes = [e.data.run for e in own if isinstance(e.data, PassStarted)]
+    return sorted({e.position for s in [run_id, *passes] for e in rt.runs.history(s)})
+
+
+def _expected(rt: journaled.Runtime, run_id: str, position: int) -> dict[str, Any] | None:
+    """What ``rt.runs.at`` says, or None when it has no run there (before a first pass)."""
+    try:
+        result = rt.runs.at(run_id, position)
+    except ValueError:
+        return None
+    return {
+        "statuses": {s.id: s.status for s in result.plan.steps},
+        "calls_used": result.calls_used,
+        "waiting": list(result.waiting),
+        "stopped_for_budget": result.stopped_for_budget,
+        "ok": result.ok,
+    }
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_page_loads_nothing_from_anywhere(story: Story, rt: journaled.Runtime, name: str) -> None:
+    """O7: scripts, styles and data are inline: no link, src, href or URL; CSP forbids fetches."""
+    page = timeline.render(rt, story.run(name))
+    markup = re.sub(r'(id="timeline-data">).*?(</script>)', r"\1\2", page, flags=re.S)
+    assert page.startswith("<!doctype html>")
+    assert "<link" not in markup.lower()
+    assert re.search(r"<script[^>]*\ssrc", markup, re.I) is None
+    remote = r"""\b(src|href|srcset|action)\s*=\s*["']?\s*(https?:)?//"""
+    assert re.search(remote, page, re.I) is None
+    assert re.search(r"\b(src|href)\s*=", markup, re.I) is None
+    for needle in ("http://", "https://", "@import", "url(", "fetch(", "XMLHttpRequest"):
+        assert needle not in markup
+    assert "default-src 'none'" in markup
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_position_is_on_the_scrubber(story: Story, rt: journaled.Runtime, name: str) -> None:
+    """O7: the run's positions (an orchestration's merged with its passes') are all embedded."""
+    run_id = story.run(name)
+    page = timeline.render(rt, run_id)
+    frames = _data(page)["frames"]
+    assert [f["position"] for f in frames] == _positions(rt, run_id)
+    assert '<input type="range" id="scrubber"' in page
+    for frame in frames:
+        assert frame["text"]
+        assert frame["kind"] == next(
+            e.kind for e in rt.journal.read(frame["position"] - 1, frame["position"])
+        )
+
+
+@pytest.mark.parametrize("name", RUNS)
+def test_every_position_shows_runs_at(story: Story, rt: journaled.Runtime, name: str) -> None:
+    """O7: each embedded state equals rt.runs.at at that position (None where it has no run)."""
+    run_id = story.run(name)
+    data = _data(timeline.render(rt, run_id))
+    for frame in data["frames"]:
+        expected = _expected(rt, run_id, frame["position"])
+        state = frame["state"]
+        if expected is None:
+            assert state is None
+            continue
+        assert {k: state[k] for k in expected} == expected, frame["position"]
+    assert "\n".join(data["lines"][k] for k in data["frames"][-1]["why"]) == rt.runs.why(run_id)
+
+
+def test_budget_stop_wait_and_child_run_are_marked(story: Story, rt: journaled.Runtime) -> None:
+    """O7/E7/E9/E10: the budget stop and the wait are flagged; the agent's child run is linked."""
+    data = _data(timeline.render(rt, story.orchestration))
+    flags = {f["kind"]: f["flag"] for f in data["frames"] if f["flag"]}
+    assert flags["run.budget-stopped"] == "budget"
+    assert flags["orchestration.budget-awaited"] == "budget"
+    assert flags["run.step-waiting"] == "wait"
+    waiting = next(f for f in data["frames"] if f["kind"] == "run.step-waiting")
+    assert waiting["state"]["waiting"] == ["deploy"]
+    assert "Which region" in waiting["state"]["notes"]["deploy"]
+    final = rt.runs.at(story.orchestration, data["frames"][-1]["position"])
+    child = next(o.agent_task_id for o in final.observations if o.agent_task_id)
+    linked = data["frames"][-1]["state"]["children"]["deploy"]
+    assert linked["run"] == child
+    assert linked["summary"].startswith("completed")
+    assert data["orchestration"] is True
+    assert data["title"].endswith("completed")
+
+
+def test_approval_is_marked_before_any_pass(story: Story, rt: journaled.Runtime) -> None:
+    """O4/O7: waiting for approval is flagged; the proposed plan shows with no run state."""
+    frames = _data(timeline.render(rt, story.approval))["frames"]
+    asked = next(f for f in frames if f["kind"] == "orchestration.approval-requested")
+    assert asked["flag"] == "approval"
+    assert asked["state"] is None
+    assert asked["plan"] == 0
+
+
+def test_failure_skip_and_waves(story: Story, rt: journaled.Runtime) -> None:
+    """O7/E2/E4: the DAG is drawn by wave; the failure is flagged with its error, escaped."""
+    page = timeline.render(rt, story.failed)
+    data = _data(page)
+    assert [[b["id"] for b in w] for w in data["plans"][0]["waves"]] == [
+        ["fetch"],
+        ["mirror", "sum"],
+        ["publish"],
+    ]
+    failed = next(f for f in data["frames"] if f["flag"] == "failed")
+    assert failed["kind"] == "run.step-failed"
+    assert NASTY in failed["state"]["notes"]["mirror"]
+    assert page.count("</script>") == 2  # the data block and the script; the error cannot add one
+
+
+def test_write_creates_the_file(story: Story, rt: journaled.Runtime, tmp_path: Path) -> None:
+    """O7: write() puts render()'s page at the path, creating its folder."""
+    out = timeline.write(rt, story.failed, tmp_path / "pages" / "run.html")
+    assert out == tmp_path / "pages" / "run.html"
+    assert out.read_text(encoding="utf-8") == timeline.render(rt, story.failed)
+
+
+def test_unknown_run_is_an_error(rt: journaled.Runtime) -> None:
+    """O7: rendering a run the journal does not hold raises RunNotFound."""
+    with pytest.raises(journaled.RunNotFound):
+        timeline.render(rt, "run_nope")
+
+
+# -- in a real browser --------------------------------------------------------------------------
+
+READ_STEPS = """
+return Array.from(document.querySelectorAll('[data-step]')).map(
+  (n) => [n.dataset.step, n.dataset.status, n.dataset.waiting === 'true']);
+"""
+
+
+def _check_dom(driver: Any, rt: journaled.Runtime, run_id: str, position: int) -> None:
+    shown = driver.execute_script(READ_STEPS)
+    expected = _expected(rt, run_id, position)
+    if expected is None:  # only a proposed plan: drawn, every step still pending
+        assert {status for _, status, _ in shown} <= {"pending"}
+        return
+    assert {step: status for step, status, _ in shown} == expected["statuses"], position
+    assert [step for step, _, waiting in shown if waiting] == expected["waiting"], position
+
+
+@pytest.mark.parametrize(("name", "shot"), [("orchestration", "run.step-waiting"), ("failed", "")])
+def test_scrubbing_in_chromium(
+    story: Story, rt: journaled.Runtime, tmp_path: Path, name: str, shot: str
+) -> None:
+    """O7: in headless Chromium every box's data-status follows rt.runs.at as the scrubber moves."""
+    reason = browser.missing()
+    if reason is not None:
+        pytest.skip(f"no browser test: {reason}")
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    run_id = story.run(name)
+    page = timeline.write(rt, run_id, tmp_path / f"{name}.html")
+    positions = _positions(rt, run_id)
+    frames = _data(page.read_text(encoding="utf-8"))["frames"]
+    with browser.chromium() as driver:
+        driver.get(page.as_uri())
+        assert driver.execute_script("return document.body.dataset.position") == str(positions[-1])
+        for position in positions:
+            assert driver.execute_script("return window.setPosition(arguments[0])", position) == (
+                position
+            )
+            _check_dom(driver, rt, run_id, position)
+
+        scrubber = driver.find_element(By.ID, "scrubber")
+        scrubber.send_keys(Keys.HOME)
+        for position in positions[1:4]:
+            scrubber.send_keys(Keys.ARROW_RIGHT)  # the slider's own keyboard handling
+            assert scrubber.get_attribute("value") == str(positions.index(position))
+            assert driver.find_element(By.ID, "pos").text == f"#{position}"
+            _check_dom(driver, rt, run_id, position)
+        scrubber.send_keys(Keys.SHIFT, Keys.ARROW_RIGHT)  # jump to the next highlighted event
+        flagged = next(f["position"] for f in frames[4:] if f["flag"])
+        assert driver.find_element(By.ID, "pos").text == f"#{flagged}"
+        _check_dom(driver, rt, run_id, flagged)
+
+        assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+        log: Callable[[str], list[dict[str, Any]]] = driver.get_log  # selenium leaves it untyped
+        assert [e for e in log("browser") if e["level"] == "SEVERE"] == []  # CSP or script errors
+
+        target = next((f["position"] for f in frames if f["kind"] == shot), positions[-1])
+        driver.execute_script("window.setPosition(arguments[0])", target)
+        driver.execute_script("document.getAnimations().forEach((a) => a.finish())")
+        for _ in range(2):  # the page reflows once the window is taller
+            height = driver.execute_script("return document.documentElement.scrollHeight")
+            driver.set_window_size(1440, max(900, int(height) + 140))
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / f"timeline-{name}.png"))
