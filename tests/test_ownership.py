@@ -99,3 +99,67 @@ def test_heartbeats_show_a_quiet_owner_alive(
             release.set()
             thread.join(10)
         assert results[0].ok
+
+
+def _race(url: str, run_id: str, record: object) -> list[object]:
+    """Resume one run from two runtimes at the same moment; return both outcomes."""
+    outcomes: list[object] = []
+    barrier = threading.Barrier(2, timeout=10)
+
+    def resume(rt: journaled.Runtime) -> None:
+        barrier.wait()
+        try:
+            outcomes.append(rt.resume(run_id, call_budget=1))
+        except journaled.RunNotResumable as exc:
+            outcomes.append(exc)
+
+    with journaled.open(url) as one, journaled.open(url) as two:
+        for rt in (one, two):
+            rt.register_skill("think", lambda x: "idea")
+            rt.register_tool("record", record)  # type: ignore[arg-type]
+        threads = [threading.Thread(target=resume, args=(rt,)) for rt in (one, two)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    return outcomes
+
+
+def _stopped_run(url: str, plan: Plan) -> str:
+    with journaled.open(url) as rt:
+        rt.register_skill("think", lambda x: "idea")
+        rt.register_tool("record", lambda x: x)
+        stopped = rt.execute(plan, call_budget=0)
+    assert stopped.stopped_for_budget
+    return stopped.run_id
+
+
+def test_two_resumers_race_and_exactly_one_executes(tmp_path: Path) -> None:
+    """J3/E14: two runtimes resuming one run at once: one runs every step once, one is refused."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    ran: list[str] = []
+    lock = threading.Lock()
+
+    def record(step_id: str) -> str:
+        with lock:
+            ran.append(step_id)
+        return step_id
+
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("think", skill="think"),
+            Step("a", tool="record", input="a", depends_on=["think"]),
+            Step("b", tool="record", input="b", depends_on=["a"]),
+        ],
+    )
+    for _ in range(5):  # several races, since either side may win each time
+        ran.clear()
+        outcomes = _race(url, _stopped_run(url, plan), record)
+        wins = [o for o in outcomes if isinstance(o, journaled.ExecuteResult)]
+        losses = [o for o in outcomes if isinstance(o, journaled.RunNotResumable)]
+        assert len(wins) == 1, outcomes
+        assert wins[0].ok
+        assert len(losses) == 1
+        assert "another process" in str(losses[0]) or "already finished" in str(losses[0])
+        assert sorted(ran) == ["a", "b"]
