@@ -320,6 +320,9 @@ class Runs:
         first = self._journal.first(run_id)
         if first is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
+        end = self._journal.position()
+        if position > end:
+            raise ValueError(f"position {position} is past the end of the journal ({end})")
         if isinstance(first.data, OrchestrationStarted):
             if position < first.position:
                 raise ValueError(
@@ -343,15 +346,25 @@ class Runs:
             raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
         return diff_results(run_id, a, b, self.at(run_id, a), self.at(run_id, b))
 
-    def at_time(self, run_id: str, at: int) -> ExecuteResult:
-        """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
+    def position_at(self, run_id: str, at: int) -> int:
+        """Return the journal position of a run's last event recorded by an epoch-ms time.
+
+        For an orchestration, the events of its passes count too.
+        """
         events = self.history(run_id)
         if at < events[0].data.at:
             raise ValueError(
                 f"run {run_id} had not begun at {at} (it began at {events[0].data.at})"
             )
-        position = max(e.position for e in events if e.data.at <= at)
-        return self.at(run_id, position)
+        everything = list(events)
+        for e in events:
+            if isinstance(e.data, PassStarted):
+                everything += self._journal.stream(e.data.run)
+        return max(e.position for e in everything if e.data.at <= at)
+
+    def at_time(self, run_id: str, at: int) -> ExecuteResult:
+        """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
+        return self.at(run_id, self.position_at(run_id, at))
 
     def why(self, run_id: str) -> str:
         """Explain, from events alone, why a run or orchestration is in its state (O6)."""

@@ -216,14 +216,21 @@ def test_dependencies_order_waves(runtime: journaled.Runtime) -> None:
 def test_per_tool_cap_inside_the_batch(runtime: journaled.Runtime) -> None:
     """E3: a per-tool cap of 1 serialises that tool while other steps of the batch run alongside."""
     capped = Concurrency()
-    barrier = threading.Barrier(2, timeout=WAIT)
+    inside = threading.Event()
+    free_running = threading.Event()
 
     def capped_fn(x: Any) -> Any:
-        barrier.wait()  # meets the free tool: proves capped steps still overlap other tools
+        inside.set()
+        # A free step is running at the same time: capped steps overlap other tools.
+        assert free_running.wait(WAIT)
         return x
 
+    def free_fn(x: Any) -> Any:
+        free_running.set()
+        return inside.wait(WAIT)
+
     runtime.register_tool("capped", capped.wrap(capped_fn))
-    runtime.register_tool("free", lambda x: barrier.wait())
+    runtime.register_tool("free", free_fn)
     steps = [
         Step("c1", tool="capped"),
         Step("c2", tool="capped"),
@@ -235,6 +242,7 @@ def test_per_tool_cap_inside_the_batch(runtime: journaled.Runtime) -> None:
     )
     assert result.ok, result.observations
     assert capped.peak == 1
+    assert all(o.output is True for o in result.observations if o.tool == "free")
 
 
 def test_per_skill_and_per_agent_caps(runtime: journaled.Runtime) -> None:

@@ -1,0 +1,394 @@
+"""What the ``journaled`` command line prints: JSON shapes, times, and rich rendering for people.
+
+The JSON shapes below are the command line's stable contract for scripts: fields are only ever
+added. Human output goes through rich, which colours only when the terminal supports it and honours
+``NO_COLOR``; JSON never goes through rich, so it never carries ANSI codes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+import journaled
+from events.base import DomainEvent, Event
+from events.memory import ConflictKeyClaimed, Fact
+from events.memory_audit import describe, when
+from events.orchestration import PassStarted
+from events.plan_rules import waves
+from events.plans import SKIPPED_DEPENDENCY, ExecuteResult, Observation, RunDiff, Step
+from events.run_audit import describe_orchestration_event, describe_run_event
+from events.runs import BudgetStopped
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+_NOTE_WIDTH = 60
+
+# -- JSON shapes -----------------------------------------------------------------------------------
+
+
+class RunListed(msgspec.Struct, frozen=True, kw_only=True):
+    """``runs list``: one run or orchestration."""
+
+    run_id: str
+    kind: str
+    """``run.started`` or ``orchestration.started``."""
+    at: int
+    """When it started, epoch ms."""
+
+
+class FactWhy(msgspec.Struct, frozen=True, kw_only=True):
+    """``memory why``: a fact's life explained from its events."""
+
+    fact_id: str
+    why: str
+
+
+class RunWhy(msgspec.Struct, frozen=True, kw_only=True):
+    """``runs why``: why a run is in its state, from its events."""
+
+    run_id: str
+    why: str
+
+
+class MemoryAsOf(msgspec.Struct, frozen=True, kw_only=True):
+    """``memory as-of``: the store as it was at a journal position or a time."""
+
+    position: int
+    """The journal position the view reflects (the last event folded into it)."""
+    at: int | None
+    """The time asked for (epoch ms), or None when a position was asked for."""
+    query: str | None
+    """The search asked for, or None for every fact stored then."""
+    facts: list[Fact]
+
+
+class RunView(ExecuteResult, frozen=True, kw_only=True):
+    """``runs show``: an ExecuteResult rebuilt at a position, plus what people need to read it."""
+
+    position: int
+    """The journal position the run was rebuilt at."""
+    orchestration: str | None
+    """When RUN is an orchestration, its id; ``run_id`` is then the pass shown."""
+    status: str | None
+    """How the run's last pass ended by then (``completed``, ``failed``, ``stopped_for_budget``,
+    ``waiting``, ``cancelled``), or None while it was running."""
+    budget: int | None
+    """The call budget in force then (None: unbounded)."""
+    budget_stop: BudgetStopped | None
+    """The budget stop (wave, estimate, used, budget) when ``stopped_for_budget``."""
+    questions: dict[str, str]
+    """The question each waiting step asks."""
+    waves: list[list[str]]
+    """Step ids by dependency wave; wave 1 first."""
+    last_at: int
+    """When the run's last event up to ``position`` happened, epoch ms."""
+
+
+class TailEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """``journal tail``: one event of the global log (printed one JSON object per line)."""
+
+    position: int
+    stream: str
+    version: int
+    kind: str
+    at: int
+    time: str
+    """``at`` as an ISO-8601 UTC time."""
+    description: str
+    data: DomainEvent
+    """The event's payload as stored, tagged with its kind in ``type``."""
+
+
+class DemoDone(msgspec.Struct, frozen=True, kw_only=True):
+    """``demo``: the orchestration the story ran."""
+
+    run_id: str
+
+
+def to_json(data: object) -> str:
+    """Encode a Struct, a list of them, or builtins as compact JSON."""
+    return msgspec.json.encode(data).decode()
+
+
+# -- times -----------------------------------------------------------------------------------------
+
+
+def parse_time(text: str) -> int:
+    """Parse an ISO-8601 time (``Z``, an offset, or none for UTC; or a date, at 00:00 UTC) to ms.
+
+    Raises:
+        ValueError: naming the text and the accepted forms.
+    """
+    try:
+        stamp = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise ValueError(
+            f"cannot read the time {text!r}: use ISO 8601, e.g. 2026-11-30T07:00:00Z, "
+            "2026-11-30T08:00:00+01:00 or 2026-11-30"
+        ) from None
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return (stamp - _EPOCH) // dt.timedelta(milliseconds=1)
+
+
+# -- what to show ---------------------------------------------------------------------------------
+
+
+def position_at_time(rt: journaled.Runtime, run_id: str, at: int) -> int:
+    """Return the position of the last event of a run (its passes included) recorded by ``at``.
+
+    Raises:
+        RunNotFound: no such run.
+        ValueError: the run had not begun at ``at``.
+    """
+    events = rt.runs.history(run_id)
+    passes = [e.data.run for e in events if isinstance(e.data, PassStarted)]
+    everything = events + [e for run in passes for e in rt.runs.history(run)]
+    if at < events[0].data.at:
+        raise ValueError(
+            f"run {run_id} had not begun at {when(at)} (it began at {when(events[0].data.at)})"
+        )
+    return max(e.position for e in everything if e.data.at <= at)
+
+
+def run_view(rt: journaled.Runtime, run_id: str, position: int) -> RunView:
+    """Rebuild a run (or an orchestration's current pass) at a journal position (O7).
+
+    Raises:
+        RunNotFound: no such run.
+        ValueError: the run had not begun (or not started executing) at ``position``.
+    """
+    result = rt.runs.at(run_id, position)
+    state = rt.runs.state(result.run_id, position)
+    return RunView(
+        **{f: getattr(result, f) for f in result.__struct_fields__},
+        position=position,
+        orchestration=run_id if result.run_id != run_id else None,
+        status=state.run_status,
+        budget=state.budget,
+        budget_stop=state.budget_stop if result.stopped_for_budget else None,
+        questions={s: state.questions[s] for s in result.waiting if s in state.questions},
+        waves=[[s.id for s in wave] for wave in waves(result.plan.steps)],
+        last_at=state.last_at,
+    )
+
+
+def events_after(rt: journaled.Runtime, after: int, end: int, limit: int) -> list[Event]:
+    """Return the first ``limit`` events after a position, reading no more than needed."""
+    events: list[Event] = []
+    start = after
+    while len(events) < limit and start < end:
+        upto = min(end, start + limit - len(events))
+        events += rt.journal.read(after=start, upto=upto)
+        start = upto
+    return events
+
+
+def last_events(rt: journaled.Runtime, end: int, limit: int) -> list[Event]:
+    """Return the last ``limit`` events up to ``end`` (positions may have gaps on PostgreSQL)."""
+    start = max(0, end - limit)
+    events = rt.journal.read(after=start, upto=end)
+    while len(events) < limit and start > 0:
+        start = max(0, start - 2 * limit)
+        events = rt.journal.read(after=start, upto=end)
+    return events[-limit:]
+
+
+# -- plain lines -----------------------------------------------------------------------------------
+
+
+def one_line(text: object, width: int | None = None) -> str:
+    """Render any value on one line, cut to ``width`` characters with an ellipsis."""
+    flat = " ".join(str(text).split())
+    if width is not None and len(flat) > width:
+        return flat[: width - 1] + "…"
+    return flat
+
+
+def describe_event(event: Event) -> str:
+    """Say in one line what any journal event records (memory, run or orchestration)."""
+    data = event.data
+    if isinstance(data, ConflictKeyClaimed):
+        return f"fact {data.fact_id} claimed conflict key {data.conflict_key!r}"
+    if event.kind.startswith("memory."):
+        return one_line(describe(event).replace(f" at {when(data.at)}", "", 1))
+    text = describe_run_event(event) or describe_orchestration_event(event) or event.kind
+    return one_line(text)
+
+
+def tail_line(event: Event) -> str:
+    """Render one event as ``#position  ISO-time  stream  description``."""
+    return (
+        f"#{event.position:<6} {when(event.data.at)}  {event.stream:<30}  {describe_event(event)}"
+    )
+
+
+def tail_event(event: Event) -> TailEvent:
+    """Return the JSON shape of one event of the global log."""
+    return TailEvent(
+        position=event.position,
+        stream=event.stream,
+        version=event.version,
+        kind=event.kind,
+        at=event.data.at,
+        time=when(event.data.at),
+        description=describe_event(event),
+        data=event.data,
+    )
+
+
+def history_lines(events: Sequence[Event]) -> str:
+    """Render events as ``#position  ISO-time  description`` lines."""
+    return "\n".join(f"#{e.position:<6} {when(e.data.at)}  {describe_event(e)}" for e in events)
+
+
+# -- rich rendering --------------------------------------------------------------------------------
+
+_GLYPHS = {
+    "succeeded": ("✓", "green"),
+    "failed": ("✗", "red"),
+    "skipped": ("⊘", "dim"),
+    "running": ("▶", "cyan"),
+    "pending": ("·", "blue"),
+    "waiting": ("?", "yellow"),
+}
+
+
+def _glyph(status: str) -> tuple[str, str]:
+    return _GLYPHS.get(status, ("·", ""))
+
+
+def _out(console: Console, line: Text) -> None:
+    """Print one line: cut with an ellipsis on a terminal, whole when piped."""
+    if console.is_terminal:
+        console.print(line, no_wrap=True, overflow="ellipsis")
+    else:
+        console.print(line, soft_wrap=True)
+
+
+def facts_table(facts: Sequence[Fact], title: str | None = None) -> Table:
+    """Tabulate facts: id, scope, text (and what superseded it), ids never cut."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("fact", no_wrap=True)
+    table.add_column("scope", no_wrap=True)
+    table.add_column("text")
+    for fact in facts:
+        text = Text(fact.text)
+        if fact.superseded_by:
+            text.append(f"\nsuperseded by {fact.superseded_by}", style="dim")
+        table.add_row(fact.id, fact.scope, text)
+    return table
+
+
+def _note(obs: Observation | None, question: str | None) -> str:
+    if question is not None:
+        return f"waits: {question}"
+    if obs is None:
+        return ""
+    child = f" → child run {obs.agent_task_id}" if obs.agent_task_id else ""
+    if not obs.ok or obs.output is None:
+        return (obs.error or "") + child
+    return (obs.output if isinstance(obs.output, str) else to_json(obs.output)) + child
+
+
+def _obs_status(obs: Observation) -> str:
+    if obs.ok:
+        return "succeeded"
+    if obs.code == "agent-waiting":
+        return "waiting"
+    if obs.code == "cancelled" or obs.error == SKIPPED_DEPENDENCY:
+        return "skipped"
+    return "failed"
+
+
+def _state_line(view: RunView) -> str:
+    stop = view.budget_stop
+    if view.stopped_for_budget and stop is not None:
+        return (
+            f"stopped for budget before wave {stop.wave}: it needs {stop.estimate} call(s), "
+            f"{stop.used} of {stop.budget} used"
+        )
+    if view.waiting:
+        return f"waiting for an answer: {', '.join(view.waiting)}"
+    if view.status is None:
+        return "running (or stopped mid-step)"
+    return view.status.replace("_", " ")
+
+
+def render_run(console: Console, view: RunView) -> None:
+    """Print a run as its DAG by wave: each step with a status glyph, then calls and budget."""
+    head = Text(f"run {view.run_id}", style="bold")
+    head.append(f"  at #{view.position} (last event {when(view.last_at)})", style="dim")
+    _out(console, head)
+    if view.orchestration:
+        _out(console, Text(f"pass of orchestration {view.orchestration}", style="dim"))
+    _out(console, Text(f"goal: {view.plan.goal}"))
+    _out(console, Text(f"state: {_state_line(view)}"))
+    steps = {s.id: s for s in view.plan.steps}
+    observed = {o.step_id: o for o in view.observations}
+    id_width = max((len(s.id) for s in view.plan.steps), default=0)
+    what_width = max((len(f"{s.kind} {s.target}") for s in view.plan.steps), default=0)
+    stop_wave = view.budget_stop.wave if view.stopped_for_budget and view.budget_stop else None
+    for number, wave in enumerate(view.waves, 1):
+        if number == stop_wave:
+            stop = f"needs {view.budget_stop.estimate} call(s)" if view.budget_stop else ""
+            _out(console, Text(f"── stopped for budget here: wave {number} {stop}", style="yellow"))
+        _out(console, Text(f"wave {number}", style="bold"))
+        for step_id in wave:
+            _out(console, _step_line(view, steps[step_id], observed, id_width, what_width))
+    budget = "no budget" if view.budget is None else f"a budget of {view.budget}"
+    waiting = ", ".join(view.waiting) or "none"
+    _out(console, Text(f"calls used: {view.calls_used} of {budget}; waiting: {waiting}"))
+
+
+def _step_line(
+    view: RunView,
+    step: Step,
+    observed: dict[str, Observation],
+    id_width: int,
+    what_width: int,
+) -> Text:
+    status = "waiting" if step.id in view.waiting else step.status
+    glyph, style = _glyph(status)
+    note = one_line(_note(observed.get(step.id), view.questions.get(step.id)), _NOTE_WIDTH)
+    line = Text("  ")
+    line.append(glyph, style=style)
+    line.append(f" {step.id:<{id_width}}  {f'{step.kind} {step.target}':<{what_width}}  ")
+    line.append(f"{status:<9}" if note else status, style=style)
+    if note:
+        line.append(f"  {note}", style="dim")
+    return line
+
+
+def render_diff(console: Console, diff: RunDiff) -> None:
+    """Print what changed in a run between two positions."""
+    _out(console, Text(f"run {diff.run_id}: #{diff.a} → #{diff.b}", style="bold"))
+    _out(console, Text(f"calls used: {diff.calls_used_before} → {diff.calls_used_after}"))
+    before = ", ".join(diff.waiting_before) or "none"
+    after = ", ".join(diff.waiting_after) or "none"
+    _out(console, Text(f"waiting: {before} → {after}"))
+    _out(console, Text("status changes:", style="bold"))
+    if not diff.status_changes:
+        _out(console, Text("  none", style="dim"))
+    width = max((len(c.step_id) for c in diff.status_changes), default=0)
+    for change in diff.status_changes:
+        line = Text(f"  {change.step_id:<{width}}  ")
+        line.append(change.before, style=_glyph(change.before)[1])
+        line.append(" → ")
+        line.append(change.after, style=_glyph(change.after)[1])
+        _out(console, line)
+    _out(console, Text("new observations:", style="bold"))
+    if not diff.new_observations:
+        _out(console, Text("  none", style="dim"))
+    width = max((len(o.step_id) for o in diff.new_observations), default=0)
+    for obs in diff.new_observations:
+        glyph, style = _glyph(_obs_status(obs))
+        line = Text("  ")
+        line.append(glyph, style=style)
+        line.append(f" {obs.step_id:<{width}}  {one_line(_note(obs, None), _NOTE_WIDTH)}")
+        _out(console, line)
