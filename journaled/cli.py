@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from types import FrameType
 from typing import Any, NoReturn, TypeVar
 
@@ -29,6 +30,7 @@ from events.base import Event
 from events.memory_audit import when
 from journaled import cli_render as render
 from journaled import demo as demo_story
+from journaled.timeline import write as write_timeline
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -386,6 +388,28 @@ def runs_history(ctx: click.Context, run_id: str) -> None:
 
 
 # -- journal ---------------------------------------------------------------------------------------
+
+
+@main.command()
+@click.argument("run_id")
+@click.option(
+    "-o",
+    "--output",
+    "output",
+    type=click.Path(dir_okay=False),
+    required=True,
+    help="The HTML file to write.",
+)
+@json_option
+@click.pass_context
+def timeline(ctx: click.Context, run_id: str, output: str) -> None:
+    """Write a self-contained HTML timeline of a run (O7). JSON: {run_id, path}."""
+    with _runtime(ctx) as rt:
+        path = _call(lambda: write_timeline(rt, run_id, Path(output)))
+        if _json(ctx):
+            _emit({"run_id": run_id, "path": str(path)})
+        else:
+            click.echo(f"wrote {path} — open it in a browser; arrows move through the journal")
 
 
 @main.group()

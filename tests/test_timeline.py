@@ -289,3 +289,22 @@ def test_scrubbing_in_chromium(
             driver.set_window_size(1440, max(900, int(height) + 140))
         ARTIFACTS.mkdir(exist_ok=True)
         assert driver.save_screenshot(str(ARTIFACTS / f"timeline-{name}.png"))
+
+
+def test_cli_writes_the_timeline(tmp_path: Path) -> None:
+    """O7: `journaled timeline RUN -o file` writes the page; an unknown run fails clearly."""
+    from click.testing import CliRunner
+
+    from journaled.cli import main
+
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url) as rt:
+        rt.register_tool("t", lambda x: x)
+        run_id = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="t")])).run_id
+    out = tmp_path / "page" / "run.html"
+    result = CliRunner().invoke(main, ["--url", url, "timeline", run_id, "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    assert out.read_text().lower().startswith("<!doctype html>")
+    missing = CliRunner().invoke(main, ["--url", url, "timeline", "run_nope", "-o", str(out)])
+    assert missing.exit_code != 0
+    assert "no run" in missing.output
