@@ -417,6 +417,21 @@ def journal() -> None:
     """Read the journal's one global log."""
 
 
+@journal.command("migrate")
+@json_option
+@click.pass_context
+def journal_migrate(ctx: click.Context) -> None:
+    """Create the journal's tables if missing (idempotent; safe from many processes at once).
+
+    Run it once before starting many processes on a new PostgreSQL journal. JSON: {url, position}.
+    """
+    with _runtime(ctx, create=True) as rt:
+        if _json(ctx):
+            _emit({"url": rt.journal.url, "position": rt.journal.position()})
+        else:
+            click.echo(f"journal ready at {rt.journal.url} (position {rt.journal.position()})")
+
+
 @journal.command("tail")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
 @click.option("--after", type=int, default=None, help="Start after this position (default: tail).")

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg
 import pykka
 import pytest
 
 import journaled
 from journaled.testing import ManualClock
 
-BACKENDS = ["memory", "sqlite"]
+BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +36,52 @@ def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """Yield a fresh journal URL for every backend of the contract suite."""
     if request.param == "memory":
         return "memory://"
+    if request.param == "postgresql":
+        url: str = request.getfixturevalue("pg_url")
+        return url
     return f"sqlite:///{tmp_path / 'journal.sqlite'}"
+
+
+@pytest.fixture(scope="session")
+def postgres_databases() -> Iterator[pg.Databases]:
+    """Start a throwaway PostgreSQL server for the session; make fresh databases on it.
+
+    Skips (naming the missing path) when the server binaries or psycopg are not installed, or
+    fails instead when $JOURNALED_TEST_REQUIRE_POSTGRES is set (CI must not skip them silently).
+    """
+    unavailable = pytest.fail if os.environ.get("JOURNALED_TEST_REQUIRE_POSTGRES") else pytest.skip
+    missing = pg.missing_binaries()
+    if missing:
+        unavailable(
+            f"PostgreSQL tests need the server binaries: {', '.join(map(str, missing))} not found "
+            "(install postgresql-15 or set JOURNALED_TEST_PG_BIN)"
+        )
+    if importlib.util.find_spec("psycopg") is None:
+        unavailable("PostgreSQL tests need the postgres extra: pip install -e '.[postgres]'")
+    server = pg.PostgresServer()
+    try:
+        server.start()
+        databases = pg.Databases(server.url("postgres"))
+        try:
+            yield databases
+        finally:
+            databases.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_databases: pg.Databases) -> str:
+    """Return a superuser URL to one database on the session's PostgreSQL server (shared)."""
+    return postgres_databases.take()
+
+
+@pytest.fixture
+def pg_url(postgres_databases: pg.Databases) -> Iterator[str]:
+    """Yield the URL of a fresh, empty database on the session's PostgreSQL server."""
+    url = postgres_databases.take()
+    yield url
+    postgres_databases.give_back(url)
 
 
 @pytest.fixture

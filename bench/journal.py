@@ -1,0 +1,189 @@
+"""Benchmark of the journal: append and replay throughput per backend and per batch size.
+
+For each backend — in-process (``memory://``), SQLite (``durability=normal`` and ``full``) and
+PostgreSQL — append N events in batches of 1, 10 and 100 events per transaction (each event a
+~150-byte fact on its own stream, as memory writes them), then read the whole log back decoded.
+Each figure is compared with eventsourcing's stock recorder for that backend doing the same
+appends (same row sizes and transactions, same synchronous level for SQLite), in the same run.
+Ours also writes each fact's text to the payload table in the same transaction, as memory does.
+
+PostgreSQL: pass ``--postgres URL``, or let the script start a throwaway server (PostgreSQL 15
+binaries under /usr/lib/postgresql/15/bin), with fsync on. Run ``python bench/journal.py``
+(``--quick`` for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory, StoredEvent
+from eventsourcing.sqlite import SQLiteDatastore
+from report import Row, header, print_table, set_synchronous
+
+from events.base import Pending
+from events.catalog import codec
+from events.journal import Journal
+from events.memory import FactRemembered
+from events.url import parse_url
+
+ROOT = Path(__file__).resolve().parent.parent
+BATCHES = (1, 10, 100)
+T0 = 1_700_000_000_000
+
+
+def pendings(n: int, offset: int) -> list[Pending]:
+    """Make n fact events on distinct streams."""
+    return [
+        Pending(
+            stream=f"mem_{offset + i:012d}_bench",
+            version=1,
+            data=FactRemembered(at=T0 + i, fact_id=f"mem_{offset + i:012d}_bench", scope="project"),
+        )
+        for i in range(n)
+    ]
+
+
+def time_ours(url: str, n: int, batch: int) -> tuple[float, float]:
+    """Append n events in batches through our journal, then read them all; return seconds."""
+    journal = Journal(parse_url(url), codec())
+    try:
+        before = journal.position()
+        events = pendings(n, batch * 10**7)
+        texts = {p.stream: b"x" * 80 for p in events}
+        start = time.perf_counter()
+        for i in range(0, n, batch):
+            chunk = events[i : i + batch]
+            journal.append(chunk, payloads={p.stream: texts[p.stream] for p in chunk})
+        appended = time.perf_counter() - start
+        start = time.perf_counter()
+        count = sum(1 for _ in journal.read(after=before))
+        read = time.perf_counter() - start
+        assert count == n
+        return appended, read
+    finally:
+        journal.close()
+
+
+def time_stock(env: dict[str, str], n: int, batch: int, level: str | None) -> float:
+    """Append the same rows with eventsourcing's stock recorder; return seconds."""
+    factory = InfrastructureFactory.construct(env)
+    try:
+        recorder = factory.application_recorder()
+        assert isinstance(recorder, ApplicationRecorder)
+        datastore = getattr(factory, "datastore", None)
+        if level is not None and isinstance(datastore, SQLiteDatastore):
+            set_synchronous(datastore, level)
+        c = codec()
+        rows = [
+            StoredEvent(p.stream, 1, c.topic(p.data), c.encode(p.data) + b"x" * 80)
+            for p in pendings(n, 10**9 + batch * 10**7)
+        ]
+        start = time.perf_counter()
+        for i in range(0, n, batch):
+            recorder.insert_events(rows[i : i + batch])
+        return time.perf_counter() - start
+    finally:
+        factory.close()
+
+
+@contextmanager
+def postgres(url: str | None) -> Iterator[str | None]:
+    """Yield a PostgreSQL URL: the one given, a throwaway server, or None if there is none."""
+    if url is not None:
+        yield url
+        return
+    sys.path.insert(0, str(ROOT / "tests"))
+    import psycopg  # noqa: PLC0415 - only when measuring PostgreSQL
+    from pg import PostgresServer, PostgresUnavailable, create_database  # noqa: PLC0415
+
+    try:
+        server = PostgresServer()
+    except PostgresUnavailable as exc:
+        print(f"PostgreSQL skipped: {exc}\n")
+        yield None
+        return
+    server.start()
+    try:
+        # The test server runs without fsync; a benchmark measures a durable one.
+        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET fsync = on")
+            conn.execute("SELECT pg_reload_conf()")
+        yield create_database(server.url("postgres"))
+    finally:
+        server.stop()
+
+
+Backend = tuple[str, Callable[[str], str], dict[str, str], str | None]
+
+
+def backends(tmp: Path, pg: str | None) -> Iterator[Backend]:
+    """Yield (name, url for a label, stock env, synchronous level) for every backend."""
+    yield "memory", lambda _: "memory://", {"PERSISTENCE_MODULE": "eventsourcing.popo"}, None
+    for durability, level in (("normal", "NORMAL"), ("full", "FULL")):
+
+        def sqlite_url(label: str, d: str = durability) -> str:
+            return f"sqlite:///{tmp / f'{label}-{d}.sqlite'}?durability={d}"
+
+        stock = {"PERSISTENCE_MODULE": "eventsourcing.sqlite", "ORIGINATOR_ID_TYPE": "text"}
+        yield f"sqlite {durability}", sqlite_url, stock, level
+    if pg is not None:
+        parts = parse_url(pg)
+        stock = {
+            "PERSISTENCE_MODULE": "eventsourcing.postgres",
+            "POSTGRES_DBNAME": str(parts.dbname),
+            "POSTGRES_HOST": str(parts.host),
+            "POSTGRES_PORT": str(parts.port),
+            "POSTGRES_USER": str(parts.user),
+            "POSTGRES_PASSWORD": parts.password or "",
+            "ORIGINATOR_ID_TYPE": "text",
+        }
+        yield "postgresql", lambda _: pg, stock, None
+
+
+def main() -> None:
+    """Run every measurement and print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
+    parser.add_argument("--postgres", default=None, help="a PostgreSQL URL to measure against")
+    args = parser.parse_args()
+    n = 2000 if args.quick else 10_000
+    header("journaled journal benchmark", args.quick)
+    rows: list[Row] = []
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-journal-") as name,
+        postgres(args.postgres) as pg,
+    ):
+        tmp = Path(name)
+        for backend, url_for, stock_env, level in backends(tmp, pg):
+            for batch in BATCHES:
+                count = n if batch > 1 else n // 5
+                label = f"{backend}-b{batch}"
+                appended, read = time_ours(url_for(label), count, batch)
+                env = dict(stock_env)
+                if "SQLITE_DBNAME" not in env and backend.startswith("sqlite"):
+                    env["SQLITE_DBNAME"] = str(tmp / f"stock-{label}.sqlite")
+                stock = time_stock(env, count, batch, level)
+                rows.append(
+                    Row(
+                        f"{backend}: append, {batch} event(s) per commit",
+                        f"{count / appended:,.0f} ev/s",
+                        f"stock {count / stock:,.0f} ev/s" if stock else "",
+                        f"{stock / appended:.2f}" if stock else "",
+                        "-",
+                        None,
+                    )
+                )
+                if batch == BATCHES[-1]:
+                    speed = f"{count / read:,.0f} ev/s"
+                    rows.append(Row(f"{backend}: read back, decoded", speed, "", "", "-", None))
+    print_table(rows)
+
+
+if __name__ == "__main__":
+    main()
