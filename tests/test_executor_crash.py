@@ -14,14 +14,13 @@ Either way the record must agree with the journal's ``run.step-started`` attempt
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
+from crash import kill_when_in_flight
 
 import journaled
 from events.runs import RunResumed, StepStarted
@@ -115,32 +114,9 @@ def _config(tmp_path: Path, mode: str, agents: list[str], **extra: object) -> st
 
 def _run_until_in_flight(tmp_path: Path, agents: list[str], block: list[str]) -> None:
     """Execute the plan in a child process, wait until ``block`` are all in flight, SIGKILL it."""
-    out = tmp_path / "child.out"
-    err = tmp_path / "child.err"
     cfg = _config(tmp_path, "execute", agents, block=block)
     markers = [tmp_path / f"{step_id}.inflight" for step_id in block]
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, cfg], cwd=ROOT, stdout=stdout, stderr=stderr
-        )
-        try:
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            while not all(m.exists() for m in markers):
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"the child exited ({proc.returncode}) before its steps were in flight:\n"
-                        + err.read_text()
-                    )
-                if time.monotonic() > deadline:
-                    pytest.fail(f"steps {block} were not all in flight within {DEADLINE_SECONDS}s")
-                time.sleep(0.01)
-            proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=DEADLINE_SECONDS) == -signal.SIGKILL
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=DEADLINE_SECONDS)
-    assert out.read_text() == "", "the killed child must not have finished the run"
+    kill_when_in_flight(SCRIPT, cfg, markers, tmp_path)
 
 
 def _resume_in_fresh_process(tmp_path: Path, agents: list[str], run_id: str) -> str:

@@ -11,14 +11,13 @@ never be asked again (no re-plan from the bare goal), and ``slow`` runs again as
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import msgspec
 import pytest
+from crash import kill_when_in_flight
 
 import journaled
 from events.orchestration import OrchestrationStarted, PassStarted, PlanProposed
@@ -86,34 +85,8 @@ def _config(tmp_path: Path, mode: str, *, block: bool, run_id: str = "") -> str:
 
 def _orchestrate_until_in_flight(tmp_path: Path, mode: str) -> None:
     """Start the orchestration in a child process, wait for ``slow`` to block, SIGKILL it."""
-    out = tmp_path / "child.out"
-    err = tmp_path / "child.err"
-    marker = tmp_path / "slow.inflight"
-    with out.open("wb") as stdout, err.open("wb") as stderr:
-        proc = subprocess.Popen(
-            [sys.executable, "-c", SCRIPT, _config(tmp_path, mode, block=True)],
-            cwd=ROOT,
-            stdout=stdout,
-            stderr=stderr,
-        )
-        try:
-            deadline = time.monotonic() + DEADLINE_SECONDS
-            while not marker.exists():
-                if proc.poll() is not None:
-                    pytest.fail(
-                        f"the child exited ({proc.returncode}) before 'slow' was in flight:\n"
-                        + err.read_text()
-                    )
-                if time.monotonic() > deadline:
-                    pytest.fail(f"'slow' was not in flight within {DEADLINE_SECONDS}s")
-                time.sleep(0.01)  # polling interval, not synchronisation: the marker decides
-            proc.send_signal(signal.SIGKILL)
-            assert proc.wait(timeout=DEADLINE_SECONDS) == -signal.SIGKILL
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=DEADLINE_SECONDS)
-    assert out.read_text() == "", "the killed child must not have finished the orchestration"
+    config = _config(tmp_path, mode, block=True)
+    kill_when_in_flight(SCRIPT, config, [tmp_path / "slow.inflight"], tmp_path)
 
 
 def _resume_in_fresh_process(tmp_path: Path, mode: str, run_id: str) -> journaled.Outcome:
