@@ -57,6 +57,7 @@ class _Drive:
     reserve: Reserve | None
     on_progress: Progress | None
     answers: dict[str, str] = field(default_factory=dict)
+    take_over: bool = False
 
 
 class Orchestrations:
@@ -140,6 +141,7 @@ class Orchestrations:
         planner: Planner | None = None,
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
+        take_over: bool = False,
     ) -> Outcome:
         """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4)."""
         state = self.state(run_id)
@@ -178,7 +180,7 @@ class Orchestrations:
             raise RunNotResumable(
                 f"run {run_id}: pass planner=... to resume, the planner must be asked again"
             )
-        drive = _Drive(state, chosen, reserve, on_progress, given)
+        drive = _Drive(state, chosen, reserve, on_progress, given, take_over)
         state.reopen()
         now = self._clock()
         if call_budget is not None and call_budget != state.budget:
@@ -384,6 +386,7 @@ class Orchestrations:
             answers=d.answers or None,
             reserve=d.reserve,
             on_progress=d.on_progress,
+            take_over=d.take_over,
         )
 
     # -- helpers ---------------------------------------------------------------------------------

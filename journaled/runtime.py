@@ -194,13 +194,15 @@ class Runtime:
         planner: Planner | None = None,
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
+        take_over: bool = False,
     ) -> ExecuteResult | Outcome:
         """Rebuild a run from the journal and carry on (E14, O3, O4).
 
         Returns an ExecuteResult for a run started by ``execute`` and an Outcome for one started
         by ``orchestrate``. ``call_budget`` is the new total budget; ``answers`` answer waiting
         steps; ``approve`` approves a plan awaiting approval; ``clarification`` answers the
-        planner's question (or the one waiting step).
+        planner's question (or the one waiting step). ``take_over`` resumes an unfinished run
+        even though its owner looks alive (use it only when you know that process is gone).
         """
         if self._journal.first(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
@@ -214,6 +216,7 @@ class Runtime:
                 planner=planner,
                 reserve=reserve,
                 on_progress=on_progress,
+                take_over=take_over,
             )
         if approve or clarification is not None:
             raise RunNotResumable(
@@ -221,7 +224,12 @@ class Runtime:
                 "question; pass answers= for waiting steps"
             )
         return self.runs.resume(
-            run_id, call_budget, answers, reserve=reserve, on_progress=on_progress
+            run_id,
+            call_budget,
+            answers,
+            reserve=reserve,
+            on_progress=on_progress,
+            take_over=take_over,
         )
 
     def cancel(self, run_id: str) -> bool:

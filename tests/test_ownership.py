@@ -163,3 +163,46 @@ def test_two_resumers_race_and_exactly_one_executes(tmp_path: Path) -> None:
         assert len(losses) == 1
         assert "another process" in str(losses[0]) or "already finished" in str(losses[0])
         assert sorted(ran) == ["a", "b"]
+
+
+def test_take_over_forces_and_the_old_owner_stops(tmp_path: Path) -> None:
+    """J3: take_over=True resumes anyway; the old owner's next append fails and it stops."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    inside = threading.Event()
+    release = threading.Event()
+
+    def hold(_: object) -> bool:
+        inside.set()
+        return release.wait(10)
+
+    with journaled.open(url) as one, journaled.open(url) as two:
+        for rt in (one, two):
+            rt.register_tool("hold", hold)
+        plan = Plan(
+            goal="g", steps=[Step("a", tool="hold"), Step("b", tool="hold", depends_on=["a"])]
+        )
+        errors: list[BaseException] = []
+
+        def first() -> None:
+            try:
+                one.execute(plan)
+            except journaled.RunOwnedElsewhere as exc:
+                errors.append(exc)
+
+        thread = threading.Thread(target=first)
+        thread.start()
+        assert inside.wait(10)
+        [run_id] = one.runs.active()
+        outcome: list[object] = []
+        taker = threading.Thread(target=lambda: outcome.append(two.resume(run_id, take_over=True)))
+        taker.start()
+        wait_for(lambda: any(e.kind == "run.resumed" for e in two.runs.history(run_id)), 10)
+        release.set()
+        taker.join(10)
+        thread.join(10)
+        [taken] = outcome
+        assert isinstance(taken, journaled.ExecuteResult)
+        assert taken.ok
+        assert len(errors) == 1
+        resumed = [e.data for e in two.runs.history(run_id) if e.kind == "run.resumed"]
+        assert resumed[0].took_over_from == this_process()  # type: ignore[attr-defined]
