@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 import pykka
@@ -15,6 +16,7 @@ from events.journal import Journal
 from events.messages import CatchUp, SaveSnapshot
 
 STOP_TIMEOUT = 10.0
+_WAIT_SLICE = 0.25
 log = logging.getLogger("journaled.follower")
 
 
@@ -54,10 +56,14 @@ class MemoryActors:
         """Fold what other processes append, polling the log's position every ``interval`` s.
 
         A fact remembered elsewhere is therefore searchable here within about one interval plus
-        the time to fold it. Errors end the thread only at close; a failed poll is retried.
+        the time to fold it — on PostgreSQL sooner, as the library's NOTIFY on every append
+        wakes the wait. Errors end the thread only at close; a failed poll is retried.
         """
-        while not self._stop_following.wait(interval):
+        while not self._stop_following.is_set():
             try:
+                self._wait(interval)
+                if self._stop_following.is_set():
+                    return
                 if self._journal.position() > self._known:
                     self._known = self.catch_up()
             except (ActorTimeout, pykka.ActorDeadError, JournalClosed):
@@ -65,6 +71,18 @@ class MemoryActors:
                     return
             except EventsError:
                 log.exception("following the journal failed; retrying in %ss", interval)
+
+    def _wait(self, interval: float) -> None:
+        """Wait one interval, in slices so that close() never waits long for this thread."""
+        deadline = time.monotonic() + interval
+        start = self._journal.position()
+        while not self._stop_following.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            self._journal.wait_for_appends(min(left, _WAIT_SLICE))
+            if self._journal.position() != start:
+                return
 
     def catch_up(self) -> int:
         """Fold journal events appended by other writers; return the position reached."""

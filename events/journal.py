@@ -21,6 +21,7 @@ PostgreSQL needs the ``postgres`` extra (``eventsourcing[postgres]``: psycopg an
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import threading
 import time
@@ -687,6 +688,8 @@ class Journal:
     def __init__(self, config: JournalConfig, codec: Codec, *, create: bool = True) -> None:
         self.config = config
         self.codec = codec
+        self._listener: Any = None
+        self._listen_lock = threading.Lock()
         if config.backend == "sqlite":
             assert config.path is not None
             path = Path(config.path)
@@ -843,10 +846,43 @@ class Journal:
         self._check_open()
         return self._recorder.select_payloads(streams)
 
+    def wait_for_appends(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds, returning early when another process appends.
+
+        On PostgreSQL this listens to the channel the library notifies on every append (one
+        dedicated connection, opened on first use); elsewhere it simply waits. Callers poll the
+        position afterwards either way, so a lost notification costs at most one timeout.
+        """
+        self._check_open()
+        if self.config.backend != "postgresql":
+            time.sleep(timeout)
+            return
+        with self._listen_lock:
+            try:
+                if self._listener is None:
+                    conn = _pg_connect(self.config)
+                    conn.autocommit = True
+                    channel = getattr(self._recorder, "channel_name", "")
+                    conn.execute(f'LISTEN "{channel}"')
+                    self._listener = conn
+                for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                    pass
+            except (JournalUrlError, psycopg.Error):
+                self._drop_listener()  # the poll remains the safety net; retry next time
+                time.sleep(timeout)
+
+    def _drop_listener(self) -> None:
+        listener, self._listener = self._listener, None
+        if listener is not None:
+            with contextlib.suppress(Exception):
+                listener.close()
+
     def close(self) -> None:
         """Close the journal's connections. Idempotent."""
         if not self._closed:
             self._closed = True
+            with self._listen_lock:
+                self._drop_listener()
             self._app.close()
 
     def _event(self, row: Row) -> Event:

@@ -440,3 +440,21 @@ def test_cli_migrate_prepares_a_database(pg_url: str) -> None:
     assert again.exit_code == 0
     assert "journal ready" in again.output
     assert "correct-horse" not in again.output
+
+
+def test_notify_wakes_followers_before_the_poll(pg_url: str) -> None:
+    """J3: on PostgreSQL a follower wakes on the append's NOTIFY, well before its poll interval."""
+    import time
+
+    import journaled
+    from journaled.testing import wait_for
+
+    with (
+        journaled.open(pg_url, follow=None) as writer,
+        journaled.open(pg_url, follow=10.0) as reader,
+    ):
+        time.sleep(0.3)  # let the reader's follower start listening
+        fact = writer.memory.remember("the on-call rotation changes on Mondays")
+        started = time.monotonic()
+        wait_for(lambda: reader.memory.get(fact.id) == fact, 5.0)
+        assert time.monotonic() - started < 5.0  # the 10 s poll could not have done it
