@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -22,10 +23,10 @@ import pykka
 from actors.errors import RunOwnedElsewhere
 from actors.ownership import HEARTBEAT_SECONDS
 from actors.steps import ACTOR_FOR_KIND, Registry, missing
-from events.base import DomainEvent, Event, Pending
+from events.base import DomainEvent, Pending
 from events.errors import ConcurrencyConflict
 from events.journal import Journal
-from events.plan_rules import Reserve, fold_calls, step_calls, waves
+from events.plan_rules import Reserve, step_calls, waves
 from events.plans import (
     CANCELLED_ABORT,
     CANCELLED_BRANCH,
@@ -113,6 +114,10 @@ class Executor(pykka.ThreadingActor):
         self._snapshot_version = state.version
         self._last_append = time.monotonic()
         self._heartbeat: threading.Timer | None = None
+        self._begun = False
+        self._cancel_early = False
+        self._reservations: dict[str, int] = {}
+        self._reserve_errors: dict[str, str] = {}
 
     # -- messages --------------------------------------------------------------------------------
 
@@ -122,8 +127,12 @@ class Executor(pykka.ThreadingActor):
             case Begin():
                 for event in self._opening:
                     self._stage(event)
+                self._begun = True
                 self._waves = waves([self.state.steps[i] for i in self.state.order])
-                self._advance()
+                if self._cancel_early:
+                    self._on_cancel()
+                else:
+                    self._advance()
                 self._arm_heartbeat()
             case Heartbeat():
                 self._on_heartbeat()
@@ -233,24 +242,46 @@ class Executor(pykka.ThreadingActor):
             )
             self._note("wave-partition")
             budget = state.budget
-            if budget is not None and runnable:
-                estimate = fold_calls(runnable, budget - state.calls_used, self.reserve)
-                if estimate > 0 and state.calls_used + estimate > budget:
-                    self._stage(
-                        BudgetStopped(
-                            at=self.clock(),
-                            wave=number,
-                            estimate=estimate,
-                            used=state.calls_used,
-                            budget=budget,
-                            pending=tuple(s.id for s in runnable),
-                        )
+            estimate = self._reserve_wave(runnable, budget)
+            if (
+                budget is not None
+                and runnable
+                and estimate > 0
+                and state.calls_used + estimate > budget
+            ):
+                self._stage(
+                    BudgetStopped(
+                        at=self.clock(),
+                        wave=number,
+                        estimate=estimate,
+                        used=state.calls_used,
+                        budget=budget,
+                        pending=tuple(s.id for s in runnable),
                     )
-                    self._note("budget-stop")
-                    return False
+                )
+                self._note("budget-stop")
+                return False
             self._wave_rest = runnable
             return True
         return False
+
+    def _reserve_wave(self, runnable: list[Step], budget: int | None) -> int:
+        """Cost a wave's steps in order against the declining remainder (E6), keeping each
+        agent's reservation: the gate, ``ctx.reservation`` and the charge all use that number."""
+        remaining = math.inf if budget is None else float(budget - self.state.calls_used)
+        total = 0
+        for step in runnable:
+            try:
+                cost = step_calls(step, remaining, self.reserve)
+            except Exception as exc:  # user code: a failing reserve fails its step, not the run
+                self._reserve_errors[step.id] = (
+                    f"reserve failed for agent {step.agent!r}: {type(exc).__name__}: {exc}"
+                )
+                cost = 0
+            self._reservations[step.id] = cost
+            total += cost
+            remaining -= cost
+        return total
 
     def _start_batch(self) -> None:
         size = max(1, self._started().max_parallel_steps)
@@ -279,9 +310,16 @@ class Executor(pykka.ThreadingActor):
         if self.registry.lookup(step) is None:
             self._record(step, attempt, missing(step), None)
             return
+        problem = self._reserve_errors.pop(step.id, None)
+        if problem is not None:
+            obs = Observation(
+                step_id=step.id, agent=step.agent, ok=False, code="agent-failed", error=problem
+            )
+            self._record(step, attempt, obs, None)
+            return
         key = _key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
-        reservation = step_calls(step, float("inf"), self.reserve)
+        reservation = self._reservations.get(step.id, 0)
         self._to_dispatch.append(
             RunStep(
                 run_id=self.state.run_id,
@@ -325,11 +363,7 @@ class Executor(pykka.ThreadingActor):
         self._idle.setdefault(step.kind or "tool", []).append(worker)
         self._release(step)
         self._record(step, msg.attempt, msg.observation, msg.question)
-        self._start_what_fits()
-        if not self._in_flight and not self._to_dispatch and not self._batch_queue:
-            self._advance()
-        elif self._to_dispatch:
-            self._flush_and_dispatch()
+        self._carry_on()
 
     def _on_deadline(self, step_id: str, attempt: int) -> None:
         flight = self._in_flight.get(step_id)
@@ -352,6 +386,10 @@ class Executor(pykka.ThreadingActor):
             agent=step.agent,
         )
         self._record(step, attempt, obs, None)
+        self._carry_on()
+
+    def _carry_on(self) -> None:
+        """After a step ended: start what now fits, then wait, dispatch, or move on."""
         self._start_what_fits()
         if not self._in_flight and not self._to_dispatch and not self._batch_queue:
             self._advance()
@@ -359,6 +397,9 @@ class Executor(pykka.ThreadingActor):
             self._flush_and_dispatch()
 
     def _on_cancel(self) -> None:
+        if not self._begun:
+            self._cancel_early = True  # a cancel that overtook Begin applies right after it
+            return
         if self._finished or self.state.cancel_requested:
             return
         self.cancel_token.set()
@@ -380,11 +421,14 @@ class Executor(pykka.ThreadingActor):
         """Turn a step's observation into its event, charging calls (E8)."""
         if step.skill is not None:
             charged = 1
-        elif step.agent is not None and obs.code != "agent-not-enabled":
-            reservation = step_calls(step, float("inf"), self.reserve)
-            charged = obs.calls_used if obs.calls_used is not None else reservation
-        else:
+        elif step.agent is None or obs.code == "agent-not-enabled":
             charged = 0
+        elif obs.calls_used is not None:
+            charged = obs.calls_used
+        elif question is not None:
+            charged = 0  # it waits and runs again: the reservation is charged when it finishes
+        else:
+            charged = self._reservations.get(step.id, 0)
         at = self.clock()
         event: DomainEvent
         if question is not None:
@@ -542,11 +586,3 @@ def _cancelled(step: Step, reason: str, *, agent: bool) -> Observation:
             step_id=step.id, agent=step.agent, ok=False, code="cancelled", error=reason
         )
     return Observation(step_id=step.id, ok=False, code="cancelled", error=reason)
-
-
-def fold_stream(events: list[Event]) -> RunState:
-    """Fold a run's stream into its state (resume, time travel)."""
-    state = RunState()
-    for event in events:
-        state.apply(event)
-    return state

@@ -27,6 +27,7 @@ from events.base import DomainEvent, Event, Pending
 from events.errors import ConcurrencyConflict, CorruptEvent
 from events.journal import Journal
 from events.memory import (
+    MEMORY_EVENTS,
     ConflictKeyClaimed,
     Fact,
     FactDeleted,
@@ -67,7 +68,7 @@ from events.messages import (
     SearchStats,
     WithKey,
 )
-from events.redact import redact_report
+from events.redact import find_secrets, redact_report
 
 ASK_TIMEOUT = 30.0
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
@@ -223,6 +224,10 @@ class MemoryWriter(pykka.ThreadingActor):
         now = self.clock()
         fact_id = new_fact_id(now)
         text, found = redact_report(msg.text)
+        source = None
+        if msg.source is not None:
+            source, in_source = redact_report(msg.source)
+            found = [*found, *(k for k in in_source if k not in found)]
         kinds = tuple(found)
         pending: list[Staged] = []
         superseded: list[str] = []
@@ -238,7 +243,7 @@ class MemoryWriter(pykka.ThreadingActor):
                     continue
                 superseded.append(fact.id)
                 pending.append(
-                    self._next(
+                    (
                         fact.id,
                         FactSuperseded(
                             at=now,
@@ -250,9 +255,7 @@ class MemoryWriter(pykka.ThreadingActor):
                     )
                 )
             pending.append(
-                self._next(
-                    key_stream(key), ConflictKeyClaimed(at=now, conflict_key=key, fact_id=fact_id)
-                )
+                (key_stream(key), ConflictKeyClaimed(at=now, conflict_key=key, fact_id=fact_id))
             )
         remembered = FactRemembered(
             at=now,
@@ -262,7 +265,7 @@ class MemoryWriter(pykka.ThreadingActor):
             domain=msg.domain,
             confidence=fields.confidence,
             conflict_key=key,
-            source=msg.source,
+            source=source,
             valid_from=msg.valid_from,
             valid_until=msg.valid_until,
             supersedes=tuple(superseded),
@@ -277,7 +280,7 @@ class MemoryWriter(pykka.ThreadingActor):
             domain=msg.domain,
             confidence=fields.confidence,
             conflict_key=key,
-            source=msg.source,
+            source=source,
             valid_from=msg.valid_from,
             valid_until=msg.valid_until,
             created_at=now,
@@ -300,7 +303,7 @@ class MemoryWriter(pykka.ThreadingActor):
         target = self._get(fact_id)
         if target is not None:
             pending, _ = self._cascade(target, now)
-        pending.append(self._next(fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
+        pending.append((fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
         self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
         self.journal.scrub()
         return True
@@ -325,7 +328,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 )
             else:
                 event = FactRestored(at=now, fact_id=fact_id, deleted=target.id)
-            pending.append(self._next(fact_id, event))
+            pending.append((fact_id, event))
         gained = tuple(superseded) if heir is not None else ()
         lister_ids = sorted(listing)
         if heir is not None and gained and heir.id not in listing:
@@ -334,22 +337,15 @@ class MemoryWriter(pykka.ThreadingActor):
             touched.add(fact_id)
             gains = gained if heir is not None and fact_id == heir.id else ()
             pending.append(
-                self._next(
-                    fact_id, FactUnlinked(at=now, fact_id=fact_id, deleted=target.id, gained=gains)
-                )
+                (fact_id, FactUnlinked(at=now, fact_id=fact_id, deleted=target.id, gained=gains))
             )
         relationships = len(touched)
         pending.append(
-            self._next(
-                target.id, FactDeleted(at=now, fact_id=target.id, relationships=relationships)
-            )
+            (target.id, FactDeleted(at=now, fact_id=target.id, relationships=relationships))
         )
         return pending, relationships
 
     # -- journal ---------------------------------------------------------------------------------
-
-    def _next(self, stream: str, event: DomainEvent) -> Staged:
-        return (stream, event)
 
     def _append(
         self,
@@ -475,8 +471,10 @@ class MemoryWriter(pykka.ThreadingActor):
         self._since_snapshot += len(events)
         for event in events:
             self.position = event.position
-            self.versions[event.stream] = event.version
             data = event.data
+            if not isinstance(data, MEMORY_EVENTS):
+                continue  # runs and orchestrations are not memory's to track
+            self.versions[event.stream] = event.version
             if isinstance(data, FactRemembered):
                 physical = physical_scope(data.scope)
                 wanted = physical in self.scopes and (
@@ -541,6 +539,13 @@ def _validate(msg: Remember, organization: str | None) -> _Validated:
         value = getattr(msg, name)
         if value is not None and not isinstance(value, str):
             raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
+    for name in ("domain", "conflict_key"):
+        value = getattr(msg, name)
+        if value is not None and find_secrets(value):
+            # Keys and domains name streams and filters: they cannot be redacted, only refused.
+            raise InvalidFact(
+                name, "contains what looks like a secret: name the subject, not a credential"
+            )
     confidence = 1.0
     if msg.confidence is not None:
         if isinstance(msg.confidence, bool) or not isinstance(msg.confidence, int | float):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -372,6 +373,16 @@ class Runs:
         if isinstance(events[0].data, OrchestrationStarted):
             return explain_orchestration(run_id, events, self._journal.stream)
         return explain_run(run_id, events)
+
+    def wait_idle(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` s for every executing run to stop; return those still running."""
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            active = dict(self._active)
+        for executor, _ in active.values():
+            executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
+        with self._lock:
+            return sorted(r for r, (ex, _) in self._active.items() if ex.is_alive())
 
     def active(self) -> list[str]:
         """Return the runs executing in this runtime now."""

@@ -11,7 +11,7 @@ import pykka
 
 from actors.errors import ActorTimeout
 from actors.memory import Clock, MemoryWriter, ScopeActor, ask
-from events.errors import EventsError, JournalClosed
+from events.errors import JournalClosed
 from events.journal import Journal
 from events.messages import CatchUp, SaveSnapshot
 
@@ -69,8 +69,10 @@ class MemoryActors:
             except (ActorTimeout, pykka.ActorDeadError, JournalClosed):
                 if self._stop_following.is_set():
                     return
-            except EventsError:
+            except Exception:  # a transient database error must not end following for good
                 log.exception("following the journal failed; retrying in %ss", interval)
+                if self._stop_following.wait(interval):
+                    return
 
     def _wait(self, interval: float) -> None:
         """Wait one interval, in slices so that close() never waits long for this thread."""

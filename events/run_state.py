@@ -90,8 +90,8 @@ class RunState:
         self.last_at = 0
         self.failures: dict[str, str] = {}
         self.cancelled: set[str] = set()
-        self.owner = ""
         """Steps whose observation says ``cancelled`` (their dependents are cancelled too, E4)."""
+        self.owner = ""
 
     @property
     def is_finished(self) -> bool:

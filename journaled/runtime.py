@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from types import TracebackType
@@ -25,6 +26,9 @@ from journaled.errors import ConfigurationError
 from journaled.memory import Embedder, Memory
 
 ENV_URL = "JOURNALED_URL"
+CLOSE_WAIT = 30.0
+"""Seconds close() waits for cancelled runs to stop before closing the journal under them."""
+log = logging.getLogger("journaled")
 SNAPSHOT_MIN_EVENTS = 500
 """On close, memory is snapshotted when at least this many events were folded since the last."""
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
@@ -247,6 +251,11 @@ class Runtime:
         self._closed = True
         for run_id in self.runs.active():
             self.runs.cancel(run_id)
+        # Cancelled runs finish their steps in flight and journal how they ended before the
+        # journal closes; a step stuck in user code past the wait is abandoned (at-least-once).
+        still = self.runs.wait_idle(CLOSE_WAIT)
+        if still:
+            log.warning("closing with run(s) %s still executing a step", ", ".join(still))
         try:
             if self._journal.config.backend != "memory":
                 self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)

@@ -65,6 +65,6 @@ def test_another_runtime_follows_within_the_bound(tmp_path: Path) -> None:
         fact = one.memory.remember("the release train leaves on Thursdays")
         started = time.monotonic()
         wait_for(lambda: [f.id for f in two.memory.search("release train")] == [fact.id], 5.0)
-        assert time.monotonic() - started < 5.0
+        assert time.monotonic() - started < 2.0  # follow=0.05: well inside the documented bound
         mine = two.memory.remember("the release train is frozen in December", conflict_key="train")
         wait_for(lambda: one.memory.get(mine.id) == mine, 5.0)

@@ -335,16 +335,19 @@ def _check_final(case: Case, recorder: Recorder, result: journaled.ExecuteResult
             assert last.output == {"done": _sid(i), "answer": _answer(_sid(i))}
         else:
             assert attempts == [1]
-    # E8: a skill costs 1 per execution, an agent what it reports, else its reservation.
+    # E8: a skill costs 1 per execution, an agent what it reports, else its reservation; an
+    # agent that waits and reports nothing is charged when it runs again (ADR 0013).
     charged = 0
     for step_id, attempt in recorder.executions:
         spec = case.steps[_index(step_id)]
         if spec.kind == "skill":
             charged += 1
         elif spec.kind == "agent":
+            waited = spec.outcome == "wait" and attempt == 1
             reports = spec.outcome in ("ok", "fail") or (spec.outcome == "wait" and attempt > 1)
             reported = spec.calls if reports else None
-            charged += spec.reserve if reported is None else reported
+            if not waited:
+                charged += spec.reserve if reported is None else reported
     assert result.calls_used == charged
 
 
