@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +63,28 @@ def test_demo_command_works_on_a_fresh_clone(tmp_path: Path) -> None:
         assert out.returncode == 0, out.stderr[-3000:]
         assert "superseded" in out.stdout, f"run {run}"
     assert (clone / ".journaled" / "journal.sqlite").exists()
+
+
+def python_examples() -> list[str]:
+    """Return the README's Python examples that stand alone (those that import journaled)."""
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    return [b for b in blocks if b.startswith("import journaled")]
+
+
+@pytest.mark.parametrize("index", range(2))
+def test_python_examples_run_as_written(index: int, tmp_path: Path) -> None:
+    """README: the tour's Python examples run as written, in a fresh process."""
+    examples = python_examples()
+    assert len(examples) == 2
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JOURNALED_")}
+    done = subprocess.run(
+        [sys.executable, "-c", examples[index]],
+        cwd=tmp_path,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
