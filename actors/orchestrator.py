@@ -14,7 +14,7 @@ from typing import Any
 
 from actors.errors import RunNotFound, RunNotResumable
 from actors.executor import Progress
-from actors.runs import Runs, new_run_id
+from actors.runs import Runs, check_budget, check_callable, new_run_id
 from events.base import DomainEvent, Event, Pending
 from events.errors import ConcurrencyConflict, PlanRejected
 from events.journal import Journal
@@ -91,13 +91,11 @@ class Orchestrations:
             raise ValueError(f"planner must be callable, got {type(planner).__name__}")
         if mode not in MODES:
             raise ValueError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
-        if call_budget is not None and (
-            isinstance(call_budget, bool) or not isinstance(call_budget, int) or call_budget < 0
-        ):
-            raise ValueError(f"call_budget must be a non-negative int or None, got {call_budget!r}")
+        check_budget("call_budget", call_budget)
         if isinstance(max_passes, bool) or not isinstance(max_passes, int) or max_passes < 1:
             raise ValueError(f"max_passes must be an int >= 1, got {max_passes!r}")
-        _check_callables(reserve, on_progress)
+        check_callable("reserve", reserve)
+        check_callable("on_progress", on_progress)
         run_id = new_run_id(self._clock())
         self._planners[run_id] = planner
         drive = _Drive(OrchestrationState(), planner, reserve, on_progress)
@@ -148,11 +146,9 @@ class Orchestrations:
         status = state.status
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
-        if call_budget is not None and (
-            isinstance(call_budget, bool) or not isinstance(call_budget, int) or call_budget < 0
-        ):
-            raise ValueError(f"call_budget must be a non-negative int or None, got {call_budget!r}")
-        _check_callables(reserve, on_progress)
+        check_budget("call_budget", call_budget)
+        check_callable("reserve", reserve)
+        check_callable("on_progress", on_progress)
         if approve and not state.approval_pending:
             raise RunNotResumable(f"run {run_id} is not waiting for approval (status: {status})")
         given = dict(answers or {})
@@ -469,9 +465,3 @@ def _mode(mode: str) -> Mode:
     if mode == "orchestrate":
         return "orchestrate"
     return "execute"
-
-
-def _check_callables(reserve: object, on_progress: object) -> None:
-    for name, value in (("reserve", reserve), ("on_progress", on_progress)):
-        if value is not None and not callable(value):
-            raise ValueError(f"{name} must be callable, got {type(value).__name__}")

@@ -36,7 +36,8 @@ def new_run_id(now: int) -> str:
     return f"{RUN_PREFIX}{now:012x}_{os.urandom(6).hex()}"
 
 
-def _check_budget(name: str, value: object) -> int | None:
+def check_budget(name: str, value: object) -> int | None:
+    """Return a model-call budget, or raise ValueError naming the argument."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -95,14 +96,14 @@ class Runs:
     ) -> ExecuteResult:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
         self.validate(plan)
-        budget = _check_budget("call_budget", call_budget)
+        budget = check_budget("call_budget", call_budget)
         if isinstance(max_parallel_steps, bool) or not isinstance(max_parallel_steps, int):
             raise ValueError(f"max_parallel_steps must be an int >= 1, got {max_parallel_steps!r}")
         if max_parallel_steps < 1:
             raise ValueError(f"max_parallel_steps must be >= 1, got {max_parallel_steps}")
         limits = _check_limits(limits)
-        _check_callable("reserve", reserve)
-        _check_callable("on_progress", on_progress)
+        check_callable("reserve", reserve)
+        check_callable("on_progress", on_progress)
         if step_timeout is not None and (
             isinstance(step_timeout, bool)
             or not isinstance(step_timeout, int | float)
@@ -177,7 +178,7 @@ class Runs:
                     "take_over=True if you know that process is gone"
                 )
             took_over = state.owner
-        budget = _check_budget("call_budget", call_budget)
+        budget = check_budget("call_budget", call_budget)
         given = dict(answers or {})
         for step_id, answer in given.items():
             if step_id not in state.waiting:
@@ -190,8 +191,8 @@ class Runs:
                 raise RunNotResumable(
                     f"run {run_id}: the answer for step {step_id!r} must be a string"
                 )
-        _check_callable("reserve", reserve)
-        _check_callable("on_progress", on_progress)
+        check_callable("reserve", reserve)
+        check_callable("on_progress", on_progress)
         now = self._clock()
         opening: list[DomainEvent] = []
         if given:
@@ -410,6 +411,7 @@ def _check_limits(limits: Limits | None) -> Limits:
     return limits
 
 
-def _check_callable(name: str, value: object) -> None:
+def check_callable(name: str, value: object) -> None:
+    """Raise ValueError naming the argument unless it is None or callable."""
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be callable, got {type(value).__name__}")
