@@ -17,6 +17,7 @@ from actors.executor import Executor, Progress, Trace
 from actors.ownership import owner_alive, this_process
 from actors.steps import Registry, journalable
 from events.base import DomainEvent, Event
+from events.codec import topic_of
 from events.errors import PlanRejected
 from events.journal import Journal
 from events.orchestration import OrchestrationStarted, PassStarted
@@ -392,11 +393,8 @@ class Runs:
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
-        return [
-            e.stream
-            for e in self._journal.read()
-            if e.version == 1 and isinstance(e.data, RunStarted | OrchestrationStarted)
-        ]
+        topics = [topic_of(RunStarted), topic_of(OrchestrationStarted)]
+        return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
 
 
 def _check_limits(limits: Limits | None) -> Limits:

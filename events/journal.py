@@ -188,8 +188,10 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             row = c.fetchone()
             return (int(row[0]), bytes(row[1])) if row is not None else None
 
-    def select_rows(self, after: int, upto: int | None, limit: int) -> list[Row]:
-        """Return raw rows after a position (up to another), in global order."""
+    def select_rows(
+        self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+    ) -> list[Row]:
+        """Return raw rows after a position (up to another, of some topics), in global order."""
         sql = (
             f"SELECT rowid, originator_id, originator_version, topic, state "  # noqa: S608
             f"FROM {self.events_table_name} WHERE rowid > ?"
@@ -198,6 +200,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if upto is not None:
             sql += " AND rowid <= ?"
             params.append(upto)
+        if topics:
+            sql += f" AND topic IN ({','.join('?' * len(topics))})"
+            params += list(topics)
         sql += " ORDER BY rowid LIMIT ?"
         params.append(limit)
         with self.datastore.transaction(commit=False) as c:
@@ -461,8 +466,10 @@ if _POSTGRES_MISSING is None:
             )
             return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
-        def select_rows(self, after: int, upto: int | None, limit: int) -> list[Row]:
-            """Return raw rows after a position (up to another), in global order."""
+        def select_rows(
+            self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+        ) -> list[Row]:
+            """Return raw rows after a position (up to another, of some topics), in order."""
             query = (
                 "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
                 f"FROM public.{self.events_table_name} WHERE notification_id > %s"
@@ -471,6 +478,9 @@ if _POSTGRES_MISSING is None:
             if upto is not None:
                 query += " AND notification_id <= %s"
                 params.append(upto)
+            if topics:
+                query += " AND topic = ANY(%s)"
+                params.append(list(topics))
             query += " ORDER BY notification_id LIMIT %s"
             params.append(limit)
             return [_pg_row(r) for r in self._fetch(query, params)]
@@ -584,13 +594,18 @@ class _POPORecorder(POPOApplicationRecorder):
         with self._database_lock:
             return self._snapshots.get(stream)
 
-    def select_rows(self, after: int, upto: int | None, limit: int) -> list[Row]:
-        """Return raw rows after a position (up to another), in global order."""
+    def select_rows(
+        self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+    ) -> list[Row]:
+        """Return raw rows after a position (up to another, of some topics), in global order."""
+        wanted = set(topics)
         with self._database_lock:
             stop = len(self._stored_events) if upto is None else min(upto, len(self._stored_events))
             out: list[Row] = []
             for i in range(max(after, 0), stop):
                 s = self._stored_events[i]
+                if wanted and s.topic not in wanted:
+                    continue
                 out.append((i + 1, str(s.originator_id), s.originator_version, s.topic, s.state))
                 if len(out) == limit:
                     break
@@ -798,8 +813,16 @@ class Journal:
         self._check_open()
         return int(self._recorder.max_notification_id() or 0)
 
-    def read(self, after: int = 0, upto: int | None = None, page: int = 1000) -> Iterator[Event]:
+    def read(
+        self,
+        after: int = 0,
+        upto: int | None = None,
+        page: int = 1000,
+        topics: Sequence[str] = (),
+    ) -> Iterator[Event]:
         """Yield events after position ``after`` up to ``upto`` (inclusive), in global order.
+
+        ``topics`` keeps only events of those stored topics (filtered by the database).
 
         Raises:
             CorruptEvent: an event cannot be decoded; its position is in the error.
@@ -807,7 +830,7 @@ class Journal:
         self._check_open()
         start = after
         while True:
-            rows = self._recorder.select_rows(start, upto, page)
+            rows = self._recorder.select_rows(start, upto, page, topics)
             for row in rows:
                 yield self._event(row)
             if len(rows) < page:

@@ -219,3 +219,13 @@ def test_sqlite_file_is_wal_with_chosen_durability(tmp_path: Path) -> None:
             tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master")}
             assert {"stored_events", PAYLOAD_TABLE} <= tables
     assert os.path.exists(tmp_path / "normal.sqlite")
+
+
+def test_read_can_filter_by_topic(journal: Journal) -> None:
+    """J1: reading only some topics keeps their global order and positions."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))])
+    journal.append([Pending(stream="a", version=2, data=FactPurged(at=2, fact_id="a"))])
+    journal.append([Pending(stream="b", version=1, data=remembered("b"))])
+    topic = "memory.fact-remembered@1"
+    assert [(e.position, e.stream) for e in journal.read(topics=[topic])] == [(1, "a"), (3, "b")]
+    assert [e.position for e in journal.read(after=1, topics=[topic], page=1)] == [3]
