@@ -117,6 +117,7 @@ class Executor(pykka.ThreadingActor):
         self._begun = False
         self._cancel_early = False
         self._reservations: dict[str, int] = {}
+        self._step_tokens: dict[str, threading.Event] = {}
         self._reserve_errors: dict[str, str] = {}
 
     # -- messages --------------------------------------------------------------------------------
@@ -320,6 +321,10 @@ class Executor(pykka.ThreadingActor):
         key = _key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
         reservation = self._reservations.get(step.id, 0)
+        token = threading.Event()  # this step's: set by a cancel of the run or by its deadline
+        if self.cancel_token.is_set():
+            token.set()
+        self._step_tokens[step.id] = token
         self._to_dispatch.append(
             RunStep(
                 run_id=self.state.run_id,
@@ -327,7 +332,7 @@ class Executor(pykka.ThreadingActor):
                 attempt=attempt,
                 reservation=reservation,
                 answer=self.state.answers.get(step.id),
-                cancel=self.cancel_token,
+                cancel=token,
                 reply_to=self.actor_ref,
                 child_runner=self.child_runner,
             )
@@ -370,6 +375,9 @@ class Executor(pykka.ThreadingActor):
         if flight is None or flight[0] != attempt:
             return
         _, worker, _ = self._in_flight.pop(step_id)
+        token = self._step_tokens.pop(step_id, None)
+        if token is not None:
+            token.set()  # tell the code still running that its result is no longer wanted
         worker.stop(block=False)  # it is stuck in user code: abandon it, it ends when that returns
         self._workers.remove(worker)
         step = self.state.steps[step_id]
@@ -403,6 +411,8 @@ class Executor(pykka.ThreadingActor):
         if self._finished or self.state.cancel_requested:
             return
         self.cancel_token.set()
+        for token in self._step_tokens.values():
+            token.set()
         self._stage(CancelRequested(at=self.clock()))
         if self._batch_queue:
             self._skip_for_cancel(self._batch_queue)

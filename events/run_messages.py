@@ -30,7 +30,8 @@ class RunStep(RunMessage, frozen=True, kw_only=True, tag="run.run-step"):
     reservation: int = 0
     answer: str | None = None
     cancel: Any = None
-    """The run's cancel token (a ``threading.Event``) that running user code can check."""
+    """This step's cancel token (a ``threading.Event``), set when the run is cancelled or the
+    step times out; running user code can check it through ``ctx.cancelled()``."""
     reply_to: Any = None
     """The executor's actor ref."""
     child_runner: Any = None

@@ -148,3 +148,31 @@ def test_follower_survives_a_failing_poll(tmp_path: Path, monkeypatch: pytest.Mo
         fact = writer.memory.remember("the follower keeps going")
         wait_for(lambda: reader.memory.get(fact.id) == fact, WAIT)
         assert failures["left"] == 0
+
+
+def test_a_timed_out_agent_is_told_to_stop(rt: journaled.Runtime) -> None:
+    """E5/E11: when an agent step times out, its ctx.cancelled() turns true so it can stop."""
+    saw = threading.Event()
+
+    def slow(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        if wait_for_cancel(ctx):
+            saw.set()
+        return AgentResult()
+
+    def wait_for_cancel(ctx: journaled.AgentContext) -> bool:
+        try:
+            wait_for(ctx.cancelled, WAIT)
+        except TimeoutError:
+            return False
+        return True
+
+    rt.register_agent("slow", slow)
+    result = rt.execute(Plan(goal="g", steps=[Step("s", agent="slow")]), step_timeout=0.2)
+    assert result.observations[0].code == "agent-timeout"
+    assert saw.wait(WAIT)
+    wait_for(
+        lambda: (
+            not [r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "AgentActor"]
+        ),
+        WAIT,
+    )
