@@ -119,7 +119,10 @@ def _rank_key(item: tuple[float, str]) -> tuple[float, str]:
 class IndexSnapshot(msgspec.Struct, frozen=True):
     """What an :class:`InvertedIndex` holds, in the shape it holds it (restored without loops)."""
 
-    postings: dict[str, dict[str, int]]
+    postings: dict[str, dict[int, int]]
+    """term -> {document number: tf}."""
+    names: list[str]
+    """Document number -> id (numbers are never reused)."""
     terms: dict[str, str]
     lengths: dict[str, int]
 
@@ -136,20 +139,30 @@ class InvertedIndex:
         # Each document's distinct terms, space-joined: what remove() needs, compact to store.
         self._terms: dict[str, str] = {}
         self._lengths: dict[str, int] = {}
-        self._postings: dict[str, dict[str, int]] = {}
+        # Postings key documents by a small number, not their (long) id: smaller to snapshot
+        # and faster to decode; ``_names`` maps numbers back, ``_numbers`` ids to numbers.
+        self._postings: dict[str, dict[int, int]] = {}
+        self._names: list[str] = []
+        self._numbers: dict[str, int] = {}
+        self._dl: dict[int, int] = {}
         self._total_length = 0
 
     def export(self) -> IndexSnapshot:
         """Return the index's contents, to be restored without re-tokenising any text."""
-        return IndexSnapshot(postings=self._postings, terms=self._terms, lengths=self._lengths)
+        return IndexSnapshot(
+            postings=self._postings, names=self._names, terms=self._terms, lengths=self._lengths
+        )
 
     @classmethod
     def restore(cls, snapshot: IndexSnapshot) -> InvertedIndex:
         """Rebuild an index from :meth:`export` output."""
         index = cls()
         index._postings = snapshot.postings
+        index._names = snapshot.names
+        index._numbers = {name: i for i, name in enumerate(snapshot.names)}
         index._terms = snapshot.terms
         index._lengths = snapshot.lengths
+        index._dl = {index._numbers[name]: dl for name, dl in snapshot.lengths.items()}
         index._total_length = sum(snapshot.lengths.values())
         return index
 
@@ -163,11 +176,16 @@ class InvertedIndex:
         self.remove(doc_id)
         tokens = tokenize(text)
         counts = dict(Counter(tokens))
+        number = self._numbers.get(doc_id)
+        if number is None:
+            number = self._numbers[doc_id] = len(self._names)
+            self._names.append(doc_id)
         self._terms[doc_id] = " ".join(counts)
         self._lengths[doc_id] = len(tokens)
+        self._dl[number] = len(tokens)
         self._total_length += len(tokens)
         for term, tf in counts.items():
-            self._postings.setdefault(term, {})[doc_id] = tf
+            self._postings.setdefault(term, {})[number] = tf
 
     def remove(self, doc_id: str) -> None:
         """Drop a document from the index; do nothing if it is absent.
@@ -179,9 +197,11 @@ class InvertedIndex:
         if terms is None:
             return
         self._total_length -= self._lengths.pop(doc_id)
+        number = self._numbers[doc_id]
+        del self._dl[number]
         for term in terms.split(" ") if terms else ():
             posting = self._postings[term]
-            del posting[doc_id]
+            del posting[number]
             # Empty postings would otherwise accumulate forever under churn.
             if not posting:
                 del self._postings[term]
@@ -218,7 +238,20 @@ class InvertedIndex:
             A live mapping of doc id to term frequency; empty if no document has the term.
         """
         posting = self._postings.get(term)
-        return _EMPTY if posting is None else MappingProxyType(posting)
+        if posting is None:
+            return _EMPTY
+        names = self._names
+        return MappingProxyType({names[i]: tf for i, tf in posting.items()})
+
+    def count(self, term: str, accept: Callable[[str], bool] | None = None) -> int:
+        """Count the documents containing a term (that ``accept`` keeps, if given)."""
+        posting = self._postings.get(term)
+        if not posting:
+            return 0
+        if accept is None:
+            return len(posting)
+        names = self._names
+        return sum(1 for i in posting if accept(names[i]))
 
     def stats(
         self,
@@ -263,20 +296,25 @@ class InvertedIndex:
             n_docs, total = len(accepted), sum(accepted)
 
         counts: dict[str, int] = {}
+        names = self._names
+        numbers = self._numbers
         for term in dict.fromkeys(terms):
             posting = self._postings.get(term, {})
             if members is None:
-                if accept is None:
-                    counts[term] = len(posting)
-                else:
-                    counts[term] = sum(1 for doc in posting if accept(doc))
-            else:
+                counts[term] = self.count(term, accept)
+            elif len(members) < len(posting):
                 # Walk whichever side is smaller; both count the same intersection.
-                smaller, larger = (
-                    (members, posting) if len(members) < len(posting) else (posting, members)
-                )
+                found = (numbers.get(doc) for doc in members)
                 counts[term] = sum(
-                    1 for doc in smaller if doc in larger and (accept is None or accept(doc))
+                    1
+                    for i in found
+                    if i is not None and i in posting and (accept is None or accept(names[i]))
+                )
+            else:
+                counts[term] = sum(
+                    1
+                    for i in posting
+                    if names[i] in members and (accept is None or accept(names[i]))
                 )
         return n_docs, total, counts
 
@@ -326,9 +364,10 @@ class InvertedIndex:
 
         c1 = K1 * (1.0 - B)
         c2 = K1 * B / avgdl
-        lengths = self._lengths
-        scores: dict[str, float] = {}
-        rejected: set[str] = set()
+        lengths = self._dl
+        names = self._names
+        scores: dict[int, float] = {}
+        rejected: set[int] = set()
         for i, (posting, _) in enumerate(order):
             if i and len(scores) >= limit:
                 threshold = heapq.nlargest(limit, scores.values())[-1]
@@ -338,7 +377,7 @@ class InvertedIndex:
                 # A doc already met under an earlier term was scored in full then.
                 if i and (doc in scores or doc in rejected):
                     continue
-                if accept is not None and not accept(doc):
+                if accept is not None and not accept(names[doc]):
                     rejected.add(doc)
                     continue
                 norm = c1 + c2 * lengths[doc]
@@ -353,8 +392,8 @@ class InvertedIndex:
             # A key call per item is slow on long postings, so cut on bare floats first.
             kth = heapq.nlargest(limit, scores.values())[-1]
             scores = {doc: value for doc, value in scores.items() if value >= kth}
-        top = heapq.nsmallest(limit, scores.items(), key=lambda kv: (-kv[1], kv[0]))
-        return [(value, doc) for doc, value in top]
+        top = heapq.nsmallest(limit, scores.items(), key=lambda kv: (-kv[1], names[kv[0]]))
+        return [(value, names[doc]) for doc, value in top]
 
 
 def merge_top(results: Iterable[list[tuple[float, str]]], limit: int) -> list[tuple[float, str]]:

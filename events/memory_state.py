@@ -355,12 +355,9 @@ class ScopeState:
                 n_docs += 1
                 total += self.index.length(doc)
         df: dict[str, int] = {}
+        accept = None if everything else (lambda d: self._accept(d, query, groups))
         for term in query.terms:
-            postings = self.index.postings(term)
-            if everything:
-                df[term] = len(postings)
-            else:
-                df[term] = sum(1 for d in postings if self._accept(d, query, groups))
+            df[term] = self.index.count(term, accept)
         return Stats(n_docs=n_docs, total_length=total, df=df)
 
     def score(
