@@ -1,0 +1,55 @@
+"""Names every part of the journal adapter shares: tables, the row shape, the mapper."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from eventsourcing.persistence import (
+    JSONTranscoder,
+    Mapper,
+    StoredEvent,
+)
+
+from events.base import Pending
+from events.codec import Codec
+
+PAYLOAD_TABLE = "journaled_payloads"
+SNAPSHOT_TABLE = "journaled_snapshots"
+Row = tuple[int, str, int, str, bytes]
+"""A stored event as read: (position, stream, version, topic, payload)."""
+_ROWS_PER_INSERT = 500  # 4 parameters a row stays far below SQLite's 32,766-variable limit
+APP_NAME = "journaled"
+EVENTS_TABLE_POSTGRES = f"{APP_NAME}_events"
+"""PostgreSQL events table: the library names it after the application."""
+_PG_EVENT_TYPE = "stored_event_text"  # the library's composite type for text originator ids
+_PG_MIGRATE_LOCK = 0x6A6F75726E616C  # advisory lock key ("journal"), per database
+_PG_CONNECT_TIMEOUT = 10  # seconds to establish one connection
+_PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed when idle
+_PG_ATTEMPTS = 3  # a read retried on a dropped connection
+_SCRUB_WAIT = 50  # polls of 20 ms for readers to release old snapshots (about 1 s)
+
+
+class _MsgspecMapper(Mapper[str]):
+    """Store our events as ``<tag>@<version>`` topics with msgpack payloads.
+
+    The released mapper copies events through ``__dict__``, which slotted msgspec Structs lack; it
+    also stores ``module:qualname`` topics, which would tie old journals to class locations.
+    """
+
+    def __init__(self, codec: Codec) -> None:
+        super().__init__(transcoder=JSONTranscoder())
+        self.codec = codec
+
+    def to_stored_event(self, domain_event: Any) -> StoredEvent:
+        """Convert a :class:`Pending` event into the library's stored form."""
+        pending: Pending = domain_event
+        return StoredEvent(
+            originator_id=pending.stream,
+            originator_version=pending.version,
+            topic=self.codec.topic(pending.data),
+            state=self.codec.encode(pending.data),
+        )
+
+    def to_domain_event(self, stored_event: StoredEvent) -> Any:
+        """Decode a stored event's payload (position unknown on this path)."""
+        return self.codec.decode(stored_event.topic, stored_event.state)

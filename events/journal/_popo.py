@@ -1,0 +1,88 @@
+"""The in-process recorder (``memory://``), with payloads and snapshots like the others."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from eventsourcing.persistence import (
+    StoredEvent,
+)
+from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
+
+from events.journal._common import Row
+
+
+class _POPORecorder(POPOApplicationRecorder):
+    """The library's in-memory recorder, plus forgettable payloads and stream reads."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._payloads: dict[str, bytes] = {}
+        self._snapshots: dict[str, tuple[int, bytes]] = {}
+
+    def _insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        with self._database_lock:
+            positions = super()._insert_events(stored_events)
+            self._payloads.update(kwargs.get("payloads") or {})
+            for stream in kwargs.get("forget") or ():
+                self._payloads.pop(stream, None)
+            dropped: str | None = kwargs.get("drop_snapshots")
+            if dropped:
+                for key in [k for k in self._snapshots if k.startswith(dropped)]:
+                    del self._snapshots[key]
+            self._snapshots.update(kwargs.get("snapshots") or {})
+            return positions
+
+    def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+        """Return a stream's snapshot (version, state), if one was written."""
+        with self._database_lock:
+            return self._snapshots.get(stream)
+
+    def select_rows(
+        self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+    ) -> list[Row]:
+        """Return raw rows after a position (up to another, of some topics), in global order."""
+        wanted = set(topics)
+        with self._database_lock:
+            stop = len(self._stored_events) if upto is None else min(upto, len(self._stored_events))
+            out: list[Row] = []
+            for i in range(max(after, 0), stop):
+                s = self._stored_events[i]
+                if wanted and s.topic not in wanted:
+                    continue
+                out.append((i + 1, str(s.originator_id), s.originator_version, s.topic, s.state))
+                if len(out) == limit:
+                    break
+            return out
+
+    def select_stream(
+        self, stream: str, after_version: int, upto: int | None, limit: int | None
+    ) -> list[Row]:
+        """Return a stream's raw rows after a version (up to a position), oldest first."""
+        with self._database_lock:
+            index = self._stored_events_index.get(stream, {})
+            out: list[Row] = []
+            for version in sorted(v for v in index if v > after_version):
+                i = index[version]
+                if upto is not None and i + 1 > upto:
+                    break
+                s = self._stored_events[i]
+                out.append((i + 1, stream, s.originator_version, s.topic, s.state))
+                if limit is not None and len(out) == limit:
+                    break
+            return out
+
+    def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
+        """Return the payloads of the given streams (every payload when None)."""
+        with self._database_lock:
+            if streams is None:
+                return dict(self._payloads)
+            return {s: self._payloads[s] for s in streams if s in self._payloads}
+
+
+class _POPOFactory(POPOFactory):
+    def application_recorder(self) -> _POPORecorder:
+        return _POPORecorder()

@@ -1,0 +1,344 @@
+"""The PostgreSQL recorder, its explicit migration, and erasure by VACUUM FULL."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from eventsourcing.persistence import (
+    InterfaceError,
+    OperationalError,
+    PersistenceError,
+    StoredEvent,
+)
+
+try:
+    import psycopg
+    from eventsourcing.postgres import (
+        PostgresApplicationRecorder,
+        PostgresDatastore,
+        PostgresFactory,
+    )
+    from psycopg.rows import DictRow, tuple_row
+except ImportError as _exc:  # the "postgres" extra is not installed
+    _POSTGRES_MISSING: str | None = str(_exc)
+else:
+    _POSTGRES_MISSING = None
+
+from events.errors import JournalUrlError
+from events.journal._common import (
+    _PG_ATTEMPTS,
+    _PG_CONNECT_TIMEOUT,
+    _PG_EVENT_TYPE,
+    _PG_MIGRATE_LOCK,
+    _SCRUB_WAIT,
+    APP_NAME,
+    EVENTS_TABLE_POSTGRES,
+    PAYLOAD_TABLE,
+    SNAPSHOT_TABLE,
+    Row,
+)
+from events.url import JournalConfig
+
+
+def _pg_ddl() -> list[str]:
+    """Return the journal's schema; the events table and type match the pinned library's own."""
+    events = EVENTS_TABLE_POSTGRES
+    return [
+        f"CREATE TABLE IF NOT EXISTS public.{events} ("
+        "originator_id text NOT NULL, "
+        "originator_version bigint NOT NULL, "
+        "topic text, "
+        "state bytea, "
+        "notification_id bigserial, "
+        "PRIMARY KEY (originator_id, originator_version)) "
+        "WITH (autovacuum_enabled = true, autovacuum_vacuum_threshold = 100000000, "
+        "autovacuum_vacuum_scale_factor = 0.5, autovacuum_analyze_threshold = 1000, "
+        "autovacuum_analyze_scale_factor = 0.01)",
+        f"CREATE UNIQUE INDEX IF NOT EXISTS {events}_notification_id_idx "
+        f"ON public.{events} (notification_id ASC)",
+        f"CREATE TABLE IF NOT EXISTS public.{PAYLOAD_TABLE} "
+        "(stream text PRIMARY KEY, payload bytea NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS public.{SNAPSHOT_TABLE} "
+        "(stream text PRIMARY KEY, version bigint NOT NULL, state bytea NOT NULL)",
+    ]
+
+
+_OLDER_SNAPSHOTS = """
+    WITH m AS (SELECT %(now)s::xid8 AS xid8, %(now)s::xid8::xid AS xid)
+    SELECT (SELECT count(*) FROM m WHERE pg_snapshot_xmin(pg_current_snapshot()) <= m.xid8)
+         + (SELECT count(*) FROM pg_stat_activity, m
+            WHERE datname = current_database() AND pid <> pg_backend_pid()
+            AND (age(backend_xmin) >= age(m.xid) OR age(backend_xid) >= age(m.xid)))
+         + (SELECT count(*) FROM pg_replication_slots, m WHERE age(xmin) >= age(m.xid))
+"""
+"""Count what may keep rows deleted before transaction ``now`` from being removed: a transaction
+that began before it, in any database (it holds back the horizon of every new snapshot, VACUUM
+FULL's own included); an older snapshot of a session of this database; a replication slot."""
+
+
+def _require_postgres() -> None:
+    if _POSTGRES_MISSING is not None:
+        raise JournalUrlError(
+            "PostgreSQL journals need the postgres extra: pip install 'journaled[postgres]' "
+            f"({_POSTGRES_MISSING})"
+        )
+
+
+def _hide(text: str, config: JournalConfig) -> str:
+    """Remove the password from a message (libpq does not echo it; this makes sure)."""
+    return text.replace(config.password, "***") if config.password else text
+
+
+def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
+    """Open one connection outside the pool, or raise a clear error without the password."""
+    _require_postgres()
+    try:
+        return psycopg.connect(
+            host=config.host,
+            port=config.port,
+            user=config.user,
+            password=config.password or "",
+            dbname=config.dbname,
+            connect_timeout=_PG_CONNECT_TIMEOUT,
+            application_name=APP_NAME,
+        )
+    except psycopg.Error as exc:
+        reason = _hide(str(exc).strip(), config)
+        raise JournalUrlError(
+            f"cannot connect to the PostgreSQL journal {config.url}: {reason} (check the host, "
+            "port, user, password and database name, and that the server accepts connections)"
+        ) from None
+
+
+def migrate(config: JournalConfig) -> None:
+    """Create a PostgreSQL journal's tables, idempotently and safely under concurrency.
+
+    One transaction holds a per-database advisory lock while it creates what is missing, so any
+    number of processes may migrate at once: the library's automatic DDL, run unguarded by every
+    process constructing an application, races ("tuple concurrently updated").
+
+    Raises:
+        JournalUrlError: the server cannot be reached or refuses the statements (no password in
+            the message).
+    """
+    if config.backend != "postgresql":
+        raise JournalUrlError(f"migrate() is for PostgreSQL journals, not {config.url}")
+    with _pg_connect(config) as conn:
+        try:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", [_PG_MIGRATE_LOCK])
+                found = conn.execute("SELECT to_regtype(%s)", [f"public.{_PG_EVENT_TYPE}"])
+                row = found.fetchone()
+                if row is None or row[0] is None:  # CREATE TYPE has no IF NOT EXISTS
+                    conn.execute(
+                        f"CREATE TYPE public.{_PG_EVENT_TYPE} AS (originator_id text, "
+                        "originator_version bigint, topic text, state bytea)"
+                    )
+                for statement in _pg_ddl():
+                    conn.execute(statement)
+        except psycopg.Error as exc:
+            raise JournalUrlError(
+                f"cannot create the journal's tables in {config.url}: "
+                f"{_hide(str(exc).strip(), config)}"
+            ) from None
+
+
+def _pg_exists(config: JournalConfig) -> bool:
+    with _pg_connect(config) as conn:
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL "
+            "AND to_regclass(%s) IS NOT NULL",
+            [
+                f"public.{EVENTS_TABLE_POSTGRES}",
+                f"public.{PAYLOAD_TABLE}",
+                f"public.{SNAPSHOT_TABLE}",
+            ],
+        ).fetchone()
+        return bool(row and row[0])
+
+
+if _POSTGRES_MISSING is None:
+
+    class _PostgresRecorder(PostgresApplicationRecorder):
+        """The library's recorder, plus forgettable payloads, snapshots and raw reads.
+
+        Every append takes the library's EXCLUSIVE lock on the events table, so writers are
+        serialised and ids are issued in commit order; one that writes side rows (even snapshots
+        alone, with no event) takes it before touching them, so two writers of side rows can never
+        deadlock on each other's row locks.
+        """
+
+        datastore: Any
+        """The library's :class:`PostgresDatastore`, declared ``Any`` so that code reaching
+        through ``Journal._recorder.datastore`` for SQLite's cursors keeps one cursor type; this
+        class uses the typed :attr:`_store`."""
+
+        @property
+        def _store(self) -> PostgresDatastore:
+            store: PostgresDatastore = self.datastore
+            return store
+
+        def _insert_events(
+            self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+        ) -> None:
+            payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
+            forget: Sequence[str] = kwargs.get("forget") or ()
+            dropped: str | None = kwargs.get("drop_snapshots")
+            snapshots: Mapping[str, tuple[int, bytes]] = kwargs.get("snapshots") or {}
+            if not (payloads or forget or dropped or snapshots):
+                return
+            self._lock_table(curs)
+            if payloads:
+                curs.execute(
+                    f"INSERT INTO public.{PAYLOAD_TABLE} (stream, payload) "  # noqa: S608
+                    "SELECT * FROM unnest(%s::text[], %s::bytea[]) "
+                    "ON CONFLICT (stream) DO UPDATE SET payload = EXCLUDED.payload",
+                    [list(payloads), list(payloads.values())],
+                )
+            if forget:
+                curs.execute(
+                    f"DELETE FROM public.{PAYLOAD_TABLE} WHERE stream = ANY(%s)",  # noqa: S608
+                    [list(forget)],
+                )
+            if dropped:
+                curs.execute(
+                    f"DELETE FROM public.{SNAPSHOT_TABLE} WHERE starts_with(stream, %s)",  # noqa: S608
+                    [dropped],
+                )
+            if snapshots:
+                curs.execute(
+                    f"INSERT INTO public.{SNAPSHOT_TABLE} (stream, version, state) "  # noqa: S608
+                    "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[]) "
+                    "ON CONFLICT (stream) DO UPDATE "
+                    "SET version = EXCLUDED.version, state = EXCLUDED.state",
+                    [
+                        list(snapshots),
+                        [v for v, _ in snapshots.values()],
+                        [b for _, b in snapshots.values()],
+                    ],
+                )
+
+        def _fetch(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+            """Run one read on a pooled connection, retried if the connection was dropped."""
+            for attempt in range(1, _PG_ATTEMPTS + 1):
+                try:
+                    with (
+                        self._store.get_connection() as conn,
+                        conn.cursor(row_factory=tuple_row) as curs,
+                    ):
+                        curs.execute(query, params)
+                        return curs.fetchall()
+                except (InterfaceError, OperationalError):
+                    if attempt == _PG_ATTEMPTS:
+                        raise
+                    time.sleep(0.2 * attempt)
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
+            """Return a stream's snapshot (version, state), if one was written."""
+            rows = self._fetch(
+                f"SELECT version, state FROM public.{SNAPSHOT_TABLE} WHERE stream = %s",  # noqa: S608
+                [stream],
+            )
+            return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
+
+        def select_rows(
+            self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+        ) -> list[Row]:
+            """Return raw rows after a position (up to another, of some topics), in order."""
+            query = (
+                "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
+                f"FROM public.{self.events_table_name} WHERE notification_id > %s"
+            )
+            params: list[Any] = [after]
+            if upto is not None:
+                query += " AND notification_id <= %s"
+                params.append(upto)
+            if topics:
+                query += " AND topic = ANY(%s)"
+                params.append(list(topics))
+            query += " ORDER BY notification_id LIMIT %s"
+            params.append(limit)
+            return [_pg_row(r) for r in self._fetch(query, params)]
+
+        def select_stream(
+            self, stream: str, after_version: int, upto: int | None, limit: int | None
+        ) -> list[Row]:
+            """Return a stream's raw rows after a version (up to a position), oldest first."""
+            query = (
+                "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
+                f"FROM public.{self.events_table_name} "
+                "WHERE originator_id = %s AND originator_version > %s"
+            )
+            params: list[Any] = [stream, after_version]
+            if upto is not None:
+                query += " AND notification_id <= %s"
+                params.append(upto)
+            query += " ORDER BY originator_version"
+            if limit is not None:
+                query += " LIMIT %s"
+                params.append(limit)
+            return [_pg_row(r) for r in self._fetch(query, params)]
+
+        def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
+            """Return the payloads of the given streams (every payload when None)."""
+            if streams is None:
+                rows = self._fetch(f"SELECT stream, payload FROM public.{PAYLOAD_TABLE}", [])  # noqa: S608
+            else:
+                rows = self._fetch(
+                    f"SELECT stream, payload FROM public.{PAYLOAD_TABLE} "  # noqa: S608
+                    "WHERE stream = ANY(%s)",
+                    [list(streams)],
+                )
+            return {str(r[0]): bytes(r[1]) for r in rows}
+
+        def erase(self) -> None:
+            """Rewrite the payload and snapshot tables so deleted rows leave the database files.
+
+            A deleted row stays on its page as a dead tuple, readable from the data files, until
+            vacuumed; and a plain ``VACUUM`` only marks its space free without zeroing it (the
+            newest row of a page, which sits next to the free space, keeps its bytes there).
+            ``VACUUM FULL`` writes live rows into fresh zeroed pages and drops the old files, but
+            copies any dead row that some snapshot might still see, its own included, whose
+            horizon a transaction running in *another* database holds back. So first wait until
+            every transaction begun before now (the delete has committed) has ended and no
+            session of this database, nor a replication slot, holds an older snapshot.
+
+            ``VACUUM`` cannot run inside a transaction: the pool's connections are in autocommit
+            mode. It locks each table for as long as its rewrite takes (milliseconds for
+            thousands of rows). The write-ahead log keeps the bytes until its segments are
+            recycled; backups and replicas are beyond a journal's reach.
+
+            Raises:
+                PersistenceError: an older transaction or snapshot lasted about a second more.
+            """
+            with (
+                self._store.get_connection() as conn,
+                conn.cursor(row_factory=tuple_row) as curs,
+            ):
+                curs.execute("SELECT pg_current_xact_id()::text")
+                marker = curs.fetchone()
+                assert marker is not None
+                for _ in range(_SCRUB_WAIT):
+                    curs.execute(_OLDER_SNAPSHOTS, {"now": marker[0]})
+                    older = curs.fetchone()
+                    if older is not None and older[0] == 0:
+                        break
+                    time.sleep(0.02)
+                else:
+                    raise PersistenceError(
+                        "could not erase deleted payloads: a transaction older than the deletion "
+                        "is still open (in this database or, holding back every snapshot, in "
+                        "another session of the server); erased bytes remain in the tables' files "
+                        "until it ends and the journal is scrubbed again"
+                    )
+                curs.execute(f"VACUUM FULL public.{PAYLOAD_TABLE}, public.{SNAPSHOT_TABLE}")
+
+    class _PostgresFactory(PostgresFactory):
+        application_recorder_class = _PostgresRecorder
+
+
+def _pg_row(row: tuple[Any, ...]) -> Row:
+    return (int(row[0]), str(row[1]), int(row[2]), str(row[3]), bytes(row[4]))
