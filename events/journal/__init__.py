@@ -1,6 +1,6 @@
 """The journal: one ordered log of events over the eventsourcing library (J1, J2, J4, J5).
 
-This module is the only one that imports ``eventsourcing``. It builds one eventsourcing
+This package is the only one that imports ``eventsourcing``. It builds one eventsourcing
 ``Application`` per journal, sealed against the process environment (its settings come from the
 journal URL alone), with a mapper that stores our msgspec events, and recorder subclasses that add
 two things the library lacks:
