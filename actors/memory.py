@@ -423,13 +423,7 @@ class MemoryWriter(pykka.ThreadingActor):
         payload once, and check that no fact lost its text unpurged (J5)."""
         self._restore_snapshot()
         missing: dict[str, int] = {}
-        batch: list[Event] = []
-        for event in self.journal.read(after=self.position):
-            batch.append(event)
-            if len(batch) >= _FOLD_BATCH:
-                self._fold_checked(batch, missing)
-                batch = []
-        self._fold_checked(batch, missing)
+        self._catch_up(missing=missing)
         lost = {k: v for k, v in missing.items() if k not in self.purged}
         if lost:
             fact_id, position = min(lost.items(), key=lambda kv: kv[1])
@@ -440,24 +434,28 @@ class MemoryWriter(pykka.ThreadingActor):
                 f"never purged ({len(lost)} fact(s) affected)",
             )
 
-    def _fold_checked(self, batch: list[Event], missing: dict[str, int]) -> None:
-        """Fold a batch with its texts, noting remembered facts whose text is missing."""
-        texts = self._texts(batch)
-        for event in batch:
-            data = event.data
-            if isinstance(data, FactRemembered) and data.fact_id not in texts:
-                missing[data.fact_id] = event.position
-        self._fold(batch, texts)
+    def _catch_up(self, upto: int | None = None, missing: dict[str, int] | None = None) -> None:
+        """Fold the journal after the writer's position in batches, with the facts' texts.
 
-    def _catch_up(self, upto: int | None = None) -> None:
+        With ``missing``, note remembered facts whose text is gone (the open-time J5 check).
+        """
         batch: list[Event] = []
         for event in self.journal.read(after=self.position, upto=upto):
             batch.append(event)
             if len(batch) >= _FOLD_BATCH:
-                self._fold(batch, self._texts(batch))
+                self._fold_batch(batch, missing)
                 batch = []
         if batch:
-            self._fold(batch, self._texts(batch))
+            self._fold_batch(batch, missing)
+
+    def _fold_batch(self, batch: list[Event], missing: dict[str, int] | None) -> None:
+        texts = self._texts(batch)
+        if missing is not None:
+            for event in batch:
+                data = event.data
+                if isinstance(data, FactRemembered) and data.fact_id not in texts:
+                    missing[data.fact_id] = event.position
+        self._fold(batch, texts)
 
     def _texts(self, events: Sequence[Event]) -> dict[str, str]:
         ids = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]

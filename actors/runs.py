@@ -276,6 +276,12 @@ class Runs:
             with self._lock:
                 self._active.pop(run_id, None)
                 self._children.pop(run_id, None)
+                if parent is not None:
+                    siblings = self._children.get(parent[0])
+                    if siblings is not None and run_id in siblings:
+                        siblings.remove(run_id)
+                        if not siblings:
+                            del self._children[parent[0]]
 
     def _child_runner(
         self, plan: Plan, *, parent: tuple[str, str], **options: Any
