@@ -435,6 +435,8 @@ class Orchestrations:
 
     def _end(self, d: _Drive, status: OutcomeStatus, summary: str) -> Outcome:
         self._append(d, OrchestrationEnded(at=self._clock(), status=status, summary=summary))
+        if status in ("completed", "failed", "dry_run"):
+            self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
         return self.outcome(d.state)
 
     def _append(self, d: _Drive, event: DomainEvent) -> None:
