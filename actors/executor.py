@@ -83,6 +83,7 @@ class Executor(pykka.ThreadingActor):
         on_progress: Progress | None = None,
         child_runner: Callable[..., ExecuteResult] | None = None,
         trace: Trace | None = None,
+        opened: threading.Event | None = None,
     ) -> None:
         super().__init__()
         self.journal = journal
@@ -95,6 +96,8 @@ class Executor(pykka.ThreadingActor):
         self.on_progress = on_progress
         self.child_runner = child_runner
         self.trace = trace
+        self.opened = opened
+        """Set once the run's opening events are committed (the run is readable from then)."""
         self._opening = opening
         self._staged: list[DomainEvent] = []
         self._traced: list[ExecuteResult] = []
@@ -539,6 +542,8 @@ class Executor(pykka.ThreadingActor):
             self._last_append = time.monotonic()
             self.state.version = version + len(staged)
             self.state.position = positions[-1]
+            if self.opened is not None:
+                self.opened.set()
             if self.trace is not None:
                 traced, self._traced = self._traced, []
                 for position, result in zip(positions, traced, strict=True):

@@ -76,7 +76,8 @@ class Runs:
         self._clock = clock
         self._agents = agents_enabled
         self._lock = threading.Lock()
-        self._active: dict[str, tuple[Any, threading.Event]] = {}
+        self._active: dict[str, tuple[Any, threading.Event, threading.Event]] = {}
+        """run id -> (executor, cancel token, set once the run's opening events are committed)"""
         self._children: dict[str, list[str]] = {}
 
     # -- execution -------------------------------------------------------------------------------
@@ -223,7 +224,7 @@ class Runs:
             self.cancel(child)
         if active is None:
             return False
-        executor, token = active
+        executor, token, _ = active
         token.set()
         executor.tell(CancelRun())
         return True
@@ -240,6 +241,7 @@ class Runs:
     ) -> ExecuteResult:
         done: Future[ExecuteResult] = Future()
         token = threading.Event()
+        opened = threading.Event()
         executor = Executor.start(
             journal=self._journal,
             registry=self._registry,
@@ -252,9 +254,10 @@ class Runs:
             on_progress=on_progress,
             child_runner=self._child_runner,
             trace=trace,
+            opened=opened,
         )
         with self._lock:
-            self._active[run_id] = (executor, token)
+            self._active[run_id] = (executor, token, opened)
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
@@ -387,15 +390,25 @@ class Runs:
         deadline = time.monotonic() + timeout
         with self._lock:
             active = dict(self._active)
-        for executor, _ in active.values():
+        for executor, _, _ in active.values():
             executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return sorted(r for r, (ex, _) in self._active.items() if ex.is_alive())
+            return sorted(r for r, (ex, _, _) in self._active.items() if ex.is_alive())
 
     def active(self) -> list[str]:
-        """Return the runs executing in this runtime now."""
+        """Return the runs executing in this runtime now.
+
+        A run is listed once its opening events are in the journal, so every id returned here
+        can be read at once with :meth:`history`, :meth:`state` or :meth:`why`.
+        """
         with self._lock:
-            return sorted(self._active)
+            return sorted(r for r, (_, _, opened) in self._active.items() if opened.is_set())
+
+    def cancel_all(self) -> list[str]:
+        """Ask every run executing in this runtime to stop, opened or not; return their ids."""
+        with self._lock:
+            run_ids = sorted(self._active)
+        return [r for r in run_ids if self.cancel(r)]
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""

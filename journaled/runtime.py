@@ -249,8 +249,7 @@ class Runtime:
         if self._closed:
             return
         self._closed = True
-        for run_id in self.runs.active():
-            self.runs.cancel(run_id)
+        self.runs.cancel_all()
         # Cancelled runs finish their steps in flight and journal how they ended before the
         # journal closes; a step stuck in user code past the wait is abandoned (at-least-once).
         still = self.runs.wait_idle(CLOSE_WAIT)

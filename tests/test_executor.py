@@ -11,6 +11,7 @@ import pytest
 
 import journaled
 from actors.steps import ToolActor
+from events.journal import Journal
 from events.plan_rules import fold_calls, step_calls
 from journaled import AgentResult, Limits, NeedsInput, Plan, Step
 from journaled.testing import ManualClock, wait_for
@@ -347,6 +348,42 @@ def test_cancel_from_another_thread(runtime: journaled.Runtime) -> None:
     assert "run.cancel-requested" in kinds(runtime, run_id)
     assert runtime.runs.state(run_id).run_status == "cancelled"
     assert runtime.cancel(run_id) is False
+
+
+def test_active_lists_a_run_only_once_it_can_be_read(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E12: every id runs.active() returns has its opening in the journal, readable at once."""
+    holding, go, release = threading.Event(), threading.Event(), threading.Event()
+    real_append = Journal.append
+
+    def slow_opening(self: Journal, pending: list[Any], **kw: Any) -> list[int]:
+        if pending and pending[0].stream.startswith("run_") and pending[0].version == 1:
+            holding.set()
+            assert go.wait(WAIT)
+        return real_append(self, pending, **kw)
+
+    monkeypatch.setattr(Journal, "append", slow_opening)
+    runtime.register_tool("hold", lambda x: release.wait(WAIT))
+    results: list[journaled.ExecuteResult] = []
+    thread = threading.Thread(
+        target=lambda: results.append(
+            runtime.execute(Plan(goal="g", steps=[Step("a", tool="hold")]))
+        )
+    )
+    thread.start()
+    try:
+        assert holding.wait(WAIT)
+        assert runtime.runs.active() == []  # executing, but nothing of it is stored yet
+        go.set()
+        wait_for(lambda: bool(runtime.runs.active()), WAIT)
+        [run_id] = runtime.runs.active()
+        assert kinds(runtime, run_id)[0] == "run.started"
+    finally:
+        go.set()
+        release.set()
+        thread.join(WAIT)
+    assert results[0].ok
 
 
 def test_agent_sees_cancel_token(runtime: journaled.Runtime) -> None:
