@@ -103,12 +103,16 @@ class _Rule:
         groups: Names of the groups holding the secret, tried in order; empty means the whole
             match is the secret.
         accept: A further check on the secret text, for shapes a regex cannot rule out cheaply.
+        needs: Lower-case literals of which every match holds at least one. On ASCII text a
+            rule none of whose literals occurs in the lower-cased text cannot match and is not
+            run.
     """
 
     kind: str
     pattern: re.Pattern[str]
     groups: tuple[str, ...] = ()
     accept: Callable[[str], bool] | None = None
+    needs: tuple[str, ...] = ()
 
     def spans(self, text: str, markers: list[tuple[int, int]]) -> list[tuple[int, int]]:
         """Return the start and end of every secret this rule finds in ``text``.
@@ -149,12 +153,13 @@ _BARE_TO_EOL = r"""(?P<bare>[^\s'"](?:[^\r\n]*\S)?)"""
 _NAME_PREFIX = r"(?:[A-Za-z0-9_.-]*[_.-])?"
 
 
-def _assignment_rules(kind: str, names: str) -> list[_Rule]:
+def _assignment_rules(kind: str, names: str, needs: tuple[str, ...]) -> list[_Rule]:
     """Build the rules for ``name = value`` and ``name: value`` written with the given names.
 
     Args:
         kind: The kind to report.
         names: A regex alternation of the key names, without groups that capture.
+        needs: Lower-case literals of which every one of the names holds at least one.
 
     Returns:
         Rules for ``=`` anywhere; for ``:`` after a quoted key, after a key that starts a line,
@@ -173,11 +178,17 @@ def _assignment_rules(kind: str, names: str) -> list[_Rule]:
     )
     colon = rf"""(?<![A-Za-z0-9])(?:{names})[ \t]*:(?!=)[ \t]*"""
     return [
-        _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS),
-        _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS),
-        _Rule(kind, re.compile(line_start, flags | re.MULTILINE), _VALUE_GROUPS),
-        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq")),
-        _Rule(kind, re.compile(colon + _BARE_IN_LINE, flags), ("bare",), _looks_like_value),
+        _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS, needs=needs),
+        _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS, needs=needs),
+        _Rule(kind, re.compile(line_start, flags | re.MULTILINE), _VALUE_GROUPS, needs=needs),
+        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq"), needs=needs),
+        _Rule(
+            kind,
+            re.compile(colon + _BARE_IN_LINE, flags),
+            ("bare",),
+            _looks_like_value,
+            needs=needs,
+        ),
     ]
 
 
@@ -197,29 +208,44 @@ _RULES: tuple[_Rule, ...] = (
             r"(?:.*?-----END[A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?-----|.*)",
             re.DOTALL,
         ),
+        needs=("-----begin",),
     ),
     _Rule(
         "jwt",
         # Starting only where a base64url run starts keeps the scan linear on "-eyJ-eyJ...".
         re.compile(r"(?<![A-Za-z0-9_-])eyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+        needs=("eyj",),
     ),
-    _Rule("anthropic-key", re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}")),
+    _Rule(
+        "anthropic-key",
+        re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}"),
+        needs=("sk-ant-",),
+    ),
     _Rule(
         "openai-key",
         re.compile(r"(?<![A-Za-z0-9])sk-[A-Za-z0-9_-]{20,}"),
         accept=_openai_body_is_key,
+        needs=("sk-",),
     ),
     _Rule(
         "aws-access-key-id",
         re.compile(r"(?<![A-Za-z0-9])(?:AKIA|ASIA)[A-Z0-9]{16}(?![A-Za-z0-9])"),
+        needs=("akia", "asia"),
     ),
     _Rule(
         "github-token",
         re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+        needs=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
-    _Rule("gitlab-token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}")),
-    _Rule("slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abpors]-[A-Za-z0-9-]{10,}")),
-    *_assignment_rules("aws-secret-access-key", r"aws[_-]?secret[_-]?access[_-]?key"),
+    _Rule(
+        "gitlab-token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}"), needs=("glpat-",)
+    ),
+    _Rule(
+        "slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abpors]-[A-Za-z0-9-]{10,}"), needs=("xox",)
+    ),
+    *_assignment_rules(
+        "aws-secret-access-key", r"aws[_-]?secret[_-]?access[_-]?key", needs=("secret",)
+    ),
     _Rule(
         "url-credentials",
         # Only the password: the scheme, user and host are what make the text useful to read.
@@ -227,29 +253,38 @@ _RULES: tuple[_Rule, ...] = (
         # from every letter of a long run of them (quadratic on a hex or base64url blob).
         re.compile(r"://[^\s:/@?#]*:(?P<password>[^\s@/?#]+)@"),
         ("password",),
+        needs=("://",),
     ),
     _Rule(
         "bearer-token",
         # In an Authorization header anything after Bearer is a credential, whatever it looks like.
         re.compile(rf"{_AUTH_HEADER}Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
         ("token",),
+        needs=("bearer",),
     ),
     _Rule(
         "bearer-token",
         re.compile(rf"(?<![A-Za-z0-9])Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
         ("token",),
         accept=_bearer_token_is_credential,
+        needs=("bearer",),
     ),
     _Rule(
         "basic-auth",
         re.compile(rf"{_AUTH_HEADER}Basic[ \t]+(?P<token>[A-Za-z0-9+/]+=*)", re.IGNORECASE),
         ("token",),
+        needs=("basic",),
     ),
     *_assignment_rules(
         "credential-assignment",
         r"password|passwd|pwd|passphrase|token|secret(?:[_-]?key)?|api[_-]?key|apikey",
+        needs=("pass", "pwd", "token", "secret", "api_key", "api-key", "apikey"),
     ),
 )
+
+
+_NEEDS = frozenset(rule.needs for rule in _RULES)
+assert all(_NEEDS), "every rule names the literals it is anchored on"
 
 
 @dataclass(slots=True)
@@ -272,25 +307,39 @@ def _widen(start: int, end: int, markers: list[tuple[int, int]]) -> tuple[int, i
     return start, end
 
 
-def _scan(text: str) -> list[_Hit]:
+def _scan(text: str, *, prefilter: bool = True) -> list[_Hit]:
     """Find every secret in ``text``, with overlapping and touching matches merged.
 
     Matching every rule against the same text, rather than against text already partly
     redacted, lets overlapping matches be merged: a value that two rules see differently
     (``password=foo/sk-...``) is redacted whole.
 
+    Most text holds none of the literals the rules are anchored on, so on ASCII text the rules
+    that cannot match are skipped (case-insensitive matching of non-ASCII text folds letters
+    such as the long s (U+017F) to "s", which ``str.lower`` does not, so such text runs every rule).
+
     Args:
         text: The text to scan.
+        prefilter: Skip the rules that cannot match; off only to check that skipping changes
+            nothing.
 
     Returns:
         Disjoint hits in order of position, each with the kind of the highest-priority rule
         that matched inside it. No hit cuts into a marker, and each holds some text that is
         not a marker.
     """
+    if prefilter and text.isascii():
+        lowered = text.lower()
+        present = {needs: any(n in lowered for n in needs) for needs in _NEEDS}
+        rules = [(p, rule) for p, rule in enumerate(_RULES) if present[rule.needs]]
+    else:
+        rules = list(enumerate(_RULES))
+    if not rules:
+        return []
     markers = [match.span() for match in _MARKER.finditer(text)]
     found = sorted(
         (*_widen(start, end, markers), priority, rule.kind)
-        for priority, rule in enumerate(_RULES)
+        for priority, rule in rules
         for start, end in rule.spans(text, markers)
     )
     hits: list[_Hit] = []

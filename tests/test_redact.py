@@ -16,7 +16,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from events import redact as redact_module
-from events.redact import REDACTED, find_secrets, redact
+from events.redact import _RULES, REDACTED, _scan, find_secrets, redact
 
 OPENAI = "sk-" + "a1B2c3D4e5" * 5
 OPENAI_PROJ = "sk-proj-" + "Ab3_x9-Kq2" * 8
@@ -340,3 +340,31 @@ def test_redaction_is_idempotent_on_mixed_text(pieces: list[str]) -> None:
     once = redact("".join(pieces))
     assert redact(once) == once
     assert find_secrets(once) == []
+
+
+_CASED_FRAGMENTS = _FRAGMENTS.flatmap(
+    lambda f: st.sampled_from([f, f.lower(), f.upper(), f.swapcase()])
+)
+_RULE_LITERALS = st.sampled_from(sorted({n for rule in _RULES for n in rule.needs}))
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(
+        _CASED_FRAGMENTS
+        | _RULE_LITERALS.flatmap(lambda n: st.sampled_from([n, n.upper(), n.title()]))
+        | st.text(alphabet=string.printable + "\u017f\u212a\u0130\u0131", max_size=8),
+        max_size=12,
+    )
+)
+def test_skipping_rules_that_cannot_match_changes_nothing(pieces: list[str]) -> None:
+    """M9: the literal prefilter only skips rules that would have found nothing."""
+    text = "".join(pieces)
+    assert _scan(text) == _scan(text, prefilter=False)
+
+
+def test_rules_are_skipped_only_on_ascii_text() -> None:
+    """M9: a long s matches "s" case-insensitively, so non-ASCII text runs every rule."""
+    long_s = "pa\u017fsword"  # no "pass" in it, yet the password rule matches it
+    assert redact(f"{long_s}=hunter2") == f"{long_s}={REDACTED}"
+    assert redact("the api listens on port 8080") == "the api listens on port 8080"
