@@ -134,8 +134,18 @@ class InvertedIndex:
     and scoring touches only the postings of the query terms.
     """
 
-    def __init__(self) -> None:
-        """Create an empty index."""
+    def __init__(self, impact_min: int = 256) -> None:
+        """Create an empty index.
+
+        Args:
+            impact_min: Postings at least this long get impact buckets once a query reads them
+                (see :meth:`score`); shorter ones are cheaper to read whole.
+        """
+        self.impact_min = impact_min
+        # term -> {(tf, document length): document numbers}: a long posting split by what
+        # decides a document's contribution, built on the first query that reads the posting
+        # and kept up to date from then on, so scoring can visit the strongest first.
+        self._impacts: dict[str, dict[tuple[int, int], set[int]]] = {}
         # Each document's distinct terms, space-joined: what remove() needs, compact to store.
         self._terms: dict[str, str] = {}
         self._lengths: dict[str, int] = {}
@@ -154,9 +164,9 @@ class InvertedIndex:
         )
 
     @classmethod
-    def restore(cls, snapshot: IndexSnapshot) -> InvertedIndex:
+    def restore(cls, snapshot: IndexSnapshot, impact_min: int = 256) -> InvertedIndex:
         """Rebuild an index from :meth:`export` output."""
-        index = cls()
+        index = cls(impact_min)
         index._postings = snapshot.postings
         index._names = snapshot.names
         index._numbers = {name: i for i, name in enumerate(snapshot.names)}
@@ -184,8 +194,12 @@ class InvertedIndex:
         self._lengths[doc_id] = len(tokens)
         self._dl[number] = len(tokens)
         self._total_length += len(tokens)
+        impacts = self._impacts
         for term, tf in counts.items():
             self._postings.setdefault(term, {})[number] = tf
+            buckets = impacts.get(term)
+            if buckets is not None:
+                buckets.setdefault((tf, len(tokens)), set()).add(number)
 
     def remove(self, doc_id: str) -> None:
         """Drop a document from the index; do nothing if it is absent.
@@ -196,12 +210,22 @@ class InvertedIndex:
         terms = self._terms.pop(doc_id, None)
         if terms is None:
             return
-        self._total_length -= self._lengths.pop(doc_id)
+        dl = self._lengths.pop(doc_id)
+        self._total_length -= dl
         number = self._numbers[doc_id]
         del self._dl[number]
+        impacts = self._impacts
         for term in terms.split(" ") if terms else ():
             posting = self._postings[term]
-            del posting[number]
+            tf = posting.pop(number)
+            buckets = impacts.get(term)
+            if buckets is not None:
+                bucket = buckets[tf, dl]
+                bucket.discard(number)
+                if not bucket:
+                    del buckets[tf, dl]
+                if len(posting) < self.impact_min // 2 or not posting:
+                    del impacts[term]  # short again: reading it whole is cheaper
             # Empty postings would otherwise accumulate forever under churn.
             if not posting:
                 del self._postings[term]
@@ -355,27 +379,45 @@ class InvertedIndex:
         weighted = [(t, idf[t] * (K1 + 1.0)) for t in dict.fromkeys(terms) if t in postings]
         if limit == 0 or not weighted:
             return []
-        order = [(postings[term], weight) for term, weight in _summation_order(weighted)]
-        # A term adds less than its weight, since tf / (tf + norm) < 1, so rest[i] caps
-        # what terms i.. can give a document that none of the earlier terms reached.
-        rest = [0.0] * (len(order) + 1)
-        for i in range(len(order) - 1, -1, -1):
-            rest[i] = rest[i + 1] + order[i][1]
-
         c1 = K1 * (1.0 - B)
         c2 = K1 * B / avgdl
+        order: list[tuple[dict[int, int], float]] = []
+        # Per term: its buckets strongest first with what a document in each gets from the
+        # term, or None to read the posting whole; and a cap on what the term gives anyone.
+        visits: list[list[tuple[float, set[int]]] | None] = []
+        caps: list[float] = []
+        for term, weight in _summation_order(weighted):
+            posting = postings[term]
+            order.append((posting, weight))
+            if len(posting) < self.impact_min:
+                visits.append(None)
+                caps.append(weight)  # tf / (tf + norm) < 1
+                continue
+            ranked = sorted(
+                (
+                    (weight * tf / (tf + (c1 + c2 * dl)), docs)
+                    for (tf, dl), docs in self._impact_buckets(term).items()
+                ),
+                key=lambda bucket: -bucket[0],
+            )
+            visits.append(ranked)
+            caps.append(ranked[0][0])
+        # rest[i] caps what terms i.. can give a document that none of the earlier terms reached.
+        rest = [0.0] * (len(order) + 1)
+        for i in range(len(order) - 1, -1, -1):
+            rest[i] = rest[i + 1] + caps[i]
+
         lengths = self._dl
         names = self._names
         scores: dict[int, float] = {}
         rejected: set[int] = set()
-        for i, (posting, _) in enumerate(order):
-            if i and len(scores) >= limit:
-                threshold = heapq.nlargest(limit, scores.values())[-1]
-                if rest[i] * (1.0 + _BOUND_SLACK) < threshold:
-                    break
-            for doc in posting:
+        best: list[float] = []  # min-heap of the `limit` best scores so far
+        slack = 1.0 + _BOUND_SLACK
+
+        def visit(docs: Iterable[int], first: bool) -> None:
+            for doc in docs:
                 # A doc already met under an earlier term was scored in full then.
-                if i and (doc in scores or doc in rejected):
+                if not first and (doc in scores or doc in rejected):
                     continue
                 if accept is not None and not accept(names[doc]):
                     rejected.add(doc)
@@ -387,13 +429,49 @@ class InvertedIndex:
                     if tf:
                         total += weight * tf / (tf + norm)
                 scores[doc] = total
+                if len(best) < limit:
+                    heapq.heappush(best, total)
+                elif total > best[0]:
+                    heapq.heapreplace(best, total)
+
+        # Max-score pruning: once what an unseen document could still reach falls below the
+        # current `limit`-th score, it cannot enter the top, ties included (the slack covers
+        # rounding). Terms go in decreasing weight; a long posting goes bucket by bucket, from
+        # the strongest, and stops at the first bucket that cannot reach the top.
+        for i, (posting, _) in enumerate(order):
+            if len(best) == limit and rest[i] * slack < best[0]:
+                break
+            buckets = visits[i]
+            if buckets is None:
+                visit(posting, i == 0)
+                continue
+            for gain, docs in buckets:
+                if len(best) == limit and (gain + rest[i + 1]) * slack < best[0]:
+                    break
+                visit(docs, False)
 
         if len(scores) > limit:
             # A key call per item is slow on long postings, so cut on bare floats first.
-            kth = heapq.nlargest(limit, scores.values())[-1]
+            kth = best[0]
             scores = {doc: value for doc, value in scores.items() if value >= kth}
         top = heapq.nsmallest(limit, scores.items(), key=lambda kv: (-kv[1], names[kv[0]]))
         return [(value, names[doc]) for doc, value in top]
+
+    def _impact_buckets(self, term: str) -> dict[tuple[int, int], set[int]]:
+        """Return the term's impact buckets, building them from its posting on first use."""
+        buckets = self._impacts.get(term)
+        if buckets is None:
+            buckets = {}
+            lengths = self._dl
+            for doc, tf in self._postings[term].items():
+                key = (tf, lengths[doc])
+                bucket = buckets.get(key)
+                if bucket is None:
+                    buckets[key] = {doc}
+                else:
+                    bucket.add(doc)
+            self._impacts[term] = buckets
+        return buckets
 
 
 def merge_top(results: Iterable[list[tuple[float, str]]], limit: int) -> list[tuple[float, str]]:

@@ -274,6 +274,32 @@ def test_pruning_skips_weak_postings_without_changing_results() -> None:
     assert seen == ["rare"]
 
 
+def test_long_postings_are_read_strongest_bucket_first() -> None:
+    """M6: of a long posting, only the buckets that can still reach the top are visited."""
+    # 400 docs hold "common" once, padded to lengths 2..401: the shortest score highest.
+    docs = {f"d{n:03d}": "common" + " pad" * n for n in range(1, 401)}
+    docs["twice"] = "common common" + " pad" * 300
+    index = InvertedIndex(impact_min=100)
+    for doc_id, text in docs.items():
+        index.add(doc_id, text)
+    seen: list[str] = []
+
+    def accept(doc: str) -> bool:
+        seen.append(doc)
+        return True
+
+    n_docs, total, counts = index.stats(["common"], None)
+    idfs = {term: idf(n_docs, n) for term, n in counts.items()}
+    for _ in range(2):
+        seen.clear()
+        results = index.score(["common"], idfs, total / n_docs, accept, 3)
+        assert results == bm25_rescore("common", list(docs.items()), 3)
+        assert [doc for _, doc in results] == ["d001", "d002", "d003"]
+        assert len(seen) < 10  # not 401
+        index.remove("d002")  # buckets follow the posting
+        index.add("d002", "common pad pad")
+
+
 def test_doc_reached_only_through_weaker_term_can_still_win() -> None:
     """M6: pruning never drops a doc whose weaker term alone outscores the rarer term's docs."""
     docs = {f"m{i}": "mid other" for i in range(3)}
@@ -331,9 +357,15 @@ def test_split_indexes_match_rescore_over_accepted_docs(
 ) -> None:
     """M6: stats/score/merge_top over 2-3 indexes equal bm25_rescore over accepted docs."""
     shard = {doc: data.draw(st.integers(0, n_indexes - 1)) for doc in _IDS}
-    indexes = [InvertedIndex() for _ in range(n_indexes)]
+    # Impact buckets for every posting, or for none: both ways of reading must agree.
+    impact_min = data.draw(st.sampled_from([1, 2, 10_000]))
+    indexes = [InvertedIndex(impact_min) for _ in range(n_indexes)]
     model: dict[str, str] = {}
-    for doc, text in [*initial.items(), *replacements]:
+    for doc, text in initial.items():
+        indexes[shard[doc]].add(doc, text)
+        model[doc] = text
+    _combined(indexes, query, max(limit, 1))  # builds the buckets the query reads, then...
+    for doc, text in replacements:  # ...every change below must keep them exact
         indexes[shard[doc]].add(doc, text)
         model[doc] = text
     for doc in removals:
