@@ -134,7 +134,7 @@ class InvertedIndex:
     and scoring touches only the postings of the query terms.
     """
 
-    def __init__(self, impact_min: int = 256) -> None:
+    def __init__(self, impact_min: int = 32) -> None:
         """Create an empty index.
 
         Args:
@@ -164,7 +164,7 @@ class InvertedIndex:
         )
 
     @classmethod
-    def restore(cls, snapshot: IndexSnapshot, impact_min: int = 256) -> InvertedIndex:
+    def restore(cls, snapshot: IndexSnapshot, impact_min: int = 32) -> InvertedIndex:
         """Rebuild an index from :meth:`export` output."""
         index = cls(impact_min)
         index._postings = snapshot.postings
