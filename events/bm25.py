@@ -125,6 +125,8 @@ class IndexSnapshot(msgspec.Struct, frozen=True):
     """Document number -> id (numbers are never reused)."""
     terms: dict[str, str]
     lengths: dict[str, int]
+    dl: dict[int, int]
+    """Document number -> length, as ``lengths`` keyed by number."""
 
 
 class InvertedIndex:
@@ -160,7 +162,11 @@ class InvertedIndex:
     def export(self) -> IndexSnapshot:
         """Return the index's contents, to be restored without re-tokenising any text."""
         return IndexSnapshot(
-            postings=self._postings, names=self._names, terms=self._terms, lengths=self._lengths
+            postings=self._postings,
+            names=self._names,
+            terms=self._terms,
+            lengths=self._lengths,
+            dl=self._dl,
         )
 
     @classmethod
@@ -169,10 +175,10 @@ class InvertedIndex:
         index = cls(impact_min)
         index._postings = snapshot.postings
         index._names = snapshot.names
-        index._numbers = {name: i for i, name in enumerate(snapshot.names)}
+        index._numbers = dict(zip(snapshot.names, range(len(snapshot.names)), strict=True))
         index._terms = snapshot.terms
         index._lengths = snapshot.lengths
-        index._dl = {index._numbers[name]: dl for name, dl in snapshot.lengths.items()}
+        index._dl = snapshot.dl
         index._total_length = sum(snapshot.lengths.values())
         return index
 

@@ -65,7 +65,7 @@ class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """A scope's folded state, restorable without replaying or re-tokenising (a cache)."""
 
     physical: str
-    facts: list[Fact]
+    facts: dict[str, Fact]
     index: IndexSnapshot
     superseder_until: dict[str, int | None]
     listed_by: dict[str, list[str]]
@@ -73,9 +73,11 @@ class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     erased: list[str]
     conditional: list[str]
     plain_group: dict[str, tuple[str, str | None]]
+    groups: list[tuple[str, str | None, int, int]]
+    """(scope, domain, plain facts, their summed length): totals restored without a loop."""
 
 
-MEMORY_SNAPSHOT_SCHEMA = 1
+MEMORY_SNAPSHOT_SCHEMA = 2
 """Bump when the snapshot layout changes incompatibly: older snapshots are then ignored."""
 MEMORY_SNAPSHOT_PREFIX = "memory:"
 
@@ -124,7 +126,7 @@ class ScopeState:
         """Return this scope's state as a snapshot."""
         return ScopeSnapshot(
             physical=self.physical,
-            facts=list(self.facts.values()),
+            facts=self.facts,
             index=self.index.export(),
             superseder_until=self._superseder_until,
             listed_by={k: sorted(v) for k, v in self._listed_by.items()},
@@ -132,24 +134,28 @@ class ScopeState:
             erased=sorted(self._erased),
             conditional=sorted(self._conditional),
             plain_group=self._plain_group,
+            groups=[
+                (scope, domain, count, self._group_length[scope, domain])
+                for (scope, domain), count in self._group_count.items()
+            ],
         )
 
     @classmethod
     def restore(cls, snap: ScopeSnapshot) -> ScopeState:
         """Rebuild a scope's state from :meth:`export` output."""
         state = cls(snap.physical)
-        state.facts = {f.id: f for f in snap.facts}
+        # Decoded containers are fresh and owned by nobody else: adopted, not copied.
+        state.facts = snap.facts
         state.index = InvertedIndex.restore(snap.index)
         state._superseder_until = dict(snap.superseder_until)
         state._listed_by = {k: set(v) for k, v in snap.listed_by.items()}
         state._by_key = {k: set(v) for k, v in snap.by_key.items()}
         state._erased = set(snap.erased)
         state._conditional = set(snap.conditional)
-        state._plain_group = {k: (g[0], g[1]) for k, g in snap.plain_group.items()}
-        lengths = state.index.export().lengths
-        for fact_id, group in state._plain_group.items():
-            state._group_count[group] = state._group_count.get(group, 0) + 1
-            state._group_length[group] = state._group_length.get(group, 0) + lengths[fact_id]
+        state._plain_group = snap.plain_group
+        for scope, domain, count, length in snap.groups:
+            state._group_count[scope, domain] = count
+            state._group_length[scope, domain] = length
         return state
 
     # -- folding ---------------------------------------------------------------------------------
