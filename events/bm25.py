@@ -160,7 +160,10 @@ class InvertedIndex:
         self._total_length = 0
 
     def export(self) -> IndexSnapshot:
-        """Return the index's contents, to be restored without re-tokenising any text."""
+        """Return the index's contents, to be restored without re-tokenising any text.
+
+        The snapshot holds the live containers, not copies: encode it before the index changes.
+        """
         return IndexSnapshot(
             postings=self._postings,
             names=self._names,
@@ -171,7 +174,12 @@ class InvertedIndex:
 
     @classmethod
     def restore(cls, snapshot: IndexSnapshot, impact_min: int = 32) -> InvertedIndex:
-        """Rebuild an index from :meth:`export` output."""
+        """Rebuild an index from :meth:`export` output, decoded.
+
+        The snapshot's containers are adopted, not copied (restoring 100k documents would
+        otherwise copy over a million postings), so pass a freshly decoded snapshot, never the
+        live result of another index's :meth:`export`.
+        """
         index = cls(impact_min)
         index._postings = snapshot.postings
         index._names = snapshot.names
@@ -363,6 +371,10 @@ class InvertedIndex:
         decreasing idf order, and once the best score the remaining terms could give an
         unseen document falls below the current `limit`-th score, their postings are
         skipped (max-score pruning); the result is the same as scoring every posting.
+        A posting of at least ``impact_min`` documents is read by impact bucket, strongest
+        first, and left at the first bucket that cannot reach the top (ADR 0014). Building
+        those buckets on first use is the only change a read makes to the index; it is
+        assigned whole, so concurrent readers of an index nobody writes to stay safe.
 
         Args:
             terms: Query terms; duplicates are used once.

@@ -142,7 +142,7 @@ class ScopeState:
 
     @classmethod
     def restore(cls, snap: ScopeSnapshot) -> ScopeState:
-        """Rebuild a scope's state from :meth:`export` output."""
+        """Rebuild a scope's state from :meth:`export` output, freshly decoded (it is adopted)."""
         state = cls(snap.physical)
         # Decoded containers are fresh and owned by nobody else: adopted, not copied.
         state.facts = snap.facts
