@@ -12,6 +12,7 @@ The writer never blocks on a scope actor that could ask it back: scope actors as
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import random
@@ -74,6 +75,7 @@ ASK_TIMEOUT = 30.0
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
+log = logging.getLogger("journaled.memory")
 
 _ENCODER = msgspec.msgpack.Encoder()
 Clock = Callable[[], int]
@@ -167,6 +169,9 @@ class ScopeActor(pykka.ThreadingActor):
 class MemoryWriter(pykka.ThreadingActor):
     """Decide memory commands, append their events atomically, and fan them out to scopes."""
 
+    auto_snapshot_events: int = 10_000
+    """Folded events after which memory snapshots itself (see :meth:`_auto_snapshot_due`)."""
+
     def __init__(
         self,
         journal: Journal,
@@ -184,6 +189,8 @@ class MemoryWriter(pykka.ThreadingActor):
         self.route: dict[str, str | None] = {}
         self.purged: set[str] = set()
         self._since_snapshot = 0
+        self._snapshot_position = 0
+        self._auto_snapshot_queued = False
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -202,8 +209,15 @@ class MemoryWriter(pykka.ThreadingActor):
                 else:
                     self._catch_up()
                 return self.position
-            case SaveSnapshot(min_events=min_events):
+            case SaveSnapshot(min_events=min_events, auto=False):
                 return self._save_snapshot(min_events)
+            case SaveSnapshot(auto=True):
+                self._auto_snapshot_queued = False
+                try:
+                    self._save_snapshot(self._auto_snapshot_due())
+                except Exception:  # a cache write must not stop memory: the next one retries
+                    log.exception("saving a memory snapshot failed; memory goes on without it")
+                return None
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
@@ -390,7 +404,27 @@ class MemoryWriter(pykka.ThreadingActor):
         key = memory_snapshot_key(self.organization)
         self.journal.save_snapshot(key, self.position, _ENCODER.encode(snapshot))
         self._since_snapshot = 0
+        self._snapshot_position = self.position
         return True
+
+    def _auto_snapshot_due(self) -> int:
+        """Return how many folded events call for a snapshot without anyone asking.
+
+        At least :attr:`auto_snapshot_events`, and half the log the last snapshot covered: a
+        snapshot costs time in proportion to memory's size, so spacing them geometrically keeps
+        that cost a constant share of folding, while a process that is killed and never closes
+        still reopens from a snapshot no more than a third of the log old.
+        """
+        return max(self.auto_snapshot_events, self._snapshot_position // 2)
+
+    def _queue_auto_snapshot(self) -> None:
+        if (
+            not self._auto_snapshot_queued
+            and self.journal.config.backend != "memory"
+            and self._since_snapshot >= self._auto_snapshot_due()
+        ):
+            self._auto_snapshot_queued = True
+            self.actor_ref.tell(SaveSnapshot(auto=True))
 
     def _restore_snapshot(self) -> None:
         """Start from memory's latest snapshot, if a usable one exists (a cache of the fold)."""
@@ -413,7 +447,7 @@ class MemoryWriter(pykka.ThreadingActor):
             None,
             messages=[RestoreScope(data=snapshot.scopes[name]) for name in self.scopes],
         )
-        self.position = snapshot.position
+        self.position = self._snapshot_position = snapshot.position
         self.versions = dict(snapshot.versions)
         self.route = dict(snapshot.route)
         self.purged = set(snapshot.purged)
@@ -494,6 +528,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
             }
             self.scopes[physical].tell(Apply(events=tuple(scoped), texts=wanted_texts))
+        self._queue_auto_snapshot()
 
     # -- reads through scope actors --------------------------------------------------------------
 

@@ -135,3 +135,5 @@ class SaveSnapshot(Message, frozen=True, kw_only=True, tag="memory.save-snapshot
     """Store a snapshot of memory at the writer's position, if enough changed since the last."""
 
     min_events: int = 1
+    auto: bool = False
+    """Sent by the writer to itself: a failure is logged instead of answered."""

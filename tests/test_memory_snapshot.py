@@ -6,10 +6,13 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
+import pytest
+from crash import kill_when_in_flight
 
 import journaled
-from events.journal import SNAPSHOT_TABLE
-from journaled.testing import ManualClock
+from actors.memory import MemoryWriter
+from events.journal import SNAPSHOT_TABLE, Journal
+from journaled.testing import ManualClock, wait_for
 
 
 def _answers(rt: journaled.Runtime, now: int) -> object:
@@ -107,3 +110,92 @@ def test_open_reads_only_the_tail_after_a_snapshot(tmp_path: Path) -> None:
         conn.execute("UPDATE stored_events SET state = x'c1' WHERE rowid = 1")
     with journaled.open(url) as rt:
         assert {f.id for f in rt.memory.all()} == {first.id, later.id}
+
+
+def _snapshot_version(path: Path) -> int | None:
+    with sqlite3.connect(path) as conn:
+        row = conn.execute(f"SELECT version FROM {SNAPSHOT_TABLE}").fetchone()  # noqa: S608
+    return None if row is None else int(row[0])
+
+
+def test_memory_snapshots_itself_while_open(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A busy memory snapshots itself, spaced geometrically, with no close or checkpoint."""
+    monkeypatch.setattr(MemoryWriter, "auto_snapshot_events", 40)
+    path = tmp_path / "journal.sqlite"
+    with journaled.open(f"sqlite:///{path}") as rt:
+        count = 0
+
+        def remember(n: int) -> None:
+            nonlocal count
+            for _ in range(n):
+                rt.memory.remember(f"fact {count}")
+                count += 1
+            assert rt.memory.get("mem_absent") is None  # the writer handled every message
+
+        # Due after max(40 events, half the log the last snapshot covered).
+        for quiet, snapshot in [(39, 40), (39, 80), (39, 120), (59, 180)]:
+            remember(quiet)
+            assert _snapshot_version(path) == (None if snapshot == 40 else snapshot - quiet - 1)
+            remember(1)
+            wait_for(lambda: _snapshot_version(path) == snapshot, 5)  # noqa: B023
+
+
+def test_a_failed_automatic_snapshot_is_logged_and_memory_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A snapshot is a cache: failing to write one never fails or stops memory."""
+    monkeypatch.setattr(MemoryWriter, "auto_snapshot_events", 5)
+
+    def broken(self: Journal, *args: object) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Journal, "save_snapshot", broken)
+    with journaled.open(f"sqlite:///{tmp_path / 'journal.sqlite'}") as rt:
+        facts = [rt.memory.remember(f"fact {i}") for i in range(12)]
+        assert sorted(f.id for f in rt.memory.all()) == sorted(f.id for f in facts)
+    assert "saving a memory snapshot failed" in caplog.text
+    assert "disk full" in caplog.text
+
+
+def test_in_memory_journal_takes_no_snapshots(monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory:// lives and dies with the process: snapshotting it would only cost time."""
+    monkeypatch.setattr(MemoryWriter, "auto_snapshot_events", 5)
+    saved: list[str] = []
+    monkeypatch.setattr(Journal, "save_snapshot", lambda self, key, *a: saved.append(key))
+    with journaled.open("memory://") as rt:
+        for i in range(12):
+            rt.memory.remember(f"fact {i}")
+        assert rt.memory.get("mem_absent") is None
+    assert saved == []
+
+
+_KILLED_WRITER = r"""
+import sys
+from pathlib import Path
+import journaled
+from actors.memory import MemoryWriter
+MemoryWriter.auto_snapshot_events = 100
+path = Path(sys.argv[1])
+rt = journaled.open(f"sqlite:///{path}")
+for i in range(150):
+    rt.memory.remember(f"fact number {i}")
+rt.memory.get("mem_absent")  # every remember handled; the snapshot was queued at 100
+(path.parent / "remembered").write_text("")
+threading_event = __import__("threading").Event()
+threading_event.wait()
+"""
+
+
+def test_a_killed_process_reopens_from_its_automatic_snapshot(tmp_path: Path) -> None:
+    """J5: after SIGKILL (no close) the next open starts from the automatic snapshot."""
+    path = tmp_path / "journal.sqlite"
+    marker = tmp_path / "remembered"
+    kill_when_in_flight(_KILLED_WRITER, str(path), [marker], tmp_path)
+    assert _snapshot_version(path) == 100
+    with sqlite3.connect(path) as conn:  # events the snapshot covers are never decoded again
+        conn.execute("UPDATE stored_events SET state = x'c1' WHERE rowid <= 100")
+    with journaled.open(f"sqlite:///{path}") as rt:
+        texts = sorted(f.text for f in rt.memory.all())
+    assert texts == sorted(f"fact number {i}" for i in range(150))
