@@ -23,7 +23,8 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from events.base import DomainEvent, Event
-from events.bm25 import IndexSnapshot, InvertedIndex, idf, merge_top, tokenize
+from events.bm25 import idf, merge_top, tokenize
+from events.inverted_index import IndexSnapshot, InvertedIndex
 from events.memory import (
     FACT_EVENTS,
     Fact,
