@@ -1,6 +1,6 @@
-"""Memory as actors: one scope actor per physical scope, and one writer.
+"""Memory as actors: one scope actor per physical scope (:mod:`actors.scope`), and one writer.
 
-A :class:`ScopeActor` owns the projection of one physical scope (``user``, ``project``,
+A scope actor owns the projection of one physical scope (``user``, ``project``,
 ``repository``, ``organization``) and answers reads. The :class:`MemoryWriter` is the only actor
 that appends memory events: it decides a command against the scope actors' state, appends every
 event of the command in one transaction (J2), then tells each scope actor to fold the events that
@@ -13,7 +13,6 @@ The writer never blocks on a scope actor that could ask it back: scope actors as
 from __future__ import annotations
 
 import logging
-import math
 import os
 import random
 import time
@@ -23,7 +22,8 @@ from typing import Any
 import msgspec
 import pykka
 
-from actors.errors import ActorTimeout, InvalidFact, OrganizationNotConfigured
+from actors.asking import ask, ask_all
+from actors.remember_rules import validate_remember
 from events.base import DomainEvent, Event, Pending
 from events.errors import ConcurrencyConflict, CorruptEvent
 from events.journal import Journal
@@ -45,15 +45,11 @@ from events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
-    SCOPE_SNAPSHOT_DECODER,
     MemorySnapshot,
-    ScopeState,
     memory_snapshot_key,
 )
 from events.messages import (
-    All,
     Apply,
-    Candidates,
     CatchUp,
     Delete,
     Deletion,
@@ -65,13 +61,10 @@ from events.messages import (
     Remember,
     RestoreScope,
     SaveSnapshot,
-    SearchScore,
-    SearchStats,
     WithKey,
 )
-from events.redact import find_secrets, redact_report
+from events.redact import redact_report
 
-ASK_TIMEOUT = 30.0
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
@@ -102,68 +95,6 @@ def _base36(n: int) -> str:
         out = digits[r] + out
         if n == 0:
             return out
-
-
-def ask(ref: Any, message: object) -> Any:
-    """Ask an actor and wait, translating pykka's timeout into :class:`ActorTimeout`."""
-    try:
-        return ref.ask(message, timeout=ASK_TIMEOUT)
-    except pykka.Timeout as exc:
-        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
-
-
-def ask_all(
-    refs: Sequence[Any], message: object, messages: Sequence[object] | None = None
-) -> list[Any]:
-    """Ask several actors at once (one message, or one each) and wait for every answer."""
-    each = messages if messages is not None else [message] * len(refs)
-    futures = [ref.ask(m, block=False) for ref, m in zip(refs, each, strict=True)]
-    try:
-        return [f.get(timeout=ASK_TIMEOUT) for f in futures]
-    except pykka.Timeout as exc:
-        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
-
-
-class ScopeActor(pykka.ThreadingActor):
-    """Hold one physical scope's facts and index; fold events; answer reads."""
-
-    def __init__(self, physical: str) -> None:
-        super().__init__()
-        self.state = ScopeState(physical)
-
-    def on_receive(self, message: object) -> object:
-        """Dispatch one message."""
-        state = self.state
-        match message:
-            case Apply(events=events, texts=texts):
-                for event in events:
-                    data = event.data
-                    text = texts.get(data.fact_id) if isinstance(data, FactRemembered) else None
-                    state.apply(data, text)
-                return None
-            case Get(fact_id=fact_id):
-                return state.get(fact_id)
-            case All():
-                return state.all()
-            case WithKey(conflict_key=key):
-                return [(f, state.superseder_until(f.id)) for f in state.with_key(key)]
-            case Links(fact_id=fact_id):
-                return LinksAnswer(
-                    listing=tuple(state.listing(fact_id)),
-                    superseded=tuple(state.superseded_by(fact_id)),
-                )
-            case SearchStats(query=query):
-                return state.stats(query)
-            case SearchScore(query=query, idfs=idfs, avgdl=avgdl):
-                return state.score(query, idfs, avgdl)
-            case Candidates(query=query):
-                return state.candidates(query)
-            case ExportScope():
-                return _ENCODER.encode(state.export())
-            case RestoreScope(data=data):
-                self.state = ScopeState.restore(SCOPE_SNAPSHOT_DECODER.decode(data))
-                return None
-        raise TypeError(f"scope actor got an unknown message {type(message).__name__}")
 
 
 class MemoryWriter(pykka.ThreadingActor):
@@ -234,7 +165,7 @@ class MemoryWriter(pykka.ThreadingActor):
     # -- commands --------------------------------------------------------------------------------
 
     def _remember(self, msg: Remember) -> Fact:
-        fields = _validate(msg, self.organization)
+        fields = validate_remember(msg, self.organization)
         now = self.clock()
         fact_id = new_fact_id(now)
         text, found = redact_report(msg.text)
@@ -547,59 +478,3 @@ class MemoryWriter(pykka.ThreadingActor):
         for answer in ask_all(self._traversed(), WithKey(conflict_key=key)):
             found.extend(answer)
         return sorted(found, key=lambda pair: pair[0].id)
-
-
-class _Validated:
-    __slots__ = ("confidence", "physical")
-
-    def __init__(self, physical: str, confidence: float) -> None:
-        self.physical = physical
-        self.confidence = confidence
-
-
-def _validate(msg: Remember, organization: str | None) -> _Validated:
-    """Check a remember request; raise :class:`InvalidFact` naming the field and the fix (M2)."""
-    if not isinstance(msg.text, str):
-        raise InvalidFact("text", f"must be a string, got {type(msg.text).__name__}")
-    if not msg.text.strip():
-        raise InvalidFact("text", "is empty: give the fact's words")
-    if not isinstance(msg.scope, str) or not msg.scope.strip():
-        raise InvalidFact("scope", f"must be a non-empty string, got {msg.scope!r}")
-    physical = physical_scope(msg.scope)
-    if physical == "organization" and organization is None:
-        raise OrganizationNotConfigured
-    for name in ("domain", "conflict_key", "source"):
-        value = getattr(msg, name)
-        if value is not None and not isinstance(value, str):
-            raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
-    for name in ("domain", "conflict_key"):
-        value = getattr(msg, name)
-        if value is not None and find_secrets(value):
-            # Keys and domains name streams and filters: they cannot be redacted, only refused.
-            raise InvalidFact(
-                name, "contains what looks like a secret: name the subject, not a credential"
-            )
-    confidence = 1.0
-    if msg.confidence is not None:
-        if isinstance(msg.confidence, bool) or not isinstance(msg.confidence, int | float):
-            raise InvalidFact(
-                "confidence", f"must be a number in [0, 1], got {type(msg.confidence).__name__}"
-            )
-        if math.isnan(msg.confidence):
-            raise InvalidFact("confidence", "is NaN: give a number in [0, 1]")
-        confidence = min(1.0, max(0.0, float(msg.confidence)))
-    for name in ("valid_from", "valid_until"):
-        value = getattr(msg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InvalidFact(name, f"must be epoch milliseconds (int), got {value!r}")
-    if (
-        msg.valid_from is not None
-        and msg.valid_until is not None
-        and msg.valid_until < msg.valid_from
-    ):
-        raise InvalidFact(
-            "valid_until",
-            f"({msg.valid_until}) is before valid_from ({msg.valid_from}): the fact would never "
-            "be valid",
-        )
-    return _Validated(physical, confidence)

@@ -9,8 +9,10 @@ from typing import Any
 
 import pykka
 
+from actors.asking import ask
 from actors.errors import ActorTimeout
-from actors.memory import Clock, MemoryWriter, ScopeActor, ask
+from actors.memory import Clock, MemoryWriter
+from actors.scope import ScopeActor
 from events.errors import JournalClosed
 from events.journal import Journal
 from events.messages import CatchUp, SaveSnapshot

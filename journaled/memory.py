@@ -7,7 +7,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
-from actors.memory import ask, ask_all
+from actors.asking import ask, ask_all
 from events.base import Event
 from events.journal import Journal
 from events.memory import Fact, FactRemembered

@@ -1,0 +1,35 @@
+"""Asking actors and waiting for their answers, with one timeout and one error for it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pykka
+
+from actors.errors import ActorTimeout
+
+__all__ = ["ASK_TIMEOUT", "ask", "ask_all"]
+
+ASK_TIMEOUT = 30.0
+"""Seconds to wait for an actor's answer before giving up with :class:`ActorTimeout`."""
+
+
+def ask(ref: Any, message: object) -> Any:
+    """Ask an actor and wait, translating pykka's timeout into :class:`ActorTimeout`."""
+    try:
+        return ref.ask(message, timeout=ASK_TIMEOUT)
+    except pykka.Timeout as exc:
+        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
+
+
+def ask_all(
+    refs: Sequence[Any], message: object, messages: Sequence[object] | None = None
+) -> list[Any]:
+    """Ask several actors at once (one message, or one each) and wait for every answer."""
+    each = messages if messages is not None else [message] * len(refs)
+    futures = [ref.ask(m, block=False) for ref, m in zip(refs, each, strict=True)]
+    try:
+        return [f.get(timeout=ASK_TIMEOUT) for f in futures]
+    except pykka.Timeout as exc:
+        raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc

@@ -1,0 +1,70 @@
+"""What a remember request must satisfy before anything is decided or appended (M2)."""
+
+from __future__ import annotations
+
+import math
+
+from actors.errors import InvalidFact, OrganizationNotConfigured
+from events.memory import physical_scope
+from events.messages import Remember
+from events.redact import find_secrets
+
+__all__ = ["Validated", "validate_remember"]
+
+
+class Validated:
+    """What a valid remember request resolves to: its physical scope and its confidence."""
+
+    __slots__ = ("confidence", "physical")
+
+    def __init__(self, physical: str, confidence: float) -> None:
+        self.physical = physical
+        self.confidence = confidence
+
+
+def validate_remember(msg: Remember, organization: str | None) -> Validated:
+    """Check a remember request; raise :class:`InvalidFact` naming the field and the fix (M2)."""
+    if not isinstance(msg.text, str):
+        raise InvalidFact("text", f"must be a string, got {type(msg.text).__name__}")
+    if not msg.text.strip():
+        raise InvalidFact("text", "is empty: give the fact's words")
+    if not isinstance(msg.scope, str) or not msg.scope.strip():
+        raise InvalidFact("scope", f"must be a non-empty string, got {msg.scope!r}")
+    physical = physical_scope(msg.scope)
+    if physical == "organization" and organization is None:
+        raise OrganizationNotConfigured
+    for name in ("domain", "conflict_key", "source"):
+        value = getattr(msg, name)
+        if value is not None and not isinstance(value, str):
+            raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
+    for name in ("domain", "conflict_key"):
+        value = getattr(msg, name)
+        if value is not None and find_secrets(value):
+            # Keys and domains name streams and filters: they cannot be redacted, only refused.
+            raise InvalidFact(
+                name, "contains what looks like a secret: name the subject, not a credential"
+            )
+    confidence = 1.0
+    if msg.confidence is not None:
+        if isinstance(msg.confidence, bool) or not isinstance(msg.confidence, int | float):
+            raise InvalidFact(
+                "confidence", f"must be a number in [0, 1], got {type(msg.confidence).__name__}"
+            )
+        if math.isnan(msg.confidence):
+            raise InvalidFact("confidence", "is NaN: give a number in [0, 1]")
+        confidence = min(1.0, max(0.0, float(msg.confidence)))
+    for name in ("valid_from", "valid_until"):
+        value = getattr(msg, name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InvalidFact(name, f"must be epoch milliseconds (int), got {value!r}")
+    if (
+        msg.valid_from is not None
+        and msg.valid_until is not None
+        and msg.valid_until < msg.valid_from
+    ):
+        raise InvalidFact(
+            "valid_until",
+            f"({msg.valid_until}) is before valid_from ({msg.valid_from}): the fact would never "
+            "be valid",
+        )
+    return Validated(physical, confidence)

@@ -1,0 +1,68 @@
+"""The scope actor: one physical scope's facts and index, folded from the events it is told."""
+
+from __future__ import annotations
+
+import msgspec
+import pykka
+
+from events.memory import FactRemembered
+from events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState
+from events.messages import (
+    All,
+    Apply,
+    Candidates,
+    ExportScope,
+    Get,
+    Links,
+    LinksAnswer,
+    RestoreScope,
+    SearchScore,
+    SearchStats,
+    WithKey,
+)
+
+__all__ = ["ScopeActor"]
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+class ScopeActor(pykka.ThreadingActor):
+    """Hold one physical scope's facts and index; fold events; answer reads."""
+
+    def __init__(self, physical: str) -> None:
+        super().__init__()
+        self.state = ScopeState(physical)
+
+    def on_receive(self, message: object) -> object:
+        """Dispatch one message."""
+        state = self.state
+        match message:
+            case Apply(events=events, texts=texts):
+                for event in events:
+                    data = event.data
+                    text = texts.get(data.fact_id) if isinstance(data, FactRemembered) else None
+                    state.apply(data, text)
+                return None
+            case Get(fact_id=fact_id):
+                return state.get(fact_id)
+            case All():
+                return state.all()
+            case WithKey(conflict_key=key):
+                return [(f, state.superseder_until(f.id)) for f in state.with_key(key)]
+            case Links(fact_id=fact_id):
+                return LinksAnswer(
+                    listing=tuple(state.listing(fact_id)),
+                    superseded=tuple(state.superseded_by(fact_id)),
+                )
+            case SearchStats(query=query):
+                return state.stats(query)
+            case SearchScore(query=query, idfs=idfs, avgdl=avgdl):
+                return state.score(query, idfs, avgdl)
+            case Candidates(query=query):
+                return state.candidates(query)
+            case ExportScope():
+                return _ENCODER.encode(state.export())
+            case RestoreScope(data=data):
+                self.state = ScopeState.restore(SCOPE_SNAPSHOT_DECODER.decode(data))
+                return None
+        raise TypeError(f"scope actor got an unknown message {type(message).__name__}")
