@@ -20,19 +20,24 @@ from typing import Any
 
 import pykka
 
-from actors.errors import RunOwnedElsewhere
 from actors.ownership import HEARTBEAT_SECONDS
+from actors.run_recorder import Progress, RunRecorder, Trace
 from actors.steps import ACTOR_FOR_KIND, Registry, missing
-from events.base import DomainEvent, Pending
-from events.errors import ConcurrencyConflict
+from events.base import DomainEvent
 from events.journal import Journal
-from events.plan_rules import Reserve, step_calls, waves
+from events.plan_rules import (
+    Reserve,
+    cancelled_observation,
+    cap_key,
+    step_calls,
+    step_cap,
+    waves,
+)
 from events.plans import (
     CANCELLED_ABORT,
     CANCELLED_BRANCH,
     SKIPPED_DEPENDENCY,
     ExecuteResult,
-    Limits,
     Observation,
     Step,
 )
@@ -54,13 +59,6 @@ from events.runs import (
 
 log = logging.getLogger("journaled.executor")
 _STOP_TIMEOUT = 5.0
-SNAPSHOT_EVERY = 2000
-"""Events between two snapshots of a long-running run."""
-
-Progress = Callable[[str, list[Observation], int, list[str]], None]
-"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
-Trace = Callable[[int, ExecuteResult], None]
-"""Test hook: called with (position, state) after each event is appended."""
 
 
 class Executor(pykka.ThreadingActor):
@@ -93,16 +91,11 @@ class Executor(pykka.ThreadingActor):
         self.done = done
         self.cancel_token = cancel
         self.reserve = reserve
-        self.on_progress = on_progress
         self.child_runner = child_runner
-        self.trace = trace
-        self.opened = opened
-        """Set once the run's opening events are committed (the run is readable from then)."""
         self._opening = opening
-        self._staged: list[DomainEvent] = []
-        self._traced: list[ExecuteResult] = []
-        self._notes: list[tuple[str, list[Observation], int, list[str]]] = []
-        self._emitted = len(state.observations)
+        self.recorder = RunRecorder(
+            journal, state, on_progress=on_progress, trace=trace, opened=opened
+        )
         self._to_dispatch: list[RunStep] = []
         self._in_flight: dict[str, tuple[int, Any, threading.Timer | None]] = {}
         self._batch_queue: list[Step] = []
@@ -114,8 +107,6 @@ class Executor(pykka.ThreadingActor):
         self._workers: list[Any] = []
         self._running_per_key: dict[tuple[str, str], int] = {}
         self._finished = False
-        self._snapshot_version = state.version
-        self._last_append = time.monotonic()
         self._heartbeat: threading.Timer | None = None
         self._begun = False
         self._cancel_early = False
@@ -130,7 +121,7 @@ class Executor(pykka.ThreadingActor):
         match message:
             case Begin():
                 for event in self._opening:
-                    self._stage(event)
+                    self.recorder.stage(event)
                 self._begun = True
                 self._waves = waves([self.state.steps[i] for i in self.state.order])
                 if self._cancel_early:
@@ -167,9 +158,9 @@ class Executor(pykka.ThreadingActor):
         """Append a heartbeat if the run was quiet, so other hosts see its owner alive."""
         if self._finished:
             return
-        if time.monotonic() - self._last_append >= self.heartbeat_seconds:
-            self._stage(RunHeartbeat(at=self.clock(), owner=self.state.owner))
-            self._flush()
+        if time.monotonic() - self.recorder.last_append >= self.heartbeat_seconds:
+            self.recorder.stage(RunHeartbeat(at=self.clock(), owner=self.state.owner))
+            self.recorder.flush()
         self._arm_heartbeat()
 
     def on_stop(self) -> None:
@@ -193,7 +184,7 @@ class Executor(pykka.ThreadingActor):
                 return
             if self._in_batch:
                 self._in_batch = False
-                self._note("batch")
+                self.recorder.note("batch")
             if self.state.cancel_requested and self._wave_rest:
                 self._skip_for_cancel(self._wave_rest)
                 self._wave_rest = []
@@ -223,19 +214,19 @@ class Executor(pykka.ThreadingActor):
                 deps = [state.status[d] for d in step.depends_on]
                 if state.cancel_requested:
                     if step.agent is not None:
-                        skipped.append(_cancelled(step, CANCELLED_ABORT, agent=True))
+                        skipped.append(cancelled_observation(step, CANCELLED_ABORT, agent=True))
                     else:
                         unobserved.append(step.id)
                 elif any(d in ("failed", "skipped") for d in deps):
                     if any(d in state.cancelled for d in step.depends_on):
-                        skipped.append(_cancelled(step, CANCELLED_BRANCH, agent=False))
+                        skipped.append(cancelled_observation(step, CANCELLED_BRANCH, agent=False))
                     else:
                         skipped.append(
                             Observation(step_id=step.id, ok=False, error=SKIPPED_DEPENDENCY)
                         )
                 elif all(d == "succeeded" for d in deps):
                     runnable.append(step)
-            self._stage(
+            self.recorder.stage(
                 WavePartitioned(
                     at=self.clock(),
                     wave=number,
@@ -244,7 +235,7 @@ class Executor(pykka.ThreadingActor):
                     unobserved=tuple(unobserved),
                 )
             )
-            self._note("wave-partition")
+            self.recorder.note("wave-partition")
             budget = state.budget
             estimate = self._reserve_wave(runnable, budget)
             if (
@@ -253,7 +244,7 @@ class Executor(pykka.ThreadingActor):
                 and estimate > 0
                 and state.calls_used + estimate > budget
             ):
-                self._stage(
+                self.recorder.stage(
                     BudgetStopped(
                         at=self.clock(),
                         wave=number,
@@ -263,7 +254,7 @@ class Executor(pykka.ThreadingActor):
                         pending=tuple(s.id for s in runnable),
                     )
                 )
-                self._note("budget-stop")
+                self.recorder.note("budget-stop")
                 return False
             self._wave_rest = runnable
             return True
@@ -298,8 +289,8 @@ class Executor(pykka.ThreadingActor):
         """Start the queued steps of the batch whose per-key cap has room (E3)."""
         waiting: list[Step] = []
         for step in self._batch_queue:
-            key = _key(step)
-            cap = _cap(self._started().limits, step)
+            key = cap_key(step)
+            cap = step_cap(self._started().limits, step)
             if cap is not None and self._running_per_key.get(key, 0) >= max(1, cap):
                 waiting.append(step)
                 continue
@@ -308,7 +299,7 @@ class Executor(pykka.ThreadingActor):
 
     def _start(self, step: Step) -> None:
         attempt = self.state.attempts.get(step.id, 0) + 1
-        self._stage(
+        self.recorder.stage(
             StepStarted(at=self.clock(), step_id=step.id, attempt=attempt, wave=self.state.wave)
         )
         if self.registry.lookup(step) is None:
@@ -321,7 +312,7 @@ class Executor(pykka.ThreadingActor):
             )
             self._record(step, attempt, obs, None)
             return
-        key = _key(step)
+        key = cap_key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
         reservation = self._reservations.get(step.id, 0)
         token = threading.Event()  # this step's: set by a cancel of the run or by its deadline
@@ -342,7 +333,7 @@ class Executor(pykka.ThreadingActor):
         )
 
     def _flush_and_dispatch(self) -> None:
-        self._flush()
+        self.recorder.flush()
         dispatch, self._to_dispatch = self._to_dispatch, []
         timeout = self._started().step_timeout
         for msg in dispatch:
@@ -416,19 +407,23 @@ class Executor(pykka.ThreadingActor):
         self.cancel_token.set()
         for token in self._step_tokens.values():
             token.set()
-        self._stage(CancelRequested(at=self.clock()))
+        self.recorder.stage(CancelRequested(at=self.clock()))
         if self._batch_queue:
             self._skip_for_cancel(self._batch_queue)
             self._batch_queue = []
         if not self._in_flight:
             self._advance()
         else:
-            self._flush()
+            self.recorder.flush()
 
     def _skip_for_cancel(self, steps: list[Step]) -> None:
-        observations = tuple(_cancelled(s, CANCELLED_ABORT, agent=True) for s in steps if s.agent)
+        observations = tuple(
+            cancelled_observation(s, CANCELLED_ABORT, agent=True) for s in steps if s.agent
+        )
         unobserved = tuple(s.id for s in steps if s.agent is None)
-        self._stage(StepsSkipped(at=self.clock(), observations=observations, unobserved=unobserved))
+        self.recorder.stage(
+            StepsSkipped(at=self.clock(), observations=observations, unobserved=unobserved)
+        )
 
     def _record(self, step: Step, attempt: int, obs: Observation, question: str | None) -> None:
         """Turn a step's observation into its event, charging calls (E8)."""
@@ -461,10 +456,10 @@ class Executor(pykka.ThreadingActor):
             event = StepFailed(
                 at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
             )
-        self._stage(event)
+        self.recorder.stage(event)
 
     def _release(self, step: Step) -> None:
-        key = _key(step)
+        key = cap_key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 1) - 1
 
     def _final_status(self) -> RunStatus:
@@ -480,7 +475,7 @@ class Executor(pykka.ThreadingActor):
     def _finish(self, status: RunStatus) -> None:
         state = self.state
         ok = status == "completed"
-        self._stage(
+        self.recorder.stage(
             RunFinished(
                 at=self.clock(),
                 status=status,
@@ -489,72 +484,13 @@ class Executor(pykka.ThreadingActor):
                 waiting=tuple(state.waiting),
             )
         )
-        self._note("plan-end")
-        self._flush(snapshot=True)
+        self.recorder.note("plan-end")
+        self.recorder.flush(snapshot=True)
         self._finished = True
         self._stop_workers()
         if not self.done.done():
             self.done.set_result(state.result())
         self.stop()
-
-    # -- journal ---------------------------------------------------------------------------------
-
-    def _stage(self, event: DomainEvent) -> None:
-        self.state.fold(event)
-        self._staged.append(event)
-        if self.trace is not None:
-            self._traced.append(self.state.result())
-
-    def _note(self, at: str) -> None:
-        """Queue an on_progress call for the current quiescent point (E12)."""
-        if self.on_progress is None:
-            return
-        delta = self.state.observations[self._emitted :]
-        self._emitted = len(self.state.observations)
-        self._notes.append((at, list(delta), self.state.calls_used, list(self.state.waiting)))
-
-    def _flush(self, snapshot: bool = False) -> None:
-        """Append the staged events in one transaction, then report progress.
-
-        A snapshot of the run goes with the append at the end of a pass and every
-        :data:`SNAPSHOT_EVERY` events, so resuming a long run reads only the events after it.
-        """
-        staged, self._staged = self._staged, []
-        if staged:
-            version = self.state.version
-            pending = [
-                Pending(stream=self.state.run_id, version=version + i, data=e)
-                for i, e in enumerate(staged, 1)
-            ]
-            snapshots = None
-            if snapshot or version + len(staged) - self._snapshot_version >= SNAPSHOT_EVERY:
-                self.state.version = version + len(staged)
-                snapshots = {self.state.run_id: (self.state.version, self.state.snapshot())}
-                self._snapshot_version = self.state.version
-                self.state.version = version
-            try:
-                positions = self.journal.append(pending, snapshots=snapshots)
-            except ConcurrencyConflict as exc:
-                raise RunOwnedElsewhere(
-                    f"run {self.state.run_id} is being executed by another process: it appended "
-                    "to the run first; this executor stopped without running anything more"
-                ) from exc
-            self._last_append = time.monotonic()
-            self.state.version = version + len(staged)
-            self.state.position = positions[-1]
-            if self.opened is not None:
-                self.opened.set()
-            if self.trace is not None:
-                traced, self._traced = self._traced, []
-                for position, result in zip(positions, traced, strict=True):
-                    self.trace(position, result)
-        notes, self._notes = self._notes, []
-        if self.on_progress is not None:
-            for note in notes:
-                try:
-                    self.on_progress(*note)
-                except Exception:
-                    log.exception("on_progress raised at %s; the run goes on", note[0])
 
     # -- workers ---------------------------------------------------------------------------------
 
@@ -579,25 +515,3 @@ class Executor(pykka.ThreadingActor):
         started = self.state.started
         assert started is not None
         return started
-
-
-def _key(step: Step) -> tuple[str, str]:
-    return (step.kind or "tool", step.target)
-
-
-def _cap(limits: Limits, step: Step) -> int | None:
-    if step.tool is not None:
-        return limits.per_tool.get(step.tool)
-    if step.skill is not None:
-        return limits.per_skill.get(step.skill)
-    if step.agent is not None:
-        return limits.per_agent.get(step.agent)
-    return None
-
-
-def _cancelled(step: Step, reason: str, *, agent: bool) -> Observation:
-    if agent:
-        return Observation(
-            step_id=step.id, agent=step.agent, ok=False, code="cancelled", error=reason
-        )
-    return Observation(step_id=step.id, ok=False, code="cancelled", error=reason)

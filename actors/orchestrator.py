@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from actors.errors import RunNotFound, RunNotResumable
-from actors.executor import Progress
+from actors.run_recorder import Progress
 from actors.runs import Runs, check_budget, check_callable, new_run_id
 from events.base import DomainEvent, Event, Pending
 from events.errors import ConcurrencyConflict, PlanRejected

@@ -13,8 +13,9 @@ from typing import Any
 import msgspec
 
 from actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
-from actors.executor import Executor, Progress, Trace
+from actors.executor import Executor
 from actors.ownership import owner_alive, this_process
+from actors.run_recorder import Progress, Trace
 from actors.steps import Registry, journalable
 from events.base import DomainEvent, Event
 from events.codec import topic_of

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 
 from events.errors import PlanRejected
-from events.plans import Plan, Step
+from events.plans import Limits, Observation, Plan, Step
 
 Reserve = Callable[[Step, float], float]
 """What an agent step reserves, given the model calls still available when it is reached."""
@@ -145,3 +145,28 @@ def fold_calls(
         remaining = float("inf") if budget_remaining is None else budget_remaining - used
         used += step_calls(step, remaining, reserve)
     return used
+
+
+def cap_key(step: Step) -> tuple[str, str]:
+    """Return what a per-tool, per-skill or per-agent cap counts a step under (E4)."""
+    return (step.kind or "tool", step.target)
+
+
+def step_cap(limits: Limits, step: Step) -> int | None:
+    """Return the cap on concurrent calls of the step's tool, skill or agent, if any (E4)."""
+    if step.tool is not None:
+        return limits.per_tool.get(step.tool)
+    if step.skill is not None:
+        return limits.per_skill.get(step.skill)
+    if step.agent is not None:
+        return limits.per_agent.get(step.agent)
+    return None
+
+
+def cancelled_observation(step: Step, reason: str, *, agent: bool) -> Observation:
+    """Return the observation of a step a cancel kept from running or finishing (E5)."""
+    if agent:
+        return Observation(
+            step_id=step.id, agent=step.agent, ok=False, code="cancelled", error=reason
+        )
+    return Observation(step_id=step.id, ok=False, code="cancelled", error=reason)

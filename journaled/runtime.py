@@ -9,9 +9,9 @@ from types import TracebackType
 from typing import Any
 
 from actors.errors import RunNotFound, RunNotResumable
-from actors.executor import Progress
 from actors.memory import Clock, system_clock
 from actors.orchestrator import Orchestrations, Planner
+from actors.run_recorder import Progress
 from actors.runs import Runs
 from actors.runtime import MemoryActors
 from actors.steps import AgentContext, Registry

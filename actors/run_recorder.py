@@ -1,0 +1,121 @@
+"""Recording a run: each decision is folded at once and appended at the next quiescent point.
+
+The executor decides; the recorder keeps the run's :class:`RunState` and the journal in step. An
+event is folded into the state the moment it is staged, so the executor's next decision already
+sees it; the staged events are appended together when the executor reaches a quiescent point —
+before it dispatches any step they started — and only then is progress reported (E12).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from actors.errors import RunOwnedElsewhere
+from events.base import DomainEvent, Pending
+from events.errors import ConcurrencyConflict
+from events.journal import Journal
+from events.plans import ExecuteResult, Observation
+from events.run_state import RunState
+
+__all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
+
+log = logging.getLogger("journaled.executor")
+
+SNAPSHOT_EVERY = 2000
+"""Events between two snapshots of a long-running run."""
+
+Progress = Callable[[str, list[Observation], int, list[str]], None]
+"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
+Trace = Callable[[int, ExecuteResult], None]
+"""Test hook: called with (position, state) after each event is appended."""
+
+
+class RunRecorder:
+    """Stage, fold and append one run's events; report progress after each append.
+
+    Not thread-safe: it belongs to the run's executor and is used from its thread only.
+    """
+
+    def __init__(
+        self,
+        journal: Journal,
+        state: RunState,
+        *,
+        on_progress: Progress | None = None,
+        trace: Trace | None = None,
+        opened: threading.Event | None = None,
+    ) -> None:
+        self.journal = journal
+        self.state = state
+        self.on_progress = on_progress
+        self.trace = trace
+        self.opened = opened
+        """Set once the run's opening events are committed (the run is readable from then)."""
+        self.last_append = time.monotonic()
+        """When this run last appended (monotonic seconds): heartbeats fill the silences."""
+        self._staged: list[DomainEvent] = []
+        self._traced: list[ExecuteResult] = []
+        self._notes: list[tuple[str, list[Observation], int, list[str]]] = []
+        self._emitted = len(state.observations)
+        self._snapshot_version = state.version
+
+    def stage(self, event: DomainEvent) -> None:
+        """Fold an event into the run's state now; append it at the next :meth:`flush`."""
+        self.state.fold(event)
+        self._staged.append(event)
+        if self.trace is not None:
+            self._traced.append(self.state.result())
+
+    def note(self, at: str) -> None:
+        """Queue an on_progress call for the current quiescent point (E12)."""
+        if self.on_progress is None:
+            return
+        delta = self.state.observations[self._emitted :]
+        self._emitted = len(self.state.observations)
+        self._notes.append((at, list(delta), self.state.calls_used, list(self.state.waiting)))
+
+    def flush(self, snapshot: bool = False) -> None:
+        """Append the staged events in one transaction, then report progress.
+
+        A snapshot of the run goes with the append at the end of a pass and every
+        :data:`SNAPSHOT_EVERY` events, so resuming a long run reads only the events after it.
+        """
+        staged, self._staged = self._staged, []
+        if staged:
+            version = self.state.version
+            pending = [
+                Pending(stream=self.state.run_id, version=version + i, data=e)
+                for i, e in enumerate(staged, 1)
+            ]
+            snapshots = None
+            if snapshot or version + len(staged) - self._snapshot_version >= SNAPSHOT_EVERY:
+                self.state.version = version + len(staged)
+                snapshots = {self.state.run_id: (self.state.version, self.state.snapshot())}
+                self._snapshot_version = self.state.version
+                self.state.version = version
+            try:
+                positions = self.journal.append(pending, snapshots=snapshots)
+            except ConcurrencyConflict as exc:
+                raise RunOwnedElsewhere(
+                    f"run {self.state.run_id} is being executed by another process: it appended "
+                    "to the run first; this executor stopped without running anything more"
+                ) from exc
+            self.last_append = time.monotonic()
+            self.state.version = version + len(staged)
+            self.state.position = positions[-1]
+            if self.opened is not None:
+                self.opened.set()
+            if self.trace is not None:
+                traced, self._traced = self._traced, []
+                for position, result in zip(positions, traced, strict=True):
+                    self.trace(position, result)
+        notes, self._notes = self._notes, []
+        if self.on_progress is not None:
+            for note in notes:
+                try:
+                    self.on_progress(*note)
+                except Exception:
+                    log.exception("on_progress raised at %s; the run goes on", note[0])
