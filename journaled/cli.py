@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import sys
 import threading
 import time
@@ -18,24 +17,29 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
-from typing import Any, NoReturn, TypeVar
 
 import click
-import msgspec
 from rich.console import Console
-from rich.table import Table
 
 import journaled
 from events.base import Event
-from events.memory_audit import when
 from journaled import cli_render as render
 from journaled import demo as demo_story
+from journaled.cli_common import (
+    JSON_HELP,
+    call,
+    check_position,
+    emit,
+    fail,
+    json_option,
+    open_runtime,
+    wants_json,
+)
+from journaled.cli_memory import memory
+from journaled.cli_runs import runs
 from journaled.timeline import write as write_timeline
 
-T = TypeVar("T")
-F = TypeVar("F", bound=Callable[..., Any])
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."
-JSON_HELP = "Print machine-readable JSON (shape in each command's help)."
 
 
 @click.group()
@@ -48,62 +52,8 @@ def main(ctx: click.Context, url: str | None, as_json: bool) -> None:
     ctx.obj = {"url": url, "json": as_json}
 
 
-def _set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
-    if value:
-        ctx.obj["json"] = True
-
-
-def json_option(command: F) -> F:
-    """Accept ``--json`` after a command as well as before it."""
-    return click.option(
-        "--json", is_flag=True, expose_value=False, callback=_set_json, help=JSON_HELP
-    )(command)
-
-
-def _fail(message: str) -> NoReturn:
-    raise click.ClickException(render.one_line(message))
-
-
-def _call(read: Callable[[], T]) -> T:
-    """Run a library call, turning its errors about bad input into a one-line CLI error."""
-    try:
-        return read()
-    except (KeyError, ValueError) as exc:
-        _fail(str(exc.args[0]) if exc.args else str(exc))
-
-
-@contextmanager
-def _runtime(ctx: click.Context, *, create: bool = False) -> Iterator[journaled.Runtime]:
-    """Open the journal; for reading (the default) a journal that does not exist is an error."""
-    try:
-        rt = journaled.Runtime(ctx.obj["url"], create=create)
-    except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
-        _fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
-    try:
-        yield rt
-    finally:
-        rt.close()
-
-
-def _json(ctx: click.Context) -> bool:
-    return bool(ctx.obj["json"])
-
-
-def _emit(data: object) -> None:
-    click.echo(render.to_json(data))
-
-
-def _check_position(rt: journaled.Runtime, position: int, name: str = "position") -> int:
-    end = rt.journal.position()
-    if position < 0:
-        _fail(f"{name} {position} is negative: give a journal position, 0 or more")
-    if position > end:
-        _fail(f"{name} {position} is past the end of the journal (its last position is {end})")
-    return position
-
-
-def _time(text: str) -> int:
-    return _call(lambda: render.parse_time(text))
+main.add_command(memory)
+main.add_command(runs)
 
 
 @main.command()
@@ -115,276 +65,10 @@ def demo(ctx: click.Context, human_delay: float) -> None:
 
     JSON: {run_id} of the story's orchestration; the story itself then goes to stderr.
     """
-    console = Console(stderr=_json(ctx))
+    console = Console(stderr=wants_json(ctx))
     run_id = demo_story.run(ctx.obj["url"], console, human_delay=human_delay)
-    if _json(ctx):
-        _emit(render.DemoDone(run_id=run_id))
-
-
-# -- memory ----------------------------------------------------------------------------------------
-
-
-@main.group()
-def memory() -> None:
-    """Remember facts, and read the memory store now or as it was."""
-
-
-@memory.command("remember")
-@click.argument("text")
-@click.option("--scope", default="project", show_default=True, help="Logical scope.")
-@click.option("--domain", default=None, help="Domain, for search filters.")
-@click.option("--key", "conflict_key", default=None, help="Conflict key: supersedes older facts.")
-@click.option("--source", default=None, help="Where the fact comes from.")
-@click.option("--confidence", type=float, default=None, help="Confidence in [0, 1] (default 1).")
-@json_option
-@click.pass_context
-def memory_remember(
-    ctx: click.Context,
-    text: str,
-    scope: str,
-    domain: str | None,
-    conflict_key: str | None,
-    source: str | None,
-    confidence: float | None,
-) -> None:
-    """Remember a fact (secrets redacted), superseding older facts with its conflict key.
-
-    Creates the journal if needed.
-
-    JSON: the stored Fact {id, scope, text, domain, confidence, conflict_key, source,
-    valid_from, valid_until, created_at, superseded_by, supersedes}.
-    """
-    with _runtime(ctx, create=True) as rt:
-        fact = _call(
-            lambda: rt.memory.remember(
-                text,
-                scope=scope,
-                domain=domain,
-                confidence=confidence,
-                conflict_key=conflict_key,
-                source=source,
-            )
-        )
-        if _json(ctx):
-            _emit(fact)
-            return
-        line = f"remembered {fact.id} in scope {fact.scope!r}"
-        if fact.supersedes:
-            line += f", superseding {', '.join(fact.supersedes)}"
-        if fact.text != text:
-            line += " (secrets were redacted)"
-        click.echo(line)
-
-
-@memory.command("search")
-@click.argument("query")
-@click.option("--limit", default=10, show_default=True)
-@click.option("--scope", "scopes", multiple=True, help="Logical scope to keep (repeatable).")
-@json_option
-@click.pass_context
-def memory_search(ctx: click.Context, query: str, limit: int, scopes: tuple[str, ...]) -> None:
-    """Search facts valid now by BM25. JSON: a list of Fact, best first."""
-    with _runtime(ctx) as rt:
-        facts = _call(lambda: rt.memory.search(query, scopes=list(scopes) or None, limit=limit))
-        if _json(ctx):
-            _emit(facts)
-            return
-        Console().print(render.facts_table(facts))
-
-
-@memory.command("as-of")
-@click.argument("query", required=False)
-@click.option("--position", type=int, default=None, help="Journal position to view the store at.")
-@click.option("--at-time", default=None, help="ISO-8601 time (2026-11-30T07:00:00Z, or a date).")
-@click.option("--limit", default=10, show_default=True, help="Most search results to show.")
-@json_option
-@click.pass_context
-def memory_as_of(
-    ctx: click.Context, query: str | None, position: int | None, at_time: str | None, limit: int
-) -> None:
-    """Show every fact stored then, or search as the store would have then (M12).
-
-    Give exactly one of --position and --at-time.
-
-    JSON: {position, at, query, facts: [Fact]}.
-    """
-    if (position is None) == (at_time is None):
-        _fail("memory as-of takes exactly one of --position N and --at-time ISO-TIME")
-    at = None if at_time is None else _time(at_time)
-    with _runtime(ctx) as rt:
-        if position is not None:
-            _check_position(rt, position)
-        view = _call(lambda: rt.memory.as_of(position=position, at=at))
-        facts = view.all() if query is None else _call(lambda: view.search(query, limit=limit))
-        if _json(ctx):
-            _emit(render.MemoryAsOf(position=view.position, at=at, query=query, facts=facts))
-            return
-        then = f"#{view.position}" + ("" if at is None else f" ({when(at)})")
-        title = f"memory as of {then}" + ("" if query is None else f": search {query!r}")
-        Console().print(render.facts_table(facts, title=title))
-
-
-@memory.command("show")
-@click.argument("fact_id")
-@json_option
-@click.pass_context
-def memory_show(ctx: click.Context, fact_id: str) -> None:
-    """Show one fact. JSON: the Fact."""
-    with _runtime(ctx) as rt:
-        fact = rt.memory.get(fact_id)
-        if fact is None:
-            _fail(f"no fact {fact_id} in this journal (deleted or unknown)")
-        text = render.to_json(fact)
-        click.echo(text if _json(ctx) else msgspec.json.format(text))
-
-
-@memory.command("why")
-@click.argument("fact_id")
-@json_option
-@click.pass_context
-def memory_why(ctx: click.Context, fact_id: str) -> None:
-    """Explain a fact's life from its events (M11). JSON: {fact_id, why}."""
-    with _runtime(ctx) as rt:
-        if not rt.memory.history(fact_id):
-            _fail(f"no fact {fact_id} in this journal")
-        why = rt.memory.why(fact_id)
-        if _json(ctx):
-            _emit(render.FactWhy(fact_id=fact_id, why=why))
-        else:
-            click.echo(why)
-
-
-@memory.command("history")
-@click.argument("fact_id")
-@json_option
-@click.pass_context
-def memory_history(ctx: click.Context, fact_id: str) -> None:
-    """List a fact's events with their positions (M11).
-
-    JSON: a list of Event {position, stream, version, data: {type, at, ...}}.
-    """
-    with _runtime(ctx) as rt:
-        history = rt.memory.history(fact_id)
-        if not history:
-            _fail(f"no fact {fact_id} in this journal")
-        if _json(ctx):
-            _emit(history)
-        else:
-            click.echo(render.history_lines(history))
-
-
-# -- runs ------------------------------------------------------------------------------------------
-
-
-@main.group()
-def runs() -> None:
-    """Read runs and orchestrations: list, why, show (then), diff, history."""
-
-
-@runs.command("list")
-@json_option
-@click.pass_context
-def runs_list(ctx: click.Context) -> None:
-    """List every run and orchestration, oldest first. JSON: a list of {run_id, kind, at}."""
-    with _runtime(ctx) as rt:
-        rows = []
-        for run_id in rt.runs.list():
-            first = rt.runs.history(run_id)[0]
-            rows.append(render.RunListed(run_id=run_id, kind=first.kind, at=first.data.at))
-        if _json(ctx):
-            _emit(rows)
-            return
-        table = Table("kind", "started")
-        table.add_column("run", no_wrap=True)
-        for row in rows:
-            table.add_row(row.kind.split(".")[0], when(row.at), row.run_id)
-        Console().print(table)
-
-
-@runs.command("why")
-@click.argument("run_id")
-@json_option
-@click.pass_context
-def runs_why(ctx: click.Context, run_id: str) -> None:
-    """Explain why a run is in its state, from its events (O6). JSON: {run_id, why}."""
-    with _runtime(ctx) as rt:
-        text = _call(lambda: rt.runs.why(run_id))
-        if _json(ctx):
-            _emit(render.RunWhy(run_id=run_id, why=text))
-        else:
-            click.echo(text)
-
-
-@runs.command("show")
-@click.argument("run_id")
-@click.option("--at", "position", type=int, default=None, help="Journal position to rebuild at.")
-@click.option("--at-time", default=None, help="ISO-8601 time to rebuild at (or a date).")
-@json_option
-@click.pass_context
-def runs_show(ctx: click.Context, run_id: str, position: int | None, at_time: str | None) -> None:
-    """Show a run's DAG by wave: step statuses, observations, calls and budget (O7).
-
-    Now, at a journal position (--at), or at a time (--at-time). For an orchestration, the pass
-    current then.
-
-    JSON: an ExecuteResult {run_id, ok, plan, observations, calls_used, stopped_for_budget,
-    waiting} plus {position, orchestration, status, budget, budget_stop, questions, waves,
-    last_at}.
-    """
-    if position is not None and at_time is not None:
-        _fail("runs show takes at most one of --at POSITION and --at-time ISO-TIME")
-    at = None if at_time is None else _time(at_time)
-    with _runtime(ctx) as rt:
-        if at is not None:
-            position = _call(lambda: render.position_at_time(rt, run_id, at))
-        elif position is None:
-            position = rt.journal.position()
-        position = _check_position(rt, position, "--at")
-        view = _call(lambda: render.run_view(rt, run_id, position))
-        if _json(ctx):
-            _emit(view)
-            return
-        render.render_run(Console(), view)
-
-
-@runs.command("diff")
-@click.argument("run_id")
-@click.argument("a", type=int)
-@click.argument("b", type=int)
-@json_option
-@click.pass_context
-def runs_diff(ctx: click.Context, run_id: str, a: int, b: int) -> None:
-    """Say what changed in a run from journal position A to B (O7).
-
-    JSON: a RunDiff {run_id, a, b, status_changes: [{step_id, before, after}],
-    new_observations: [Observation], calls_used_before, calls_used_after, waiting_before,
-    waiting_after}.
-    """
-    with _runtime(ctx) as rt:
-        _check_position(rt, a, "A")
-        _check_position(rt, b, "B")
-        diff = _call(lambda: rt.runs.diff(run_id, a, b))
-        if _json(ctx):
-            _emit(diff)
-        else:
-            render.render_diff(Console(), diff)
-
-
-@runs.command("history")
-@click.argument("run_id")
-@json_option
-@click.pass_context
-def runs_history(ctx: click.Context, run_id: str) -> None:
-    """List a run's events with their positions (O6).
-
-    JSON: a list of Event {position, stream, version, data: {type, at, ...}}.
-    """
-    with _runtime(ctx) as rt:
-        events = _call(lambda: rt.runs.history(run_id))
-        if _json(ctx):
-            _emit(events)
-        else:
-            click.echo(render.history_lines(events))
+    if wants_json(ctx):
+        emit(render.DemoDone(run_id=run_id))
 
 
 # -- journal ---------------------------------------------------------------------------------------
@@ -404,10 +88,10 @@ def runs_history(ctx: click.Context, run_id: str) -> None:
 @click.pass_context
 def timeline(ctx: click.Context, run_id: str, output: str) -> None:
     """Write a self-contained HTML timeline of a run (O7). JSON: {run_id, path}."""
-    with _runtime(ctx) as rt:
-        path = _call(lambda: write_timeline(rt, run_id, Path(output)))
-        if _json(ctx):
-            _emit({"run_id": run_id, "path": str(path)})
+    with open_runtime(ctx) as rt:
+        path = call(lambda: write_timeline(rt, run_id, Path(output)))
+        if wants_json(ctx):
+            emit({"run_id": run_id, "path": str(path)})
         else:
             click.echo(f"wrote {path} — open it in a browser; arrows move through the journal")
 
@@ -425,9 +109,9 @@ def journal_migrate(ctx: click.Context) -> None:
 
     Run it once before starting many processes on a new PostgreSQL journal. JSON: {url, position}.
     """
-    with _runtime(ctx, create=True) as rt:
-        if _json(ctx):
-            _emit({"url": rt.journal.url, "position": rt.journal.position()})
+    with open_runtime(ctx, create=True) as rt:
+        if wants_json(ctx):
+            emit({"url": rt.journal.url, "position": rt.journal.position()})
         else:
             click.echo(f"journal ready at {rt.journal.url} (position {rt.journal.position()})")
 
@@ -460,11 +144,11 @@ def journal_tail(
     description, data}.
     """
     if limit < 1:
-        _fail(f"--limit must be at least 1, got {limit}")
+        fail(f"--limit must be at least 1, got {limit}")
     if interval <= 0:
-        _fail(f"--interval must be a positive number of seconds, got {interval}")
-    as_json = _json(ctx)
-    with _runtime(ctx) as rt, _stop_signals() as stop:
+        fail(f"--interval must be a positive number of seconds, got {interval}")
+    as_json = wants_json(ctx)
+    with open_runtime(ctx) as rt, _stop_signals() as stop:
 
         def show(event: Event) -> None:
             line = render.to_json(render.tail_event(event)) if as_json else render.tail_line(event)
@@ -478,7 +162,7 @@ def journal_tail(
         if after is None:
             backlog = render.last_events(rt, end, limit)
         else:
-            backlog = render.events_after(rt, _check_position(rt, after, "--after"), end, limit)
+            backlog = render.events_after(rt, check_position(rt, after, "--after"), end, limit)
         for event in backlog:
             if until is not None and event.position > until:
                 return

@@ -1,0 +1,75 @@
+"""What every ``journaled`` command shares: opening the journal, ``--json``, one-line errors."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, NoReturn, TypeVar
+
+import click
+
+import journaled
+from journaled import cli_render as render
+
+T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
+JSON_HELP = "Print machine-readable JSON (shape in each command's help)."
+
+
+def _set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+    if value:
+        ctx.obj["json"] = True
+
+
+def json_option(command: F) -> F:
+    """Accept ``--json`` after a command as well as before it."""
+    return click.option(
+        "--json", is_flag=True, expose_value=False, callback=_set_json, help=JSON_HELP
+    )(command)
+
+
+def fail(message: str) -> NoReturn:
+    raise click.ClickException(render.one_line(message))
+
+
+def call(read: Callable[[], T]) -> T:
+    """Run a library call, turning its errors about bad input into a one-line CLI error."""
+    try:
+        return read()
+    except (KeyError, ValueError) as exc:
+        fail(str(exc.args[0]) if exc.args else str(exc))
+
+
+@contextmanager
+def open_runtime(ctx: click.Context, *, create: bool = False) -> Iterator[journaled.Runtime]:
+    """Open the journal; for reading (the default) a journal that does not exist is an error."""
+    try:
+        rt = journaled.Runtime(ctx.obj["url"], create=create)
+    except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
+        fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    try:
+        yield rt
+    finally:
+        rt.close()
+
+
+def wants_json(ctx: click.Context) -> bool:
+    return bool(ctx.obj["json"])
+
+
+def emit(data: object) -> None:
+    click.echo(render.to_json(data))
+
+
+def check_position(rt: journaled.Runtime, position: int, name: str = "position") -> int:
+    end = rt.journal.position()
+    if position < 0:
+        fail(f"{name} {position} is negative: give a journal position, 0 or more")
+    if position > end:
+        fail(f"{name} {position} is past the end of the journal (its last position is {end})")
+    return position
+
+
+def parse_time_option(text: str) -> int:
+    return call(lambda: render.parse_time(text))

@@ -1,0 +1,131 @@
+"""``journaled runs``: list runs and orchestrations, and read why, then, diffs and history."""
+
+from __future__ import annotations
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from events.memory_audit import when
+from journaled import cli_render as render
+from journaled.cli_common import (
+    call,
+    check_position,
+    emit,
+    fail,
+    json_option,
+    open_runtime,
+    parse_time_option,
+    wants_json,
+)
+
+
+@click.group()
+def runs() -> None:
+    """Read runs and orchestrations: list, why, show (then), diff, history."""
+
+
+@runs.command("list")
+@json_option
+@click.pass_context
+def runs_list(ctx: click.Context) -> None:
+    """List every run and orchestration, oldest first. JSON: a list of {run_id, kind, at}."""
+    with open_runtime(ctx) as rt:
+        rows = []
+        for run_id in rt.runs.list():
+            first = rt.runs.history(run_id)[0]
+            rows.append(render.RunListed(run_id=run_id, kind=first.kind, at=first.data.at))
+        if wants_json(ctx):
+            emit(rows)
+            return
+        table = Table("kind", "started")
+        table.add_column("run", no_wrap=True)
+        for row in rows:
+            table.add_row(row.kind.split(".")[0], when(row.at), row.run_id)
+        Console().print(table)
+
+
+@runs.command("why")
+@click.argument("run_id")
+@json_option
+@click.pass_context
+def runs_why(ctx: click.Context, run_id: str) -> None:
+    """Explain why a run is in its state, from its events (O6). JSON: {run_id, why}."""
+    with open_runtime(ctx) as rt:
+        text = call(lambda: rt.runs.why(run_id))
+        if wants_json(ctx):
+            emit(render.RunWhy(run_id=run_id, why=text))
+        else:
+            click.echo(text)
+
+
+@runs.command("show")
+@click.argument("run_id")
+@click.option("--at", "position", type=int, default=None, help="Journal position to rebuild at.")
+@click.option("--at-time", default=None, help="ISO-8601 time to rebuild at (or a date).")
+@json_option
+@click.pass_context
+def runs_show(ctx: click.Context, run_id: str, position: int | None, at_time: str | None) -> None:
+    """Show a run's DAG by wave: step statuses, observations, calls and budget (O7).
+
+    Now, at a journal position (--at), or at a time (--at-time). For an orchestration, the pass
+    current then.
+
+    JSON: an ExecuteResult {run_id, ok, plan, observations, calls_used, stopped_for_budget,
+    waiting} plus {position, orchestration, status, budget, budget_stop, questions, waves,
+    last_at}.
+    """
+    if position is not None and at_time is not None:
+        fail("runs show takes at most one of --at POSITION and --at-time ISO-TIME")
+    at = None if at_time is None else parse_time_option(at_time)
+    with open_runtime(ctx) as rt:
+        if at is not None:
+            position = call(lambda: render.position_at_time(rt, run_id, at))
+        elif position is None:
+            position = rt.journal.position()
+        position = check_position(rt, position, "--at")
+        view = call(lambda: render.run_view(rt, run_id, position))
+        if wants_json(ctx):
+            emit(view)
+            return
+        render.render_run(Console(), view)
+
+
+@runs.command("diff")
+@click.argument("run_id")
+@click.argument("a", type=int)
+@click.argument("b", type=int)
+@json_option
+@click.pass_context
+def runs_diff(ctx: click.Context, run_id: str, a: int, b: int) -> None:
+    """Say what changed in a run from journal position A to B (O7).
+
+    JSON: a RunDiff {run_id, a, b, status_changes: [{step_id, before, after}],
+    new_observations: [Observation], calls_used_before, calls_used_after, waiting_before,
+    waiting_after}.
+    """
+    with open_runtime(ctx) as rt:
+        check_position(rt, a, "A")
+        check_position(rt, b, "B")
+        diff = call(lambda: rt.runs.diff(run_id, a, b))
+        if wants_json(ctx):
+            emit(diff)
+        else:
+            render.render_diff(Console(), diff)
+
+
+@runs.command("history")
+@click.argument("run_id")
+@json_option
+@click.pass_context
+def runs_history(ctx: click.Context, run_id: str) -> None:
+    """List a run's events with their positions (O6).
+
+    JSON: a list of Event {position, stream, version, data: {type, at, ...}}.
+    """
+    with open_runtime(ctx) as rt:
+        events = call(lambda: rt.runs.history(run_id))
+        if wants_json(ctx):
+            emit(events)
+        else:
+            click.echo(render.history_lines(events))
