@@ -46,8 +46,12 @@ class Step(msgspec.Struct, frozen=True):
     @property
     def kind(self) -> StepKind | None:
         """Return which kind of step this is, or None when it names none or several."""
-        named = [k for k in ("skill", "tool", "agent") if getattr(self, k) is not None]
-        return named[0] if len(named) == 1 else None  # type: ignore[return-value]
+        skill, tool, agent = self.skill, self.tool, self.agent
+        if skill is not None:
+            return "skill" if tool is None and agent is None else None
+        if tool is not None:
+            return "tool" if agent is None else None
+        return "agent" if agent is not None else None
 
     @property
     def target(self) -> str:
