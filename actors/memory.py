@@ -122,6 +122,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self._since_snapshot = 0
         self._snapshot_position = 0
         self._auto_snapshot_queued = False
+        self._auto_snapshot_backoff = 0
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -146,8 +147,10 @@ class MemoryWriter(pykka.ThreadingActor):
                 self._auto_snapshot_queued = False
                 try:
                     self._save_snapshot(self._auto_snapshot_due())
-                except Exception:  # a cache write must not stop memory: the next one retries
-                    log.exception("saving a memory snapshot failed; memory goes on without it")
+                except Exception as exc:  # a cache write must not stop memory: the next retries
+                    log.warning("memory snapshot not saved (only a cache): %s", exc)
+                    log.debug("why the memory snapshot was not saved", exc_info=True)
+                    self._auto_snapshot_backoff = self._since_snapshot  # retry later, not per fold
                 return None
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
@@ -336,6 +339,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self.journal.save_snapshot(key, self.position, _ENCODER.encode(snapshot))
         self._since_snapshot = 0
         self._snapshot_position = self.position
+        self._auto_snapshot_backoff = 0
         return True
 
     def _auto_snapshot_due(self) -> int:
@@ -352,7 +356,7 @@ class MemoryWriter(pykka.ThreadingActor):
         if (
             not self._auto_snapshot_queued
             and self.journal.config.backend != "memory"
-            and self._since_snapshot >= self._auto_snapshot_due()
+            and self._since_snapshot >= self._auto_snapshot_due() + self._auto_snapshot_backoff
         ):
             self._auto_snapshot_queued = True
             self.actor_ref.tell(SaveSnapshot(auto=True))

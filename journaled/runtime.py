@@ -258,6 +258,9 @@ class Runtime:
         try:
             if self._journal.config.backend != "memory":
                 self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
+        except Exception as exc:  # a cache: a read-only or full journal still closes cleanly
+            log.warning("memory snapshot not saved on close (only a cache): %s", exc)
+            log.debug("why the memory snapshot was not saved", exc_info=True)
         finally:
             self._stop()
 

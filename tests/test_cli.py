@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -23,6 +24,7 @@ from click.testing import CliRunner, Result
 from rich.console import Console
 
 import journaled
+from events.journal import SNAPSHOT_TABLE, Journal
 from events.memory_audit import when
 from events.runs import StepSucceeded, StepWaiting
 from journaled import Plan, Step, demo
@@ -692,3 +694,30 @@ def test_parse_time_forms() -> None:
     assert parse_time(when(ms)) == ms
     with pytest.raises(ValueError, match="'yesterday'"):
         parse_time("yesterday")
+
+
+def test_reading_a_journal_that_cannot_be_written_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An auditor with read-only access reads: the snapshot the close would leave is skipped."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url) as rt:
+        for i in range(600):
+            rt.memory.remember(f"fact {i} about the staging ports")
+    tried: list[str] = []
+
+    def read_only(self: Journal, key: str, version: int, state: bytes) -> None:
+        tried.append(key)
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(Journal, "save_snapshot", read_only)
+    drop = sqlite3.connect(tmp_path / "journal.sqlite")
+    with drop:
+        drop.execute(f"DELETE FROM {SNAPSHOT_TABLE}")  # noqa: S608
+    drop.close()
+    result = cli(url, "--json", "memory", "search", "staging ports", "--limit", "3")
+    assert result.exit_code == 0, result.output
+    assert len(json.loads(result.stdout)) == 3
+    assert tried == ["memory:"]
+    assert result.stderr == ""
+    assert "memory snapshot not saved on close (only a cache)" in caplog.text
