@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
-from typing import Any
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, TypeVar
 
 import pykka
 
 from actors.errors import ActorTimeout
 
-__all__ = ["ASK_TIMEOUT", "ask", "ask_all"]
+__all__ = ["ASK_TIMEOUT", "ask", "ask_all", "await_reply"]
+
+T = TypeVar("T")
 
 ASK_TIMEOUT = 30.0
 """Seconds to wait for an actor's answer before giving up with :class:`ActorTimeout`."""
@@ -33,3 +38,21 @@ def ask_all(
         return [f.get(timeout=ASK_TIMEOUT) for f in futures]
     except pykka.Timeout as exc:
         raise ActorTimeout(f"no answer to {type(message).__name__} in {ASK_TIMEOUT}s") from exc
+
+
+def await_reply(ref: Any, reply: Future[T], what: str) -> T:
+    """Wait for the answer an actor owes through ``reply`` (told, not asked).
+
+    Raises:
+        ActorTimeout: no answer within :data:`ASK_TIMEOUT`.
+        pykka.ActorDeadError: the actor stopped without answering.
+    """
+    deadline = time.monotonic() + ASK_TIMEOUT
+    while True:
+        try:
+            return reply.result(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+        except FutureTimeout:
+            if not reply.done() and not ref.is_alive():
+                raise pykka.ActorDeadError(f"{ref} stopped before answering {what}") from None
+            if time.monotonic() >= deadline:
+                raise ActorTimeout(f"no answer to {what} in {ASK_TIMEOUT}s") from None

@@ -68,6 +68,8 @@ from events.redact import redact_report
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
+_GROUP_MAX = 256
+"""Most remembers committed in one transaction."""
 log = logging.getLogger("journaled.memory")
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -123,11 +125,17 @@ class MemoryWriter(pykka.ThreadingActor):
         self._snapshot_position = 0
         self._auto_snapshot_queued = False
         self._auto_snapshot_backoff = 0
+        self._group: list[Remember] = []
+        self._group_keys: set[str] = set()
 
     # -- dispatch --------------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> object:
-        """Dispatch one command."""
+        """Dispatch one command; a remember with a reply joins the group being committed."""
+        if isinstance(message, Remember) and message.reply is not None:
+            self._join_group(message)
+            return None
+        self._commit_group()  # whatever else comes is decided against stored remembers
         match message:
             case Remember():
                 return self._retrying(lambda: self._remember(message))
@@ -154,6 +162,79 @@ class MemoryWriter(pykka.ThreadingActor):
                 return None
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
+    def on_stop(self) -> None:
+        """Store and answer the remembers still grouped when the actor is stopped."""
+        self._commit_group()
+
+    # -- group commit ----------------------------------------------------------------------------
+
+    def _join_group(self, message: Remember) -> None:
+        """Add a remember to the group, committing the group when nothing else is waiting.
+
+        Remembers that queue up while the writer is busy (concurrent callers) are stored in one
+        transaction instead of one each; a lone caller is never kept waiting, since an empty
+        inbox commits at once. A conflict key already claimed in the group commits the group
+        first: the later claim must see the earlier one to supersede it.
+        """
+        key = message.conflict_key
+        if key is not None and key in self._group_keys:
+            self._commit_group()
+        self._group.append(message)
+        if key is not None:
+            self._group_keys.add(key)
+        if len(self._group) >= _GROUP_MAX or self.actor_inbox.empty():
+            self._commit_group()
+
+    def _commit_group(self) -> None:
+        """Decide every grouped remember, append them in one transaction and answer each.
+
+        A remember that is itself invalid fails alone; a failed append fails the whole group,
+        none of which was stored. After a version conflict (another process claimed one of the
+        keys first) the group is decided again on the caught-up state. Never raises: every
+        caller gets its answer or its error through its reply.
+        """
+        group, self._group = self._group, []
+        self._group_keys.clear()
+        for attempt in range(_RETRIES):
+            decided: list[tuple[Remember, Fact]] = []
+            staged: list[Staged] = []
+            payloads: dict[str, bytes] = {}
+            for message in group:
+                try:
+                    pending, text, fact = self._decide_remember(message)
+                except Exception as exc:  # invalid, or a scope actor failed: this caller only
+                    message.reply.set_exception(exc)
+                    continue
+                decided.append((message, fact))
+                staged += pending
+                payloads[fact.id] = text.encode("utf-8")
+            if not decided:
+                return
+            try:
+                self._append(staged, payloads=payloads)
+            except ConcurrencyConflict:
+                group = [message for message, _ in decided]
+                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+                try:
+                    self._catch_up()
+                except Exception as exc:
+                    self._fail_group(group, exc)
+                    return
+                continue
+            except Exception as exc:
+                self._fail_group(group, exc)
+                return
+            for message, fact in decided:
+                message.reply.set_result(fact)
+            return
+        self._fail_group(group, ConcurrencyConflict([], f"gave up after {_RETRIES} attempts"))
+
+    @staticmethod
+    def _fail_group(group: list[Remember], exc: Exception) -> None:
+        for message in group:
+            if not message.reply.done():
+                message.reply.set_exception(exc)
+
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
         for attempt in range(_RETRIES):
             try:
@@ -168,6 +249,12 @@ class MemoryWriter(pykka.ThreadingActor):
     # -- commands --------------------------------------------------------------------------------
 
     def _remember(self, msg: Remember) -> Fact:
+        pending, text, fact = self._decide_remember(msg)
+        self._append(pending, payloads={fact.id: text.encode("utf-8")})
+        return fact
+
+    def _decide_remember(self, msg: Remember) -> tuple[list[Staged], str, Fact]:
+        """Decide a remember's events against the stored state: (events, redacted text, fact)."""
         fields = validate_remember(msg, self.organization)
         now = self.clock()
         fact_id = new_fact_id(now)
@@ -220,19 +307,22 @@ class MemoryWriter(pykka.ThreadingActor):
             redacted=kinds,
         )
         pending.insert(0, (fact_id, remembered))
-        self._append(pending, payloads={fact_id: text.encode("utf-8")})
-        return Fact(
-            id=fact_id,
-            scope=msg.scope,
-            text=text,
-            domain=msg.domain,
-            confidence=fields.confidence,
-            conflict_key=key,
-            source=source,
-            valid_from=msg.valid_from,
-            valid_until=msg.valid_until,
-            created_at=now,
-            supersedes=tuple(superseded),
+        return (
+            pending,
+            text,
+            Fact(
+                id=fact_id,
+                scope=msg.scope,
+                text=text,
+                domain=msg.domain,
+                confidence=fields.confidence,
+                conflict_key=key,
+                source=source,
+                valid_from=msg.valid_from,
+                valid_until=msg.valid_until,
+                created_at=now,
+                supersedes=tuple(superseded),
+            ),
         )
 
     def _delete(self, fact_id: str) -> Deletion:

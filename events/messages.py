@@ -6,6 +6,8 @@ version conflict in the journal always means another process wrote first.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 
 from events.base import Event
@@ -31,6 +33,10 @@ class Remember(Message, frozen=True, kw_only=True, tag="memory.remember"):
     source: str | None = None
     valid_from: int | None = None
     valid_until: int | None = None
+    reply: Any = None
+    """A ``concurrent.futures.Future`` the writer completes once the fact is stored; with one,
+    remembers that arrive together are stored in one transaction (group commit). Without one
+    the fact is the answer to an ask."""
 
 
 class Delete(Message, frozen=True, kw_only=True, tag="memory.delete"):

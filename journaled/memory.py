@@ -5,9 +5,10 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Future
 from typing import Any, Protocol
 
-from actors.asking import ask, ask_all
+from actors.asking import ask, ask_all, await_reply
 from events.base import Event
 from events.journal import Journal
 from events.memory import Fact, FactRemembered
@@ -199,8 +200,8 @@ class Memory:
             InvalidFact: the text, confidence, scope or validity window cannot be stored.
             OrganizationNotConfigured: ``scope="organization"`` without an organization.
         """
-        fact: Fact = ask(
-            self._writer,
+        reply: Future[Fact] = Future()
+        self._writer.tell(
             Remember(
                 text=text,
                 scope=scope,
@@ -210,9 +211,10 @@ class Memory:
                 source=source,
                 valid_from=valid_from,
                 valid_until=valid_until,
-            ),
+                reply=reply,
+            )
         )
-        return fact
+        return await_reply(self._writer, reply, "Remember")
 
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""

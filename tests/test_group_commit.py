@@ -1,0 +1,224 @@
+"""Remembers that queue up behind a busy writer are stored in one transaction (J2, M2, M3).
+
+Each test holds the writer inside its first append, lets the other callers' remembers queue
+behind it, then releases it: what the queued remembers did is then decided by the group commit,
+not by the timing of the threads.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import journaled
+from events.journal import Journal
+from journaled.testing import wait_for
+
+WAIT = 10.0
+
+
+class HeldWriter:
+    """Holds the first append until released, and records the size of every append."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.appends: list[int] = []
+        self.failures: list[Exception] = []
+        """Errors the next appends raise, one each."""
+        real = Journal.append
+
+        def append(journal: Journal, events: Any, **kwargs: Any) -> list[int]:
+            first = not self.appends
+            self.appends.append(len(events))
+            if first:
+                self.entered.set()
+                assert self.release.wait(WAIT)
+            if self.failures:
+                raise self.failures.pop(0)
+            return real(journal, events, **kwargs)
+
+        monkeypatch.setattr(Journal, "append", append)
+
+
+@pytest.fixture
+def rt(tmp_path: Path) -> Iterator[journaled.Runtime]:
+    """Yield a runtime on a fresh SQLite journal."""
+    with journaled.open(f"sqlite:///{tmp_path / 'journal.sqlite'}", follow=None) as runtime:
+        yield runtime
+
+
+def queue_behind_first(
+    rt: journaled.Runtime, held: HeldWriter, calls: Sequence[Callable[[], Any]]
+) -> list[Any]:
+    """Run calls[0] until the writer holds it, queue the rest behind it, release; return outcomes.
+
+    Each outcome is what the call returned or the exception it raised, in the order of ``calls``.
+    """
+    outcomes: list[Any] = [None] * len(calls)
+
+    def run(i: int) -> None:
+        try:
+            outcomes[i] = calls[i]()
+        except Exception as exc:
+            outcomes[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    threads[0].start()
+    assert held.entered.wait(WAIT)
+    inbox = rt.memory._writer.actor_inbox
+    for thread in threads[1:]:  # one at a time, so they queue in the order of ``calls``
+        queued = inbox.qsize()
+        thread.start()
+        wait_for(lambda: inbox.qsize() > queued, WAIT)  # noqa: B023
+    held.release.set()
+    for thread in threads:
+        thread.join(WAIT)
+    return outcomes
+
+
+def test_remembers_queued_behind_a_commit_share_the_next_one(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2: seven callers queued behind a commit are stored by one append, each gets its fact."""
+    held = HeldWriter(monkeypatch)
+    texts = [f"fact number {i} about the proxy" for i in range(8)]
+    calls = [functools.partial(rt.memory.remember, t) for t in texts]
+    facts = queue_behind_first(rt, held, calls)
+    assert held.appends == [1, 7]
+    assert [f.text for f in facts] == texts
+    stored = {f.id: f for f in rt.memory.all()}
+    assert all(stored[f.id] == f for f in facts)
+
+
+def test_a_lone_caller_is_committed_at_once(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2: with nobody else waiting, every remember is its own commit (no added latency)."""
+    held = HeldWriter(monkeypatch)
+    held.release.set()
+    for i in range(5):
+        rt.memory.remember(f"fact {i}")
+    assert held.appends == [1, 1, 1, 1, 1]
+
+
+def test_an_invalid_remember_fails_alone(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M2: an invalid request in a group gets its own error; the rest of the group is stored."""
+    held = HeldWriter(monkeypatch)
+    calls = [
+        lambda: rt.memory.remember("first"),
+        lambda: rt.memory.remember("second"),
+        lambda: rt.memory.remember("   "),
+        lambda: rt.memory.remember("third", confidence=float("nan")),
+        lambda: rt.memory.remember("fourth"),
+    ]
+    outcomes = queue_behind_first(rt, held, calls)
+    assert isinstance(outcomes[2], journaled.InvalidFact)
+    assert "text is empty" in str(outcomes[2])
+    assert isinstance(outcomes[3], journaled.InvalidFact)
+    assert "NaN" in str(outcomes[3])
+    assert held.appends == [1, 2]
+    assert sorted(f.text for f in rt.memory.all()) == ["first", "fourth", "second"]
+
+
+def test_a_key_claimed_twice_in_a_group_is_superseded_in_order(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M3: a second claim of a key in the group commits the group first, then supersedes."""
+    held = HeldWriter(monkeypatch)
+    calls = [
+        lambda: rt.memory.remember("unrelated"),
+        lambda: rt.memory.remember("port is 8080", conflict_key="port"),
+        lambda: rt.memory.remember("host is alpha", conflict_key="host"),
+        lambda: rt.memory.remember("port is 9090", conflict_key="port"),
+    ]
+    _, old, host, new = queue_behind_first(rt, held, calls)
+    assert held.appends == [1, 4, 3]  # (old + its key claim, host + claim) then new's events
+    assert new.supersedes == (old.id,)
+    stored = {f.id: f for f in rt.memory.all()}
+    assert stored[old.id].superseded_by == new.id
+    assert stored[host.id].superseded_by is None
+    assert [f.id for f in rt.memory.search("port")] == [new.id]
+
+
+def test_a_failed_append_fails_the_whole_group_and_stores_none_of_it(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2: the group is one transaction: if it fails, every caller in it gets the error."""
+    held = HeldWriter(monkeypatch)
+    held.failures = [OSError("disk full"), OSError("disk full")]
+    calls = [functools.partial(rt.memory.remember, f"fact {i}") for i in range(4)]
+    outcomes = queue_behind_first(rt, held, calls)
+    assert all(isinstance(o, OSError) for o in outcomes)  # the first, then the group of three
+    assert held.appends == [1, 3]
+    assert rt.memory.all() == []
+    assert rt.memory.remember("after the failure").text == "after the failure"
+
+
+def test_keyed_remembers_from_threads_of_two_runtimes_keep_one_holder_per_key(
+    tmp_path: Path,
+) -> None:
+    """J3/M3: grouped claims that conflict with another process are decided again, never lost."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    keys = ["port", "host", "region"]
+    with journaled.open(url) as one, journaled.open(url) as two:
+        barrier = threading.Barrier(8, timeout=WAIT)
+
+        def write(rt: journaled.Runtime, who: int) -> None:
+            barrier.wait()
+            for i in range(15):
+                rt.memory.remember(f"writer {who} claim {i}", conflict_key=keys[(who + i) % 3])
+
+        threads = [
+            threading.Thread(target=write, args=(rt, who)) for who, rt in enumerate([one, two] * 4)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        one.refresh()
+        for rt in (one, two):
+            rt.refresh()
+            facts = rt.memory.all()
+            assert len(facts) == 8 * 15
+            for key in keys:
+                holders = [f for f in facts if f.conflict_key == key and f.superseded_by is None]
+                assert len(holders) == 1, key
+            superseded = [f for f in facts if f.superseded_by is not None]
+            assert len(superseded) == len(facts) - len(keys)
+
+
+def test_a_group_pending_when_the_writer_stops_is_still_stored(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2: remembers grouped just before the writer is stopped are stored and answered."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    held = HeldWriter(monkeypatch)
+    with journaled.open(url, follow=None) as rt:
+        writer = rt.memory._writer
+        outcomes: list[Any] = []
+        threads = [
+            threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
+            for i in range(3)
+        ]
+        threads[0].start()
+        assert held.entered.wait(WAIT)
+        for thread in threads[1:]:
+            thread.start()
+        wait_for(lambda: writer.actor_inbox.qsize() == 2, WAIT)
+        stopped = writer.stop(block=False)  # queued behind the two remembers
+        held.release.set()
+        stopped.get(timeout=WAIT)
+        for thread in threads:
+            thread.join(WAIT)
+        assert held.appends == [1, 2]
+        assert sorted(f.text for f in outcomes) == ["f0", "f1", "f2"]
+    with journaled.open(url) as again:
+        assert sorted(f.text for f in again.memory.all()) == ["f0", "f1", "f2"]
