@@ -25,6 +25,7 @@ import pykka
 from actors.asking import ask, ask_all
 from actors.remember_rules import validate_remember
 from events.base import DomainEvent, Event, Pending
+from events.catalog import NOT_MEMORY
 from events.errors import ConcurrencyConflict, CorruptEvent
 from events.journal import Journal
 from events.memory import (
@@ -497,15 +498,19 @@ class MemoryWriter(pykka.ThreadingActor):
         """Fold the journal after the writer's position in batches, with the facts' texts.
 
         With ``missing``, note remembered facts whose text is gone (the open-time J5 check).
+        Runs' and orchestrations' events are left out by the database (not even decoded), and
+        the writer's position still moves past them.
         """
+        end = self.journal.position() if upto is None else upto
         batch: list[Event] = []
-        for event in self.journal.read(after=self.position, upto=upto):
+        for event in self.journal.read(after=self.position, upto=end, skip_prefixes=NOT_MEMORY):
             batch.append(event)
             if len(batch) >= _FOLD_BATCH:
                 self._fold_batch(batch, missing)
                 batch = []
         if batch:
             self._fold_batch(batch, missing)
+        self.position = max(self.position, end)
 
     def _fold_batch(self, batch: list[Event], missing: dict[str, int] | None) -> None:
         texts = self._texts(batch)

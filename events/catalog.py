@@ -10,6 +10,11 @@ from events.runs import RUN_EVENTS
 
 STORED_EVENTS: tuple[type[DomainEvent], ...] = (*MEMORY_EVENTS, *RUN_EVENTS, *ORCHESTRATION_EVENTS)
 
+NOT_MEMORY: tuple[str, ...] = ("run.", "orchestration.")
+"""Topic prefixes of every stored event that memory does not fold: memory's replay leaves them
+to the database, so a journal of many runs and few facts opens at the speed of its facts. An
+event of any other topic, even one no release knows, still reaches memory's decoder."""
+
 
 def codec() -> Codec:
     """Return a codec for every stored event type (with their upcasters, when there are any)."""

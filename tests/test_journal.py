@@ -229,3 +229,15 @@ def test_read_can_filter_by_topic(journal: Journal) -> None:
     topic = "memory.fact-remembered@1"
     assert [(e.position, e.stream) for e in journal.read(topics=[topic])] == [(1, "a"), (3, "b")]
     assert [e.position for e in journal.read(after=1, topics=[topic], page=1)] == [3]
+
+
+def test_read_can_leave_out_topic_prefixes(journal: Journal) -> None:
+    """J1: topics starting with a left-out prefix are skipped by the database, order kept."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))])
+    journal.append([Pending(stream="a", version=2, data=FactPurged(at=2, fact_id="a"))])
+    journal.append([Pending(stream="b", version=1, data=remembered("b"))])
+    kept = journal.read(skip_prefixes=["memory.fact-p"])
+    assert [(e.position, e.stream) for e in kept] == [(1, "a"), (3, "b")]
+    kept = journal.read(after=1, skip_prefixes=["memory.fact-p", "run."], page=1)
+    assert [e.position for e in kept] == [3]
+    assert list(journal.read(skip_prefixes=["memory."])) == []

@@ -240,10 +240,13 @@ class Journal:
         upto: int | None = None,
         page: int = 1000,
         topics: Sequence[str] = (),
+        skip_prefixes: Sequence[str] = (),
     ) -> Iterator[Event]:
         """Yield events after position ``after`` up to ``upto`` (inclusive), in global order.
 
-        ``topics`` keeps only events of those stored topics (filtered by the database).
+        ``topics`` keeps only events of those stored topics, and ``skip_prefixes`` leaves out
+        those whose topic starts with one of these; both are filtered by the database, so
+        what is left out is not even decoded (nor checked: whoever reads it decodes it).
 
         Raises:
             CorruptEvent: an event cannot be decoded; its position is in the error.
@@ -251,7 +254,7 @@ class Journal:
         self._check_open()
         start = after
         while True:
-            rows = self._recorder.select_rows(start, upto, page, topics)
+            rows = self._recorder.select_rows(start, upto, page, topics, skip_prefixes)
             for row in rows:
                 yield self._event(row)
             if len(rows) < page:

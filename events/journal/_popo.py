@@ -42,16 +42,22 @@ class _POPORecorder(POPOApplicationRecorder):
             return self._snapshots.get(stream)
 
     def select_rows(
-        self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+        self,
+        after: int,
+        upto: int | None,
+        limit: int,
+        topics: Sequence[str] = (),
+        skip_prefixes: Sequence[str] = (),
     ) -> list[Row]:
         """Return raw rows after a position (up to another, of some topics), in global order."""
         wanted = set(topics)
+        skipped = tuple(skip_prefixes)
         with self._database_lock:
             stop = len(self._stored_events) if upto is None else min(upto, len(self._stored_events))
             out: list[Row] = []
             for i in range(max(after, 0), stop):
                 s = self._stored_events[i]
-                if wanted and s.topic not in wanted:
+                if (wanted and s.topic not in wanted) or (skipped and s.topic.startswith(skipped)):
                     continue
                 out.append((i + 1, str(s.originator_id), s.originator_version, s.topic, s.state))
                 if len(out) == limit:

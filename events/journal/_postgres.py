@@ -245,7 +245,12 @@ if _POSTGRES_MISSING is None:
             return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
 
         def select_rows(
-            self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+            self,
+            after: int,
+            upto: int | None,
+            limit: int,
+            topics: Sequence[str] = (),
+            skip_prefixes: Sequence[str] = (),
         ) -> list[Row]:
             """Return raw rows after a position (up to another, of some topics), in order."""
             query = (
@@ -259,6 +264,9 @@ if _POSTGRES_MISSING is None:
             if topics:
                 query += " AND topic = ANY(%s)"
                 params.append(list(topics))
+            for prefix in skip_prefixes:
+                query += " AND left(topic, %s) <> %s"
+                params += [len(prefix), prefix]
             query += " ORDER BY notification_id LIMIT %s"
             params.append(limit)
             return [_pg_row(r) for r in self._fetch(query, params)]

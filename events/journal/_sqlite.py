@@ -106,7 +106,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             return (int(row[0]), bytes(row[1])) if row is not None else None
 
     def select_rows(
-        self, after: int, upto: int | None, limit: int, topics: Sequence[str] = ()
+        self,
+        after: int,
+        upto: int | None,
+        limit: int,
+        topics: Sequence[str] = (),
+        skip_prefixes: Sequence[str] = (),
     ) -> list[Row]:
         """Return raw rows after a position (up to another, of some topics), in global order."""
         sql = (
@@ -120,6 +125,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if topics:
             sql += f" AND topic IN ({','.join('?' * len(topics))})"
             params += list(topics)
+        for prefix in skip_prefixes:
+            sql += " AND substr(topic, 1, ?) != ?"
+            params += [len(prefix), prefix]
         sql += " ORDER BY rowid LIMIT ?"
         params.append(limit)
         with self.datastore.transaction(commit=False) as c:
