@@ -13,7 +13,6 @@ The writer never blocks on a scope actor that could ask it back: scope actors as
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -23,6 +22,8 @@ import msgspec
 import pykka
 
 from actors.asking import ask, ask_all
+from actors.clock import Clock, new_fact_id
+from actors.group_commit import commit_remembers
 from actors.remember_rules import validate_remember
 from events.base import DomainEvent, Event, Pending
 from events.catalog import NOT_MEMORY
@@ -74,30 +75,8 @@ _GROUP_MAX = 256
 log = logging.getLogger("journaled.memory")
 
 _ENCODER = msgspec.msgpack.Encoder()
-Clock = Callable[[], int]
 Staged = tuple[str, DomainEvent]
 """An event decided but not yet versioned: (stream, event)."""
-
-
-def system_clock() -> int:
-    """Return the wall clock in epoch milliseconds."""
-    return time.time_ns() // 1_000_000
-
-
-def new_fact_id(now: int) -> str:
-    """Make a collision-safe, time-ordered fact id: 64 random bits per millisecond."""
-    return f"mem_{_base36(now):>09}_{os.urandom(8).hex()}"
-
-
-def _base36(n: int) -> str:
-    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
-    out = ""
-    n = max(0, n)
-    while True:
-        n, r = divmod(n, 36)
-        out = digits[r] + out
-        if n == 0:
-            return out
 
 
 class MemoryWriter(pykka.ThreadingActor):
@@ -187,54 +166,17 @@ class MemoryWriter(pykka.ThreadingActor):
             self._commit_group()
 
     def _commit_group(self) -> None:
-        """Decide every grouped remember, append them in one transaction and answer each.
-
-        A remember that is itself invalid fails alone; a failed append fails the whole group,
-        none of which was stored. After a version conflict (another process claimed one of the
-        keys first) the group is decided again on the caught-up state. Never raises: every
-        caller gets its answer or its error through its reply.
-        """
+        """Store the grouped remembers in one transaction and answer each (never raises)."""
         group, self._group = self._group, []
         self._group_keys.clear()
-        for attempt in range(_RETRIES):
-            decided: list[tuple[Remember, Fact]] = []
-            staged: list[Staged] = []
-            payloads: dict[str, bytes] = {}
-            for message in group:
-                try:
-                    pending, text, fact = self._decide_remember(message)
-                except Exception as exc:  # invalid, or a scope actor failed: this caller only
-                    message.reply.set_exception(exc)
-                    continue
-                decided.append((message, fact))
-                staged += pending
-                payloads[fact.id] = text.encode("utf-8")
-            if not decided:
-                return
-            try:
-                self._append(staged, payloads=payloads)
-            except ConcurrencyConflict:
-                group = [message for message, _ in decided]
-                time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
-                try:
-                    self._catch_up()
-                except Exception as exc:
-                    self._fail_group(group, exc)
-                    return
-                continue
-            except Exception as exc:
-                self._fail_group(group, exc)
-                return
-            for message, fact in decided:
-                message.reply.set_result(fact)
-            return
-        self._fail_group(group, ConcurrencyConflict([], f"gave up after {_RETRIES} attempts"))
-
-    @staticmethod
-    def _fail_group(group: list[Remember], exc: Exception) -> None:
-        for message in group:
-            if not message.reply.done():
-                message.reply.set_exception(exc)
+        if group:
+            commit_remembers(
+                group,
+                decide=self._decide_remember,
+                append=lambda staged, payloads: self._append(staged, payloads=payloads),
+                catch_up=self._catch_up,
+                attempts=_RETRIES,
+            )
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
         for attempt in range(_RETRIES):

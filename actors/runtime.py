@@ -10,8 +10,9 @@ from typing import Any
 import pykka
 
 from actors.asking import ask
+from actors.clock import Clock
 from actors.errors import ActorTimeout
-from actors.memory import Clock, MemoryWriter
+from actors.memory import MemoryWriter
 from actors.scope import ScopeActor
 from events.errors import JournalClosed
 from events.journal import Journal

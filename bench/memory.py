@@ -40,7 +40,7 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
 from report import Row, header, print_table, set_synchronous
 
 import journaled
-from actors.memory import new_fact_id
+from actors.clock import new_fact_id
 from events.base import Pending
 from events.bm25 import bm25_rescore
 from events.codec import Codec

@@ -8,8 +8,8 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
+from actors.clock import Clock, system_clock
 from actors.errors import RunNotFound, RunNotResumable
-from actors.memory import Clock, system_clock
 from actors.orchestrator import Orchestrations, Planner
 from actors.run_recorder import Progress
 from actors.runs import Runs

@@ -1,0 +1,92 @@
+"""Group commit: remembers that queued up together are decided, stored in one append, answered.
+
+The memory writer collects remembers that carry a reply while more messages wait in its inbox
+(ADR 0015) and hands the group here. Each remember is decided on its own — an invalid one fails
+alone — and all the decided ones are appended in one transaction, so they are stored together or
+not at all. A version conflict (another process claimed one of the keys first) means deciding the
+group again on the caught-up state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import random
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, InvalidStateError
+
+from events.base import DomainEvent
+from events.errors import ConcurrencyConflict
+from events.memory import Fact
+from events.messages import Remember
+
+__all__ = ["commit_remembers"]
+
+Decide = Callable[[Remember], tuple[list[tuple[str, DomainEvent]], str, Fact]]
+"""Decide one remember against the stored state: (its events by stream, its text, its fact)."""
+Append = Callable[[list[tuple[str, DomainEvent]], dict[str, bytes]], None]
+"""Append events and fact texts in one transaction, then fold them."""
+
+
+def commit_remembers(
+    group: Sequence[Remember],
+    *,
+    decide: Decide,
+    append: Append,
+    catch_up: Callable[[], None],
+    attempts: int,
+) -> None:
+    """Decide every remember of the group, append them in one transaction, answer each caller.
+
+    Never raises: every caller gets its fact or its error through its reply. A failed append
+    fails every caller whose remember was decided, none of which was stored.
+    """
+    pending = list(group)
+    for attempt in range(attempts):
+        decided: list[tuple[Remember, Fact]] = []
+        staged: list[tuple[str, DomainEvent]] = []
+        payloads: dict[str, bytes] = {}
+        for message in pending:
+            try:
+                events, text, fact = decide(message)
+            except Exception as exc:  # invalid, or a scope actor failed: this caller only
+                _answer(message.reply, error=exc)
+                continue
+            decided.append((message, fact))
+            staged += events
+            payloads[fact.id] = text.encode("utf-8")
+        if not decided:
+            return
+        pending = [message for message, _ in decided]
+        try:
+            append(staged, payloads)
+        except ConcurrencyConflict:
+            # Random backoff breaks the symmetry between writers hammering one conflict key.
+            time.sleep(random.uniform(0, min(0.05, 0.001 * 2**attempt)))
+            try:
+                catch_up()
+            except Exception as exc:
+                _fail(pending, exc)
+                return
+            continue
+        except Exception as exc:
+            _fail(pending, exc)
+            return
+        for message, fact in decided:
+            _answer(message.reply, fact)
+        return
+    _fail(pending, ConcurrencyConflict([], f"gave up after {attempts} conflicting attempts"))
+
+
+def _fail(group: Sequence[Remember], error: Exception) -> None:
+    for message in group:
+        _answer(message.reply, error=error)
+
+
+def _answer(reply: Future[Fact], fact: Fact | None = None, error: Exception | None = None) -> None:
+    """Complete a caller's reply, unless it already is (a caller may have given up on it)."""
+    with contextlib.suppress(InvalidStateError):
+        if error is not None:
+            reply.set_exception(error)
+        else:
+            reply.set_result(fact)  # type: ignore[arg-type]
