@@ -18,6 +18,8 @@ T = TypeVar("T")
 
 ASK_TIMEOUT = 30.0
 """Seconds to wait for an actor's answer before giving up with :class:`ActorTimeout`."""
+STOP_GRACE = 5.0
+"""Seconds a told actor that stopped still has to answer (from its ``on_stop``)."""
 
 
 def ask(ref: Any, message: object) -> Any:
@@ -52,7 +54,11 @@ def await_reply(ref: Any, reply: Future[T], what: str) -> T:
         try:
             return reply.result(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
         except FutureTimeout:
-            if not reply.done() and not ref.is_alive():
-                raise pykka.ActorDeadError(f"{ref} stopped before answering {what}") from None
+            if not ref.is_alive():
+                # pykka marks an actor dead before its on_stop, which may still answer.
+                try:
+                    return reply.result(timeout=STOP_GRACE)
+                except FutureTimeout:
+                    raise pykka.ActorDeadError(f"{ref} stopped before answering {what}") from None
             if time.monotonic() >= deadline:
                 raise ActorTimeout(f"no answer to {what} in {ASK_TIMEOUT}s") from None

@@ -20,7 +20,10 @@ from events.errors import ConcurrencyConflict
 from events.memory import Fact
 from events.messages import Remember
 
-__all__ = ["commit_remembers"]
+__all__ = ["answer", "commit_remembers"]
+
+GROUP_ATTEMPTS = 3
+"""Conflicting attempts at storing a group together before its remembers are stored one by one."""
 
 Decide = Callable[[Remember], tuple[list[tuple[str, DomainEvent]], str, Fact]]
 """Decide one remember against the stored state: (its events by stream, its text, its fact)."""
@@ -42,7 +45,8 @@ def commit_remembers(
     fails every caller whose remember was decided, none of which was stored.
     """
     pending = list(group)
-    for attempt in range(attempts):
+    together = attempts if len(pending) == 1 else min(attempts, GROUP_ATTEMPTS)
+    for attempt in range(together):
         decided: list[tuple[Remember, Fact]] = []
         staged: list[tuple[str, DomainEvent]] = []
         payloads: dict[str, bytes] = {}
@@ -50,7 +54,7 @@ def commit_remembers(
             try:
                 events, text, fact = decide(message)
             except Exception as exc:  # invalid, or a scope actor failed: this caller only
-                _answer(message.reply, error=exc)
+                answer(message.reply, error=exc)
                 continue
             decided.append((message, fact))
             staged += events
@@ -73,17 +77,25 @@ def commit_remembers(
             _fail(pending, exc)
             return
         for message, fact in decided:
-            _answer(message.reply, fact)
+            answer(message.reply, fact)
+        return
+    if len(pending) > 1:
+        # A key other processes keep claiming must not hold up (or fail) the rest of the group:
+        # each remember gets the retries it would have had alone.
+        for message in pending:
+            commit_remembers(
+                [message], decide=decide, append=append, catch_up=catch_up, attempts=attempts
+            )
         return
     _fail(pending, ConcurrencyConflict([], f"gave up after {attempts} conflicting attempts"))
 
 
 def _fail(group: Sequence[Remember], error: Exception) -> None:
     for message in group:
-        _answer(message.reply, error=error)
+        answer(message.reply, error=error)
 
 
-def _answer(reply: Future[Fact], fact: Fact | None = None, error: Exception | None = None) -> None:
+def answer(reply: Future[Fact], fact: Fact | None = None, error: Exception | None = None) -> None:
     """Complete a caller's reply, unless it already is (a caller may have given up on it)."""
     with contextlib.suppress(InvalidStateError):
         if error is not None:

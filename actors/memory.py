@@ -23,7 +23,7 @@ import pykka
 
 from actors.asking import ask, ask_all
 from actors.clock import Clock, new_fact_id
-from actors.group_commit import commit_remembers
+from actors.group_commit import answer, commit_remembers
 from actors.remember_rules import validate_remember
 from events.base import DomainEvent, Event, Pending
 from events.catalog import NOT_MEMORY
@@ -113,7 +113,10 @@ class MemoryWriter(pykka.ThreadingActor):
     def on_receive(self, message: object) -> object:
         """Dispatch one command; a remember with a reply joins the group being committed."""
         if isinstance(message, Remember) and message.reply is not None:
-            self._join_group(message)
+            try:
+                self._join_group(message)
+            except Exception as exc:  # told, not asked: an escaping error would stop the writer
+                answer(message.reply, error=exc)
             return None
         self._commit_group()  # whatever else comes is decided against stored remembers
         match message:
@@ -157,10 +160,11 @@ class MemoryWriter(pykka.ThreadingActor):
         first: the later claim must see the earlier one to supersede it.
         """
         key = message.conflict_key
-        if key is not None and key in self._group_keys:
+        # A key that is no string is refused when decided; it must not reach the set first.
+        if key is not None and (not isinstance(key, str) or key in self._group_keys):
             self._commit_group()
         self._group.append(message)
-        if key is not None:
+        if isinstance(key, str):
             self._group_keys.add(key)
         if len(self._group) >= _GROUP_MAX or self.actor_inbox.empty():
             self._commit_group()
@@ -516,6 +520,6 @@ class MemoryWriter(pykka.ThreadingActor):
 
     def _with_key(self, key: str) -> list[tuple[Fact, int | None]]:
         found: list[tuple[Fact, int | None]] = []
-        for answer in ask_all(self._traversed(), WithKey(conflict_key=key)):
-            found.extend(answer)
+        for holders in ask_all(self._traversed(), WithKey(conflict_key=key)):
+            found.extend(holders)
         return sorted(found, key=lambda pair: pair[0].id)

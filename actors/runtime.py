@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
@@ -100,11 +101,18 @@ class MemoryActors:
         return saved
 
     def stop(self) -> None:
-        """Stop following, then every actor: fire all stops first, then wait on each."""
+        """Stop following, then the writer, then the scope actors (all at once).
+
+        The writer goes first and alone: what it still has to store is folded into scope actors
+        that are alive, so a remember that was stored is never answered with an error.
+        """
         self._stop_following.set()
         if self._follower is not None:
             self._follower.join(STOP_TIMEOUT)
-        refs = [r for r in [self.writer, *self.scopes.values()] if r is not None]
+        if self.writer is not None:
+            with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
+                self.writer.stop(timeout=STOP_TIMEOUT)
+        refs = list(self.scopes.values())
         futures = [ref.stop(block=False) for ref in refs]
         for future in futures:
             try:

@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import journaled
+from actors.group_commit import GROUP_ATTEMPTS, commit_remembers
+from events.base import DomainEvent
+from events.errors import ConcurrencyConflict
 from events.journal import Journal
+from events.memory import Fact, FactPurged
+from events.messages import Remember
 from journaled.testing import wait_for
 
 WAIT = 10.0
@@ -31,6 +38,8 @@ class HeldWriter:
         self.appends: list[int] = []
         self.failures: list[Exception] = []
         """Errors the next appends raise, one each."""
+        self.delays: dict[int, float] = {}
+        """Seconds the append of that index (0 = the first) takes longer."""
         real = Journal.append
 
         def append(journal: Journal, events: Any, **kwargs: Any) -> list[int]:
@@ -39,6 +48,7 @@ class HeldWriter:
             if first:
                 self.entered.set()
                 assert self.release.wait(WAIT)
+            time.sleep(self.delays.get(len(self.appends) - 1, 0.0))
             if self.failures:
                 raise self.failures.pop(0)
             return real(journal, events, **kwargs)
@@ -213,6 +223,7 @@ def test_a_group_pending_when_the_writer_stops_is_still_stored(
         for thread in threads[1:]:
             thread.start()
         wait_for(lambda: writer.actor_inbox.qsize() == 2, WAIT)
+        held.delays[1] = 1.2  # the group's commit outlasts the callers' 0.5 s liveness polls
         stopped = writer.stop(block=False)  # queued behind the two remembers
         held.release.set()
         stopped.get(timeout=WAIT)
@@ -222,3 +233,64 @@ def test_a_group_pending_when_the_writer_stops_is_still_stored(
         assert sorted(f.text for f in outcomes) == ["f0", "f1", "f2"]
     with journaled.open(url) as again:
         assert sorted(f.text for f in again.memory.all()) == ["f0", "f1", "f2"]
+
+
+def test_closing_stores_and_answers_what_the_writer_still_holds(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2: memory stops its writer before the scope actors, so queued remembers fold and answer."""
+    held = HeldWriter(monkeypatch)
+    outcomes: list[Any] = []
+    threads = [
+        threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
+        for i in range(3)
+    ]
+    threads[0].start()
+    assert held.entered.wait(WAIT)
+    inbox = rt.memory._writer.actor_inbox
+    for thread in threads[1:]:
+        thread.start()
+    wait_for(lambda: inbox.qsize() == 2, WAIT)
+    stopping = threading.Thread(target=rt._actors.stop)
+    stopping.start()
+    wait_for(lambda: inbox.qsize() == 3, WAIT)  # the stop is queued behind the remembers
+    held.release.set()
+    stopping.join(WAIT)
+    for thread in threads:
+        thread.join(WAIT)
+    assert sorted(f.text for f in outcomes) == ["f0", "f1", "f2"]
+
+
+def test_a_conflict_key_that_is_no_string_is_refused_and_the_writer_lives(
+    rt: journaled.Runtime,
+) -> None:
+    """M2: a key of the wrong type is an InvalidFact for its caller, never a dead writer."""
+    with pytest.raises(journaled.InvalidFact, match="conflict_key"):
+        rt.memory.remember("port is 80", conflict_key=["port"])  # type: ignore[arg-type]
+    assert rt.memory.remember("port is 80", conflict_key="port").conflict_key == "port"
+
+
+def _message(text: str, key: str | None = None) -> Remember:
+    return Remember(text=text, conflict_key=key, reply=Future())
+
+
+def test_a_key_other_processes_keep_claiming_does_not_fail_the_rest_of_its_group() -> None:
+    """J3: after a few conflicting tries together, each remember of a group gets its own retries."""
+    hot, calm = _message("hot", key="port"), [_message("a"), _message("b")]
+    appended: list[list[str]] = []
+
+    def decide(message: Remember) -> tuple[list[tuple[str, DomainEvent]], str, Fact]:
+        fact = Fact(id=f"mem_{message.text}", scope="project", text=message.text, created_at=1)
+        return [(fact.id, FactPurged(at=1, fact_id=fact.id))], message.text, fact
+
+    def append(staged: list[tuple[str, DomainEvent]], payloads: dict[str, bytes]) -> None:
+        appended.append(sorted(payloads))
+        if "mem_hot" in payloads:
+            raise ConcurrencyConflict([], "another process claimed the key first")
+
+    commit_remembers([hot, *calm], decide=decide, append=append, catch_up=lambda: None, attempts=5)
+    assert [m.reply.result(0).text for m in calm] == ["a", "b"]
+    with pytest.raises(ConcurrencyConflict, match="gave up after 5"):
+        hot.reply.result(0)
+    assert appended[:GROUP_ATTEMPTS] == [["mem_a", "mem_b", "mem_hot"]] * GROUP_ATTEMPTS
+    assert appended[GROUP_ATTEMPTS:] == [["mem_hot"]] * 5 + [["mem_a"], ["mem_b"]]
