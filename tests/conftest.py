@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import importlib.util
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
 import pg
 import pykka
 import pytest
+from required import unavailable
 
 import journaled
 from journaled.testing import ManualClock
@@ -49,15 +49,17 @@ def postgres_databases() -> Iterator[pg.Databases]:
     Skips (naming the missing path) when the server binaries or psycopg are not installed, or
     fails instead when $JOURNALED_TEST_REQUIRE_POSTGRES is set (CI must not skip them silently).
     """
-    unavailable = pytest.fail if os.environ.get("JOURNALED_TEST_REQUIRE_POSTGRES") else pytest.skip
     missing = pg.missing_binaries()
     if missing:
         unavailable(
+            "POSTGRES",
             f"PostgreSQL tests need the server binaries: {', '.join(map(str, missing))} not found "
-            "(install postgresql-15 or set JOURNALED_TEST_PG_BIN)"
+            "(install postgresql-15 or set JOURNALED_TEST_PG_BIN)",
         )
     if importlib.util.find_spec("psycopg") is None:
-        unavailable("PostgreSQL tests need the postgres extra: pip install -e '.[postgres]'")
+        unavailable(
+            "POSTGRES", "PostgreSQL tests need the postgres extra: pip install -e '.[postgres]'"
+        )
     server = pg.PostgresServer()
     try:
         server.start()

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pg
 import pytest
+from required import unavailable
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra (psycopg)")
 import psycopg
@@ -289,7 +290,7 @@ def test_purge_removes_the_text_from_tables_pages_and_files(pg_url: str) -> None
         if not (inspect or files):
             # pg_stat_user_tables.n_dead_tup is no substitute: a backend reports its deletes
             # lazily (it read 0 here seconds after a delete, before any vacuum)
-            pytest.skip("neither pageinspect nor the server's data files are readable here")
+            unavailable("POSTGRES", "neither pageinspect nor the server's data files are readable")
         with journaled.open(pg_url, clock=ManualClock(step=1)) as rt:
             a = rt.memory.remember(f"the {first.decode()} is here")
             for i in range(40):  # rows enough to fill pages around it

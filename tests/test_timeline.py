@@ -12,6 +12,7 @@ from typing import Any
 
 import browser
 import pytest
+from required import unavailable
 from rich.console import Console
 
 import journaled
@@ -248,7 +249,7 @@ def test_scrubbing_in_chromium(
     """O7: in headless Chromium every box's data-status follows rt.runs.at as the scrubber moves."""
     reason = browser.missing()
     if reason is not None:
-        pytest.skip(f"no browser test: {reason}")
+        unavailable("BROWSER", f"no browser test: {reason}")
     from selenium.webdriver.common.by import By
     from selenium.webdriver.common.keys import Keys
 
