@@ -106,8 +106,8 @@ class RunRecorder:
             self.last_append = time.monotonic()
             self.state.version = version + len(staged)
             self.state.position = positions[-1]
-            if self.opened is not None:
-                self.opened.set()
+            if self.opened is not None and not self.opened.is_set():
+                self.opened.set()  # once: the run is readable from its first append on
             if self.trace is not None:
                 traced, self._traced = self._traced, []
                 for position, result in zip(positions, traced, strict=True):
