@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 
 import pykka
 
-from actors.errors import ActorTimeout
+from journaled.actors.errors import ActorTimeout
 
 __all__ = ["ASK_TIMEOUT", "ask", "ask_all", "await_reply"]
 

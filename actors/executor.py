@@ -20,12 +20,12 @@ from typing import Any
 
 import pykka
 
-from actors.ownership import HEARTBEAT_SECONDS
-from actors.run_recorder import Progress, RunRecorder, Trace
-from actors.steps import ACTOR_FOR_KIND, Registry, missing
-from events.base import DomainEvent
-from events.journal import Journal
-from events.plan_rules import (
+from journaled.actors.ownership import HEARTBEAT_SECONDS
+from journaled.actors.run_recorder import Progress, RunRecorder, Trace
+from journaled.actors.steps import ACTOR_FOR_KIND, Registry, missing
+from journaled.events.base import DomainEvent
+from journaled.events.journal import Journal
+from journaled.events.plan_rules import (
     Reserve,
     cancelled_observation,
     cap_key,
@@ -33,7 +33,7 @@ from events.plan_rules import (
     step_cap,
     waves,
 )
-from events.plans import (
+from journaled.events.plans import (
     CANCELLED_ABORT,
     CANCELLED_BRANCH,
     SKIPPED_DEPENDENCY,
@@ -41,9 +41,16 @@ from events.plans import (
     Observation,
     Step,
 )
-from events.run_messages import Begin, CancelRun, Heartbeat, RunStep, StepDeadline, StepDone
-from events.run_state import RunState
-from events.runs import (
+from journaled.events.run_messages import (
+    Begin,
+    CancelRun,
+    Heartbeat,
+    RunStep,
+    StepDeadline,
+    StepDone,
+)
+from journaled.events.run_state import RunState
+from journaled.events.runs import (
     BudgetStopped,
     CancelRequested,
     RunFinished,

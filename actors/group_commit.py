@@ -15,10 +15,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, InvalidStateError
 
-from events.base import DomainEvent
-from events.errors import ConcurrencyConflict
-from events.memory import Fact
-from events.messages import Remember
+from journaled.events.base import DomainEvent
+from journaled.events.errors import ConcurrencyConflict
+from journaled.events.memory import Fact
+from journaled.events.messages import Remember
 
 __all__ = ["answer", "commit_remembers"]
 

@@ -21,15 +21,15 @@ from typing import Any
 import msgspec
 import pykka
 
-from actors.asking import ask, ask_all
-from actors.clock import Clock, new_fact_id
-from actors.group_commit import answer, commit_remembers
-from actors.remember_rules import validate_remember
-from events.base import DomainEvent, Event, Pending
-from events.catalog import NOT_MEMORY
-from events.errors import ConcurrencyConflict, CorruptEvent
-from events.journal import Journal
-from events.memory import (
+from journaled.actors.asking import ask, ask_all
+from journaled.actors.clock import Clock, new_fact_id
+from journaled.actors.group_commit import answer, commit_remembers
+from journaled.actors.remember_rules import validate_remember
+from journaled.events.base import DomainEvent, Event, Pending
+from journaled.events.catalog import NOT_MEMORY
+from journaled.events.errors import ConcurrencyConflict, CorruptEvent
+from journaled.events.journal import Journal
+from journaled.events.memory import (
     MEMORY_EVENTS,
     ConflictKeyClaimed,
     Fact,
@@ -43,14 +43,14 @@ from events.memory import (
     key_stream,
     physical_scope,
 )
-from events.memory_state import (
+from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
     MemorySnapshot,
     memory_snapshot_key,
 )
-from events.messages import (
+from journaled.events.messages import (
     Apply,
     CatchUp,
     Delete,
@@ -65,7 +65,7 @@ from events.messages import (
     SaveSnapshot,
     WithKey,
 )
-from events.redact import redact_report
+from journaled.events.redact import redact_report
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50

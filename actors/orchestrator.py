@@ -12,13 +12,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from actors.errors import RunNotFound, RunNotResumable
-from actors.run_recorder import Progress
-from actors.runs import Runs, check_budget, check_callable, new_run_id
-from events.base import DomainEvent, Event, Pending
-from events.errors import ConcurrencyConflict, PlanRejected
-from events.journal import Journal
-from events.orchestration import (
+from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.run_recorder import Progress
+from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
+from journaled.events.base import DomainEvent, Event, Pending
+from journaled.events.errors import ConcurrencyConflict, PlanRejected
+from journaled.events.journal import Journal
+from journaled.events.orchestration import (
     ApprovalRequested,
     Budget,
     BudgetAwaited,
@@ -39,10 +39,10 @@ from events.orchestration import (
     PlanningFailed,
     PlanProposed,
 )
-from events.orchestration_state import OrchestrationState, fold_orchestration
-from events.plan_rules import Reserve, fold_calls
-from events.plans import ExecuteResult, Observation, Plan
-from events.run_state import RunState
+from journaled.events.orchestration_state import OrchestrationState, fold_orchestration
+from journaled.events.plan_rules import Reserve, fold_calls
+from journaled.events.plans import ExecuteResult, Observation, Plan
+from journaled.events.run_state import RunState
 
 Planner = Callable[[str, list[Observation], list[tuple[str, str]]], Any]
 """``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``."""

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-from actors.errors import InvalidFact, OrganizationNotConfigured
-from events.memory import physical_scope
-from events.messages import Remember
-from events.redact import find_secrets
+from journaled.actors.errors import InvalidFact, OrganizationNotConfigured
+from journaled.events.memory import physical_scope
+from journaled.events.messages import Remember
+from journaled.events.redact import find_secrets
 
 __all__ = ["Validated", "validate_remember"]
 

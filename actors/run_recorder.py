@@ -13,12 +13,12 @@ import threading
 import time
 from collections.abc import Callable
 
-from actors.errors import RunOwnedElsewhere
-from events.base import DomainEvent, Pending
-from events.errors import ConcurrencyConflict
-from events.journal import Journal
-from events.plans import ExecuteResult, Observation
-from events.run_state import RunState
+from journaled.actors.errors import RunOwnedElsewhere
+from journaled.events.base import DomainEvent, Pending
+from journaled.events.errors import ConcurrencyConflict
+from journaled.events.journal import Journal
+from journaled.events.plans import ExecuteResult, Observation
+from journaled.events.run_state import RunState
 
 __all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
 

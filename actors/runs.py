@@ -12,22 +12,22 @@ from typing import Any
 
 import msgspec
 
-from actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
-from actors.executor import Executor
-from actors.ownership import owner_alive, this_process
-from actors.run_recorder import Progress, Trace
-from actors.steps import Registry, journalable
-from events.base import DomainEvent, Event
-from events.codec import topic_of
-from events.errors import PlanRejected
-from events.journal import Journal
-from events.orchestration import OrchestrationStarted, PassStarted
-from events.plan_rules import Reserve, validate
-from events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
-from events.run_audit import explain_orchestration, explain_run
-from events.run_messages import Begin, CancelRun
-from events.run_state import RunState, fold_run
-from events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
+from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.executor import Executor
+from journaled.actors.ownership import owner_alive, this_process
+from journaled.actors.run_recorder import Progress, Trace
+from journaled.actors.steps import Registry, journalable
+from journaled.events.base import DomainEvent, Event
+from journaled.events.codec import topic_of
+from journaled.events.errors import PlanRejected
+from journaled.events.journal import Journal
+from journaled.events.orchestration import OrchestrationStarted, PassStarted
+from journaled.events.plan_rules import Reserve, validate
+from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
+from journaled.events.run_audit import explain_orchestration, explain_run
+from journaled.events.run_messages import Begin, CancelRun
+from journaled.events.run_state import RunState, fold_run
+from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
 RUN_PREFIX = "run_"
 _STOP_TIMEOUT = 5.0

@@ -10,14 +10,14 @@ from typing import Any
 
 import pykka
 
-from actors.asking import ask
-from actors.clock import Clock
-from actors.errors import ActorTimeout
-from actors.memory import MemoryWriter
-from actors.scope import ScopeActor
-from events.errors import JournalClosed
-from events.journal import Journal
-from events.messages import CatchUp, SaveSnapshot
+from journaled.actors.asking import ask
+from journaled.actors.clock import Clock
+from journaled.actors.errors import ActorTimeout
+from journaled.actors.memory import MemoryWriter
+from journaled.actors.scope import ScopeActor
+from journaled.events.errors import JournalClosed
+from journaled.events.journal import Journal
+from journaled.events.messages import CatchUp, SaveSnapshot
 
 STOP_TIMEOUT = 10.0
 _WAIT_SLICE = 0.25

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pykka
 
-from events.memory import FactRemembered
-from events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState
-from events.messages import (
+from journaled.events.memory import FactRemembered
+from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState
+from journaled.events.messages import (
     All,
     Apply,
     Candidates,

@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 import pykka
 
-from events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
-from events.run_messages import RunStep, StepDone
+from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
+from journaled.events.run_messages import RunStep, StepDone
 
 MAX_OUTPUT_BYTES = 1 << 20
 """Largest encoded output (and error text) a step may journal: 1 MiB."""

@@ -51,8 +51,8 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
 from report import Row, header, print_table, set_synchronous
 
 import journaled
-from events.codec import topic_of
-from events.runs import RUN_EVENTS
+from journaled.events.codec import topic_of
+from journaled.events.runs import RUN_EVENTS
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}

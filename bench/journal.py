@@ -26,11 +26,11 @@ from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory
 from eventsourcing.sqlite import SQLiteDatastore
 from report import Row, header, print_table, set_synchronous
 
-from events.base import Pending
-from events.catalog import codec
-from events.journal import Journal
-from events.memory import FactRemembered
-from events.url import parse_url
+from journaled.events.base import Pending
+from journaled.events.catalog import codec
+from journaled.events.journal import Journal
+from journaled.events.memory import FactRemembered
+from journaled.events.url import parse_url
 
 ROOT = Path(__file__).resolve().parent.parent
 BATCHES = (1, 10, 100)

@@ -40,19 +40,19 @@ from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
 from report import Row, header, print_table, set_synchronous
 
 import journaled
-from actors.clock import new_fact_id
-from events.base import Pending
-from events.bm25 import bm25_rescore
-from events.codec import Codec
-from events.journal import SNAPSHOT_TABLE, Journal
-from events.memory import (
+from journaled.actors.clock import new_fact_id
+from journaled.events.base import Pending
+from journaled.events.bm25 import bm25_rescore
+from journaled.events.codec import Codec
+from journaled.events.journal import SNAPSHOT_TABLE, Journal
+from journaled.events.memory import (
     MEMORY_EVENTS,
     ConflictKeyClaimed,
     FactRemembered,
     FactSuperseded,
     key_stream,
 )
-from events.url import parse_url
+from journaled.events.url import parse_url
 
 VOCABULARY = 20_000
 ZIPF_EXPONENT = 1.0

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from events.base import DomainEvent
-from events.codec import Codec
-from events.memory import MEMORY_EVENTS
-from events.orchestration import ORCHESTRATION_EVENTS
-from events.runs import RUN_EVENTS
+from journaled.events.base import DomainEvent
+from journaled.events.codec import Codec
+from journaled.events.memory import MEMORY_EVENTS
+from journaled.events.orchestration import ORCHESTRATION_EVENTS
+from journaled.events.runs import RUN_EVENTS
 
 STORED_EVENTS: tuple[type[DomainEvent], ...] = (*MEMORY_EVENTS, *RUN_EVENTS, *ORCHESTRATION_EVENTS)
 

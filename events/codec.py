@@ -14,8 +14,8 @@ from typing import Any
 
 import msgspec
 
-from events.base import DomainEvent
-from events.errors import CorruptEvent, UnknownEventType
+from journaled.events.base import DomainEvent
+from journaled.events.errors import CorruptEvent, UnknownEventType
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 

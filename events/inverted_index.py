@@ -16,7 +16,7 @@ from types import MappingProxyType
 
 import msgspec
 
-from events.bm25 import (
+from journaled.events.bm25 import (
     BOUND_SLACK,
     K1,
     B,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import DomainEvent
+from journaled.events.base import DomainEvent
 
 PHYSICAL_SCOPES: tuple[str, ...] = ("user", "project", "repository", "organization")
 """Where facts are stored. ``organization`` exists only when an organization is configured."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
-from events.base import Event
-from events.memory import (
+from journaled.events.base import Event
+from journaled.events.memory import (
     FactDeleted,
     FactPurged,
     FactRelinked,

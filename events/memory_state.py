@@ -22,10 +22,10 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
-from events.base import DomainEvent, Event
-from events.bm25 import idf, merge_top, tokenize
-from events.inverted_index import IndexSnapshot, InvertedIndex
-from events.memory import (
+from journaled.events.base import DomainEvent, Event
+from journaled.events.bm25 import idf, merge_top, tokenize
+from journaled.events.inverted_index import IndexSnapshot, InvertedIndex
+from journaled.events.memory import (
     FACT_EVENTS,
     Fact,
     FactDeleted,

@@ -10,9 +10,9 @@ from typing import Any
 
 import msgspec
 
-from events.base import Event
-from events.memory import Fact
-from events.memory_state import Query
+from journaled.events.base import Event
+from journaled.events.memory import Fact
+from journaled.events.memory_state import Query
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):

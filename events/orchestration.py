@@ -12,8 +12,8 @@ from typing import Literal
 
 import msgspec
 
-from events.base import DomainEvent
-from events.plans import Observation, Plan
+from journaled.events.base import DomainEvent
+from journaled.events.plans import Observation, Plan
 
 OutcomeStatus = Literal[
     "completed",

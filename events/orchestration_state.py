@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from events.base import DomainEvent, Event
-from events.orchestration import (
+from journaled.events.base import DomainEvent, Event
+from journaled.events.orchestration import (
     ApprovalRequested,
     Budget,
     BudgetAwaited,
@@ -20,7 +20,7 @@ from events.orchestration import (
     PlanningFailed,
     PlanProposed,
 )
-from events.plans import Plan
+from journaled.events.plans import Plan
 
 
 class OrchestrationState:

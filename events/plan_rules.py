@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
 
-from events.errors import PlanRejected
-from events.plans import Limits, Observation, Plan, Step
+from journaled.events.errors import PlanRejected
+from journaled.events.plans import Limits, Observation, Plan, Step
 
 Reserve = Callable[[Step, float], float]
 """What an agent step reserves, given the model calls still available when it is reached."""

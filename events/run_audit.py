@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from events.base import Event
-from events.memory_audit import when
-from events.orchestration import (
+from journaled.events.base import Event
+from journaled.events.memory_audit import when
+from journaled.events.orchestration import (
     ApprovalRequested,
     BudgetAwaited,
     BudgetGiven,
@@ -20,8 +20,8 @@ from events.orchestration import (
     PlanningFailed,
     PlanProposed,
 )
-from events.run_state import fold_run
-from events.runs import (
+from journaled.events.run_state import fold_run
+from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,

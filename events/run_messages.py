@@ -6,7 +6,7 @@ from typing import Any
 
 import msgspec
 
-from events.plans import Observation, Step
+from journaled.events.plans import Observation, Step
 
 
 class RunMessage(msgspec.Struct, frozen=True, kw_only=True):

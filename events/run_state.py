@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import msgspec
 
-from events.base import DomainEvent, Event
-from events.plans import ExecuteResult, Observation, Plan, Step, StepStatus
-from events.runs import (
+from journaled.events.base import DomainEvent, Event
+from journaled.events.plans import ExecuteResult, Observation, Plan, Step, StepStatus
+from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,

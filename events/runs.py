@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from events.base import DomainEvent
-from events.plans import Limits, Observation, Plan
+from journaled.events.base import DomainEvent
+from journaled.events.plans import Limits, Observation, Plan
 
 RunStatus = Literal["completed", "failed", "waiting", "stopped_for_budget", "cancelled"]
 

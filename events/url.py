@@ -21,7 +21,7 @@ from urllib.parse import SplitResult, parse_qsl, unquote, urlsplit
 
 import msgspec
 
-from events.errors import JournalUrlError
+from journaled.events.errors import JournalUrlError
 
 Backend = Literal["memory", "sqlite", "postgresql"]
 Durability = Literal["normal", "full"]

@@ -6,24 +6,9 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
-from actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
-from actors.runs import Runs
-from actors.steps import AgentContext, NeedsInput
-from events.base import DomainEvent, Event
-from events.errors import PlanRejected
-from events.memory import Fact
-from events.messages import Deletion
-from events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
-from events.plans import (
-    AgentResult,
-    ExecuteResult,
-    Limits,
-    Observation,
-    Plan,
-    RunDiff,
-    StatusChange,
-    Step,
-)
+from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.runs import Runs
+from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.errors import (
     ActorsError,
     ActorTimeout,
@@ -37,6 +22,21 @@ from journaled.errors import (
     JournalUrlError,
     OrganizationNotConfigured,
     UnknownEventType,
+)
+from journaled.events.base import DomainEvent, Event
+from journaled.events.errors import PlanRejected
+from journaled.events.memory import Fact
+from journaled.events.messages import Deletion
+from journaled.events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
+from journaled.events.plans import (
+    AgentResult,
+    ExecuteResult,
+    Limits,
+    Observation,
+    Plan,
+    RunDiff,
+    StatusChange,
+    Step,
 )
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import JournalHandle, Runtime, open

@@ -22,7 +22,6 @@ import click
 from rich.console import Console
 
 import journaled
-from events.base import Event
 from journaled import cli_render as render
 from journaled import demo as demo_story
 from journaled.cli_common import (
@@ -37,6 +36,7 @@ from journaled.cli_common import (
 )
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
+from journaled.events.base import Event
 from journaled.timeline import write as write_timeline
 
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."

@@ -6,7 +6,6 @@ import click
 import msgspec
 from rich.console import Console
 
-from events.memory_audit import when
 from journaled import cli_render as render
 from journaled.cli_common import (
     call,
@@ -18,6 +17,7 @@ from journaled.cli_common import (
     parse_time_option,
     wants_json,
 )
+from journaled.events.memory_audit import when
 
 
 @click.group()

@@ -16,14 +16,14 @@ from rich.table import Table
 from rich.text import Text
 
 import journaled
-from events.base import DomainEvent, Event
-from events.memory import ConflictKeyClaimed, Fact
-from events.memory_audit import describe, when
-from events.orchestration import PassStarted
-from events.plan_rules import waves
-from events.plans import SKIPPED_DEPENDENCY, ExecuteResult, Observation, RunDiff, Step
-from events.run_audit import describe_orchestration_event, describe_run_event
-from events.runs import BudgetStopped
+from journaled.events.base import DomainEvent, Event
+from journaled.events.memory import ConflictKeyClaimed, Fact
+from journaled.events.memory_audit import describe, when
+from journaled.events.orchestration import PassStarted
+from journaled.events.plan_rules import waves
+from journaled.events.plans import SKIPPED_DEPENDENCY, ExecuteResult, Observation, RunDiff, Step
+from journaled.events.run_audit import describe_orchestration_event, describe_run_event
+from journaled.events.runs import BudgetStopped
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _NOTE_WIDTH = 60

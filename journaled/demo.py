@@ -16,8 +16,8 @@ from rich.panel import Panel
 from rich.table import Table
 
 import journaled
-from events.memory_audit import when
-from events.run_audit import describe_run_event, duration, waits
+from journaled.events.memory_audit import when
+from journaled.events.run_audit import describe_run_event, duration, waits
 from journaled.testing import ScriptedModel
 
 MODEL = ScriptedModel(

@@ -21,7 +21,7 @@
 
 from __future__ import annotations
 
-from actors.errors import (
+from journaled.actors.errors import (
     ActorsError,
     ActorTimeout,
     InvalidFact,
@@ -30,7 +30,7 @@ from actors.errors import (
     RunNotResumable,
     RunOwnedElsewhere,
 )
-from events.errors import (
+from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
     EventsError,

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
-from actors.asking import ask, ask_all, await_reply
-from events.base import Event
-from events.journal import Journal
-from events.memory import Fact, FactRemembered
-from events.memory_audit import explain
-from events.memory_state import (
+from journaled.actors.asking import ask, ask_all, await_reply
+from journaled.events.base import Event
+from journaled.events.journal import Journal
+from journaled.events.memory import Fact, FactRemembered
+from journaled.events.memory_audit import explain
+from journaled.events.memory_state import (
     MemoryState,
     Query,
     Stats,
@@ -23,7 +23,7 @@ from events.memory_state import (
     plan_terms,
     usable,
 )
-from events.messages import (
+from journaled.events.messages import (
     All,
     Candidates,
     Delete,

@@ -8,21 +8,21 @@ from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
-from actors.clock import Clock, system_clock
-from actors.errors import RunNotFound, RunNotResumable
-from actors.orchestrator import Orchestrations, Planner
-from actors.run_recorder import Progress
-from actors.runs import Runs
-from actors.runtime import MemoryActors
-from actors.steps import AgentContext, Registry
-from events.base import Event
-from events.catalog import codec
-from events.journal import Journal
-from events.orchestration import Outcome
-from events.plan_rules import Reserve
-from events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
-from events.url import default_url, parse_url
+from journaled.actors.clock import Clock, system_clock
+from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.orchestrator import Orchestrations, Planner
+from journaled.actors.run_recorder import Progress
+from journaled.actors.runs import Runs
+from journaled.actors.runtime import MemoryActors
+from journaled.actors.steps import AgentContext, Registry
 from journaled.errors import ConfigurationError
+from journaled.events.base import Event
+from journaled.events.catalog import codec
+from journaled.events.journal import Journal
+from journaled.events.orchestration import Outcome
+from journaled.events.plan_rules import Reserve
+from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
 
 ENV_URL = "JOURNALED_URL"

@@ -15,8 +15,8 @@ from typing import Literal
 
 import msgspec
 
-from events.base import Event
-from events.orchestration import (
+from journaled.events.base import Event
+from journaled.events.orchestration import (
     ApprovalRequested,
     BudgetAwaited,
     BudgetGiven,
@@ -28,16 +28,16 @@ from events.orchestration import (
     PlanningFailed,
     PlanProposed,
 )
-from events.plan_rules import waves
-from events.plans import ExecuteResult, Plan
-from events.run_audit import (
+from journaled.events.plan_rules import waves
+from journaled.events.plans import ExecuteResult, Plan
+from journaled.events.run_audit import (
     describe_orchestration_event,
     describe_run_event,
     duration,
     explain_orchestration,
     explain_run,
 )
-from events.runs import (
+from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,

@@ -3,36 +3,57 @@
 from __future__ import annotations
 
 import ast
-import importlib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("events", "actors", "journaled")
 FORBIDDEN = {
-    "events": {"actors", "journaled", "pykka"},
-    "actors": {"journaled"},
+    "events": {"journaled.actors", "journaled.door", "pykka"},
+    "actors": {"journaled.door"},
     "journaled": set(),
 }
+"""What each layer must not import (``journaled.door``: a ``journaled`` module outside a layer)."""
 
 
-def _imports(path: Path) -> set[str]:
+def _layer_of(module: str) -> str:
+    """Name what an absolute import points at: a layer, the door, or a third-party package."""
+    parts = module.split(".")
+    if parts[0] != "journaled":
+        return parts[0]
+    if len(parts) > 1 and parts[1] in ("events", "actors"):
+        return f"journaled.{parts[1]}"
+    return "journaled.door"
+
+
+def _modules(path: Path) -> set[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
     return names
+
+
+def _imports(path: Path) -> set[str]:
+    return {_layer_of(module) for module in _modules(path)}
+
+
+def _sources(package: str) -> list[Path]:
+    """Return a layer's own files (the links under journaled/ are read as the layers they are)."""
+    base = ROOT / package
+    return [p for p in base.rglob("*.py") if p.relative_to(base).parts[0] not in LAYERS]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
 def test_imports_point_one_way(package: str) -> None:
-    """Layers: events never imports actors/journaled/pykka; actors never imports journaled."""
+    """Layers: events never imports actors/the door/pykka; actors never imports the door."""
     offenders = {
         str(path.relative_to(ROOT)): sorted(_imports(path) & FORBIDDEN[package])
-        for path in (ROOT / package).rglob("*.py")
+        for path in _sources(package)
         if _imports(path) & FORBIDDEN[package]
     }
     assert offenders == {}
@@ -43,19 +64,33 @@ def test_only_the_journal_adapter_imports_eventsourcing() -> None:
     users = sorted(
         str(p.relative_to(ROOT))
         for pkg in FORBIDDEN
-        for p in (ROOT / pkg).rglob("*.py")
+        for p in _sources(pkg)
         if "eventsourcing" in _imports(p)
     )
     assert users
     assert all(u.startswith("events/journal/") for u in users), users
 
 
-@pytest.mark.parametrize("package", ["events", "actors"])
-def test_generic_package_names_resolve_to_this_distribution(package: str) -> None:
-    """Packaging: `events` and `actors` are ours, not a shadowing module of the same name."""
-    module = importlib.import_module(package)
-    assert module.__file__ is not None
-    assert Path(module.__file__).resolve().parent == ROOT / package
+def test_no_module_imports_the_layers_by_their_bare_names() -> None:
+    """Packaging (ADR 0016): code imports journaled.events/journaled.actors, never events/actors."""
+    tracked = [ROOT / p for p in ("journaled", "actors", "events", "tests", "bench")]
+    offenders = sorted(
+        f"{path.relative_to(ROOT)}: {module}"
+        for base in tracked
+        for path in base.rglob("*.py")
+        if base.name != "journaled" or path.relative_to(base).parts[0] not in LAYERS
+        for module in _modules(path)
+        if module.split(".")[0] in ("events", "actors")
+    )
+    assert offenders == []
+
+
+@pytest.mark.parametrize("layer", ["events", "actors"])
+def test_layers_are_reached_through_the_journaled_package(layer: str) -> None:
+    """Packaging (ADR 0016): journaled/<layer> is a link to the top-level <layer> directory."""
+    link = ROOT / "journaled" / layer
+    assert link.is_symlink()
+    assert link.resolve() == (ROOT / layer).resolve()
 
 
 def test_public_api_is_pinned() -> None:

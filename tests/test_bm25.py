@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from events.bm25 import K1, B, bm25_rescore, idf, merge_top, query_terms, tokenize
-from events.inverted_index import InvertedIndex, search
+from journaled.events.bm25 import K1, B, bm25_rescore, idf, merge_top, query_terms, tokenize
+from journaled.events.inverted_index import InvertedIndex, search
 
 Ranked = list[tuple[float, str]]
 

@@ -24,12 +24,12 @@ from click.testing import CliRunner, Result
 from rich.console import Console
 
 import journaled
-from events.journal import SNAPSHOT_TABLE, Journal
-from events.memory_audit import when
-from events.runs import StepSucceeded, StepWaiting
 from journaled import Plan, Step, demo
 from journaled.cli import main
 from journaled.cli_render import parse_time
+from journaled.events.journal import SNAPSHOT_TABLE, Journal
+from journaled.events.memory_audit import when
+from journaled.events.runs import StepSucceeded, StepWaiting
 from journaled.testing import ManualClock
 
 HOUR = 3_600_000

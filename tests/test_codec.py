@@ -11,12 +11,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from events.base import DomainEvent
-from events.catalog import STORED_EVENTS
-from events.catalog import codec as runtime_codec
-from events.codec import Codec, topic_of
-from events.errors import CorruptEvent, UnknownEventType
-from events.memory import MEMORY_EVENTS, FactRemembered, FactSuperseded
+from journaled.events.base import DomainEvent
+from journaled.events.catalog import STORED_EVENTS
+from journaled.events.catalog import codec as runtime_codec
+from journaled.events.codec import Codec, topic_of
+from journaled.events.errors import CorruptEvent, UnknownEventType
+from journaled.events.memory import MEMORY_EVENTS, FactRemembered, FactSuperseded
 
 FIXTURE = Path(__file__).parent / "fixtures" / "released-events.json"
 

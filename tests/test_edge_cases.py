@@ -10,8 +10,8 @@ import pykka
 import pytest
 
 import journaled
-from events.journal import Journal
 from journaled import AgentResult, Plan, Step
+from journaled.events.journal import Journal
 from journaled.testing import wait_for
 
 WAIT = 10.0

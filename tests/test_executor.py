@@ -10,10 +10,10 @@ import pykka
 import pytest
 
 import journaled
-from actors.steps import ToolActor
-from events.journal import Journal
-from events.plan_rules import fold_calls, step_calls
 from journaled import AgentResult, Limits, NeedsInput, Plan, Step
+from journaled.actors.steps import ToolActor
+from journaled.events.journal import Journal
+from journaled.events.plan_rules import fold_calls, step_calls
 from journaled.testing import ManualClock, wait_for
 
 WAIT = 10.0

@@ -23,7 +23,7 @@ import pytest
 from crash import kill_when_in_flight
 
 import journaled
-from events.runs import RunResumed, StepStarted
+from journaled.events.runs import RunResumed, StepStarted
 
 ROOT = Path(__file__).resolve().parent.parent
 PLAN_ORDER = ("a", "b", "c", "d")

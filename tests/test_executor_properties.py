@@ -23,7 +23,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import journaled
-from events.runs import (
+from journaled.events.runs import (
     BudgetRaised,
     BudgetStopped,
     StepFailed,

@@ -18,12 +18,12 @@ from typing import Any
 import pytest
 
 import journaled
-from actors.group_commit import GROUP_ATTEMPTS, commit_remembers
-from events.base import DomainEvent
-from events.errors import ConcurrencyConflict
-from events.journal import Journal
-from events.memory import Fact, FactPurged
-from events.messages import Remember
+from journaled.actors.group_commit import GROUP_ATTEMPTS, commit_remembers
+from journaled.events.base import DomainEvent
+from journaled.events.errors import ConcurrencyConflict
+from journaled.events.journal import Journal
+from journaled.events.memory import Fact, FactPurged
+from journaled.events.messages import Remember
 from journaled.testing import wait_for
 
 WAIT = 10.0

@@ -9,12 +9,17 @@ from pathlib import Path
 
 import pytest
 
-from events.base import Pending
-from events.codec import Codec
-from events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed, JournalUrlError
-from events.journal import PAYLOAD_TABLE, Journal
-from events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
-from events.url import default_url, parse_url
+from journaled.events.base import Pending
+from journaled.events.codec import Codec
+from journaled.events.errors import (
+    ConcurrencyConflict,
+    CorruptEvent,
+    JournalClosed,
+    JournalUrlError,
+)
+from journaled.events.journal import PAYLOAD_TABLE, Journal
+from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
+from journaled.events.url import default_url, parse_url
 
 
 @pytest.fixture

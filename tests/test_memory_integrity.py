@@ -9,10 +9,10 @@ import pykka
 import pytest
 
 import journaled
-from events.catalog import NOT_MEMORY, STORED_EVENTS
-from events.codec import topic_of
-from events.journal import PAYLOAD_TABLE, SNAPSHOT_TABLE
-from events.memory import MEMORY_EVENTS
+from journaled.events.catalog import NOT_MEMORY, STORED_EVENTS
+from journaled.events.codec import topic_of
+from journaled.events.journal import PAYLOAD_TABLE, SNAPSHOT_TABLE
+from journaled.events.memory import MEMORY_EVENTS
 
 
 def test_missing_payload_is_reported_with_its_position(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import journaled
-from events.memory_state import MemoryState, Query, plan_terms
+from journaled.events.memory_state import MemoryState, Query, plan_terms
 from journaled.testing import ManualClock
 
 WORDS = ["api", "port", "deploy", "cache", "redis", "helm", "argo", "lint"]

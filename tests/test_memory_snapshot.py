@@ -10,8 +10,8 @@ import pytest
 from crash import kill_when_in_flight
 
 import journaled
-from actors.memory import MemoryWriter
-from events.journal import SNAPSHOT_TABLE, Journal
+from journaled.actors.memory import MemoryWriter
+from journaled.events.journal import SNAPSHOT_TABLE, Journal
 from journaled.testing import ManualClock, wait_for
 
 
@@ -178,7 +178,7 @@ _KILLED_WRITER = r"""
 import sys
 from pathlib import Path
 import journaled
-from actors.memory import MemoryWriter
+from journaled.actors.memory import MemoryWriter
 MemoryWriter.auto_snapshot_events = 100
 path = Path(sys.argv[1])
 rt = journaled.open(f"sqlite:///{path}")

@@ -13,14 +13,6 @@ from typing import Any
 import pytest
 
 import journaled
-from events.orchestration import (
-    BudgetAwaited,
-    ClarificationGiven,
-    OrchestrationEnded,
-    PassStarted,
-    PlanningFailed,
-)
-from events.runs import RunStarted
 from journaled import (
     AgentResult,
     Budget,
@@ -33,6 +25,14 @@ from journaled import (
     Plan,
     Step,
 )
+from journaled.events.orchestration import (
+    BudgetAwaited,
+    ClarificationGiven,
+    OrchestrationEnded,
+    PassStarted,
+    PlanningFailed,
+)
+from journaled.events.runs import RunStarted
 from journaled.testing import ManualClock
 
 GOAL = "ship the release notes"

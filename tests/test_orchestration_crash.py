@@ -20,8 +20,8 @@ import pytest
 from crash import kill_when_in_flight
 
 import journaled
-from events.orchestration import OrchestrationStarted, PassStarted, PlanProposed
-from events.runs import RunResumed, RunStarted, StepStarted
+from journaled.events.orchestration import OrchestrationStarted, PassStarted, PlanProposed
+from journaled.events.runs import RunResumed, RunStarted, StepStarted
 
 ROOT = Path(__file__).resolve().parent.parent
 DEADLINE_SECONDS = 30.0

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import journaled
-from actors.executor import Executor
-from actors.ownership import LEASE_MS, owner_alive, this_process
 from journaled import Plan, Step
+from journaled.actors.executor import Executor
+from journaled.actors.ownership import LEASE_MS, owner_alive, this_process
 from journaled.testing import wait_for
 
 

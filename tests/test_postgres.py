@@ -25,12 +25,18 @@ pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra 
 import psycopg
 
 import journaled
-from events.base import Pending
-from events.codec import Codec
-from events.errors import ConcurrencyConflict, JournalUrlError
-from events.journal import EVENTS_TABLE_POSTGRES, PAYLOAD_TABLE, SNAPSHOT_TABLE, Journal, migrate
-from events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
-from events.url import parse_url
+from journaled.events.base import Pending
+from journaled.events.codec import Codec
+from journaled.events.errors import ConcurrencyConflict, JournalUrlError
+from journaled.events.journal import (
+    EVENTS_TABLE_POSTGRES,
+    PAYLOAD_TABLE,
+    SNAPSHOT_TABLE,
+    Journal,
+    migrate,
+)
+from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
+from journaled.events.url import parse_url
 from journaled.testing import ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent

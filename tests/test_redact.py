@@ -15,8 +15,8 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from events import redact as redact_module
-from events.redact import _RULES, REDACTED, _scan, find_secrets, redact
+from journaled.events import redact as redact_module
+from journaled.events.redact import _RULES, REDACTED, _scan, find_secrets, redact
 
 OPENAI = "sk-" + "a1B2c3D4e5" * 5
 OPENAI_PROJ = "sk-proj-" + "Ab3_x9-Kq2" * 8

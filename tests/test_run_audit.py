@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 import journaled
-from events.runs import StepSucceeded
 from journaled import Plan, Step
+from journaled.events.runs import StepSucceeded
 from journaled.testing import ManualClock
 
 

@@ -16,8 +16,8 @@ from required import unavailable
 from rich.console import Console
 
 import journaled
-from events.orchestration import PassStarted
 from journaled import demo, timeline
+from journaled.events.orchestration import PassStarted
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 NASTY = "</script><script>alert(1)</script>"

@@ -33,10 +33,15 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
 from eventsourcing.utils import Environment, get_topic
 
-from events.base import DomainEvent, Event, Pending
-from events.codec import Codec
-from events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed, JournalUrlError
-from events.journal._common import (
+from journaled.events.base import DomainEvent, Event, Pending
+from journaled.events.codec import Codec
+from journaled.events.errors import (
+    ConcurrencyConflict,
+    CorruptEvent,
+    JournalClosed,
+    JournalUrlError,
+)
+from journaled.events.journal._common import (
     _PG_CONNECT_TIMEOUT,
     _PG_MAX_OVERFLOW,
     APP_NAME,
@@ -46,8 +51,8 @@ from events.journal._common import (
     Row,
     _MsgspecMapper,
 )
-from events.journal._popo import _POPOFactory, _POPORecorder
-from events.journal._postgres import (
+from journaled.events.journal._popo import _POPOFactory, _POPORecorder
+from journaled.events.journal._postgres import (
     _POSTGRES_MISSING,
     _hide,
     _pg_connect,
@@ -55,11 +60,11 @@ from events.journal._postgres import (
     _require_postgres,
     migrate,
 )
-from events.journal._sqlite import _SQLiteFactory, _SQLiteRecorder
-from events.url import JournalConfig
+from journaled.events.journal._sqlite import _SQLiteFactory, _SQLiteRecorder
+from journaled.events.url import JournalConfig
 
 if _POSTGRES_MISSING is None:
-    from events.journal._postgres import _PostgresFactory, _PostgresRecorder
+    from journaled.events.journal._postgres import _PostgresFactory, _PostgresRecorder
 
 
 class _JournalApp(Application[str]):

@@ -10,8 +10,8 @@ from eventsourcing.persistence import (
     StoredEvent,
 )
 
-from events.base import Pending
-from events.codec import Codec
+from journaled.events.base import Pending
+from journaled.events.codec import Codec
 
 PAYLOAD_TABLE = "journaled_payloads"
 SNAPSHOT_TABLE = "journaled_snapshots"

@@ -10,7 +10,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
-from events.journal._common import Row
+from journaled.events.journal._common import Row
 
 
 class _POPORecorder(POPOApplicationRecorder):

@@ -26,8 +26,8 @@ except ImportError as _exc:  # the "postgres" extra is not installed
 else:
     _POSTGRES_MISSING = None
 
-from events.errors import JournalUrlError
-from events.journal._common import (
+from journaled.events.errors import JournalUrlError
+from journaled.events.journal._common import (
     _PG_ATTEMPTS,
     _PG_CONNECT_TIMEOUT,
     _PG_EVENT_TYPE,
@@ -39,7 +39,7 @@ from events.journal._common import (
     SNAPSHOT_TABLE,
     Row,
 )
-from events.url import JournalConfig
+from journaled.events.url import JournalConfig
 
 
 def _pg_ddl() -> list[str]:

@@ -18,7 +18,7 @@ from eventsourcing.sqlite import (
 )
 from eventsourcing.utils import Environment
 
-from events.journal._common import (
+from journaled.events.journal._common import (
     _ROWS_PER_INSERT,
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
