@@ -18,7 +18,14 @@ from hypothesis import strategies as st
 
 import journaled
 from journaled import AgentResult, Clarify, Gap, Gaps, NeedsInput, Observation, Outcome, Plan, Step
-from journaled.events.orchestration import OrchestrationResumed, ReplanDecided
+from journaled.events.base import DomainEvent, Pending
+from journaled.events.orchestration import (
+    BudgetGiven,
+    ClarificationGiven,
+    OrchestrationResumed,
+    PlanApproved,
+    ReplanDecided,
+)
 from journaled.events.orchestration_state import OrchestrationState
 from journaled.testing import ManualClock
 
@@ -257,6 +264,8 @@ def test_a_replan_is_journaled_with_its_reason(story: Story) -> None:
 # -- random stories --------------------------------------------------------------------------------
 
 ANSWERS = ("ok", "boom", "costly", "asker", "clarify", "gaps", "raise", "garbage")
+LIKELY = ("ok", "costly", "asker", "boom", "clarify")
+"""Drawn twice as often: most planners answer with a plan or a question."""
 
 
 def _answer(kind: str, n: int) -> object:
@@ -283,11 +292,11 @@ def _answer(kind: str, n: int) -> object:
 
 
 @settings(
-    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    script=st.lists(st.sampled_from(ANSWERS), min_size=1, max_size=4),
-    mode=st.sampled_from(["plan", "execute", "orchestrate"]),
+    script=st.lists(st.sampled_from(ANSWERS + LIKELY), min_size=1, max_size=4),
+    mode=st.sampled_from(["plan", "execute", "orchestrate", "orchestrate"]),
     budget=st.none() | st.integers(0, 3),
     partial=st.booleans(),
     approval=st.booleans(),
@@ -328,3 +337,97 @@ def test_random_stories_rebuild_at_every_position(
                     break
         event(f"ended {out.status} after {len(story.outcomes)} call(s)")
         story.check()
+
+
+# -- journals written before orchestration.resumed and replan-decided ------------------------------
+
+
+def _legacy_copy(source: journaled.Runtime, target: journaled.Runtime, run_id: str) -> None:
+    """Copy a journal as the previous release wrote it: no replan event, three resume events."""
+    versions: dict[str, int] = {}
+    pending: list[Pending] = []
+    for e in source.journal.read():
+        data = e.data
+        if isinstance(data, ReplanDecided):
+            continue  # the previous release replanned without an event
+        olds: list[DomainEvent] = [data]
+        if isinstance(data, OrchestrationResumed):
+            olds = []
+            if data.budget is not None:
+                olds.append(
+                    BudgetGiven(at=data.at, previous=data.previous_budget, budget=data.budget)
+                )
+            if data.approved is not None:
+                olds.append(PlanApproved(at=data.at, pass_no=data.approved))
+            if data.question is not None and data.answer is not None:
+                olds.append(
+                    ClarificationGiven(at=data.at, question=data.question, answer=data.answer)
+                )
+        for old in olds:
+            versions[e.stream] = versions.get(e.stream, 0) + 1
+            pending.append(Pending(stream=e.stream, version=versions[e.stream], data=old))
+    target._journal.append(pending)
+    assert target._orchestrations.is_orchestration(run_id)
+
+
+def _essentials(state: OrchestrationState) -> dict[str, object]:
+    keep = ("pass_no", "phase", "question", "clarifications", "approved", "budget", "ended")
+    return {k: getattr(state, k) for k in keep} | {"runs": state.pass_runs, "plans": state.plans}
+
+
+def test_a_journal_of_the_previous_release_folds_and_resumes(
+    journal_url: str, clock: ManualClock
+) -> None:
+    """R5/J6: old resume events and an unjournaled replan still fold, and such a run resumes."""
+    planner = Scripted(
+        _plan(Step("a", tool="boom")), Clarify("which mirror?"), _plan(Step("b", skill="think"))
+    )
+    with journaled.open("memory://", clock=clock) as source:
+        _register(source)
+        run_id = source.orchestrate(
+            GOAL, planner, mode="orchestrate", call_budget=0, require_approval=True
+        ).run_id
+        assert isinstance(source.resume(run_id, approve=True), Outcome)
+        assert source._orchestrations.state(run_id).status == "waiting_for_clarification"
+        with journaled.open(journal_url, clock=clock) as rt:
+            _register(rt)
+            _legacy_copy(source, rt, run_id)
+            legacy = rt._orchestrations.state(run_id)
+            assert _essentials(legacy) == _essentials(source._orchestrations.state(run_id))
+            assert (legacy.pass_no, legacy.phase) == (2, "planning")
+
+            story = Story(rt, outcomes=[rt._orchestrations.outcome(legacy)])
+            again = Scripted(_plan(Step("b", skill="think")))
+            assert story.resume(clarification="eu", planner=again).status == "waiting_for_approval"
+            assert again.calls == [[("which mirror?", "eu")]]
+            assert story.resume(approve=True).status == "waiting_for_budget"
+            done = story.resume(call_budget=1)
+            assert done.status == "completed"
+            assert "in 2 pass(es)" in done.summary
+            assert sorted(rt._orchestrations.state(run_id).pass_runs) == [1, 2]
+
+
+def test_resume_events_of_the_previous_release_fold_like_resumed(
+    journal_url: str, clock: ManualClock
+) -> None:
+    """R5/J6: a story resumed with the old events folds to the state orchestration.resumed gives."""
+    planner = Scripted(Clarify("which repository?"), _plan(Step("a", skill="think")))
+    with journaled.open("memory://", clock=clock) as source:
+        _register(source)
+        run_id = source.orchestrate(GOAL, planner, call_budget=0, require_approval=True).run_id
+        source.resume(run_id, clarification="acme/notes")
+        source.resume(run_id, approve=True)
+        source.resume(run_id, call_budget=1)
+        new = source._orchestrations.state(run_id)
+        assert new.status == "completed"
+        with journaled.open(journal_url, clock=clock) as rt:
+            _legacy_copy(source, rt, run_id)
+            old_events = rt.runs.history(run_id)
+            assert "orchestration.resumed" not in [e.kind for e in old_events]
+            assert _essentials(rt._orchestrations.state(run_id)) == _essentials(new)
+            for e in old_events:
+                if isinstance(e.data, BudgetGiven | PlanApproved | ClarificationGiven):
+                    assert rt._orchestrations.state(run_id, e.position).ended is None
+            why = rt.runs.why(run_id)
+            assert "call budget changed from 0 to 1" in why
+            assert "pass 1: the plan was approved" in why
