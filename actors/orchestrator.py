@@ -12,6 +12,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from journaled.actors.errors import RunNotFound, RunNotResumable
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
@@ -22,30 +24,32 @@ from journaled.events.orchestration import (
     ApprovalRequested,
     Budget,
     BudgetAwaited,
-    BudgetGiven,
-    ClarificationGiven,
     ClarificationRequested,
     Clarify,
     Gap,
     Gaps,
     Mode,
     OrchestrationEnded,
+    OrchestrationResumed,
     OrchestrationStarted,
     Outcome,
     OutcomeStatus,
     PassEnded,
     PassStarted,
-    PlanApproved,
     PlanningFailed,
     PlanProposed,
+    ReplanDecided,
 )
-from journaled.events.orchestration_state import OrchestrationState, fold_orchestration
+from journaled.events.orchestration_state import OrchestrationState, Phase, fold_orchestration
 from journaled.events.plan_rules import Reserve, fold_calls
 from journaled.events.plans import ExecuteResult, Observation, Plan
 from journaled.events.run_state import RunState
 
 Planner = Callable[[str, list[Observation], list[tuple[str, str]]], Any]
 """``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``."""
+
+OrchestrationTrace = Callable[[int, OrchestrationState], None]
+"""``trace(position, state)``: the live state (a copy) right after each appended event."""
 
 MODES: tuple[str, ...] = ("plan", "execute", "orchestrate")
 
@@ -58,6 +62,7 @@ class _Drive:
     on_progress: Progress | None
     answers: dict[str, str] = field(default_factory=dict)
     take_over: bool = False
+    trace: OrchestrationTrace | None = None
 
 
 class Orchestrations:
@@ -83,6 +88,7 @@ class Orchestrations:
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
         max_passes: int = 3,
+        trace: OrchestrationTrace | None = None,
     ) -> Outcome:
         """Plan toward a goal and run it under the budget and approval policy (O1-O5)."""
         if not isinstance(goal, str) or not goal.strip():
@@ -98,7 +104,7 @@ class Orchestrations:
         check_callable("on_progress", on_progress)
         run_id = new_run_id(self._clock())
         self._planners[run_id] = planner
-        drive = _Drive(OrchestrationState(), planner, reserve, on_progress)
+        drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
         self._append(
             drive,
             OrchestrationStarted(
@@ -140,8 +146,13 @@ class Orchestrations:
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
         take_over: bool = False,
+        trace: OrchestrationTrace | None = None,
     ) -> Outcome:
-        """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4)."""
+        """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4).
+
+        Everything the resume changes is journaled first, in one ``orchestration.resumed`` event
+        (R5); the orchestration then carries on from the phase its events left it in.
+        """
         state = self.state(run_id)
         status = state.status
         if status is not None and status in ("completed", "failed", "dry_run"):
@@ -171,116 +182,57 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
+        answered = clarification if state.question is not None else None
+        resumed = OrchestrationResumed(
+            at=self._clock(),
+            resumption=state.resumptions + 1,
+            budget=call_budget if call_budget != state.budget else None,
+            previous_budget=state.budget if call_budget not in (None, state.budget) else None,
+            approved=state.pass_no if approve else None,
+            question=state.question if answered is not None else None,
+            answer=answered,
+            answered=tuple(given),
+        )
         chosen = planner or self._planners.get(run_id)
-        if state.question is not None and clarification is not None and chosen is None:
+        after = state.copy()
+        after.fold(resumed)
+        if chosen is None and after.phase == "planning" and after.question is None:
             raise RunNotResumable(
                 f"run {run_id}: pass planner=... to resume, the planner must be asked again"
             )
-        drive = _Drive(state, chosen, reserve, on_progress, given, take_over)
-        state.reopen()
-        now = self._clock()
-        if call_budget is not None and call_budget != state.budget:
-            self._append(drive, BudgetGiven(at=now, previous=state.budget, budget=call_budget))
-        if approve:
-            self._append(drive, PlanApproved(at=now, pass_no=state.pass_no))
-        if clarification is not None and state.question is not None:
-            self._append(
-                drive, ClarificationGiven(at=now, question=state.question, answer=clarification)
-            )
+        drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
+        self._append(drive, resumed)
         return self._drive(drive)
 
-    # -- the loop --------------------------------------------------------------------------------
+    # -- the state machine -----------------------------------------------------------------------
 
     def _drive(self, d: _Drive) -> Outcome:
-        st = d.state
-        started = st.started
-        assert started is not None
-        while True:
-            run_id = st.current_run
-            if run_id is None:
-                if st.question is not None:
-                    return self._end(
-                        d, "waiting_for_clarification", f"waiting for clarification: {st.question}"
-                    )
-                if st.pass_no not in st.plans:
-                    ended = self._plan(d)
-                    if ended is not None:
-                        return ended
-                plan = st.plans[st.pass_no]
-                if started.mode == "plan":
-                    return self._end(
-                        d, "dry_run", f"dry run: planned {len(plan.steps)} step(s); nothing ran"
-                    )
-                if started.require_approval and st.pass_no not in st.approved:
-                    if not st.approval_pending:
-                        self._append(d, ApprovalRequested(at=self._clock(), pass_no=st.pass_no))
-                    return self._end(
-                        d,
-                        "waiting_for_approval",
-                        f"waiting for approval of a {len(plan.steps)}-step plan",
-                    )
-                budget = self._pass_budget(st)
-                if budget is not None and not started.partial:
-                    estimate = fold_calls(plan.steps, budget, d.reserve)
-                    if estimate > budget:
-                        return self._await_budget(d, plan, None, estimate)
-                run_id = new_run_id(self._clock())
-                self._append(d, PassStarted(at=self._clock(), pass_no=st.pass_no, run=run_id))
-                result: ExecuteResult | None = self._execute(d, plan, run_id, budget)
-            else:
-                result = self._continue(d, run_id)
-            if result is not None or st.pass_status.get(st.pass_no) is None:
-                pass_state = self._runs.state(run_id)
-                self._append(
-                    d,
-                    PassEnded(
-                        at=self._clock(),
-                        pass_no=st.pass_no,
-                        run=run_id,
-                        status=pass_state.run_status or "failed",
-                        calls_used=pass_state.calls_used,
-                    ),
-                )
-            d.answers = {}
-            pass_state = self._runs.state(run_id)
-            if pass_state.stopped_for_budget:
-                budget = self._pass_budget(st)
-                plan = pass_state.plan()
-                rest = [s for s in plan.steps if s.status != "succeeded"]
-                remaining = None if budget is None else budget - pass_state.calls_used
-                estimate = fold_calls(rest, remaining, d.reserve)
-                return self._await_budget(d, plan, pass_state, estimate)
-            if pass_state.waiting:
-                step_id = pass_state.waiting[0]
-                question = pass_state.questions.get(step_id, "")
-                return self._end(
-                    d,
-                    "waiting_for_clarification",
-                    f"waiting for an answer to step {step_id!r}: {question}",
-                )
-            if pass_state.run_status == "completed":
-                calls = self._calls_before(st) + pass_state.calls_used
-                return self._end(
-                    d,
-                    "completed",
-                    f"completed {len(pass_state.order)} step(s) in {st.pass_no} pass(es) "
-                    f"using {calls} model call(s)",
-                )
-            failed = _first_failure(pass_state)
-            if started.mode == "orchestrate" and st.pass_no < started.max_passes:
-                if d.planner is None:
-                    return self._end(
-                        d, "failed", f"{failed}; resume with planner=... to plan another pass"
-                    )
-                st.pass_no += 1  # replan with what this pass observed (the event follows)
-                continue
-            return self._end(d, "failed", failed)
+        """Decide from the phase, append the decision, fold it; until the orchestration stops.
 
-    def _plan(self, d: _Drive) -> Outcome | None:
-        """Ask the planner; journal its plan, question or failure (O1, O4, bad input)."""
+        The state is never changed here: each handler only decides (calling the planner or
+        running a pass where the phase says so) and returns the events of its decision.
+        """
+        handlers: dict[Phase, Callable[[_Drive], list[DomainEvent]]] = {
+            "planning": self._plan,
+            "settling": self._settle,
+            "running": self._run_pass,
+            "reviewing": self._review,
+        }
+        while d.state.ended is None:
+            self._append(d, *handlers[d.state.phase](d))
+        if d.state.status in ("completed", "failed", "dry_run"):
+            self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
+        return self.outcome(d.state)
+
+    def _plan(self, d: _Drive) -> list[DomainEvent]:
+        """Planning: ask the planner for this pass's plan; journal its plan, question or failure."""
         st = d.state
         started = st.started
         assert started is not None
+        if st.question is not None:
+            return [
+                self._end("waiting_for_clarification", f"waiting for clarification: {st.question}")
+            ]
         if d.planner is None:
             raise RunNotResumable(
                 f"run {st.run_id}: pass planner=... to resume, the planner must be asked again"
@@ -289,47 +241,147 @@ class Orchestrations:
         try:
             answer = d.planner(started.goal, observations, list(st.clarifications))
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            return self._fail_planning(d, f"the planner raised {type(exc).__name__}: {exc}")
+            return self._fail_planning(st, f"the planner raised {type(exc).__name__}: {exc}")
         if isinstance(answer, Clarify):
             if not isinstance(answer.question, str) or not answer.question.strip():
-                return self._fail_planning(d, "the planner asked to clarify but gave no question")
-            self._append(d, ClarificationRequested(at=self._clock(), question=str(answer.question)))
-            return self._end(
-                d, "waiting_for_clarification", f"waiting for clarification: {answer.question}"
-            )
+                return self._fail_planning(st, "the planner asked to clarify but gave no question")
+            question = str(answer.question)
+            return [
+                ClarificationRequested(at=self._clock(), question=question),
+                self._end("waiting_for_clarification", f"waiting for clarification: {question}"),
+            ]
         if isinstance(answer, Gaps):
             gaps = tuple(
                 g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
                 for g in answer.gaps
             )
             names = ", ".join(f"{g.kind} {g.name!r}" for g in gaps) or "unspecified"
-            return self._fail_planning(d, f"missing capabilities: {names}", gaps)
+            return self._fail_planning(st, f"missing capabilities: {names}", gaps)
         if not isinstance(answer, Plan):
             return self._fail_planning(
-                d, f"the planner returned {type(answer).__name__}, not a Plan, Clarify or Gaps"
+                st, f"the planner returned {type(answer).__name__}, not a Plan, Clarify or Gaps"
             )
         try:
             self._runs.validate(answer)
         except PlanRejected as exc:
-            return self._fail_planning(d, f"the planner's plan is invalid: {exc}")
-        self._append(d, PlanProposed(at=self._clock(), pass_no=st.pass_no, plan=answer))
-        return None
+            return self._fail_planning(st, f"the planner's plan is invalid: {exc}")
+        return [PlanProposed(at=self._clock(), pass_no=st.pass_no, plan=_as_stored(answer))]
 
-    def _fail_planning(self, d: _Drive, reason: str, gaps: tuple[Gap, ...] = ()) -> Outcome:
-        self._append(
-            d, PlanningFailed(at=self._clock(), pass_no=d.state.pass_no, reason=reason, gaps=gaps)
-        )
-        return self._end(d, "failed", f"planning failed: {reason}")
+    def _fail_planning(
+        self, st: OrchestrationState, reason: str, gaps: tuple[Gap, ...] = ()
+    ) -> list[DomainEvent]:
+        return [
+            PlanningFailed(at=self._clock(), pass_no=st.pass_no, reason=reason, gaps=gaps),
+            self._end("failed", f"planning failed: {reason}"),
+        ]
+
+    def _settle(self, d: _Drive) -> list[DomainEvent]:
+        """Settling: end a dry run, wait for approval or budget, else start the pass (O3-O5)."""
+        st = d.state
+        started = st.started
+        assert started is not None
+        plan = st.plans[st.pass_no]
+        if started.mode == "plan":
+            return [
+                self._end("dry_run", f"dry run: planned {len(plan.steps)} step(s); nothing ran")
+            ]
+        if started.require_approval and st.pass_no not in st.approved:
+            asked = st.approval_pending
+            return [
+                *([] if asked else [ApprovalRequested(at=self._clock(), pass_no=st.pass_no)]),
+                self._end(
+                    "waiting_for_approval", f"waiting for approval of a {len(plan.steps)}-step plan"
+                ),
+            ]
+        budget = self._pass_budget(st)
+        if budget is not None and not started.partial:
+            estimate = fold_calls(plan.steps, budget, d.reserve)
+            if estimate > budget:
+                return self._await_budget(st, plan, None, estimate)
+        run = new_run_id(self._clock())
+        return [PassStarted(at=self._clock(), pass_no=st.pass_no, run=run)]
+
+    def _run_pass(self, d: _Drive) -> list[DomainEvent]:
+        """Running: execute the pass's run, or carry it on; journal how it ended (E14, O5)."""
+        st = d.state
+        run_id = st.pass_runs[st.pass_no]
+        try:
+            status = self._runs.state(run_id).run_status
+        except RunNotFound:  # a crash came between pass-started and the run's first event
+            self._execute(d, st.plans[st.pass_no], run_id, self._pass_budget(st))
+        else:
+            if status not in ("completed", "failed", "cancelled"):
+                self._runs.resume(
+                    run_id,
+                    call_budget=self._pass_budget(st),
+                    answers=d.answers or None,
+                    reserve=d.reserve,
+                    on_progress=d.on_progress,
+                    take_over=d.take_over,
+                )
+        d.answers = {}  # answers are for the run that waited, never for a later pass
+        pass_state = self._runs.state(run_id)
+        return [
+            PassEnded(
+                at=self._clock(),
+                pass_no=st.pass_no,
+                run=run_id,
+                status=pass_state.run_status or "failed",
+                calls_used=pass_state.calls_used,
+            )
+        ]
+
+    def _review(self, d: _Drive) -> list[DomainEvent]:
+        """Reviewing: wait for budget or an answer, complete, replan, or fail (O1-O4)."""
+        st = d.state
+        started = st.started
+        assert started is not None
+        pass_state = self._runs.state(st.pass_runs[st.pass_no])
+        if pass_state.stopped_for_budget:
+            budget = self._pass_budget(st)
+            plan = pass_state.plan()
+            rest = [s for s in plan.steps if s.status != "succeeded"]
+            remaining = None if budget is None else budget - pass_state.calls_used
+            estimate = fold_calls(rest, remaining, d.reserve)
+            return self._await_budget(st, plan, pass_state, estimate)
+        if pass_state.waiting:
+            step_id = pass_state.waiting[0]
+            question = pass_state.questions.get(step_id, "")
+            return [
+                self._end(
+                    "waiting_for_clarification",
+                    f"waiting for an answer to step {step_id!r}: {question}",
+                )
+            ]
+        if pass_state.run_status == "completed":
+            calls = self._calls_before(st) + pass_state.calls_used
+            summary = (
+                f"completed {len(pass_state.order)} step(s) in {st.pass_no} pass(es) "
+                f"using {calls} model call(s)"
+            )
+            return [self._end("completed", summary)]
+        failed = _first_failure(pass_state)
+        if started.mode == "orchestrate" and st.pass_no < started.max_passes:
+            if d.planner is None:
+                return [self._end("failed", f"{failed}; not replanned: no planner was given")]
+            return [
+                ReplanDecided(
+                    at=self._clock(),
+                    pass_no=st.pass_no + 1,
+                    reason=failed,
+                    max_passes=started.max_passes,
+                )
+            ]
+        return [self._end("failed", failed)]
 
     def _await_budget(
         self,
-        d: _Drive,
+        st: OrchestrationState,
         plan: Plan,
         pass_state: RunState | None,
         estimate: int,
-    ) -> Outcome:
+    ) -> list[DomainEvent]:
         """Wait for a bigger total budget; the numbers are the orchestration's, across passes."""
-        st = d.state
         total = st.budget or 0
         used = self._calls_before(st) + (pass_state.calls_used if pass_state is not None else 0)
         completed = sum(1 for s in plan.steps if s.status == "succeeded")
@@ -339,8 +391,7 @@ class Orchestrations:
             completed_steps=completed,
             total_steps=len(plan.steps),
         )
-        self._append(
-            d,
+        return [
             BudgetAwaited(
                 at=self._clock(),
                 pass_no=st.pass_no,
@@ -348,13 +399,13 @@ class Orchestrations:
                 partial=pass_state is not None,
                 used=used,
             ),
-        )
-        return self._end(
-            d,
-            "waiting_for_budget",
-            f"waiting for budget: the remaining steps need {estimate} model call(s); "
-            f"{used} of {total} used — resume with a call_budget of at least {used + estimate}",
-        )
+            self._end(
+                "waiting_for_budget",
+                f"waiting for budget: the remaining steps need {estimate} model call(s); "
+                f"{used} of {total} used — resume with a call_budget of at least "
+                f"{used + estimate}",
+            ),
+        ]
 
     def _execute(self, d: _Drive, plan: Plan, run_id: str, budget: int | None) -> ExecuteResult:
         return self._runs.execute(
@@ -364,25 +415,6 @@ class Orchestrations:
             on_progress=d.on_progress,
             parent=(d.state.run_id, f"pass-{d.state.pass_no}"),
             run_id=run_id,
-        )
-
-    def _continue(self, d: _Drive, run_id: str) -> ExecuteResult | None:
-        """Carry on the current pass's run: start it if a crash came first, else resume it."""
-        st = d.state
-        try:
-            pass_state = self._runs.state(run_id)
-        except RunNotFound:
-            return self._execute(d, st.plans[st.pass_no], run_id, self._pass_budget(st))
-        status = pass_state.run_status
-        if status in ("completed", "failed", "cancelled"):
-            return None
-        return self._runs.resume(
-            run_id,
-            call_budget=self._pass_budget(st),
-            answers=d.answers or None,
-            reserve=d.reserve,
-            on_progress=d.on_progress,
-            take_over=d.take_over,
         )
 
     # -- helpers ---------------------------------------------------------------------------------
@@ -433,23 +465,28 @@ class Orchestrations:
             pass_run=st.current_run,
         )
 
-    def _end(self, d: _Drive, status: OutcomeStatus, summary: str) -> Outcome:
-        self._append(d, OrchestrationEnded(at=self._clock(), status=status, summary=summary))
-        if status in ("completed", "failed", "dry_run"):
-            self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
-        return self.outcome(d.state)
+    def _end(self, status: OutcomeStatus, summary: str) -> OrchestrationEnded:
+        return OrchestrationEnded(at=self._clock(), status=status, summary=summary)
 
-    def _append(self, d: _Drive, event: DomainEvent) -> None:
+    def _append(self, d: _Drive, *events: DomainEvent) -> None:
+        """Append one decision's events atomically, then fold each (the only state change)."""
         st = d.state
-        stream = event.run_id if isinstance(event, OrchestrationStarted) else st.run_id
-        pending = Pending(stream=stream, version=st.version + 1, data=event)
+        first = events[0]
+        stream = first.run_id if isinstance(first, OrchestrationStarted) else st.run_id
+        pending = [
+            Pending(stream=stream, version=st.version + n, data=event)
+            for n, event in enumerate(events, start=1)
+        ]
         try:
-            [position] = self._journal.append([pending])
+            positions = self._journal.append(pending)
         except ConcurrencyConflict as exc:
             raise RunNotResumable(
                 f"run {stream} is being orchestrated by another process; reload and retry"
             ) from exc
-        st.apply(Event(position=position, stream=stream, version=pending.version, data=event))
+        for position, item in zip(positions, pending, strict=True):
+            st.apply(Event(position=position, stream=stream, version=item.version, data=item.data))
+            if d.trace is not None:
+                d.trace(position, st.copy())
 
 
 def _first_failure(state: RunState) -> str:
@@ -459,6 +496,11 @@ def _first_failure(state: RunState) -> str:
     if state.run_status == "cancelled":
         return "cancelled before every step ran"
     return "failed: not every step succeeded"
+
+
+def _as_stored(plan: Plan) -> Plan:
+    """Return the plan as the journal gives it back (lists, not tuples): live equals replay."""
+    return msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=Plan)
 
 
 def _mode(mode: str) -> Mode:

@@ -164,6 +164,41 @@ class PassEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.pass-
     calls_used: int
 
 
+class ReplanDecided(DomainEvent, frozen=True, kw_only=True, tag="orchestration.replan-decided"):
+    """A pass failed with passes left: the planner is asked again for the next pass (O2, R5)."""
+
+    pass_no: int
+    """The pass about to be planned (the failed one plus one)."""
+    reason: str
+    """Why the previous pass failed: its first failed step and error."""
+    max_passes: int
+    """The orchestration's bound on passes, which this one is within."""
+
+
+class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.resumed"):
+    """``rt.resume`` took the orchestration up again, with everything it changed (O3, O4, R5).
+
+    One event per resume, so a resume is atomic and the state it leaves is the fold of it. The
+    older ``budget-given``, ``plan-approved`` and ``clarification-given`` events still fold (they
+    were written before this one existed) but are no longer appended.
+    """
+
+    resumption: int
+    """1 for the first resume of this orchestration, then 2, ..."""
+    budget: int | None = None
+    """The new total call budget, or None when the resume left the budget as it was."""
+    previous_budget: int | None = None
+    """The budget before, when ``budget`` changed it."""
+    approved: int | None = None
+    """The pass whose plan this resume approved, if it approved one."""
+    question: str | None = None
+    """The planner's question this resume answered, if any."""
+    answer: str | None = None
+    """The answer to ``question``."""
+    answered: tuple[str, ...] = ()
+    """Steps of the current pass given an answer (the answers are in the pass run's events)."""
+
+
 class OrchestrationEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.ended"):
     """The orchestration reached a status (terminal or waiting) with a one-line summary."""
 
@@ -183,5 +218,7 @@ ORCHESTRATION_EVENTS: tuple[type[DomainEvent], ...] = (
     BudgetGiven,
     PassStarted,
     PassEnded,
+    ReplanDecided,
+    OrchestrationResumed,
     OrchestrationEnded,
 )

@@ -1,6 +1,26 @@
-"""The orchestration projection: where an orchestration stands, folded from its events (O1-O6)."""
+"""The orchestration projection: where an orchestration stands, folded from its events (O1-O6, R5).
+
+An orchestration is a small state machine whose state is only ever the fold of its stream: the
+orchestrator (``actors.orchestrator``) reads :attr:`OrchestrationState.phase`, decides, appends
+the events of its decision, and folds them here, exactly as a resume or ``rt.runs`` time travel
+folds them from the journal. Folding reads no clock and calls no planner.
+
+Phases and the events that move between them::
+
+    planning  --plan-proposed-->  settling  --pass-started-->  running  --pass-ended-->  reviewing
+       ^  (clarification-requested, planning-failed end it here)  (approval-requested and
+       |                                                          budget-awaited end it here)
+       +-------------------------- replan-decided -------------------------------------+
+
+``orchestration.ended`` stops the machine in its phase (a waiting status, or a terminal one);
+``orchestration.resumed`` starts it again there. An orchestration that stops in ``reviewing``
+(its pass waits for an answer or for budget) is taken up again in ``running``, by the same pass.
+"""
 
 from __future__ import annotations
+
+import copy
+from typing import Literal
 
 from journaled.events.base import DomainEvent, Event
 from journaled.events.orchestration import (
@@ -12,6 +32,7 @@ from journaled.events.orchestration import (
     ClarificationRequested,
     Gap,
     OrchestrationEnded,
+    OrchestrationResumed,
     OrchestrationStarted,
     OutcomeStatus,
     PassEnded,
@@ -19,8 +40,13 @@ from journaled.events.orchestration import (
     PlanApproved,
     PlanningFailed,
     PlanProposed,
+    ReplanDecided,
 )
 from journaled.events.plans import Plan
+
+Phase = Literal["planning", "settling", "running", "reviewing"]
+"""What the orchestrator does next: ask the planner; approve and cost the plan, then start the
+pass; execute (or carry on) the pass's run; look at how the pass ended."""
 
 
 class OrchestrationState:
@@ -45,6 +71,8 @@ class OrchestrationState:
         self.failure: PlanningFailed | None = None
         self.gaps: list[Gap] = []
         self.ended: OrchestrationEnded | None = None
+        self.phase: Phase = "planning"
+        self.resumptions = 0
         self.version = 0
         self.position = 0
 
@@ -77,44 +105,86 @@ class OrchestrationState:
                 self.run_id = data.run_id
                 self.budget = data.call_budget
                 self.pass_no = 1
+                self.phase = "planning"
             case PlanProposed():
                 self.pass_no = data.pass_no
                 self.plan = data.plan
                 self.plans[data.pass_no] = data.plan
                 self.failure = None
+                self.phase = "settling"
             case PlanningFailed():
+                self.pass_no = data.pass_no
                 self.failure = data
                 self.gaps = list(data.gaps)
             case ClarificationRequested():
+                if self.phase == "reviewing":
+                    # Journals written before replan-decided existed replanned without an event.
+                    self.pass_no += 1
+                self.phase = "planning"
                 self.question = data.question
                 self.question_at = data.at
-            case ClarificationGiven():
-                self.clarifications.append((data.question, data.answer))
-                self.question = None
             case ApprovalRequested():
                 self.approval_pending = True
                 self.approval_at = data.at
-            case PlanApproved():
-                self.approval_pending = False
-                self.approved.add(data.pass_no)
             case BudgetAwaited():
                 self.budget_wait = data
-            case BudgetGiven():
-                self.budget = data.budget
-                self.budget_wait = None
             case PassStarted():
                 self.pass_no = data.pass_no
                 self.pass_runs[data.pass_no] = data.run
+                self.phase = "running"
             case PassEnded():
                 self.pass_status[data.pass_no] = data.status
+                self.phase = "reviewing"
+            case ReplanDecided():
+                self.pass_no = data.pass_no
+                self.phase = "planning"
             case OrchestrationEnded():
                 self.ended = data
+                if self.phase == "reviewing" and data.status.startswith("waiting"):
+                    self.phase = "running"  # the pass waits: a resume carries on the same run
+            case OrchestrationResumed():
+                self.ended = None
+                self.resumptions = data.resumption
+                if data.budget is not None:
+                    self._give_budget(data.budget)
+                if data.approved is not None:
+                    self._approve(data.approved)
+                if data.question is not None and data.answer is not None:
+                    self._clarify(data.question, data.answer)
+            # Written by resumes before orchestration.resumed existed, each right after the
+            # resume took the orchestration up again (then without an event).
+            case BudgetGiven():
+                self.ended = None
+                self._give_budget(data.budget)
+            case PlanApproved():
+                self.ended = None
+                self._approve(data.pass_no)
+            case ClarificationGiven():
+                self.ended = None
+                self._clarify(data.question, data.answer)
             case _:
                 raise TypeError(f"an orchestration cannot fold {type(data).__qualname__}")
 
-    def reopen(self) -> None:
-        """Forget the last waiting status when a resume takes the orchestration up again."""
-        self.ended = None
+    def _give_budget(self, budget: int | None) -> None:
+        self.budget = budget
+        self.budget_wait = None
+
+    def _approve(self, pass_no: int) -> None:
+        self.approval_pending = False
+        self.approved.add(pass_no)
+
+    def _clarify(self, question: str, answer: str) -> None:
+        self.clarifications.append((question, answer))
+        self.question = None
+
+    def copy(self) -> OrchestrationState:
+        """Return an independent copy of this state (what a trace observes at one position)."""
+        return copy.deepcopy(self)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, OrchestrationState) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # mutable: equal states must not share a hash
 
 
 def fold_orchestration(events: list[Event]) -> OrchestrationState:

@@ -13,12 +13,14 @@ from journaled.events.orchestration import (
     ClarificationGiven,
     ClarificationRequested,
     OrchestrationEnded,
+    OrchestrationResumed,
     OrchestrationStarted,
     PassEnded,
     PassStarted,
     PlanApproved,
     PlanningFailed,
     PlanProposed,
+    ReplanDecided,
 )
 from journaled.events.run_state import fold_run
 from journaled.events.runs import (
@@ -206,9 +208,26 @@ def describe_orchestration_event(event: Event) -> str | None:
             return (
                 f"pass {data.pass_no} ({data.run}) ended: {data.status}, {data.calls_used} call(s)"
             )
+        case ReplanDecided():
+            return f"{data.reason}; replanning as pass {data.pass_no} of at most {data.max_passes}"
+        case OrchestrationResumed():
+            return "resumed: " + "; ".join(_resume_changes(data))
         case OrchestrationEnded():
             return f"status {data.status}: {data.summary}"
     return None
+
+
+def _resume_changes(data: OrchestrationResumed) -> list[str]:
+    changes = []
+    if data.budget is not None:
+        changes.append(f"call budget changed from {data.previous_budget} to {data.budget}")
+    if data.approved is not None:
+        changes.append(f"the plan of pass {data.approved} approved")
+    if data.question is not None:
+        changes.append(f"answered {data.question!r} with {data.answer!r}")
+    if data.answered:
+        changes.append("answers given for " + ", ".join(f"{s!r}" for s in data.answered))
+    return changes or [f"nothing changed (resumption {data.resumption})"]
 
 
 def explain_orchestration(

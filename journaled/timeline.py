@@ -22,6 +22,7 @@ from journaled.events.orchestration import (
     BudgetGiven,
     ClarificationGiven,
     ClarificationRequested,
+    OrchestrationResumed,
     OrchestrationStarted,
     PassStarted,
     PlanApproved,
@@ -64,6 +65,12 @@ _FLAGS: dict[type, Flag] = {
     BudgetGiven: "answer",
     RunResumed: "answer",
 }
+
+
+def _flag(event: Event) -> Flag | None:
+    if isinstance(event.data, OrchestrationResumed):
+        return "approval" if event.data.approved is not None else "answer"
+    return _FLAGS.get(type(event.data))
 
 
 class Box(msgspec.Struct, frozen=True, kw_only=True):
@@ -192,7 +199,7 @@ def build(rt: Runtime, run_id: str) -> Page:
                 kind=event.kind,
                 text=_describe(event),
                 offset="+" + duration(event.data.at - start),
-                flag=_FLAGS.get(type(event.data)),
+                flag=_flag(event),
                 plan=plan,
                 state=None if result is None else _state(rt, result, event.position, children),
                 why=[line_ids.setdefault(line, len(line_ids)) for line in why.splitlines()],

@@ -27,8 +27,8 @@ from journaled import (
 )
 from journaled.events.orchestration import (
     BudgetAwaited,
-    ClarificationGiven,
     OrchestrationEnded,
+    OrchestrationResumed,
     PassStarted,
     PlanningFailed,
 )
@@ -119,6 +119,11 @@ def resumed(rt: journaled.Runtime, run_id: str, **options: Any) -> Outcome:
 def kinds(rt: journaled.Runtime, run_id: str) -> list[str]:
     """Return the event kinds of one stream, in order."""
     return [e.kind for e in rt.runs.history(run_id)]
+
+
+def resumes(rt: journaled.Runtime, run_id: str) -> list[OrchestrationResumed]:
+    """Return what each resume of an orchestration journaled, in order (R5)."""
+    return [e.data for e in rt.runs.history(run_id) if isinstance(e.data, OrchestrationResumed)]
 
 
 def run_kinds(rt: journaled.Runtime) -> list[str]:
@@ -381,7 +386,8 @@ def test_notify_and_wait_runs_nothing_then_resumes(
     assert done.budget is None
     assert sorted(ran) == ["fetch t", "think a", "think b", "think c"]
     assert len(planner.calls) == 1
-    assert "orchestration.budget-given" in kinds(runtime, out.run_id)
+    [given] = resumes(runtime, out.run_id)
+    assert (given.previous_budget, given.budget) == (2, 3)
     [child] = pass_runs(runtime, out.run_id)
     assert runtime.runs.state(child).calls_used == 3
 
@@ -497,8 +503,8 @@ def test_require_approval_waits_then_runs_on_approve(
     assert ran == ["fetch x"]
     assert len(planner.calls) == 1
     orchestration = kinds(runtime, out.run_id)
-    assert orchestration.count("orchestration.plan-approved") == 1
-    assert orchestration.index("orchestration.plan-approved") < orchestration.index(
+    assert [r.approved for r in resumes(runtime, out.run_id)] == [1]
+    assert orchestration.index("orchestration.resumed") < orchestration.index(
         "orchestration.pass-started"
     )
 
@@ -515,7 +521,7 @@ def test_approval_then_budget_then_run(runtime: journaled.Runtime, ran: list[str
     done = resumed(runtime, out.run_id, call_budget=2)
     assert done.status == "completed"
     assert len(ran) == 2
-    assert kinds(runtime, out.run_id).count("orchestration.plan-approved") == 1
+    assert [r.approved for r in resumes(runtime, out.run_id)] == [1, None]
 
 
 def test_clarify_waits_and_the_answer_goes_to_the_planner(
@@ -536,8 +542,10 @@ def test_clarify_waits_and_the_answer_goes_to_the_planner(
     assert done.status == "completed"
     assert ran == ["fetch acme/notes"]
     assert [c[2] for c in planner.calls] == [[], [(question, "acme/notes")]]
-    given = [e.data for e in runtime.runs.history(out.run_id) if e.kind.endswith("given")]
-    assert given == [ClarificationGiven(at=given[0].at, question=question, answer="acme/notes")]
+    given = resumes(runtime, out.run_id)
+    assert given == [
+        OrchestrationResumed(at=given[0].at, resumption=1, question=question, answer="acme/notes")
+    ]
 
 
 def test_two_questions_accumulate_clarifications(runtime: journaled.Runtime) -> None:

@@ -174,6 +174,7 @@ def test_budget_stop_wait_and_child_run_are_marked(story: Story, rt: journaled.R
     flags = {f["kind"]: f["flag"] for f in data["frames"] if f["flag"]}
     assert flags["run.budget-stopped"] == "budget"
     assert flags["orchestration.budget-awaited"] == "budget"
+    assert flags["orchestration.resumed"] == "answer"
     assert flags["run.step-waiting"] == "wait"
     waiting = next(f for f in data["frames"] if f["kind"] == "run.step-waiting")
     assert waiting["state"]["waiting"] == ["deploy"]
@@ -188,12 +189,15 @@ def test_budget_stop_wait_and_child_run_are_marked(story: Story, rt: journaled.R
 
 
 def test_approval_is_marked_before_any_pass(story: Story, rt: journaled.Runtime) -> None:
-    """O4/O7: waiting for approval is flagged; the proposed plan shows with no run state."""
+    """O4/O7/R5: waiting for approval and the approving resume are flagged; no run state before."""
     frames = _data(timeline.render(rt, story.approval))["frames"]
     asked = next(f for f in frames if f["kind"] == "orchestration.approval-requested")
     assert asked["flag"] == "approval"
     assert asked["state"] is None
     assert asked["plan"] == 0
+    approved = next(f for f in frames if f["kind"] == "orchestration.resumed")
+    assert approved["flag"] == "approval"
+    assert "the plan of pass 1 approved" in approved["text"]
 
 
 def test_failure_skip_and_waves(story: Story, rt: journaled.Runtime) -> None:
