@@ -14,7 +14,9 @@ state must equal the uninterrupted one:
   journaled as started, and a step started more often than in the uninterrupted run only when a
   resume named it as in flight at a crash — and there are no more such resumes than kills.
 
-Scenarios run two at a time: each spends most of its time starting Python processes.
+Scenarios run two at a time: each spends most of its time starting Python processes. The child
+kills itself (``crash_story.kill_at``) rather than being killed by ``crash.kill_when_in_flight``:
+a marker polled from outside would let it run on for milliseconds past the position.
 """
 
 from __future__ import annotations
@@ -33,15 +35,12 @@ from typing import Any
 
 import pg
 import pytest
+from crash_story import PURGED_TEXTS
 
 import journaled
 
 ROOT = Path(__file__).resolve().parent.parent
 STORY = Path(__file__).resolve().parent / "crash_story.py"
-PURGED_TEXTS = (
-    "The pager rotation lives in the vault under ops/pager-7731",
-    "The release train leaves on Thursdays from platform 9",
-)
 PROCESS_TIMEOUT = 60.0
 WORKERS = 2
 DOUBLE_KILL_AFTER = (1, 3, 6, 10)
