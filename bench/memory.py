@@ -12,7 +12,9 @@ A miss is reported, never raised: the script exits non-zero only when it crashes
 2. replay: ``journaled.open(url)`` over a journal of facts built in batches (about 10% with
    conflict keys, and the supersessions they cause), until every scope actor has folded the log,
    against a decoded read of the same log (``Journal.read()`` plus every payload once).
-   Target: replay throughput >= 70% of the raw decoded read.
+   Cold: no snapshot, every event is folded. Then the open served by the snapshot that closing
+   wrote: its row says how much of the log the snapshot covers and gives the open's time, not a
+   rate of events it did not fold. Target for both: open time <= 1/0.7 of the raw decoded read.
 3. search: p50/p99 of ``rt.memory.search(q)`` over 2-3 word queries from the facts' Zipf-ish
    vocabulary, against ``bm25_rescore`` of every candidate per query. Targets: p50 <= 2 ms at
    100k facts, and p50 >= 20x faster than rescoring.
@@ -288,6 +290,17 @@ def drop_snapshots(url: str) -> None:
         conn.execute(f"DELETE FROM {SNAPSHOT_TABLE}")  # noqa: S608
 
 
+def snapshot_position(url: str) -> int | None:
+    """Return the journal position the newest memory snapshot covers, or None if there is none."""
+    path = parse_url(url).path
+    assert path is not None
+    with sqlite3.connect(path) as conn:
+        row = conn.execute(
+            f"SELECT MAX(version) FROM {SNAPSHOT_TABLE} WHERE stream LIKE 'memory:%'"  # noqa: S608
+        ).fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
 def bench_replay(url: str, events: int, facts: int, repeats: int) -> list[Row]:
     """Measure open against a raw decoded read of the same log, interleaved.
 
@@ -296,16 +309,21 @@ def bench_replay(url: str, events: int, facts: int, repeats: int) -> list[Row]:
     """
     time_raw_read(url)  # warm-up: the page cache and imports, for both sides
     raw, opened, cold, warm = math.inf, math.inf, math.inf, math.inf
+    covered: int | None = None
     for _ in range(repeats):
         raw = min(raw, time_raw_read(url))
         drop_snapshots(url)
+        assert snapshot_position(url) is None
         returned, searchable = time_open(url)
         opened, cold = min(opened, returned), min(cold, searchable)
+        covered = snapshot_position(url)
+        assert covered is not None, "closing after a cold open writes a snapshot"
         warm = min(warm, time_open(url)[1])
+    assert covered is not None
     base = f"decoded read {_rate(events, raw)} ({raw:.2f} s)"
     return [
         _vs(
-            f"replay on open, cold ({facts:,} facts, {events:,} events)",
+            f"replay on open, no snapshot ({facts:,} facts, {events:,} events)",
             f"{_rate(events, cold)} ({cold:.2f} s)",
             base,
             raw / cold,
@@ -313,8 +331,8 @@ def bench_replay(url: str, events: int, facts: int, repeats: int) -> list[Row]:
         ),
         _note("  open() returned after", f"{opened:.2f} s"),
         _vs(
-            "replay on open from the snapshot written by close",
-            f"{_rate(events, warm)} ({warm:.2f} s)",
+            f"open from a snapshot covering {covered:,}/{events:,} events",
+            f"{warm:.2f} s",
             base,
             raw / warm,
             0.7,
