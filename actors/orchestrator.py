@@ -42,6 +42,7 @@ from journaled.events.orchestration import (
 from journaled.events.orchestration_state import OrchestrationState, fold_orchestration
 from journaled.events.plan_rules import Reserve, fold_calls
 from journaled.events.plans import ExecuteResult, Observation, Plan
+from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
 
 Planner = Callable[[str, list[Observation], list[tuple[str, str]]], Any]
@@ -143,6 +144,8 @@ class Orchestrations:
     ) -> Outcome:
         """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4)."""
         state = self.state(run_id)
+        if state.purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its goal is gone, it cannot resume")
         status = state.status
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
@@ -440,6 +443,8 @@ class Orchestrations:
         return self.outcome(d.state)
 
     def _append(self, d: _Drive, event: DomainEvent) -> None:
+        if event.has_content:
+            event = event.map_content(redact_data)  # M9: before it is applied or journaled
         st = d.state
         stream = event.run_id if isinstance(event, OrchestrationStarted) else st.run_id
         pending = Pending(stream=stream, version=st.version + 1, data=event)

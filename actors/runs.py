@@ -12,9 +12,14 @@ from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+)
 from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
+from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
@@ -164,6 +169,8 @@ class Runs:
         RunOwnedElsewhere unless ``take_over`` is set.
         """
         state = self.state(run_id)
+        if state.purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot resume")
         with self._lock:
             if run_id in self._active:
                 raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
@@ -291,6 +298,17 @@ class Runs:
         self, plan: Plan, *, parent: tuple[str, str], **options: Any
     ) -> ExecuteResult:
         return self.execute(plan, parent=parent, **options)
+
+    # -- erasure ---------------------------------------------------------------------------------
+
+    def purge(self, run_id: str, reason: str) -> int:
+        """Erase a finished run's content from storage, keeping its events' shape (R2).
+
+        See :func:`journaled.actors.run_erasure.purge_run`; a purged run cannot be resumed.
+        """
+        with self._lock:
+            executing = set(self._active)
+        return purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
 
     # -- reading ---------------------------------------------------------------------------------
 

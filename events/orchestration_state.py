@@ -21,6 +21,7 @@ from journaled.events.orchestration import (
     PlanProposed,
 )
 from journaled.events.plans import Plan
+from journaled.events.runs import RunPurged
 
 
 class OrchestrationState:
@@ -47,6 +48,8 @@ class OrchestrationState:
         self.ended: OrchestrationEnded | None = None
         self.version = 0
         self.position = 0
+        self.purged: RunPurged | None = None
+        """Set once the orchestration's content was erased (ADR 0018)."""
 
     @property
     def status(self) -> OutcomeStatus | None:
@@ -109,6 +112,8 @@ class OrchestrationState:
                 self.pass_status[data.pass_no] = data.status
             case OrchestrationEnded():
                 self.ended = data
+            case RunPurged():
+                self.purged = data
             case _:
                 raise TypeError(f"an orchestration cannot fold {type(data).__qualname__}")
 

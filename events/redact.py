@@ -52,8 +52,9 @@ import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["REDACTED", "find_secrets", "redact"]
+__all__ = ["REDACTED", "find_secrets", "redact", "redact_data"]
 
 REDACTED: str = "[REDACTED]"
 """The marker that replaces every secret."""
@@ -585,3 +586,44 @@ def find_secrets(text: str) -> list[str]:
         without duplicates; empty when there is nothing to redact.
     """
     return _redact(text)[1]
+
+
+_SECRET_NAME = re.compile(
+    r"[A-Za-z0-9_.-]*(?:password|passwd|pwd|passphrase|token|secret(?:[_-]?key)?|api[_-]?key"
+    r"|apikey|access[_-]?key|account[_-]?key|private[_-]?key|auth|authorization|credentials?)",
+    re.IGNORECASE,
+)
+
+
+def redact_data(value: Any) -> Any:
+    """Return structured run data (msgspec builtins) with every secret replaced (M9).
+
+    Strings are redacted as text; a string or number stored under a key that names a secret
+    (``{"password": "hunter2"}``, ``{"apiKey": 123}``) is replaced whole, unless it is a
+    placeholder; lists, tuples and dicts are walked. Keys themselves are kept.
+
+    Args:
+        value: A step's input or output, an agent's data, an answer: anything journalable.
+
+    Returns:
+        The same structure, with new containers only where something was replaced.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if (
+                isinstance(key, str)
+                and isinstance(item, str | int | float)
+                and not isinstance(item, bool)
+                and _SECRET_NAME.fullmatch(key)
+                and (not isinstance(item, str) or (item and _not_placeholder(item)))
+            ):
+                out[key] = REDACTED
+            else:
+                out[key] = redact_data(item)
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(redact_data(item) for item in value)
+    return value
