@@ -15,7 +15,7 @@ import pytest
 from click.testing import CliRunner
 
 import journaled
-from journaled import AgentResult, Clarify, NeedsInput, Observation, Plan, Step
+from journaled import AgentResult, Clarify, NeedsInput, Observation, Plan, Step, timeline
 from journaled.cli import main
 from journaled.events.base import PURGED
 from journaled.events.journal import PAYLOAD_TABLE
@@ -140,7 +140,7 @@ def _story(rt: journaled.Runtime) -> tuple[str, str]:
 
 
 def test_purge_erases_content_and_keeps_shape(journal_url: str, clock: ManualClock) -> None:
-    """R2: purge erases a run's content (child runs too); why, history, at and diff still read."""
+    """R2: purge erases a run's content (child runs too); why, history, at, diff, timeline read."""
     with journaled.open(journal_url, clock=clock) as rt:
         run_id, orchestration = _story(rt)
         assert f"{MARK}-goal" in _journal_text(rt)
@@ -170,6 +170,10 @@ def test_purge_erases_content_and_keeps_shape(journal_url: str, clock: ManualClo
         with pytest.raises(journaled.RunNotResumable, match="purged"):
             rt.resume(run_id)
         assert rt.runs.purge(run_id, reason="again") == 0  # nothing left to erase
+
+        page = timeline.render(rt, run_id)
+        assert "content purged" in page
+        assert MARK not in page
 
         assert rt.runs.purge(orchestration, reason="erasure request 43") > 0
         assert MARK not in _journal_text(rt)
