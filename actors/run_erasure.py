@@ -12,7 +12,7 @@ from collections.abc import Set
 
 from journaled.actors.errors import RunNotFound, RunNotPurgeable
 from journaled.events.base import Pending
-from journaled.events.codec import topic_of
+from journaled.events.codec import topics_of
 from journaled.events.errors import ConcurrencyConflict
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted
@@ -99,7 +99,7 @@ def purge_run(
 def _family(journal: Journal, run_id: str) -> list[str]:
     """Return the run and every run started under it (agent steps, passes), transitively."""
     children: dict[str, list[str]] = {}
-    for event in journal.read(topics=[topic_of(RunStarted)]):
+    for event in journal.read(topics=topics_of(RunStarted)):
         data = event.data
         if isinstance(data, RunStarted) and data.parent_run is not None:
             children.setdefault(data.parent_run, []).append(event.stream)

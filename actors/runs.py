@@ -23,7 +23,7 @@ from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
-from journaled.events.codec import topic_of
+from journaled.events.codec import topics_of
 from journaled.events.errors import PlanRejected
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
@@ -431,7 +431,7 @@ class Runs:
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
-        topics = [topic_of(RunStarted), topic_of(OrchestrationStarted)]
+        topics = [*topics_of(RunStarted), *topics_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
 
 
