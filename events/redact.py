@@ -34,8 +34,11 @@ What is caught, under the kind name that :func:`find_secrets` reports for it:
   ``dbPassword``, ``clientSecret``, ``SessionToken``, Azure's ``AccountKey``) and is matched
   case-insensitively. A value that only says where the secret comes from (``${DB_PASSWORD}``,
   ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept;
-- ``bearer-token``: the token after ``Authorization: Bearer`` or after a bare ``Bearer``;
+- ``bearer-token``: the token after ``Authorization: Bearer`` (or ``token``, ``Bot``) or after
+  a bare ``Bearer``;
 - ``basic-auth``: the credentials after ``Authorization: Basic``;
+- ``command-password``: ``curl -u user:password``, a ``.netrc`` password, and the password
+  option of ``sshpass``, ``docker login``, ``redis-cli`` and ``mysql``;
 - ``url-credentials``: the password in ``scheme://user:password@host``.
 
 Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are kept, so the
@@ -390,10 +393,13 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "bearer-token",
-        # In an Authorization header anything after Bearer is a credential, whatever it looks like.
-        re.compile(rf"{_AUTH_HEADER}Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
+        # In an Authorization header anything after the scheme is a credential, whatever it
+        # looks like (GitHub also takes "token", Discord "Bot").
+        re.compile(
+            rf"{_AUTH_HEADER}(?:Bearer|token|Bot)[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE
+        ),
         ("token",),
-        needs=("bearer",),
+        needs=("authorization",),
     ),
     _Rule(
         "bearer-token",
@@ -401,6 +407,21 @@ _RULES: tuple[_Rule, ...] = (
         ("token",),
         accept=_bearer_token_is_credential,
         needs=("bearer",),
+    ),
+    _Rule(
+        "command-password",
+        # Passwords given to a command on its command line: curl's user:password, a .netrc
+        # entry, and the -p of commands whose -p is a password (not docker run's -p PORT).
+        re.compile(
+            r"(?:(?<![A-Za-z0-9-])(?:-u|--user)[ \t]+[\"']?[^\s:\"'$]+:(?P<user>[^\s\"'@]+)"
+            r"|\bmachine[ \t]+\S+\s+login[ \t]+\S+\s+password[ \t]+(?P<netrc>\S+)"
+            r"|\b(?:sshpass|docker[ \t]+login|redis-cli)\b[^\n]{0,200}?[ \t]-[pa][ \t]+"
+            r"(?P<flag>[^\s-]\S*)"
+            r"|\b(?:mysql|mysqldump|mariadb)\b[^\n]{0,200}?[ \t]-p(?P<glued>[^\s-]\S*))"
+        ),
+        ("user", "netrc", "flag", "glued"),
+        _not_placeholder,
+        needs=("-u", "--user", "machine", "sshpass", "docker", "redis-cli", "mysql", "mariadb"),
     ),
     _Rule(
         "basic-auth",

@@ -126,11 +126,19 @@ def _context_cases() -> list[Case]:
             ("query-token", f"GET /v1/export?format=csv&access_token={pw} HTTP/1.1", (pw,)),
             ("header-api-key", f"curl -H 'X-API-Key: {pw}' https://api.example.com", (pw,)),
             ("log-password", f"WARN login failed for bob (password: {pw})", (pw,)),
+            ("curl-user", f"$ curl -u bob:{pw} https://api.example.com/v1/me", (pw,)),
+            ("netrc", f"machine api.example.com\n  login bob\n  password {pw}\n", (pw,)),
+            ("sshpass", f"$ sshpass -p '{pw}' ssh deploy@web-1", (pw,)),
+            ("mysql-p", f"$ mysqldump -uroot -p{pw} shop > shop.sql", (pw,)),
+            ("docker-login", f"$ docker login -u bob -p {pw} ghcr.io", (pw,)),
+            ("npmrc", f"//registry.npmjs.org/:_authToken={pw}", (pw,)),
+            ("k8s-secret", f"kind: Secret\ndata:\n  password: {_b64(12)}{pw}\n", (pw,)),
         ]
         bearer = _pick(_URLSAFE, 40)
         basic = base64.b64encode(f"bob:{pw}".encode()).decode()
         cases += [
             ("bearer", f"Authorization: Bearer {bearer}", (bearer,)),
+            ("github-header", f"-H 'Authorization: token {bearer}'", (bearer,)),
             (
                 "bearer",
                 f"curl -H 'Authorization: Bearer {bearer}' https://x.example.com",
@@ -247,6 +255,11 @@ def _look_alikes() -> list[str]:
         "docker login --password-stdin < token.txt",
         "password_file=/run/secrets/db_password",
         "OLDPWD=/home/bob/src",
+        "curl -u $API_USER:$API_PASS https://api.example.com",
+        "docker run -p 8080:80 -e MODE=prod nginx",
+        "mysql -u root -p shop",
+        "machine learning models need a login page and a password reset flow",
+        "curl -u bob https://api.example.com  # prompts for the password",
         # Prose.
         "Please reset your password via the account page.",
         "The password must have at least twelve characters.",

@@ -259,6 +259,9 @@ def test_redaction_settles_in_one_call(text: str) -> None:
         "-eyJ" * 80_000,
         'password="' * 30_000,
         "[REDACTED] password=[REDACTED] " * 10_000,
+        "sshpass " * 50_000,
+        "-u a:" * 60_000,
+        "machine x login " * 30_000,
     ],
 )
 def test_adversarial_text_is_redacted_in_linear_time(text: str) -> None:
