@@ -7,8 +7,9 @@
     │   └── OrganizationNotConfigured         remembering into ``organization`` without one
     ├── ActorTimeout (TimeoutError)           an actor did not answer in time
     ├── RunNotFound (KeyError)                no run with that id in the journal
-    └── RunNotResumable (ValueError)          finished, running here, or bad answers/options
-        └── RunOwnedElsewhere                 another live process executes the run
+    ├── RunNotResumable (ValueError)          finished, running here, or bad answers/options
+    │   └── RunOwnedElsewhere                 another live process executes the run
+    └── RunNotPurgeable (ValueError)          not finished, or its content is stored inline
 """
 
 from __future__ import annotations
@@ -54,3 +55,7 @@ class RunNotResumable(ActorsError, ValueError):
 
 class RunOwnedElsewhere(RunNotResumable):
     """Another process executes this run (it appended first, or its owner is alive)."""
+
+
+class RunNotPurgeable(ActorsError, ValueError):
+    """The run's content cannot be erased now; nothing was appended (R2, ADR 0018)."""

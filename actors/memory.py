@@ -65,7 +65,7 @@ from journaled.events.messages import (
     SaveSnapshot,
     WithKey,
 )
-from journaled.events.redact import redact_report
+from journaled.events.redact import redact, redact_report
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
@@ -288,6 +288,7 @@ class MemoryWriter(pykka.ThreadingActor):
         target = self._get(fact_id)
         if target is not None:
             pending, _ = self._cascade(target, now)
+        reason = redact(reason) if reason is not None else None  # M9: reasons are text too
         pending.append((fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
         self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
         self.journal.scrub()

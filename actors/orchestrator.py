@@ -43,6 +43,7 @@ from journaled.events.orchestration import (
 from journaled.events.orchestration_state import OrchestrationState, Phase, fold_orchestration
 from journaled.events.plan_rules import Reserve, fold_calls
 from journaled.events.plans import ExecuteResult, Observation, Plan
+from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
 
 Planner = Callable[[str, list[Observation], list[tuple[str, str]]], Any]
@@ -154,6 +155,8 @@ class Orchestrations:
         (R5); the orchestration then carries on from the phase its events left it in.
         """
         state = self.state(run_id)
+        if state.purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its goal is gone, it cannot resume")
         status = state.status
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
@@ -470,6 +473,8 @@ class Orchestrations:
 
     def _append(self, d: _Drive, *events: DomainEvent) -> None:
         """Append one decision's events atomically, then fold each (the only state change)."""
+        # M9: redacted before it is applied or journaled
+        events = tuple(e.map_content(redact_data) if e.has_content else e for e in events)
         st = d.state
         first = events[0]
         stream = first.run_id if isinstance(first, OrchestrationStarted) else st.run_id

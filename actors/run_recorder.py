@@ -18,6 +18,7 @@ from journaled.events.base import DomainEvent, Pending
 from journaled.events.errors import ConcurrencyConflict
 from journaled.events.journal import Journal
 from journaled.events.plans import ExecuteResult, Observation
+from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
 
 __all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
@@ -63,7 +64,13 @@ class RunRecorder:
         self._snapshot_version = state.version
 
     def stage(self, event: DomainEvent) -> None:
-        """Fold an event into the run's state now; append it at the next :meth:`flush`."""
+        """Fold an event into the run's state now; append it at the next :meth:`flush`.
+
+        Run data is redacted here, before it is folded, so that the live state, the journal and
+        a replay all hold the same redacted values (M9, R5).
+        """
+        if event.has_content:
+            event = event.map_content(redact_data)
         self.state.fold(event)
         self._staged.append(event)
         if self.trace is not None:

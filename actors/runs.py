@@ -12,13 +12,18 @@ from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+)
 from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
+from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
-from journaled.events.codec import topic_of
+from journaled.events.codec import topics_of
 from journaled.events.errors import PlanRejected
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
@@ -164,6 +169,8 @@ class Runs:
         RunOwnedElsewhere unless ``take_over`` is set.
         """
         state = self.state(run_id)
+        if state.purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot resume")
         with self._lock:
             if run_id in self._active:
                 raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
@@ -292,6 +299,17 @@ class Runs:
     ) -> ExecuteResult:
         return self.execute(plan, parent=parent, **options)
 
+    # -- erasure ---------------------------------------------------------------------------------
+
+    def purge(self, run_id: str, reason: str) -> int:
+        """Erase a finished run's content from storage, keeping its events' shape (R2).
+
+        See :func:`journaled.actors.run_erasure.purge_run`; a purged run cannot be resumed.
+        """
+        with self._lock:
+            executing = set(self._active)
+        return purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
+
     # -- reading ---------------------------------------------------------------------------------
 
     def history(self, run_id: str) -> list[Event]:
@@ -413,7 +431,7 @@ class Runs:
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
-        topics = [topic_of(RunStarted), topic_of(OrchestrationStarted)]
+        topics = [*topics_of(RunStarted), *topics_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
 
 

@@ -9,9 +9,13 @@ it belongs to, its version in that stream and its global position.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from collections.abc import Callable
+from typing import Any, ClassVar, Self
 
 import msgspec
+
+PURGED = "[purged]"
+"""What erased run content reads as once its payload is gone (ADR 0018)."""
 
 
 class DomainEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
@@ -25,6 +29,24 @@ class DomainEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True)
 
     at: int
     """When the event happened, in epoch milliseconds from the runtime's clock."""
+
+    has_content: ClassVar[bool] = False
+    """True for events that carry run data (goals, inputs, outputs, errors, questions, answers).
+    The journal stores such an event without its content and keeps the whole event as a
+    forgettable payload beside it, so that the content can be erased later (ADR 0018)."""
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Return this event with ``f`` applied to each content value (None stays None).
+
+        Shape (ids, statuses, times, calls, names) is never passed to ``f``. Events without
+        content return themselves.
+        """
+        return self
+
+
+def hollow(value: Any) -> Any:
+    """Replace a content value by :data:`PURGED` (None stays None): the stored shape."""
+    return None if value is None else PURGED
 
 
 class Pending(msgspec.Struct, frozen=True, kw_only=True):

@@ -33,6 +33,11 @@ def topic_of(cls: type[DomainEvent]) -> str:
     return f"{tag_of(cls)}@{cls.version}"
 
 
+def topics_of(cls: type[DomainEvent]) -> list[str]:
+    """Return every topic an event class was ever stored under, oldest first (for filters)."""
+    return [f"{tag_of(cls)}@{v}" for v in range(1, cls.version + 1)]
+
+
 class Codec:
     """Turn domain events into bytes and back. Thread-safe once built."""
 

@@ -8,12 +8,13 @@ pass's history.
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, Self
 
 import msgspec
 
 from journaled.events.base import DomainEvent
-from journaled.events.plans import Observation, Plan
+from journaled.events.plans import Observation, Plan, map_plan
 
 OutcomeStatus = Literal[
     "completed",
@@ -83,12 +84,26 @@ class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     require_approval: bool = False
     max_passes: int = 3
 
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the goal."""
+        return msgspec.structs.replace(self, goal=f(self.goal))
+
 
 class PlanProposed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.plan-proposed"):
     """The planner proposed a plan for a pass."""
 
     pass_no: int
     plan: Plan
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the plan's goal and step inputs."""
+        return msgspec.structs.replace(self, plan=map_plan(self.plan, f))
 
 
 class PlanningFailed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.planning-failed"):
@@ -98,6 +113,14 @@ class PlanningFailed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.
     reason: str
     gaps: tuple[Gap, ...] = ()
 
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the reason and each gap's reason."""
+        gaps = tuple(msgspec.structs.replace(g, reason=f(g.reason)) for g in self.gaps)
+        return msgspec.structs.replace(self, reason=f(self.reason), gaps=gaps)
+
 
 class ClarificationRequested(
     DomainEvent, frozen=True, kw_only=True, tag="orchestration.clarification-requested"
@@ -105,6 +128,13 @@ class ClarificationRequested(
     """The planner asked a question before it could plan (O4)."""
 
     question: str
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the question."""
+        return msgspec.structs.replace(self, question=f(self.question))
 
 
 class ClarificationGiven(
@@ -114,6 +144,13 @@ class ClarificationGiven(
 
     question: str
     answer: str
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the question and the answer."""
+        return msgspec.structs.replace(self, question=f(self.question), answer=f(self.answer))
 
 
 class ApprovalRequested(
@@ -174,6 +211,13 @@ class ReplanDecided(DomainEvent, frozen=True, kw_only=True, tag="orchestration.r
     max_passes: int
     """The orchestration's bound on passes, which this one is within."""
 
+    version: ClassVar[int] = 2  # content in a forgettable payload from its first release
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the reason."""
+        return msgspec.structs.replace(self, reason=f(self.reason))
+
 
 class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.resumed"):
     """``rt.resume`` took the orchestration up again, with everything it changed (O3, O4, R5).
@@ -198,12 +242,28 @@ class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     answered: tuple[str, ...] = ()
     """Steps of the current pass given an answer (the answers are in the pass run's events)."""
 
+    version: ClassVar[int] = 2  # content in a forgettable payload from its first release
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the question and the answer."""
+        question = None if self.question is None else f(self.question)
+        answer = None if self.answer is None else f(self.answer)
+        return msgspec.structs.replace(self, question=question, answer=answer)
+
 
 class OrchestrationEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.ended"):
     """The orchestration reached a status (terminal or waiting) with a one-line summary."""
 
     status: OutcomeStatus
     summary: str
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the summary (it may quote a question or an error)."""
+        return msgspec.structs.replace(self, summary=f(self.summary))
 
 
 ORCHESTRATION_EVENTS: tuple[type[DomainEvent], ...] = (

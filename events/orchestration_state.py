@@ -43,6 +43,7 @@ from journaled.events.orchestration import (
     ReplanDecided,
 )
 from journaled.events.plans import Plan
+from journaled.events.runs import RunPurged
 
 Phase = Literal["planning", "settling", "running", "reviewing"]
 """What the orchestrator does next: ask the planner; approve and cost the plan, then start the
@@ -75,6 +76,8 @@ class OrchestrationState:
         self.resumptions = 0
         self.version = 0
         self.position = 0
+        self.purged: RunPurged | None = None
+        """Set once the orchestration's content was erased (ADR 0018)."""
 
     @property
     def status(self) -> OutcomeStatus | None:
@@ -162,6 +165,8 @@ class OrchestrationState:
             case ClarificationGiven():
                 self.ended = None
                 self._clarify(data.question, data.answer)
+            case RunPurged():
+                self.purged = data
             case _:
                 raise TypeError(f"an orchestration cannot fold {type(data).__qualname__}")
 

@@ -7,7 +7,7 @@ kept as msgspec builtins (str, int, float, bool, None, lists and str-keyed dicts
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -166,4 +166,21 @@ def diff_results(
         calls_used_after=after.calls_used,
         waiting_before=list(before.waiting),
         waiting_after=list(after.waiting),
+    )
+
+
+def map_plan(plan: Plan, f: Callable[[Any], Any]) -> Plan:
+    """Return the plan with ``f`` applied to its goal and each step's input (ADR 0018)."""
+    steps = [msgspec.structs.replace(s, input=f(s.input)) for s in plan.steps]
+    return Plan(goal=f(plan.goal), steps=steps, id=plan.id)
+
+
+def map_observation(obs: Observation, f: Callable[[Any], Any]) -> Observation:
+    """Return the observation with ``f`` applied to its output, error, data and artifacts."""
+    return msgspec.structs.replace(
+        obs,
+        output=f(obs.output),
+        error=f(obs.error),
+        data=f(obs.data),
+        artifacts=tuple(f(a) for a in obs.artifacts),
     )

@@ -18,13 +18,27 @@ What is caught, under the kind name that :func:`find_secrets` reports for it:
 - ``jwt``: three base64url segments, the first starting ``eyJ``;
 - ``private-key``: a PEM ``-----BEGIN ... PRIVATE KEY-----`` block through its END line, or
   through the end of the text when the END line is missing;
+- ``stripe-key``: ``sk_live_``, ``sk_test_``, ``rk_live_``, ``rk_test_`` keys and ``whsec_``
+  webhook secrets;
+- ``google-key``: ``AIza...`` API keys and ``ya29.`` OAuth access tokens;
+- ``huggingface-token``, ``npm-token``, ``pypi-token``, ``sendgrid-key``, ``telegram-token``
+  (``<bot id>:AA...``) and ``discord-token`` (three dotted segments, the first a base64 bot id);
+- ``webhook-url``: the path of a Slack or Discord webhook URL;
+- ``azure-sas-signature``: the ``sig=`` of a shared access signature URL;
+- ``registry-auth``: docker's base64 ``"auth"`` value;
 - ``credential-assignment``: the value of ``password``, ``passwd``, ``pwd``, ``passphrase``,
-  ``token``, ``secret``, ``secret_key`` and ``api_key`` (also ``apikey``, ``api-key``)
-  assignments, with ``=``, or with ``:`` (mid-sentence only when the value is not a plain
-  word); the name may carry a prefix (``DB_PASSWORD``, ``access_token``) and is matched
-  case-insensitively;
-- ``bearer-token``: the token after ``Authorization: Bearer`` or after a bare ``Bearer``;
+  ``token``, ``secret``, ``secret_key``, ``api_key`` (also ``apikey``, ``api-key``),
+  ``access_key``, ``account_key`` and ``private_key`` assignments, with ``=``, or with ``:``
+  (mid-sentence only when the value is not a plain word), and of command-line options such as
+  ``--password X``; the name may carry any prefix (``DB_PASSWORD``, ``PGPASSWORD``,
+  ``dbPassword``, ``clientSecret``, ``SessionToken``, Azure's ``AccountKey``) and is matched
+  case-insensitively. A value that only says where the secret comes from (``${DB_PASSWORD}``,
+  ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept;
+- ``bearer-token``: the token after ``Authorization: Bearer`` (or ``token``, ``Bot``) or after
+  a bare ``Bearer``;
 - ``basic-auth``: the credentials after ``Authorization: Basic``;
+- ``command-password``: ``curl -u user:password``, a ``.netrc`` password, and the password
+  option of ``sshpass``, ``docker login``, ``redis-cli`` and ``mysql``;
 - ``url-credentials``: the password in ``scheme://user:password@host``.
 
 Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are kept, so the
@@ -34,13 +48,16 @@ Redaction is idempotent, and text that was already redacted has no secrets left 
 
 from __future__ import annotations
 
+import base64
+import binascii
 import bisect
 import math
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["REDACTED", "find_secrets", "redact"]
+__all__ = ["REDACTED", "find_secrets", "redact", "redact_data"]
 
 REDACTED: str = "[REDACTED]"
 """The marker that replaces every secret."""
@@ -61,10 +78,32 @@ def _bearer_token_is_credential(secret: str) -> bool:
     return len(secret) >= 8 and any(c.isdigit() or c.isupper() for c in secret[1:])
 
 
+_PLACEHOLDER = re.compile(
+    r"""
+    \$\{?[A-Za-z_][A-Za-z0-9_]*\}? | \$\(.*   # ${DB_PASSWORD}, $PGPASS, $(cat file)
+    | \{\{.*\}\} | \{%.*%\} | %\([A-Za-z_]\w*\)s   # templates: {{ secrets.X }}, %(password)s
+    | <[^<>]*> | \[[A-Z_ -]+\]                # <your-password>, [PASSWORD]
+    | (?:os\.(?:environ|getenv)|getpass|process\.env|ENV\[|env\(|System\.getenv|secrets\.)\S*
+    | [A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*\(\S*   # a call: get_secret(...), getpass()
+    | (?:self|cls|this|config|settings|cfg|conf|args|opts|options|env)\.[A-Za-z_][\w.]*
+    | [*xX._-]{3,}                           # ***, xxxx, ..., masked values
+    | (?:/|~/|\./)[\w./-]*                     # a file that holds it: /run/secrets/db
+    | (?i:none|null|nil|undefined|true|false|your[_-]\S*|example|placeholder|redacted|changeit)
+    """,
+    re.VERBOSE,
+)
+
+
+def _not_placeholder(secret: str) -> bool:
+    # "password: ${DB_PASSWORD}" or "token = os.environ['TOKEN']" names where a secret comes
+    # from, which is worth keeping; a literal value is what leaks.
+    return _PLACEHOLDER.fullmatch(secret.strip()) is None
+
+
 def _looks_like_value(secret: str) -> bool:
     # "password: hunter2" mid-sentence is a leak; "password: at least" and "password: 12
     # characters" are prose, so a word of letters only, or a very short one, is left alone.
-    return len(secret) >= 4 and not secret.isalpha()
+    return len(secret) >= 4 and not secret.isalpha() and _not_placeholder(secret)
 
 
 _MARKER = re.compile(re.escape(REDACTED))
@@ -149,26 +188,34 @@ _BARE_IN_LINE = r"""(?P<bare>[^\s'"&;,]+)"""
 _BARE_IN_JSON = r"""(?P<bare>[^\s'"&;,}\]]+)"""
 # After "name:" at the start of a line (YAML, headers, env files) the value is the rest of it.
 _BARE_TO_EOL = r"""(?P<bare>[^\s'"](?:[^\r\n]*\S)?)"""
-# Names may carry a prefix such as DB_ or x-api-; the separator stops "mytoken" from matching.
-_NAME_PREFIX = r"(?:[A-Za-z0-9_.-]*[_.-])?"
+# Names may carry a prefix such as DB_, x-api-, PG or db (dbPassword); where this is used the
+# prefix is anchored by a quote or the start of a line, so it cannot rescan a long run.
+_NAME_PREFIX = r"[A-Za-z0-9_.-]*"
 
 
-def _assignment_rules(kind: str, names: str, needs: tuple[str, ...]) -> list[_Rule]:
+def _assignment_rules(
+    kind: str, names: str, needs: tuple[str, ...], *, flags_too: bool = False
+) -> list[_Rule]:
     """Build the rules for ``name = value`` and ``name: value`` written with the given names.
 
     Args:
         kind: The kind to report.
         names: A regex alternation of the key names, without groups that capture.
         needs: Lower-case literals of which every one of the names holds at least one.
+        flags_too: Also catch a command-line option followed by its value
+            (``--password hunter2``).
 
     Returns:
-        Rules for ``=`` anywhere; for ``:`` after a quoted key, after a key that starts a line,
-        or before a quoted value; and for ``:`` elsewhere only when the value does not read as
-        a word, because prose uses that colon ("choose a strong password: at least 12 chars").
+        Rules for ``=`` anywhere, after any prefix (``PGPASSWORD=``, ``dbPassword =``); for
+        ``:`` after a quoted key, after a key that starts a line, or before a quoted value; and
+        for ``:`` elsewhere only when the value does not read as a word, because prose uses that
+        colon ("choose a strong password: at least 12 chars"). A value that only says where the
+        secret comes from (``${DB_PASSWORD}``, ``os.environ[...]``, ``getpass()``) is kept.
     """
     flags = re.IGNORECASE
-    equals = rf"""(?<![A-Za-z0-9])(?:{names})["']?[ \t]*(?:=>|:?=)[ \t]*"""
-    equals += rf"(?:{_QUOTED}|{_BARE_IN_LINE})"
+    # No boundary before the name: whatever precedes it (PG, db, x-api-) still names a secret,
+    # and a start at the name itself keeps the scan linear.
+    equals = rf"""(?:{names})["']?[ \t]*(?:=>|:?=)[ \t]*(?:{_QUOTED}|{_BARE_IN_LINE})"""
     quoted_key = (
         rf"""["']{_NAME_PREFIX}(?:{names})["'][ \t]*:(?!=)[ \t]*(?:{_QUOTED}|{_BARE_IN_JSON})"""
     )
@@ -177,19 +224,37 @@ def _assignment_rules(kind: str, names: str, needs: tuple[str, ...]) -> list[_Ru
         rf"""(?:{_QUOTED}|{_BARE_TO_EOL})"""
     )
     colon = rf"""(?<![A-Za-z0-9])(?:{names})[ \t]*:(?!=)[ \t]*"""
-    return [
-        _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS, needs=needs),
-        _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS, needs=needs),
-        _Rule(kind, re.compile(line_start, flags | re.MULTILINE), _VALUE_GROUPS, needs=needs),
-        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq"), needs=needs),
+    rules = [
+        _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS, _not_placeholder, needs),
+        _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS, _not_placeholder, needs),
         _Rule(
             kind,
-            re.compile(colon + _BARE_IN_LINE, flags),
-            ("bare",),
-            _looks_like_value,
-            needs=needs,
+            re.compile(line_start, flags | re.MULTILINE),
+            _VALUE_GROUPS,
+            _not_placeholder,
+            needs,
         ),
+        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq"), _not_placeholder, needs),
+        _Rule(kind, re.compile(colon + _BARE_IN_LINE, flags), ("bare",), _looks_like_value, needs),
     ]
+    if flags_too:
+        option = rf"""(?<![A-Za-z0-9-])--?(?:[A-Za-z0-9]+-)*(?:{names})[ \t]+"""
+        option += rf"(?:{_QUOTED}|{_BARE_IN_LINE})"
+        rules.append(
+            _Rule(kind, re.compile(option, flags), _VALUE_GROUPS, _looks_like_value, needs)
+        )
+    return rules
+
+
+def _discord_id_segment(secret: str) -> bool:
+    # A Discord bot token starts with its bot's numeric id in base64: decoding it to digits is
+    # what separates a token from any three dotted base64 runs.
+    head = secret.split(".", 1)[0]
+    try:
+        decoded = base64.b64decode(head + "=" * (-len(head) % 4), altchars=b"-_", validate=True)
+    except (binascii.Error, ValueError):
+        return False
+    return decoded.isdigit()
 
 
 # RFC 6750 b64token, without a trailing dot so that a sentence's full stop is kept.
@@ -243,6 +308,77 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abpors]-[A-Za-z0-9-]{10,}"), needs=("xox",)
     ),
+    _Rule(
+        "stripe-key",
+        re.compile(
+            r"(?<![A-Za-z0-9])(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9+/]{24,})"
+        ),
+        needs=("sk_live_", "sk_test_", "rk_live_", "rk_test_", "whsec_"),
+    ),
+    _Rule(
+        "google-key",
+        re.compile(r"(?<![A-Za-z0-9])(?:AIza[A-Za-z0-9_-]{35}|ya29\.[A-Za-z0-9_-]{20,})"),
+        needs=("aiza", "ya29."),
+    ),
+    _Rule(
+        "huggingface-token",
+        re.compile(r"(?<![A-Za-z0-9_])hf_[A-Za-z0-9]{30,}(?![A-Za-z0-9])"),
+        needs=("hf_",),
+    ),
+    _Rule(
+        "npm-token",
+        re.compile(r"(?<![A-Za-z0-9_])npm_[A-Za-z0-9]{36}(?![A-Za-z0-9])"),
+        needs=("npm_",),
+    ),
+    _Rule(
+        "pypi-token",
+        # Every PyPI token is a macaroon whose first bytes encode "pypi.org".
+        re.compile(r"(?<![A-Za-z0-9])pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}"),
+        needs=("pypi-ageichlwas5vcmc",),
+    ),
+    _Rule(
+        "sendgrid-key",
+        re.compile(r"(?<![A-Za-z0-9])SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])"),
+        needs=("sg.",),
+    ),
+    _Rule(
+        "telegram-token",
+        re.compile(r"(?<![0-9])[0-9]{8,10}:AA[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])"),
+        needs=(":aa",),
+    ),
+    _Rule(
+        "discord-token",
+        # No boundary before it: a charset first lets the engine skip to the next M, N or O.
+        re.compile(
+            r"[MNO][A-Za-z0-9_-]{23,27}\.[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}(?![A-Za-z0-9_-])"
+        ),
+        accept=_discord_id_segment,
+        needs=(".",),
+    ),
+    _Rule(
+        "webhook-url",
+        # The path of a Slack or Discord webhook is its credential; the host says what it was.
+        re.compile(
+            r"(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+            r"|discord(?:app)?\.com/api/webhooks/[0-9]+/)(?P<path>[A-Za-z0-9/_-]{8,})",
+            re.IGNORECASE,
+        ),
+        ("path",),
+        needs=("hooks.slack.com", "discord"),
+    ),
+    _Rule(
+        "azure-sas-signature",
+        re.compile(r"(?<![A-Za-z0-9])sig=(?P<sig>[A-Za-z0-9%+/=]{16,})", re.IGNORECASE),
+        ("sig",),
+        needs=("sig=",),
+    ),
+    _Rule(
+        "registry-auth",
+        # docker's config.json keeps base64 "user:password" under "auth".
+        re.compile(r"""["']auth["'][ \t]*:[ \t]*["'](?P<auth>[A-Za-z0-9+/]{8,}={0,2})["']"""),
+        ("auth",),
+        needs=('"auth"', "'auth'"),
+    ),
     *_assignment_rules(
         "aws-secret-access-key", r"aws[_-]?secret[_-]?access[_-]?key", needs=("secret",)
     ),
@@ -257,10 +393,13 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "bearer-token",
-        # In an Authorization header anything after Bearer is a credential, whatever it looks like.
-        re.compile(rf"{_AUTH_HEADER}Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
+        # In an Authorization header anything after the scheme is a credential, whatever it
+        # looks like (GitHub also takes "token", Discord "Bot").
+        re.compile(
+            rf"{_AUTH_HEADER}(?:Bearer|token|Bot)[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE
+        ),
         ("token",),
-        needs=("bearer",),
+        needs=("authorization",),
     ),
     _Rule(
         "bearer-token",
@@ -270,6 +409,21 @@ _RULES: tuple[_Rule, ...] = (
         needs=("bearer",),
     ),
     _Rule(
+        "command-password",
+        # Passwords given to a command on its command line: curl's user:password, a .netrc
+        # entry, and the -p of commands whose -p is a password (not docker run's -p PORT).
+        re.compile(
+            r"(?:(?<![A-Za-z0-9-])(?:-u|--user)[ \t]+[\"']?[^\s:\"'$]+:(?P<user>[^\s\"'@]+)"
+            r"|\bmachine[ \t]+\S+\s+login[ \t]+\S+\s+password[ \t]+(?P<netrc>\S+)"
+            r"|\b(?:sshpass|docker[ \t]+login|redis-cli)\b[^\n]{0,200}?[ \t]-[pa][ \t]+"
+            r"(?P<flag>[^\s-]\S*)"
+            r"|\b(?:mysql|mysqldump|mariadb)\b[^\n]{0,200}?[ \t]-p(?P<glued>[^\s-]\S*))"
+        ),
+        ("user", "netrc", "flag", "glued"),
+        _not_placeholder,
+        needs=("-u", "--user", "machine", "sshpass", "docker", "redis-cli", "mysql", "mariadb"),
+    ),
+    _Rule(
         "basic-auth",
         re.compile(rf"{_AUTH_HEADER}Basic[ \t]+(?P<token>[A-Za-z0-9+/]+=*)", re.IGNORECASE),
         ("token",),
@@ -277,14 +431,39 @@ _RULES: tuple[_Rule, ...] = (
     ),
     *_assignment_rules(
         "credential-assignment",
-        r"password|passwd|pwd|passphrase|token|secret(?:[_-]?key)?|api[_-]?key|apikey",
-        needs=("pass", "pwd", "token", "secret", "api_key", "api-key", "apikey"),
+        # "pwd" alone keeps a boundary: OLDPWD=/home/me is a directory.
+        r"password|passwd|(?<![A-Za-z0-9])pwd|passphrase|token|secret(?:[_-]?key)?"
+        r"|api[_-]?key|apikey|access[_-]?key|account[_-]?key|private[_-]?key",
+        needs=(
+            "pass",
+            "pwd",
+            "token",
+            "secret",
+            "api_key",
+            "api-key",
+            "apikey",
+            "accesskey",
+            "access_key",
+            "access-key",
+            "accountkey",
+            "account_key",
+            "account-key",
+            "privatekey",
+            "private_key",
+            "private-key",
+        ),
+        flags_too=True,
     ),
 )
 
 
-_NEEDS = frozenset(rule.needs for rule in _RULES)
-assert all(_NEEDS), "every rule names the literals it is anchored on"
+assert all(rule.needs for rule in _RULES), "every rule names the literals it is anchored on"
+_LITERALS: tuple[str, ...] = tuple(sorted({n for rule in _RULES for n in rule.needs}))
+# One substring test per distinct literal, then set lookups: with some fifty literals this is
+# several times cheaper than testing each rule's literals in turn, and than one regex of them all.
+_INDEXED: tuple[tuple[int, _Rule, frozenset[str]], ...] = tuple(
+    (priority, rule, frozenset(rule.needs)) for priority, rule in enumerate(_RULES)
+)
 
 
 @dataclass(slots=True)
@@ -330,8 +509,10 @@ def _scan(text: str, *, prefilter: bool = True) -> list[_Hit]:
     """
     if prefilter and text.isascii():
         lowered = text.lower()
-        present = {needs: any(n in lowered for n in needs) for needs in _NEEDS}
-        rules = [(p, rule) for p, rule in enumerate(_RULES) if present[rule.needs]]
+        present = {n for n in _LITERALS if n in lowered}
+        if not present:
+            return []
+        rules = [(p, rule) for p, rule, needs in _INDEXED if not needs.isdisjoint(present)]
     else:
         rules = list(enumerate(_RULES))
     if not rules:
@@ -426,3 +607,44 @@ def find_secrets(text: str) -> list[str]:
         without duplicates; empty when there is nothing to redact.
     """
     return _redact(text)[1]
+
+
+_SECRET_NAME = re.compile(
+    r"[A-Za-z0-9_.-]*(?:password|passwd|pwd|passphrase|token|secret(?:[_-]?key)?|api[_-]?key"
+    r"|apikey|access[_-]?key|account[_-]?key|private[_-]?key|auth|authorization|credentials?)",
+    re.IGNORECASE,
+)
+
+
+def redact_data(value: Any) -> Any:
+    """Return structured run data (msgspec builtins) with every secret replaced (M9).
+
+    Strings are redacted as text; a string or number stored under a key that names a secret
+    (``{"password": "hunter2"}``, ``{"apiKey": 123}``) is replaced whole, unless it is a
+    placeholder; lists, tuples and dicts are walked. Keys themselves are kept.
+
+    Args:
+        value: A step's input or output, an agent's data, an answer: anything journalable.
+
+    Returns:
+        The same structure, with new containers only where something was replaced.
+    """
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        out: dict[Any, Any] = {}
+        for key, item in value.items():
+            if (
+                isinstance(key, str)
+                and isinstance(item, str | int | float)
+                and not isinstance(item, bool)
+                and _SECRET_NAME.fullmatch(key)
+                and (not isinstance(item, str) or (item and _not_placeholder(item)))
+            ):
+                out[key] = REDACTED
+            else:
+                out[key] = redact_data(item)
+        return out
+    if isinstance(value, list | tuple):
+        return type(value)(redact_data(item) for item in value)
+    return value

@@ -29,6 +29,7 @@ from journaled.events.runs import (
     BudgetStopped,
     CancelRequested,
     RunFinished,
+    RunPurged,
     RunResumed,
     RunStarted,
     StepFailed,
@@ -107,7 +108,14 @@ def describe_run_event(event: Event) -> str | None:
             return f"resumed (resumption {data.resumption}){rerun}"
         case RunFinished():
             return f"pass ended: {data.status}, {data.calls_used} model call(s) used"
+        case RunPurged():
+            return _purged(data, event.stream)
     return None
+
+
+def _purged(data: RunPurged, stream: str) -> str:
+    via = "" if data.root == stream else f" (with {data.root})"
+    return f"content purged{via}: {data.reason}"
 
 
 def explain_run(run_id: str, events: Sequence[Event]) -> str:
@@ -214,6 +222,8 @@ def describe_orchestration_event(event: Event) -> str | None:
             return "resumed: " + "; ".join(_resume_changes(data))
         case OrchestrationEnded():
             return f"status {data.status}: {data.summary}"
+        case RunPurged():
+            return _purged(data, event.stream)
     return None
 
 

@@ -18,6 +18,7 @@ from journaled.events.runs import (
     CancelRequested,
     RunFinished,
     RunHeartbeat,
+    RunPurged,
     RunResumed,
     RunStarted,
     RunStatus,
@@ -92,6 +93,8 @@ class RunState:
         self.cancelled: set[str] = set()
         """Steps whose observation says ``cancelled`` (their dependents are cancelled too, E4)."""
         self.owner = ""
+        self.purged: RunPurged | None = None
+        """Set once the run's content was erased: it cannot be resumed (ADR 0018)."""
 
     @property
     def is_finished(self) -> bool:
@@ -169,6 +172,8 @@ class RunState:
                 self.finished = data
             case RunHeartbeat():
                 pass  # liveness only: last_at is updated above
+            case RunPurged():
+                self.purged = data
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 

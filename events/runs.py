@@ -1,5 +1,9 @@
 """Run events: every state change of a plan in execution, with its cause (SPEC section 2).
 
+Events that carry run data (``has_content``) are at version 2: from then on the journal keeps
+their content in a forgettable payload beside the event, so ``runs purge`` can erase it; version 1
+held it inline and is upcast unchanged (ADR 0018).
+
 A run is one stream (its run id). Its single writer is the executor actor running it; a second
 process trying to execute the same run collides on the stream's next version. Events are appended at
 quiescent points — a wave's partition and the steps it starts, a batch's results, a budget stop, the
@@ -8,10 +12,13 @@ end — so a crash loses at most the steps in flight, and those are known from `
 
 from __future__ import annotations
 
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, ClassVar, Literal, Self
+
+import msgspec
 
 from journaled.events.base import DomainEvent
-from journaled.events.plans import Limits, Observation, Plan
+from journaled.events.plans import Limits, Observation, Plan, map_observation, map_plan
 
 RunStatus = Literal["completed", "failed", "waiting", "stopped_for_budget", "cancelled"]
 
@@ -31,6 +38,13 @@ class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
     """Seconds after which a step that has not answered fails (None: no limit)."""
     owner: str = ""
     """The process executing the run (``host/pid/start-time``)."""
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the plan's goal and step inputs."""
+        return msgspec.structs.replace(self, plan=map_plan(self.plan, f))
 
 
 class WavePartitioned(DomainEvent, frozen=True, kw_only=True, tag="run.wave-partitioned"):
@@ -63,6 +77,13 @@ class StepSucceeded(DomainEvent, frozen=True, kw_only=True, tag="run.step-succee
     charged: int = 0
     """Model calls charged for it (E8)."""
 
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the observation's output, error, data and artifacts."""
+        return msgspec.structs.replace(self, observation=map_observation(self.observation, f))
+
 
 class StepFailed(DomainEvent, frozen=True, kw_only=True, tag="run.step-failed"):
     """A step failed; the observation carries the error (and a code when there is one)."""
@@ -71,6 +92,13 @@ class StepFailed(DomainEvent, frozen=True, kw_only=True, tag="run.step-failed"):
     attempt: int
     observation: Observation
     charged: int = 0
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the observation's output, error, data and artifacts."""
+        return msgspec.structs.replace(self, observation=map_observation(self.observation, f))
 
 
 class StepWaiting(DomainEvent, frozen=True, kw_only=True, tag="run.step-waiting"):
@@ -81,6 +109,15 @@ class StepWaiting(DomainEvent, frozen=True, kw_only=True, tag="run.step-waiting"
     question: str
     observation: Observation
     charged: int = 0
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the question and the observation's content."""
+        return msgspec.structs.replace(
+            self, question=f(self.question), observation=map_observation(self.observation, f)
+        )
 
 
 class StepsSkipped(DomainEvent, frozen=True, kw_only=True, tag="run.steps-skipped"):
@@ -111,6 +148,13 @@ class AnswersGiven(DomainEvent, frozen=True, kw_only=True, tag="run.answers-give
     """Answers for waiting steps were given (E10)."""
 
     answers: dict[str, str]
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to each answer (the step ids are kept)."""
+        return msgspec.structs.replace(self, answers={k: f(v) for k, v in self.answers.items()})
 
 
 class BudgetRaised(DomainEvent, frozen=True, kw_only=True, tag="run.budget-raised"):
@@ -148,6 +192,21 @@ class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):
     waiting: tuple[str, ...] = ()
 
 
+class RunPurged(DomainEvent, frozen=True, kw_only=True, tag="run.purged"):
+    """The run's content was erased from storage; its events keep their shape (R2, ADR 0018).
+
+    Appended to the purged run and to each run or orchestration the purge reached through it.
+    A purged run cannot be resumed.
+    """
+
+    reason: str
+    """Why, as given (redacted like all run data)."""
+    root: str
+    """The run whose purge was asked for (this stream's own id, or an ancestor's)."""
+    erased: int = 0
+    """How many of this stream's events had their content erased."""
+
+
 RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunStarted,
     WavePartitioned,
@@ -163,4 +222,5 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunResumed,
     RunFinished,
     RunHeartbeat,
+    RunPurged,
 )

@@ -6,7 +6,12 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotPurgeable,
+    RunNotResumable,
+    RunOwnedElsewhere,
+)
 from journaled.actors.runs import Runs
 from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.errors import (
@@ -76,6 +81,7 @@ __all__ = [
     "PlanRejected",
     "RunDiff",
     "RunNotFound",
+    "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
     "Runs",

@@ -22,7 +22,7 @@ from journaled.events.memory_audit import when
 
 @click.group()
 def runs() -> None:
-    """Read runs and orchestrations: list, why, show (then), diff, history."""
+    """Read runs and orchestrations: list, why, show (then), diff, history; purge one."""
 
 
 @runs.command("list")
@@ -129,3 +129,23 @@ def runs_history(ctx: click.Context, run_id: str) -> None:
             emit(events)
         else:
             click.echo(render.history_lines(events))
+
+
+@runs.command("purge")
+@click.argument("run_id")
+@click.option("--reason", required=True, help="Why the content is erased (kept in the journal).")
+@json_option
+@click.pass_context
+def runs_purge(ctx: click.Context, run_id: str, reason: str) -> None:
+    """Erase a finished run's content from storage, keeping its events' shape (R2).
+
+    Goal, inputs, outputs, errors, questions and answers of the run and of every run started
+    under it are deleted and scrubbed from the files; statuses, times and calls stay, so why,
+    history, show and diff still read (the content as [purged]). JSON: {run_id, erased}.
+    """
+    with open_runtime(ctx) as rt:
+        erased = call(lambda: rt.runs.purge(run_id, reason))
+        if wants_json(ctx):
+            emit({"run_id": run_id, "erased": erased})
+        else:
+            click.echo(f"purged run {run_id}: the content of {erased} event(s) was erased")

@@ -15,8 +15,9 @@
     │   └── OrganizationNotConfigured
     ├── ActorTimeout (TimeoutError)
     ├── RunNotFound (KeyError)
-    └── RunNotResumable (ValueError)
-        └── RunOwnedElsewhere
+    ├── RunNotResumable (ValueError)
+    │   └── RunOwnedElsewhere
+    └── RunNotPurgeable (ValueError)
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from journaled.actors.errors import (
     InvalidFact,
     OrganizationNotConfigured,
     RunNotFound,
+    RunNotPurgeable,
     RunNotResumable,
     RunOwnedElsewhere,
 )
@@ -61,6 +63,7 @@ __all__ = [
     "JournaledError",
     "OrganizationNotConfigured",
     "RunNotFound",
+    "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
     "UnknownEventType",

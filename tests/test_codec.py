@@ -69,10 +69,11 @@ def test_released_events_still_decode() -> None:
     codec = runtime_codec()
     released: dict[str, dict[str, Any]] = json.loads(FIXTURE.read_text())
     by_topic = {topic_of(c): c for c in STORED_EVENTS}
-    assert set(released) == set(by_topic), "add a fixture entry for every new event type"
+    by_tag = {topic.rpartition("@")[0]: c for topic, c in by_topic.items()}
+    assert set(by_topic) <= set(released), "add a fixture entry for every new event type"
     for topic, payload in released.items():
         event = codec.decode(topic, msgspec.msgpack.encode(payload))
-        assert isinstance(event, by_topic[topic])
+        assert isinstance(event, by_tag[topic.rpartition("@")[0]])
         assert json.loads(msgspec.json.encode(event)) == payload
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
+from secret_corpus import LOOK_ALIKES, SECRETS
 
 from journaled.events import redact as redact_module
 from journaled.events.redact import _RULES, REDACTED, _scan, find_secrets, redact
@@ -258,6 +259,9 @@ def test_redaction_settles_in_one_call(text: str) -> None:
         "-eyJ" * 80_000,
         'password="' * 30_000,
         "[REDACTED] password=[REDACTED] " * 10_000,
+        "sshpass " * 50_000,
+        "-u a:" * 60_000,
+        "machine x login " * 30_000,
     ],
 )
 def test_adversarial_text_is_redacted_in_linear_time(text: str) -> None:
@@ -368,3 +372,71 @@ def test_rules_are_skipped_only_on_ascii_text() -> None:
     long_s = "pa\u017fsword"  # no "pass" in it, yet the password rule matches it
     assert redact(f"{long_s}=hunter2") == f"{long_s}={REDACTED}"
     assert redact("the api listens on port 8080") == "the api listens on port 8080"
+
+
+def _corpus_scores() -> tuple[int, float, int, float]:
+    """Return (secrets, recall, look-alikes, false-positive rate) of redact on the corpus."""
+    total = caught = 0
+    for _kind, text, secrets in SECRETS:
+        out = redact(text)
+        for secret in secrets:
+            total += 1
+            caught += secret not in out
+    changed = sum(redact(text) != text for text in LOOK_ALIKES)
+    return total, caught / total, len(LOOK_ALIKES), changed / len(LOOK_ALIKES)
+
+
+def test_corpus_recall_and_false_positives() -> None:
+    """M9: on a realistic corpus, recall is at least 0.97 and false positives at most 0.03."""
+    total, recall, looks, false_positives = _corpus_scores()
+    print(
+        f"redaction corpus: {total} secrets, recall {recall:.3f}; "
+        f"{looks} look-alikes, false positives {false_positives:.3f}"
+    )
+    assert total >= 150
+    assert looks >= 100
+    assert recall >= 0.97
+    assert false_positives <= 0.03
+
+
+@pytest.mark.parametrize(("kind", "text", "secrets"), SECRETS, ids=[c[0] for c in SECRETS])
+def test_corpus_secret_is_gone(kind: str, text: str, secrets: tuple[str, ...]) -> None:
+    """M9: each secret of the corpus, in its context, is absent after redaction."""
+    out = redact(text)
+    assert [s for s in secrets if s in out] == []
+    assert redact(out) == out
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("DB_PASSWORD=${DB_PASSWORD}", "DB_PASSWORD=${DB_PASSWORD}"),
+        ("password = os.environ['DB_PASSWORD']", "password = os.environ['DB_PASSWORD']"),
+        ("password = getpass()", "password = getpass()"),
+        ("PGPASSWORD=hunter2! psql", "PGPASSWORD=[REDACTED] psql"),
+        ("--password hunter2!", "--password [REDACTED]"),
+        ('const dbPassword = "hunter2";', 'const dbPassword = "[REDACTED]";'),
+        ("accessToken: 'a1b2c3d4'", "accessToken: '[REDACTED]'"),
+        (
+            "AccountName=acme;AccountKey=abc/def+ghi==;x=1",
+            "AccountName=acme;AccountKey=[REDACTED];x=1",
+        ),
+        ('{"auth": "Ym9iOmh1bnRlcjI="}', '{"auth": "[REDACTED]"}'),
+    ],
+)
+def test_assignments_and_placeholders(text: str, expected: str) -> None:
+    """M9: placeholders are kept; camelCase, PG-prefixed, option and Azure secrets are not."""
+    assert redact(text) == expected
+
+
+def test_sts_json_loses_every_credential() -> None:
+    """M9: AWS STS JSON loses its key id, its SecretAccessKey and its SessionToken."""
+    text = (
+        '{"AccessKeyId": "' + AWS_SESSION_ID + '", "SecretAccessKey": "' + AWS_SECRET + '", '
+        '"SessionToken": "' + "FwoGZXIvYXdzE" * 8 + '", "Expiration": "2026-11-30T12:00:00Z"}'
+    )
+    out = redact(text)
+    assert AWS_SESSION_ID not in out
+    assert AWS_SECRET not in out
+    assert "FwoGZXIvYXdzE" not in out
+    assert '"Expiration": "2026-11-30T12:00:00Z"' in out

@@ -10,6 +10,11 @@ two things the library lacks:
   ``secure_delete`` on and truncates the write-ahead log, so the bytes leave the file (M10); on
   PostgreSQL it deletes the row, then rewrites the table (``VACUUM FULL``) once no snapshot can
   still see it;
+- *run content*: an event with ``has_content`` (goals, inputs, outputs, errors, questions,
+  answers) is stored without its content, and the whole event goes to the same side table under
+  ``<stream>@<version>`` in the same transaction; reads put it back while the payload exists,
+  and once it was erased they return the stored shape, its content reading ``[purged]``
+  (ADR 0018);
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
 - SQLite: one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``;
 - PostgreSQL: tables created by :func:`migrate` (idempotent, serialised by an advisory lock), never
@@ -33,8 +38,8 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
 from eventsourcing.utils import Environment, get_topic
 
-from journaled.events.base import DomainEvent, Event, Pending
-from journaled.events.codec import Codec
+from journaled.events.base import DomainEvent, Event, Pending, hollow
+from journaled.events.codec import Codec, topic_of
 from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
@@ -156,6 +161,8 @@ class Journal:
                 raise error from None  # the driver's reason is above, with any password hidden
             raise error from exc
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
+        self._content_topics = frozenset(topic_of(c) for c in codec.types if c.has_content)
+        self._content_tags = frozenset(t.rpartition("@")[0] for t in self._content_topics)
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -182,11 +189,18 @@ class Journal:
         """
         self._check_open()
         mapper = self._app.mapper
-        stored = [mapper.to_stored_event(p) for p in events]  # type: ignore[arg-type]
+        side = dict(payloads or {})
+        stored = []
+        for p in events:
+            if p.data.has_content:
+                # The whole event goes to the forgettable side table; the log keeps its shape.
+                side[content_key(p.stream, p.version)] = self.codec.encode(p.data)
+                p = Pending(stream=p.stream, version=p.version, data=p.data.map_content(hollow))  # noqa: PLW2901
+            stored.append(mapper.to_stored_event(p))  # type: ignore[arg-type]
         try:
             positions = self._recorder.insert_events(
                 stored,
-                payloads=dict(payloads or {}),
+                payloads=side,
                 forget=list(forget),
                 snapshots=dict(snapshots or {}),
                 drop_snapshots=drop_snapshots,
@@ -260,8 +274,7 @@ class Journal:
         start = after
         while True:
             rows = self._recorder.select_rows(start, upto, page, topics, skip_prefixes)
-            for row in rows:
-                yield self._event(row)
+            yield from self._events(rows)
             if len(rows) < page:
                 return
             start = rows[-1][0]  # positions may have gaps (PostgreSQL): page by the last one
@@ -277,7 +290,27 @@ class Journal:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
         rows = self._recorder.select_stream(stream, after_version, upto, limit)
-        return [self._event(row) for row in rows]
+        return self._events(rows)
+
+    def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
+        """Return where a stream's run content is stored, for erasing it (ADR 0018).
+
+        Returns:
+            The side-table keys of its content events that still have their payload; the
+            positions of content events an older release stored with their content inline; the
+            stream's last version.
+        """
+        self._check_open()
+        rows = self._recorder.select_stream(stream, 0, None, None)
+        last = rows[-1][2] if rows else 0
+        keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
+        inline = [
+            r[0]
+            for r in rows
+            if r[3] not in self._content_topics and r[3].rpartition("@")[0] in self._content_tags
+        ]
+        present = self._recorder.select_payloads(keys) if keys else {}
+        return [k for k in keys if k in present], inline, last
 
     def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
         """Store a snapshot (a cache of folded state at a version or position) on its own."""
@@ -337,14 +370,27 @@ class Journal:
                 self._drop_listener()
             self._app.close()
 
-    def _event(self, row: Row) -> Event:
+    def _events(self, rows: Sequence[Row]) -> list[Event]:
+        wanted = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
+        content = self._recorder.select_payloads(wanted) if wanted else {}
+        return [self._event(row, content) for row in rows]
+
+    def _event(self, row: Row, content: Mapping[str, bytes]) -> Event:
         position, stream, version, topic, state = row
+        if topic in self._content_topics:
+            # The full event while its content exists; the stored shape once it was erased.
+            state = content.get(content_key(stream, version), state)
         data: DomainEvent = self.codec.decode(topic, state, position=position)
         return Event(position=position, stream=stream, version=version, data=data)
 
     def _check_open(self) -> None:
         if self._closed:
             raise JournalClosed(f"journal {self.config.url} is closed")
+
+
+def content_key(stream: str, version: int) -> str:
+    """Return the side-table key of a content event's payload: ``<stream>@<version>``."""
+    return f"{stream}@{version}"
 
 
 __all__ = [
@@ -355,5 +401,6 @@ __all__ = [
     "CorruptEvent",
     "Journal",
     "Row",
+    "content_key",
     "migrate",
 ]

@@ -1,0 +1,129 @@
+"""Erasing a finished run's content from storage while its events keep their shape (R2).
+
+Since version 2 of the run and orchestration events that carry content, the journal keeps that
+content in its forgettable side table under ``<stream>@<version>`` (ADR 0018). Purging a run
+deletes those rows, appends a ``run.purged`` event to each stream it reached in the same
+transaction, blanks the runs' snapshots, and scrubs the files, as a fact's purge does (ADR 0005).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Set
+
+from journaled.actors.errors import RunNotFound, RunNotPurgeable
+from journaled.events.base import Pending
+from journaled.events.codec import topics_of
+from journaled.events.errors import ConcurrencyConflict
+from journaled.events.journal import Journal
+from journaled.events.orchestration import OrchestrationStarted
+from journaled.events.orchestration_state import fold_orchestration
+from journaled.events.redact import redact
+from journaled.events.run_state import fold_run
+from journaled.events.runs import RunPurged, RunStarted
+
+__all__ = ["purge_run"]
+
+
+def purge_run(
+    journal: Journal, run_id: str, reason: str, *, now: int, executing: Set[str] = frozenset()
+) -> int:
+    """Erase a finished run's content, and that of every run started under it.
+
+    The goal, step inputs, outputs, errors, agent data, questions, answers, clarifications and
+    summaries of the run, of every run its agent steps started and, for an orchestration, of its
+    passes (transitively) are deleted from the side table and scrubbed from the files; statuses,
+    times, calls and step ids stay, and read as ``[purged]`` where content was. Each stream
+    whose content is erased gets a ``run.purged`` event naming the reason, in the same
+    transaction.
+
+    Args:
+        journal: The journal.
+        run_id: The run or orchestration to purge.
+        reason: Why, kept in the journal (redacted like all run data).
+        now: The time of the purge, epoch ms.
+        executing: Runs executing in this process now.
+
+    Returns:
+        How many events had their content erased (0 when it already was).
+
+    Raises:
+        RunNotFound: no such run.
+        RunNotPurgeable: the run or one of its child runs is not finished, or an older release
+            stored its content inside its events; nothing was appended.
+        ValueError: the reason is not a non-empty string.
+    """
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason must be a non-empty string saying why the run is purged")
+    if journal.first(run_id) is None:
+        raise RunNotFound(f"no run {run_id!r} in this journal")
+    streams = _family(journal, run_id)
+    busy = sorted(set(streams) & set(executing))
+    if busy:
+        raise RunNotPurgeable(
+            f"run {run_id} is not finished: {', '.join(busy)} is executing in this runtime; "
+            "wait for it or cancel it, then purge"
+        )
+    for stream in streams:
+        _check_finished(journal, run_id, stream)
+    pending: list[Pending] = []
+    forget: list[str] = []
+    for stream in streams:
+        keys, inline, last = journal.content_keys(stream)
+        if inline:
+            raise RunNotPurgeable(
+                f"run {stream} was recorded by an older release that kept its content inside "
+                f"its events (first at position {inline[0]}); erasing it would mean rewriting "
+                "the journal, so it cannot be purged"
+            )
+        if not keys:
+            continue
+        forget += keys
+        purged = RunPurged(at=now, reason=redact(reason), root=run_id, erased=len(keys))
+        pending.append(Pending(stream=stream, version=last + 1, data=purged))
+    if not pending:
+        return 0
+    # A run's snapshot holds its content too: replace it with nothing (unreadable, so the next
+    # read folds the events, which no longer carry content).
+    blank = {p.stream: (p.version, b"") for p in pending}
+    try:
+        journal.append(pending, forget=forget, snapshots=blank)
+    except ConcurrencyConflict as exc:
+        raise RunNotPurgeable(
+            f"run {run_id} changed while it was being purged (another process appended to it); "
+            "nothing was erased, try again"
+        ) from exc
+    journal.scrub()
+    return len(forget)
+
+
+def _family(journal: Journal, run_id: str) -> list[str]:
+    """Return the run and every run started under it (agent steps, passes), transitively."""
+    children: dict[str, list[str]] = {}
+    for event in journal.read(topics=topics_of(RunStarted)):
+        data = event.data
+        if isinstance(data, RunStarted) and data.parent_run is not None:
+            children.setdefault(data.parent_run, []).append(event.stream)
+    family = [run_id]
+    seen = {run_id}
+    index = 0
+    while index < len(family):
+        for child in children.get(family[index], ()):
+            if child not in seen:
+                seen.add(child)
+                family.append(child)
+        index += 1
+    return family
+
+
+def _check_finished(journal: Journal, run_id: str, stream: str) -> None:
+    events = journal.stream(stream)
+    if events and isinstance(events[0].data, OrchestrationStarted):
+        finished = fold_orchestration(events).ended is not None
+    else:
+        finished = fold_run(events).is_finished
+    if not finished:
+        which = "it" if stream == run_id else f"its child run {stream}"
+        raise RunNotPurgeable(
+            f"run {run_id} is not finished: {which} has not ended its pass (it may still be "
+            "executing, or have stopped mid-step); resume or cancel it first, then purge"
+        )
