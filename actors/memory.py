@@ -66,6 +66,7 @@ from journaled.events.messages import (
     WithKey,
 )
 from journaled.events.redact import redact_report
+from journaled.events.tenancy import belongs_elsewhere
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
@@ -281,7 +282,8 @@ class MemoryWriter(pykka.ThreadingActor):
         return Deletion(primary=True, relationships=relationships)
 
     def _purge(self, fact_id: str, reason: str | None) -> bool:
-        if fact_id in self.purged or fact_id not in self.route:
+        # Another organization's fact is routed nowhere here: unknown, like a fact never seen (R1).
+        if fact_id in self.purged or self.route.get(fact_id) is None:
             return False
         now = self.clock()
         pending: list[Staged] = []
@@ -485,9 +487,7 @@ class MemoryWriter(pykka.ThreadingActor):
             self.versions[event.stream] = event.version
             if isinstance(data, FactRemembered):
                 physical = physical_scope(data.scope)
-                wanted = physical in self.scopes and (
-                    physical != "organization" or data.organization == self.organization
-                )
+                wanted = physical in self.scopes and not belongs_elsewhere(data, self.organization)
                 self.route[data.fact_id] = physical if wanted else None
             elif isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)

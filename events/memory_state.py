@@ -37,6 +37,7 @@ from journaled.events.memory import (
     FactUnlinked,
     physical_scope,
 )
+from journaled.events.tenancy import belongs_elsewhere
 
 PURGED_TEXT = "[purged]"
 """Text shown for a fact whose payload was erased, in a view of a time before the erasure."""
@@ -443,9 +444,7 @@ class MemoryState:
         """Return the physical scope an event's fact lives in, learning it from remembers."""
         if isinstance(event, FactRemembered):
             physical = _physical(event)
-            wanted = physical in self.scopes and (
-                physical != "organization" or event.organization == self.organization
-            )
+            wanted = physical in self.scopes and not belongs_elsewhere(event, self.organization)
             self.route[event.fact_id] = physical if wanted else None
             return physical if wanted else None
         if not isinstance(event, FACT_EVENTS):

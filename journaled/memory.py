@@ -35,6 +35,7 @@ from journaled.events.messages import (
     SearchScore,
     SearchStats,
 )
+from journaled.events.tenancy import Boundary
 
 
 class Embedder(Protocol):
@@ -182,6 +183,7 @@ class Memory:
         self._clock = clock
         self._organization = organization
         self._semantic = _Semantic(embedder)
+        self._boundary = Boundary(organization, journal.first)
 
     def remember(
         self,
@@ -292,8 +294,19 @@ class Memory:
         return purged
 
     def history(self, fact_id: str) -> list[Event]:
-        """Return the events of a fact's life, oldest first (M11)."""
-        return self._journal.stream(fact_id)
+        """Return the events of a fact's life, oldest first (M11).
+
+        Empty for an unknown id, an id that names no fact (a run, a conflict key), and another
+        organization's fact, which this runtime must not see (R1).
+        """
+        if not isinstance(fact_id, str):
+            return []
+        events = self._journal.stream(fact_id)
+        if not events or not isinstance(events[0].data, FactRemembered):
+            return []
+        if self._boundary.hides(events[0]):
+            return []
+        return events
 
     def why(self, fact_id: str) -> str:
         """Explain a fact's life in plain words from its events (M11)."""
