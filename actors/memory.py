@@ -102,6 +102,8 @@ class MemoryWriter(pykka.ThreadingActor):
         self.versions: dict[str, int] = {}
         self.route: dict[str, str | None] = {}
         self.purged: set[str] = set()
+        self.hidden_superseders: dict[str, str] = {}
+        """Another organization's superseded fact -> its superseder: a delete heals it too."""
         self._since_snapshot = 0
         self._snapshot_position = 0
         self._auto_snapshot_queued = False
@@ -301,6 +303,9 @@ class MemoryWriter(pykka.ThreadingActor):
         answers: list[LinksAnswer] = ask_all(self._traversed(), Links(fact_id=target.id))
         listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
         superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})
+        # Another organization's facts superseded by a shared fact must not stay hidden behind
+        # it for good once it is deleted: heal them too, without counting or showing them (R1).
+        hidden = sorted(f for f, by in self.hidden_superseders.items() if by == target.id)
         pending: list[Staged] = []
         touched: set[str] = set()
         for fact_id in superseded:
@@ -316,6 +321,22 @@ class MemoryWriter(pykka.ThreadingActor):
             else:
                 event = FactRestored(at=now, fact_id=fact_id, deleted=target.id)
             pending.append((fact_id, event))
+        for fact_id in hidden:
+            if heir is not None:
+                pending.append(
+                    (
+                        fact_id,
+                        FactRelinked(
+                            at=now,
+                            fact_id=fact_id,
+                            deleted=target.id,
+                            to=heir.id,
+                            to_valid_until=heir.valid_until,
+                        ),
+                    )
+                )
+            else:
+                pending.append((fact_id, FactRestored(at=now, fact_id=fact_id, deleted=target.id)))
         gained = tuple(superseded) if heir is not None else ()
         lister_ids = sorted(listing)
         if heir is not None and gained and heir.id not in listing:
@@ -372,6 +393,7 @@ class MemoryWriter(pykka.ThreadingActor):
             versions=self.versions,
             route=self.route,
             purged=sorted(self.purged),
+            hidden_superseders=self.hidden_superseders,
             scopes=scopes,
         )
         key = memory_snapshot_key(self.organization)
@@ -425,6 +447,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self.versions = dict(snapshot.versions)
         self.route = dict(snapshot.route)
         self.purged = set(snapshot.purged)
+        self.hidden_superseders = dict(snapshot.hidden_superseders)
 
     def _replay(self) -> None:
         """Fold the journal on open — from memory's snapshot when there is one — reading every
@@ -497,6 +520,8 @@ class MemoryWriter(pykka.ThreadingActor):
             physical_or_none = self.route.get(fact_id)
             if physical_or_none is not None:
                 per_scope.setdefault(physical_or_none, []).append(event)
+            elif fact_id in self.route:
+                self._track_hidden(data)
         for physical, scoped in per_scope.items():
             wanted_texts = {
                 e.data.fact_id: texts[e.data.fact_id]
@@ -505,6 +530,24 @@ class MemoryWriter(pykka.ThreadingActor):
             }
             self.scopes[physical].tell(Apply(events=tuple(scoped), texts=wanted_texts))
         self._queue_auto_snapshot()
+
+    def _track_hidden(self, data: DomainEvent) -> None:
+        """Follow which fact supersedes each fact of another organization (and nothing else)."""
+        fact_id: str = data.fact_id  # type: ignore[attr-defined]
+        by: str | None = None
+        match data:
+            case FactSuperseded():
+                by = data.by
+            case FactRelinked():
+                by = data.to
+            case FactRestored() | FactDeleted() | FactPurged():
+                pass
+            case _:
+                return
+        if by is None:
+            self.hidden_superseders.pop(fact_id, None)
+        else:
+            self.hidden_superseders[fact_id] = by
 
     # -- reads through scope actors --------------------------------------------------------------
 

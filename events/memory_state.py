@@ -79,7 +79,7 @@ class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """(scope, domain, plain facts, their summed length): totals restored without a loop."""
 
 
-MEMORY_SNAPSHOT_SCHEMA = 2
+MEMORY_SNAPSHOT_SCHEMA = 3
 """Bump when the snapshot layout changes incompatibly: older snapshots are then ignored."""
 MEMORY_SNAPSHOT_PREFIX = "memory:"
 
@@ -98,6 +98,8 @@ class MemorySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     versions: dict[str, int]
     route: dict[str, str | None]
     purged: list[str]
+    hidden_superseders: dict[str, str] = {}
+    """Another organization's superseded fact -> its superseder (healed by a delete, R1)."""
     scopes: dict[str, bytes]
     """Physical scope -> encoded :class:`ScopeSnapshot`."""
 

@@ -150,3 +150,26 @@ def test_the_boundary_sorts_events_without_a_runtime(journal_url: str, clock: Ma
             for event in log:
                 state.apply(event, journal.payloads())
             assert (state.get(fact.id) is None) == bool(hidden)
+
+
+@pytest.mark.parametrize("organization", ["other", None])
+def test_deleting_a_shared_fact_heals_another_organizations_fact(
+    journal_url: str, clock: ManualClock, organization: str | None
+) -> None:
+    """R1/M8: a delete by another tenant still restores acme's fact it had superseded, unseen."""
+    _shared_journal(journal_url)
+    with journaled.open(journal_url, organization="acme", clock=clock) as rt:
+        private = rt.memory.remember(TEXT, scope="organization", conflict_key=KEY)
+        shared = rt.memory.remember("the merger is off", scope="project", conflict_key=KEY)
+        assert shared.supersedes == (private.id,)
+    with journaled.open(journal_url, organization=organization, clock=clock) as rt:
+        assert rt.memory.delete(shared.id) == journaled.Deletion(primary=True, relationships=0)
+        assert rt.memory.history(private.id) == []
+    with journaled.open(journal_url, organization="acme", clock=clock) as rt:
+        healed = rt.memory.get(private.id)
+        assert healed is not None
+        assert healed.superseded_by is None
+        assert [f.id for f in rt.memory.search("globex")] == [private.id]
+        assert rt.memory.checkpoint()
+    with journaled.open(journal_url, organization="acme", clock=clock) as rt:
+        assert [f.id for f in rt.memory.search("globex")] == [private.id]
