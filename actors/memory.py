@@ -27,6 +27,7 @@ from journaled.actors.group_commit import answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
+from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent
 from journaled.events.journal import Journal
 from journaled.events.memory import (
@@ -71,6 +72,10 @@ from journaled.events.tenancy import belongs_elsewhere
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
+_SNAPSHOT_ATTEMPTS = 5
+"""Snapshots refused by purges of other processes before memory gives up until the next one."""
+_PURGED_TOPIC = tag_of(FactPurged) + "@"
+"""Every version of the purge event's stored topic."""
 _GROUP_MAX = 256
 """Most remembers committed in one transaction."""
 log = logging.getLogger("journaled.memory")
@@ -384,20 +389,29 @@ class MemoryWriter(pykka.ThreadingActor):
         """Store memory's state at the current position, so the next open folds only the tail."""
         if self._since_snapshot < min_events:
             return False
-        scopes = dict(
-            zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
-        )
-        snapshot = MemorySnapshot(
-            position=self.position,
-            organization=self.organization,
-            versions=self.versions,
-            route=self.route,
-            purged=sorted(self.purged),
-            hidden_superseders=self.hidden_superseders,
-            scopes=scopes,
-        )
         key = memory_snapshot_key(self.organization)
-        self.journal.save_snapshot(key, self.position, _ENCODER.encode(snapshot))
+        for _ in range(_SNAPSHOT_ATTEMPTS):
+            scopes = dict(
+                zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
+            )
+            snapshot = MemorySnapshot(
+                position=self.position,
+                organization=self.organization,
+                versions=self.versions,
+                route=self.route,
+                purged=sorted(self.purged),
+                hidden_superseders=self.hidden_superseders,
+                scopes=scopes,
+            )
+            # Refused when another process purged after our position: our state may still hold
+            # the erased text, which must never be written back (R2). Fold the purge, retry.
+            if self.journal.save_snapshot(
+                key, self.position, _ENCODER.encode(snapshot), unless_after=(_PURGED_TOPIC,)
+            ):
+                break
+            self._catch_up()
+        else:
+            return False
         self._since_snapshot = 0
         self._snapshot_position = self.position
         self._auto_snapshot_backoff = 0

@@ -49,6 +49,7 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
     Row,
+    SnapshotRefused,
     _MsgspecMapper,
 )
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
@@ -279,9 +280,29 @@ class Journal:
         rows = self._recorder.select_stream(stream, after_version, upto, limit)
         return [self._event(row) for row in rows]
 
-    def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
-        """Store a snapshot (a cache of folded state at a version or position) on its own."""
-        self.append([], snapshots={stream: (version, state)})
+    def save_snapshot(
+        self, stream: str, version: int, state: bytes, *, unless_after: Sequence[str] = ()
+    ) -> bool:
+        """Store a snapshot (a cache of folded state at a version or position) on its own.
+
+        ``unless_after`` holds topic prefixes: when an event of one of them was appended after
+        position ``version``, nothing is stored and False is returned. The check runs in the
+        snapshot's own transaction, serialised with every append, so a state folded before an
+        erasure can never be stored after it (R2): the caller catches up and tries again.
+        """
+        if not unless_after:
+            self.append([], snapshots={stream: (version, state)})
+            return True
+        self._check_open()
+        try:
+            self._recorder.insert_events(
+                [],
+                snapshots={stream: (version, state)},
+                refuse_after=(version, tuple(unless_after)),
+            )
+        except SnapshotRefused:
+            return False
+        return True
 
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""

@@ -29,6 +29,16 @@ _PG_ATTEMPTS = 3  # a read retried on a dropped connection
 _SCRUB_WAIT = 50  # polls of 20 ms for readers to release old snapshots (about 1 s)
 
 
+class SnapshotRefused(Exception):
+    """Raised inside a snapshot's transaction to roll it back: an erasure came after its state."""
+
+
+def refused_after(kwargs: dict[str, Any]) -> tuple[int, tuple[str, ...]] | None:
+    """Return a snapshot write's guard (position, topic prefixes), if it has one."""
+    guard: tuple[int, tuple[str, ...]] | None = kwargs.get("refuse_after")
+    return guard
+
+
 class _MsgspecMapper(Mapper[str]):
     """Store our events as ``<tag>@<version>`` topics with msgpack payloads.
 

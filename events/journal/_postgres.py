@@ -38,6 +38,8 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
     Row,
+    SnapshotRefused,
+    refused_after,
 )
 from journaled.events.url import JournalConfig
 
@@ -190,6 +192,18 @@ if _POSTGRES_MISSING is None:
             if not (payloads or forget or dropped or snapshots):
                 return
             self._lock_table(curs)
+            guard = refused_after(kwargs)
+            if guard is not None:
+                # After the lock: every append is serialised with this check (R2).
+                after, prefixes = guard
+                curs.execute(
+                    f"SELECT 1 FROM public.{self.events_table_name} "  # noqa: S608
+                    "WHERE notification_id > %s AND EXISTS "
+                    "(SELECT 1 FROM unnest(%s::text[]) AS p WHERE starts_with(topic, p)) LIMIT 1",
+                    [after, list(prefixes)],
+                )
+                if curs.fetchone() is not None:
+                    raise SnapshotRefused
             if payloads:
                 curs.execute(
                     f"INSERT INTO public.{PAYLOAD_TABLE} (stream, payload) "  # noqa: S608
