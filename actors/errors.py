@@ -54,3 +54,7 @@ class RunNotResumable(ActorsError, ValueError):
 
 class RunOwnedElsewhere(RunNotResumable):
     """Another process executes this run (it appended first, or its owner is alive)."""
+
+
+class ScrubPending(ActorsError):
+    """Erased bytes are still in the journal's files: a reader kept old data past the wait."""

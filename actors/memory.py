@@ -23,6 +23,7 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
+from journaled.actors.errors import ActorsError
 from journaled.actors.group_commit import answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
 from journaled.events.base import DomainEvent, Event, Pending
@@ -49,6 +50,7 @@ from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
     MemorySnapshot,
+    ScopeState,
     memory_snapshot_key,
 )
 from journaled.events.messages import (
@@ -115,18 +117,26 @@ class MemoryWriter(pykka.ThreadingActor):
         self._auto_snapshot_backoff = 0
         self._group: list[Remember] = []
         self._group_keys: set[str] = set()
+        self._stale = False
+        """The projection fell behind the journal (a fold failed after a commit): rebuild it."""
 
     # -- dispatch --------------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> object:
         """Dispatch one command; a remember with a reply joins the group being committed."""
+        if self._stale:
+            self._rebuild()
         if isinstance(message, Remember) and message.reply is not None:
             try:
+                if self._stale:
+                    raise ActorsError("memory is behind the journal and could not be rebuilt yet")
                 self._join_group(message)
             except Exception as exc:  # told, not asked: an escaping error would stop the writer
                 answer(message.reply, error=exc)
             return None
         self._commit_group()  # whatever else comes is decided against stored remembers
+        if self._stale and isinstance(message, Remember | Delete | Purge):
+            raise ActorsError("memory is behind the journal and could not be rebuilt yet")
         match message:
             case Remember():
                 return self._retrying(lambda: self._remember(message))
@@ -298,8 +308,9 @@ class MemoryWriter(pykka.ThreadingActor):
         if target is not None:
             pending, _ = self._cascade(target, now)
         pending.append((fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
+        # Erased once this commits; scrubbing the files is the caller's cleanup (actors.scrubber),
+        # so that readers holding old data never hold up this writer.
         self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
-        self.journal.scrub()
         return True
 
     def _cascade(self, target: Fact, now: int) -> tuple[list[Staged], int]:
@@ -376,14 +387,53 @@ class MemoryWriter(pykka.ThreadingActor):
         positions = self.journal.append(
             pending, payloads=payloads, forget=forget, drop_snapshots=drop_snapshots
         )
-        if positions and positions[0] != self.position + 1:
-            self._catch_up(upto=positions[0] - 1)  # others appended in between: keep log order
-        texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
-        events = [
-            Event(position=pos, stream=p.stream, version=p.version, data=p.data)
-            for pos, p in zip(positions, pending, strict=True)
-        ]
-        self._fold(events, texts)
+        # Committed: the command has happened, and its callers are told so whatever folding it
+        # costs. A fold that fails leaves the projection behind the journal; it is rebuilt
+        # from the journal, never reported as a failed write (which would invite a retry that
+        # stores the fact twice).
+        try:
+            if positions and positions[0] != self.position + 1:
+                self._catch_up(upto=positions[0] - 1)  # others appended in between: log order
+            texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
+            events = [
+                Event(position=pos, stream=p.stream, version=p.version, data=p.data)
+                for pos, p in zip(positions, pending, strict=True)
+            ]
+            self._fold(events, texts)
+        except Exception as exc:
+            log.warning(
+                "stored, but folding it failed (%s): rebuilding memory from the journal", exc
+            )
+            log.debug("why folding a stored command failed", exc_info=True)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Fold memory again from the journal into empty scopes; on failure, retry later.
+
+        Until it succeeds, every command first tries again (see :meth:`on_receive`): deciding
+        against a projection known to be behind could supersede or cascade wrongly.
+        """
+        self._stale = True
+        try:
+            ask_all(
+                list(self.scopes.values()),
+                None,
+                messages=[
+                    RestoreScope(data=_ENCODER.encode(ScopeState(name).export()))
+                    for name in self.scopes
+                ],
+            )
+            self.position = self._snapshot_position = self._since_snapshot = 0
+            self.versions = {}
+            self.route = {}
+            self.purged = set()
+            self.hidden_superseders = {}
+            self._replay()
+        except Exception as exc:
+            log.warning("memory could not be rebuilt from the journal yet: %s", exc)
+            log.debug("why memory could not be rebuilt", exc_info=True)
+            return
+        self._stale = False
 
     def _save_snapshot(self, min_events: int) -> bool:
         """Store memory's state at the current position, so the next open folds only the tail."""

@@ -21,6 +21,7 @@ from journaled.errors import (
     JournaledError,
     JournalUrlError,
     OrganizationNotConfigured,
+    ScrubPending,
     UnknownEventType,
 )
 from journaled.events.base import DomainEvent, Event
@@ -80,6 +81,7 @@ __all__ = [
     "RunOwnedElsewhere",
     "Runs",
     "Runtime",
+    "ScrubPending",
     "StatusChange",
     "Step",
     "UnknownEventType",

@@ -15,8 +15,9 @@
     │   └── OrganizationNotConfigured
     ├── ActorTimeout (TimeoutError)
     ├── RunNotFound (KeyError)
-    └── RunNotResumable (ValueError)
-        └── RunOwnedElsewhere
+    ├── RunNotResumable (ValueError)
+    │   └── RunOwnedElsewhere
+    └── ScrubPending                           erased bytes still in the files (retried)
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
+    ScrubPending,
 )
 from journaled.events.errors import (
     ConcurrencyConflict,
@@ -63,5 +65,6 @@ __all__ = [
     "RunNotFound",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "ScrubPending",
     "UnknownEventType",
 ]

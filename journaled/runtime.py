@@ -113,6 +113,7 @@ class Runtime:
             clock or system_clock,
             embedder,
             organization,
+            self._actors.scrubber,
         )
         self._registry = Registry(agents_enabled=agents)
         self.runs = Runs(self._journal, self._registry, clock or system_clock, agents)

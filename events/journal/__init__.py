@@ -197,38 +197,50 @@ class Journal:
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
         return list(positions or [])
 
-    def scrub(self) -> None:
+    def scrub(self, wait: float = 1.0) -> None:
         """Make erased payload bytes unrecoverable from the files (after ``forget``).
 
         SQLite: checkpoint the zeroed pages and truncate the write-ahead log. PostgreSQL: rewrite
         the payload and snapshot tables (``VACUUM FULL``), because a deleted row otherwise stays
         readable in the data files as a dead tuple until vacuumed (see ``_PostgresRecorder.erase``).
 
+        Each attempt gives way at once to a reader or a writer instead of queueing them behind
+        it (no busy wait holding SQLite's write lock, a short lock timeout on PostgreSQL), and
+        attempts are repeated for up to ``wait`` seconds (0: one attempt).
+
         Raises:
-            PersistenceError: another connection kept reading old data for about a second; the
-                erased bytes may remain until it is done.
+            PersistenceError: another connection kept reading old data for ``wait`` seconds; the
+                erased bytes may remain until it is done and a later scrub succeeds.
         """
         self._check_open()
         if self.config.backend == "postgresql":
             recorder = self._recorder
             assert isinstance(recorder, _PostgresRecorder)
             with self._scrub_lock:
-                recorder.erase()
+                recorder.erase(wait)
             return
         if self.config.backend != "sqlite" or self.config.path is None:
             return
+        deadline = time.monotonic() + wait
         with self._scrub_lock:
-            conn = sqlite3.connect(self.config.path, timeout=30, isolation_level=None)
+            # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
+            conn = sqlite3.connect(self.config.path, timeout=0, isolation_level=None)
             try:
                 conn.execute("PRAGMA secure_delete=ON")
-                for _ in range(50):
-                    busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                    if not busy:
+                while True:
+                    try:
+                        row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    except sqlite3.OperationalError:  # a writer holds the lock right now
+                        row = (1, 0, 0)
+                    if not row[0]:
                         return
+                    if time.monotonic() >= deadline:
+                        break
                     time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
                 raise PersistenceError(
-                    f"could not truncate the write-ahead log of {self.config.path}: "
-                    "another connection keeps reading; erased bytes may remain until it closes"
+                    f"could not truncate the write-ahead log of {self.config.path}: another "
+                    "connection keeps reading; erased bytes remain until it closes and the "
+                    "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
                 )
             finally:
                 conn.close()
