@@ -7,6 +7,7 @@ checkpoint, the automatic snapshot, the snapshot on close — must not carry the
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -109,3 +110,41 @@ def test_a_snapshot_folded_before_a_purge_is_refused_by_the_journal(
         assert journal.save_snapshot(
             "probe", journal.position(), b"after", unless_after=("memory.fact-purged@",)
         )
+
+
+def test_purges_racing_snapshots_of_another_runtime_leave_no_text(shared_url: str) -> None:
+    """R2: purges racing another runtime's snapshots fail none of them and leave no text stored."""
+    clock = ManualClock(step=1)
+    markers = [f"zanzibar{chr(97 + i)}quokka" for i in range(12)]
+    a = journaled.open(shared_url, clock=clock, follow=None)
+    try:
+        facts = [a.memory.remember(f"secret number {m}") for m in markers]
+        stop = threading.Event()
+        errors: list[BaseException] = []
+
+        def snapshots() -> None:
+            i = 0
+            while not stop.is_set():
+                try:
+                    a.memory.remember(f"filler {i}")
+                    a.memory.checkpoint()
+                except BaseException as exc:  # reported below, not lost in the thread
+                    errors.append(exc)
+                    return
+                i += 1
+
+        thread = threading.Thread(target=snapshots)
+        thread.start()
+        try:
+            with journaled.open(shared_url, clock=clock, follow=None) as b:
+                for fact in facts:
+                    assert b.memory.purge(fact.id)
+        finally:
+            stop.set()
+            thread.join(30)
+        assert errors == []
+        a.memory.checkpoint()
+    finally:
+        a.close()
+    for marker in markers:
+        assert _stored_anywhere(shared_url, marker.encode()) == []

@@ -63,8 +63,13 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
     ) -> Sequence[int] | None:
         guard = refused_after(kwargs)
         if guard is not None:
-            # A read first, so a purge another process commits after it fails the write below
-            # (SQLite refuses to upgrade a stale read), rather than slipping in between.
+            # Take the write lock first (deleting the rows about to be replaced), so no purge
+            # can commit between the check and the write; a read first would fail the write
+            # instead ("database is locked") whenever one did.
+            c.executemany(
+                f"DELETE FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+                [(k,) for k in kwargs.get("snapshots") or {}],
+            )
             after, prefixes = guard
             sql = f"SELECT 1 FROM {self.events_table_name} WHERE rowid > ? AND ("  # noqa: S608
             sql += " OR ".join(["substr(topic, 1, ?) = ?"] * len(prefixes)) + ") LIMIT 1"
