@@ -111,6 +111,8 @@ class MemoryWriter(pykka.ThreadingActor):
         self.purged: set[str] = set()
         self.hidden_superseders: dict[str, str] = {}
         """Another organization's superseded fact -> its superseder: a delete heals it too."""
+        self.hidden_valid_until: dict[str, int | None] = {}
+        """Another organization's live facts -> their expiry, for a delete that re-links to one."""
         self._since_snapshot = 0
         self._snapshot_position = 0
         self._auto_snapshot_queued = False
@@ -314,60 +316,51 @@ class MemoryWriter(pykka.ThreadingActor):
         return True
 
     def _cascade(self, target: Fact, now: int) -> tuple[list[Staged], int]:
-        """Decide a delete's events: heirs re-linked or restored, listers stripped (M8)."""
-        heir = self._get(target.superseded_by) if target.superseded_by else None
+        """Decide a delete's events: heirs re-linked or restored, listers stripped (M8).
+
+        Another organization's facts take part unseen (R1): those the target superseded are
+        healed too, and a superseder of its becomes their heir, but none is counted in the
+        returned number of relationships — it would tell the deleter that they exist.
+        """
+        heir = self._heir(target)
         answers: list[LinksAnswer] = ask_all(self._traversed(), Links(fact_id=target.id))
         listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
         superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})
-        # Another organization's facts superseded by a shared fact must not stay hidden behind
-        # it for good once it is deleted: heal them too, without counting or showing them (R1).
         hidden = sorted(f for f, by in self.hidden_superseders.items() if by == target.id)
         pending: list[Staged] = []
-        touched: set[str] = set()
-        for fact_id in superseded:
-            touched.add(fact_id)
+        for fact_id in [*superseded, *hidden]:
             if heir is not None:
                 event: DomainEvent = FactRelinked(
-                    at=now,
-                    fact_id=fact_id,
-                    deleted=target.id,
-                    to=heir.id,
-                    to_valid_until=heir.valid_until,
+                    at=now, fact_id=fact_id, deleted=target.id, to=heir[0], to_valid_until=heir[1]
                 )
             else:
                 event = FactRestored(at=now, fact_id=fact_id, deleted=target.id)
             pending.append((fact_id, event))
-        for fact_id in hidden:
-            if heir is not None:
-                pending.append(
-                    (
-                        fact_id,
-                        FactRelinked(
-                            at=now,
-                            fact_id=fact_id,
-                            deleted=target.id,
-                            to=heir.id,
-                            to_valid_until=heir.valid_until,
-                        ),
-                    )
-                )
-            else:
-                pending.append((fact_id, FactRestored(at=now, fact_id=fact_id, deleted=target.id)))
-        gained = tuple(superseded) if heir is not None else ()
+        gained = (*superseded, *hidden) if heir is not None else ()
         lister_ids = sorted(listing)
-        if heir is not None and gained and heir.id not in listing:
-            lister_ids.append(heir.id)
+        if heir is not None and gained and heir[0] not in listing:
+            lister_ids.append(heir[0])
         for fact_id in lister_ids:
-            touched.add(fact_id)
-            gains = gained if heir is not None and fact_id == heir.id else ()
+            gains = gained if heir is not None and fact_id == heir[0] else ()
             pending.append(
                 (fact_id, FactUnlinked(at=now, fact_id=fact_id, deleted=target.id, gained=gains))
             )
+        touched = {f for f in (*superseded, *lister_ids) if f not in self.hidden_valid_until}
         relationships = len(touched)
         pending.append(
             (target.id, FactDeleted(at=now, fact_id=target.id, relationships=relationships))
         )
         return pending, relationships
+
+    def _heir(self, target: Fact) -> tuple[str, int | None] | None:
+        """Return the fact that supersedes ``target`` (its id and expiry), if it still exists."""
+        by = target.superseded_by
+        if by is None:
+            return None
+        if by in self.hidden_valid_until:  # another organization's: known here by id only
+            return by, self.hidden_valid_until[by]
+        heir = self._get(by)
+        return (heir.id, heir.valid_until) if heir is not None else None
 
     # -- journal ---------------------------------------------------------------------------------
 
@@ -428,6 +421,7 @@ class MemoryWriter(pykka.ThreadingActor):
             self.route = {}
             self.purged = set()
             self.hidden_superseders = {}
+            self.hidden_valid_until = {}
             self._replay()
         except Exception as exc:
             log.warning("memory could not be rebuilt from the journal yet: %s", exc)
@@ -451,6 +445,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 route=self.route,
                 purged=sorted(self.purged),
                 hidden_superseders=self.hidden_superseders,
+                hidden_valid_until=self.hidden_valid_until,
                 scopes=scopes,
             )
             # Refused when another process purged after our position: our state may still hold
@@ -512,6 +507,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self.route = dict(snapshot.route)
         self.purged = set(snapshot.purged)
         self.hidden_superseders = dict(snapshot.hidden_superseders)
+        self.hidden_valid_until = dict(snapshot.hidden_valid_until)
 
     def _replay(self) -> None:
         """Fold the journal on open — from memory's snapshot when there is one — reading every
@@ -576,6 +572,8 @@ class MemoryWriter(pykka.ThreadingActor):
                 physical = physical_scope(data.scope)
                 wanted = physical in self.scopes and not belongs_elsewhere(data, self.organization)
                 self.route[data.fact_id] = physical if wanted else None
+                if not wanted:
+                    self.hidden_valid_until[data.fact_id] = data.valid_until
             elif isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)
             fact_id = getattr(data, "fact_id", None)
@@ -604,8 +602,10 @@ class MemoryWriter(pykka.ThreadingActor):
                 by = data.by
             case FactRelinked():
                 by = data.to
-            case FactRestored() | FactDeleted() | FactPurged():
+            case FactRestored():
                 pass
+            case FactDeleted() | FactPurged():
+                self.hidden_valid_until.pop(fact_id, None)
             case _:
                 return
         if by is None:

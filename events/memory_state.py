@@ -100,6 +100,8 @@ class MemorySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     purged: list[str]
     hidden_superseders: dict[str, str] = {}
     """Another organization's superseded fact -> its superseder (healed by a delete, R1)."""
+    hidden_valid_until: dict[str, int | None] = {}
+    """Another organization's live facts -> their expiry (a delete may re-link to one, R1)."""
     scopes: dict[str, bytes]
     """Physical scope -> encoded :class:`ScopeSnapshot`."""
 

@@ -173,3 +173,27 @@ def test_deleting_a_shared_fact_heals_another_organizations_fact(
         assert rt.memory.checkpoint()
     with journaled.open(journal_url, organization="acme", clock=clock) as rt:
         assert [f.id for f in rt.memory.search("globex")] == [private.id]
+
+
+@pytest.mark.parametrize("organization", ["other", None])
+def test_a_delete_relinks_to_another_organizations_superseder(
+    journal_url: str, clock: ManualClock, organization: str | None
+) -> None:
+    """R1/M8: the chain heals through acme's fact that another tenant cannot see (A <- X <- B)."""
+    _shared_journal(journal_url)
+    with journaled.open(journal_url, organization="acme", clock=clock) as rt:
+        oldest = rt.memory.remember("the launch is in may", conflict_key=KEY)
+        middle = rt.memory.remember("the launch is in june", conflict_key=KEY)
+        private = rt.memory.remember(TEXT, scope="organization", conflict_key=KEY)
+        assert middle.supersedes == (oldest.id,)
+        assert private.supersedes == (middle.id,)
+    with journaled.open(journal_url, organization=organization, clock=clock) as rt:
+        assert rt.memory.delete(middle.id) == journaled.Deletion(primary=True, relationships=1)
+    with journaled.open(journal_url, organization="acme", clock=clock) as rt:
+        relinked = rt.memory.get(oldest.id)
+        heir = rt.memory.get(private.id)
+        assert relinked is not None
+        assert relinked.superseded_by == private.id
+        assert heir is not None
+        assert heir.supersedes == (oldest.id,)
+        assert [f.id for f in rt.memory.search("launch globex")] == [private.id]
