@@ -70,7 +70,8 @@ class Scrubber:
                 raise ScrubPending(
                     "erased bytes are still in the journal's files: another connection (a "
                     "backup, a report) keeps reading older data; the scrub is retried in the "
-                    "background, or call rt.memory.scrub() again once it is done"
+                    "background, or call rt.memory.scrub() (journaled memory scrub) again once it "
+                    "is done"
                 )
             time.sleep(min(pause, left))
             pause = min(pause * 2, _LONGEST_PAUSE)

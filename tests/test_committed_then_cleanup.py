@@ -17,11 +17,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from click.testing import CliRunner
 from test_group_commit import HeldWriter, queue_behind_first
 from test_postgres import _pageinspect, _pages_holding
 
 import journaled
 from journaled.actors.memory import MemoryWriter
+from journaled.cli import main
 from journaled.events.base import Event
 from journaled.events.journal import PAYLOAD_TABLE
 from journaled.events.memory import FactRemembered
@@ -170,3 +172,29 @@ def test_a_reader_holding_postgresql_delays_only_the_scrub(pg_url: str, holds: s
             assert row == (0,)
             if _pageinspect(conn):  # no dead row left on any page either
                 assert _pages_holding(conn, marker) == []
+
+
+def test_the_command_line_scrubs_again_once_the_reader_is_done(tmp_path: Path) -> None:
+    """M10: `journaled memory scrub` fails in one line while a reader holds old data, then works."""
+    path = tmp_path / "journal.sqlite"
+    url = f"sqlite:///{path}"
+    marker = b"quokka-vault-1618"
+    runner = CliRunner()
+    with journaled.open(url, follow=None) as rt:
+        fact = rt.memory.remember(f"the vault code is {marker.decode()}")
+        reader = sqlite3.connect(path, isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute(f"SELECT count(*) FROM {PAYLOAD_TABLE}").fetchone()  # noqa: S608
+        try:
+            assert rt.memory.purge(fact.id)
+            result = runner.invoke(main, ["--url", url, "memory", "scrub", "--timeout", "0.1"])
+            assert result.exit_code == 1
+            assert "journaled memory scrub" in result.stderr
+            assert len(result.stderr.strip().splitlines()) == 1
+        finally:
+            reader.rollback()
+            reader.close()
+    result = runner.invoke(main, ["--url", url, "memory", "scrub"])
+    assert result.exit_code == 0, result.output
+    files = b"".join(p.read_bytes() for p in sorted(tmp_path.iterdir()) if p.is_file())
+    assert marker not in files
