@@ -14,7 +14,8 @@ from click.testing import CliRunner
 
 import journaled
 from journaled.cli import main
-from journaled.events.memory import FactRemembered
+from journaled.events.base import Pending
+from journaled.events.memory import ConflictKeyClaimed, FactRemembered
 from journaled.events.memory_state import MemoryState
 from journaled.events.tenancy import Boundary
 from journaled.testing import ManualClock
@@ -197,3 +198,43 @@ def test_a_delete_relinks_to_another_organizations_superseder(
         assert heir is not None
         assert heir.supersedes == (oldest.id,)
         assert [f.id for f in rt.memory.search("launch globex")] == [private.id]
+
+
+@pytest.mark.parametrize("organization", ["other", None])
+def test_a_fact_another_process_stored_for_acme_is_unknown_on_every_backend(
+    journal_url: str, clock: ManualClock, organization: str | None
+) -> None:
+    """R1: acme's fact appended beside this runtime is unknown to every operation, any backend."""
+    with journaled.open(journal_url, organization=organization, clock=clock) as rt:
+        fact_id = "mem_acme_0001"
+        remembered = FactRemembered(
+            at=clock.now,
+            fact_id=fact_id,
+            scope="organization",
+            organization="acme",
+            domain=DOMAIN,
+            conflict_key=KEY,
+            source=SOURCE,
+        )
+        claim = ConflictKeyClaimed(at=clock.now, conflict_key=KEY, fact_id=fact_id)
+        rt._journal.append(
+            [
+                Pending(stream=fact_id, version=1, data=remembered),
+                Pending(stream=f"key:{KEY}", version=1, data=claim),
+            ],
+            payloads={fact_id: TEXT.encode()},
+        )
+        rt._actors.catch_up()  # what following another process does
+        end = rt.journal.position()
+        assert rt.memory.purge(fact_id) is False
+        assert rt.memory.delete(fact_id) == journaled.Deletion(primary=False, relationships=0)
+        assert rt.memory.get(fact_id) is None
+        assert rt.memory.all() == []
+        assert rt.memory.search("globex") == []
+        assert rt.memory.history(fact_id) == []
+        assert rt.memory.why(fact_id) == f"no fact {fact_id} in this journal"
+        assert rt.memory.as_of(position=end).all() == []
+        assert rt.journal.read() == []
+        assert rt.memory.remember("shared words", conflict_key=KEY).supersedes == ()
+        assert rt._journal.payloads([fact_id]) == {fact_id: TEXT.encode()}  # nothing erased
+        assert [e.kind for e in rt._journal.stream(fact_id)] == ["memory.fact-remembered"]
