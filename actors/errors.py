@@ -59,3 +59,7 @@ class RunOwnedElsewhere(RunNotResumable):
 
 class RunNotPurgeable(ActorsError, ValueError):
     """The run's content cannot be erased now; nothing was appended (R2, ADR 0018)."""
+
+
+class ScrubPending(ActorsError):
+    """Erased bytes are still in the journal's files: a reader kept old data past the wait."""

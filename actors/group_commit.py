@@ -28,7 +28,9 @@ GROUP_ATTEMPTS = 3
 Decide = Callable[[Remember], tuple[list[tuple[str, DomainEvent]], str, Fact]]
 """Decide one remember against the stored state: (its events by stream, its text, its fact)."""
 Append = Callable[[list[tuple[str, DomainEvent]], dict[str, bytes]], None]
-"""Append events and fact texts in one transaction, then fold them."""
+"""Append events and fact texts in one transaction, then fold them. Raises only when nothing was
+stored: once the transaction commits, a failing fold is the writer's to repair (it rebuilds its
+projection from the journal), never the callers' failure."""
 
 
 def commit_remembers(
@@ -42,7 +44,8 @@ def commit_remembers(
     """Decide every remember of the group, append them in one transaction, answer each caller.
 
     Never raises: every caller gets its fact or its error through its reply. A failed append
-    fails every caller whose remember was decided, none of which was stored.
+    fails every caller whose remember was decided, none of which was stored; a committed group
+    answers every caller with its fact.
     """
     pending = list(group)
     together = attempts if len(pending) == 1 else min(attempts, GROUP_ATTEMPTS)

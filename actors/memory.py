@@ -23,10 +23,12 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
+from journaled.actors.errors import ActorsError
 from journaled.actors.group_commit import answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
+from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent
 from journaled.events.journal import Journal
 from journaled.events.memory import (
@@ -48,6 +50,7 @@ from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
     MemorySnapshot,
+    ScopeState,
     memory_snapshot_key,
 )
 from journaled.events.messages import (
@@ -66,10 +69,15 @@ from journaled.events.messages import (
     WithKey,
 )
 from journaled.events.redact import redact, redact_report
+from journaled.events.tenancy import belongs_elsewhere
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
 _FOLD_BATCH = 2000
+_SNAPSHOT_ATTEMPTS = 5
+"""Snapshots refused by purges of other processes before memory gives up until the next one."""
+_PURGED_TOPIC = tag_of(FactPurged) + "@"
+"""Every version of the purge event's stored topic."""
 _GROUP_MAX = 256
 """Most remembers committed in one transaction."""
 log = logging.getLogger("journaled.memory")
@@ -101,24 +109,36 @@ class MemoryWriter(pykka.ThreadingActor):
         self.versions: dict[str, int] = {}
         self.route: dict[str, str | None] = {}
         self.purged: set[str] = set()
+        self.hidden_superseders: dict[str, str] = {}
+        """Another organization's superseded fact -> its superseder: a delete heals it too."""
+        self.hidden_valid_until: dict[str, int | None] = {}
+        """Another organization's live facts -> their expiry, for a delete that re-links to one."""
         self._since_snapshot = 0
         self._snapshot_position = 0
         self._auto_snapshot_queued = False
         self._auto_snapshot_backoff = 0
         self._group: list[Remember] = []
         self._group_keys: set[str] = set()
+        self._stale = False
+        """The projection fell behind the journal (a fold failed after a commit): rebuild it."""
 
     # -- dispatch --------------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> object:
         """Dispatch one command; a remember with a reply joins the group being committed."""
+        if self._stale:
+            self._rebuild()
         if isinstance(message, Remember) and message.reply is not None:
             try:
+                if self._stale:
+                    raise ActorsError("memory is behind the journal and could not be rebuilt yet")
                 self._join_group(message)
             except Exception as exc:  # told, not asked: an escaping error would stop the writer
                 answer(message.reply, error=exc)
             return None
         self._commit_group()  # whatever else comes is decided against stored remembers
+        if self._stale and isinstance(message, Remember | Delete | Purge):
+            raise ActorsError("memory is behind the journal and could not be rebuilt yet")
         match message:
             case Remember():
                 return self._retrying(lambda: self._remember(message))
@@ -281,7 +301,8 @@ class MemoryWriter(pykka.ThreadingActor):
         return Deletion(primary=True, relationships=relationships)
 
     def _purge(self, fact_id: str, reason: str | None) -> bool:
-        if fact_id in self.purged or fact_id not in self.route:
+        # Another organization's fact is routed nowhere here: unknown, like a fact never seen (R1).
+        if fact_id in self.purged or self.route.get(fact_id) is None:
             return False
         now = self.clock()
         pending: list[Staged] = []
@@ -290,46 +311,57 @@ class MemoryWriter(pykka.ThreadingActor):
             pending, _ = self._cascade(target, now)
         reason = redact(reason) if reason is not None else None  # M9: reasons are text too
         pending.append((fact_id, FactPurged(at=now, fact_id=fact_id, reason=reason)))
+        # Erased once this commits; scrubbing the files is the caller's cleanup (actors.scrubber),
+        # so that readers holding old data never hold up this writer.
         self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
-        self.journal.scrub()
         return True
 
     def _cascade(self, target: Fact, now: int) -> tuple[list[Staged], int]:
-        """Decide a delete's events: heirs re-linked or restored, listers stripped (M8)."""
-        heir = self._get(target.superseded_by) if target.superseded_by else None
+        """Decide a delete's events: heirs re-linked or restored, listers stripped (M8).
+
+        Another organization's facts take part unseen (R1): those the target superseded are
+        healed too, and a superseder of its becomes their heir, but none is counted in the
+        returned number of relationships — it would tell the deleter that they exist.
+        """
+        heir = self._heir(target)
         answers: list[LinksAnswer] = ask_all(self._traversed(), Links(fact_id=target.id))
         listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
         superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})
+        hidden = sorted(f for f, by in self.hidden_superseders.items() if by == target.id)
         pending: list[Staged] = []
-        touched: set[str] = set()
-        for fact_id in superseded:
-            touched.add(fact_id)
+        for fact_id in [*superseded, *hidden]:
             if heir is not None:
                 event: DomainEvent = FactRelinked(
-                    at=now,
-                    fact_id=fact_id,
-                    deleted=target.id,
-                    to=heir.id,
-                    to_valid_until=heir.valid_until,
+                    at=now, fact_id=fact_id, deleted=target.id, to=heir[0], to_valid_until=heir[1]
                 )
             else:
                 event = FactRestored(at=now, fact_id=fact_id, deleted=target.id)
             pending.append((fact_id, event))
-        gained = tuple(superseded) if heir is not None else ()
+        gained = (*superseded, *hidden) if heir is not None else ()
         lister_ids = sorted(listing)
-        if heir is not None and gained and heir.id not in listing:
-            lister_ids.append(heir.id)
+        if heir is not None and gained and heir[0] not in listing:
+            lister_ids.append(heir[0])
         for fact_id in lister_ids:
-            touched.add(fact_id)
-            gains = gained if heir is not None and fact_id == heir.id else ()
+            gains = gained if heir is not None and fact_id == heir[0] else ()
             pending.append(
                 (fact_id, FactUnlinked(at=now, fact_id=fact_id, deleted=target.id, gained=gains))
             )
+        touched = {f for f in (*superseded, *lister_ids) if f not in self.hidden_valid_until}
         relationships = len(touched)
         pending.append(
             (target.id, FactDeleted(at=now, fact_id=target.id, relationships=relationships))
         )
         return pending, relationships
+
+    def _heir(self, target: Fact) -> tuple[str, int | None] | None:
+        """Return the fact that supersedes ``target`` (its id and expiry), if it still exists."""
+        by = target.superseded_by
+        if by is None:
+            return None
+        if by in self.hidden_valid_until:  # another organization's: known here by id only
+            return by, self.hidden_valid_until[by]
+        heir = self._get(by)
+        return (heir.id, heir.valid_until) if heir is not None else None
 
     # -- journal ---------------------------------------------------------------------------------
 
@@ -349,32 +381,83 @@ class MemoryWriter(pykka.ThreadingActor):
         positions = self.journal.append(
             pending, payloads=payloads, forget=forget, drop_snapshots=drop_snapshots
         )
-        if positions and positions[0] != self.position + 1:
-            self._catch_up(upto=positions[0] - 1)  # others appended in between: keep log order
-        texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
-        events = [
-            Event(position=pos, stream=p.stream, version=p.version, data=p.data)
-            for pos, p in zip(positions, pending, strict=True)
-        ]
-        self._fold(events, texts)
+        # Committed: the command has happened, and its callers are told so whatever folding it
+        # costs. A fold that fails leaves the projection behind the journal; it is rebuilt
+        # from the journal, never reported as a failed write (which would invite a retry that
+        # stores the fact twice).
+        try:
+            if positions and positions[0] != self.position + 1:
+                self._catch_up(upto=positions[0] - 1)  # others appended in between: log order
+            texts = {k: v.decode("utf-8") for k, v in (payloads or {}).items()}
+            events = [
+                Event(position=pos, stream=p.stream, version=p.version, data=p.data)
+                for pos, p in zip(positions, pending, strict=True)
+            ]
+            self._fold(events, texts)
+        except Exception as exc:
+            log.warning(
+                "stored, but folding it failed (%s): rebuilding memory from the journal", exc
+            )
+            log.debug("why folding a stored command failed", exc_info=True)
+            self._rebuild()
+
+    def _rebuild(self) -> None:
+        """Fold memory again from the journal into empty scopes; on failure, retry later.
+
+        Until it succeeds, every command first tries again (see :meth:`on_receive`): deciding
+        against a projection known to be behind could supersede or cascade wrongly.
+        """
+        self._stale = True
+        try:
+            ask_all(
+                list(self.scopes.values()),
+                None,
+                messages=[
+                    RestoreScope(data=_ENCODER.encode(ScopeState(name).export()))
+                    for name in self.scopes
+                ],
+            )
+            self.position = self._snapshot_position = self._since_snapshot = 0
+            self.versions = {}
+            self.route = {}
+            self.purged = set()
+            self.hidden_superseders = {}
+            self.hidden_valid_until = {}
+            self._replay()
+        except Exception as exc:
+            log.warning("memory could not be rebuilt from the journal yet: %s", exc)
+            log.debug("why memory could not be rebuilt", exc_info=True)
+            return
+        self._stale = False
 
     def _save_snapshot(self, min_events: int) -> bool:
         """Store memory's state at the current position, so the next open folds only the tail."""
         if self._since_snapshot < min_events:
             return False
-        scopes = dict(
-            zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
-        )
-        snapshot = MemorySnapshot(
-            position=self.position,
-            organization=self.organization,
-            versions=self.versions,
-            route=self.route,
-            purged=sorted(self.purged),
-            scopes=scopes,
-        )
         key = memory_snapshot_key(self.organization)
-        self.journal.save_snapshot(key, self.position, _ENCODER.encode(snapshot))
+        for _ in range(_SNAPSHOT_ATTEMPTS):
+            scopes = dict(
+                zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
+            )
+            snapshot = MemorySnapshot(
+                position=self.position,
+                organization=self.organization,
+                versions=self.versions,
+                route=self.route,
+                purged=sorted(self.purged),
+                hidden_superseders=self.hidden_superseders,
+                hidden_valid_until=self.hidden_valid_until,
+                scopes=scopes,
+            )
+            # Refused when another process purged after our position: our state may still hold
+            # the erased text, which must never be written back (R2). Fold the purge, retry.
+            if self.journal.save_snapshot(
+                key, self.position, _ENCODER.encode(snapshot), unless_after=(_PURGED_TOPIC,)
+            ):
+                break
+            self._catch_up()
+        else:
+            return False
         self._since_snapshot = 0
         self._snapshot_position = self.position
         self._auto_snapshot_backoff = 0
@@ -424,6 +507,8 @@ class MemoryWriter(pykka.ThreadingActor):
         self.versions = dict(snapshot.versions)
         self.route = dict(snapshot.route)
         self.purged = set(snapshot.purged)
+        self.hidden_superseders = dict(snapshot.hidden_superseders)
+        self.hidden_valid_until = dict(snapshot.hidden_valid_until)
 
     def _replay(self) -> None:
         """Fold the journal on open — from memory's snapshot when there is one — reading every
@@ -486,10 +571,10 @@ class MemoryWriter(pykka.ThreadingActor):
             self.versions[event.stream] = event.version
             if isinstance(data, FactRemembered):
                 physical = physical_scope(data.scope)
-                wanted = physical in self.scopes and (
-                    physical != "organization" or data.organization == self.organization
-                )
+                wanted = physical in self.scopes and not belongs_elsewhere(data, self.organization)
                 self.route[data.fact_id] = physical if wanted else None
+                if not wanted:
+                    self.hidden_valid_until[data.fact_id] = data.valid_until
             elif isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)
             fact_id = getattr(data, "fact_id", None)
@@ -498,6 +583,8 @@ class MemoryWriter(pykka.ThreadingActor):
             physical_or_none = self.route.get(fact_id)
             if physical_or_none is not None:
                 per_scope.setdefault(physical_or_none, []).append(event)
+            elif fact_id in self.route:
+                self._track_hidden(data)
         for physical, scoped in per_scope.items():
             wanted_texts = {
                 e.data.fact_id: texts[e.data.fact_id]
@@ -506,6 +593,26 @@ class MemoryWriter(pykka.ThreadingActor):
             }
             self.scopes[physical].tell(Apply(events=tuple(scoped), texts=wanted_texts))
         self._queue_auto_snapshot()
+
+    def _track_hidden(self, data: DomainEvent) -> None:
+        """Follow which fact supersedes each fact of another organization (and nothing else)."""
+        fact_id: str = data.fact_id  # type: ignore[attr-defined]
+        by: str | None = None
+        match data:
+            case FactSuperseded():
+                by = data.by
+            case FactRelinked():
+                by = data.to
+            case FactRestored():
+                pass
+            case FactDeleted() | FactPurged():
+                self.hidden_valid_until.pop(fact_id, None)
+            case _:
+                return
+        if by is None:
+            self.hidden_superseders.pop(fact_id, None)
+        else:
+            self.hidden_superseders[fact_id] = by
 
     # -- reads through scope actors --------------------------------------------------------------
 

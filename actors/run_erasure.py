@@ -3,7 +3,8 @@
 Since version 2 of the run and orchestration events that carry content, the journal keeps that
 content in its forgettable side table under ``<stream>@<version>`` (ADR 0018). Purging a run
 deletes those rows, appends a ``run.purged`` event to each stream it reached in the same
-transaction, blanks the runs' snapshots, and scrubs the files, as a fact's purge does (ADR 0005).
+transaction and blanks the runs' snapshots; the caller scrubs the files, as after a fact's purge
+(ADR 0005, actors/scrubber.py).
 """
 
 from __future__ import annotations
@@ -92,7 +93,6 @@ def purge_run(
             f"run {run_id} changed while it was being purged (another process appended to it); "
             "nothing was erased, try again"
         ) from exc
-    journal.scrub()
     return len(forget)
 
 

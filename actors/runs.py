@@ -21,6 +21,7 @@ from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
+from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
 from journaled.events.codec import topics_of
@@ -76,8 +77,10 @@ class Runs:
         registry: Registry,
         clock: Callable[[], int],
         agents_enabled: bool,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self._journal = journal
+        self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
         self._registry = registry
         self._clock = clock
         self._agents = agents_enabled
@@ -308,7 +311,12 @@ class Runs:
         """
         with self._lock:
             executing = set(self._active)
-        return purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
+        erased = purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
+        if erased:
+            # Erased once committed; the files are scrubbed as after a fact's purge, giving way
+            # to readers and retrying in the background (rt.memory.scrub() tries again).
+            self._scrubber.after_erasure()
+        return erased
 
     # -- reading ---------------------------------------------------------------------------------
 

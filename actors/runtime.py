@@ -15,6 +15,7 @@ from journaled.actors.clock import Clock
 from journaled.actors.errors import ActorTimeout
 from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
+from journaled.actors.scrubber import Scrubber
 from journaled.events.errors import JournalClosed
 from journaled.events.journal import Journal
 from journaled.events.messages import CatchUp, SaveSnapshot
@@ -35,6 +36,7 @@ class MemoryActors:
         follow: float | None = None,
     ) -> None:
         self._journal = journal
+        self.scrubber = Scrubber(journal)
         self._stop_following = threading.Event()
         self._follower: threading.Thread | None = None
         physical = ["user", "project", "repository"]
@@ -109,6 +111,7 @@ class MemoryActors:
         self._stop_following.set()
         if self._follower is not None:
             self._follower.join(STOP_TIMEOUT)
+        self.scrubber.stop(STOP_TIMEOUT)
         if self.writer is not None:
             with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                 self.writer.stop(timeout=STOP_TIMEOUT)

@@ -37,6 +37,7 @@ from journaled.events.memory import (
     FactUnlinked,
     physical_scope,
 )
+from journaled.events.tenancy import belongs_elsewhere
 
 PURGED_TEXT = "[purged]"
 """Text shown for a fact whose payload was erased, in a view of a time before the erasure."""
@@ -78,7 +79,7 @@ class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """(scope, domain, plain facts, their summed length): totals restored without a loop."""
 
 
-MEMORY_SNAPSHOT_SCHEMA = 2
+MEMORY_SNAPSHOT_SCHEMA = 3
 """Bump when the snapshot layout changes incompatibly: older snapshots are then ignored."""
 MEMORY_SNAPSHOT_PREFIX = "memory:"
 
@@ -97,6 +98,10 @@ class MemorySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     versions: dict[str, int]
     route: dict[str, str | None]
     purged: list[str]
+    hidden_superseders: dict[str, str] = {}
+    """Another organization's superseded fact -> its superseder (healed by a delete, R1)."""
+    hidden_valid_until: dict[str, int | None] = {}
+    """Another organization's live facts -> their expiry (a delete may re-link to one, R1)."""
     scopes: dict[str, bytes]
     """Physical scope -> encoded :class:`ScopeSnapshot`."""
 
@@ -443,9 +448,7 @@ class MemoryState:
         """Return the physical scope an event's fact lives in, learning it from remembers."""
         if isinstance(event, FactRemembered):
             physical = _physical(event)
-            wanted = physical in self.scopes and (
-                physical != "organization" or event.organization == self.organization
-            )
+            wanted = physical in self.scopes and not belongs_elsewhere(event, self.organization)
             self.route[event.fact_id] = physical if wanted else None
             return physical if wanted else None
         if not isinstance(event, FACT_EVENTS):

@@ -26,6 +26,7 @@ from journaled.errors import (
     JournaledError,
     JournalUrlError,
     OrganizationNotConfigured,
+    ScrubPending,
     UnknownEventType,
 )
 from journaled.events.base import DomainEvent, Event
@@ -86,6 +87,7 @@ __all__ = [
     "RunOwnedElsewhere",
     "Runs",
     "Runtime",
+    "ScrubPending",
     "StatusChange",
     "Step",
     "UnknownEventType",

@@ -6,6 +6,7 @@ import click
 import msgspec
 from rich.console import Console
 
+import journaled
 from journaled import cli_render as render
 from journaled.cli_common import (
     call,
@@ -167,3 +168,23 @@ def memory_history(ctx: click.Context, fact_id: str) -> None:
             emit(history)
         else:
             click.echo(render.history_lines(history))
+
+
+@memory.command("scrub")
+@click.option(
+    "--timeout", type=float, default=10.0, show_default=True, help="Seconds to wait for readers."
+)
+@click.pass_context
+def memory_scrub(ctx: click.Context, timeout: float) -> None:
+    """Remove purged texts' bytes from the journal's files (M10).
+
+    A purge erases the text from every table when it commits; the files are scrubbed afterwards,
+    once no other connection (a backup, a report) still reads older data. Run this after such a
+    reader has finished to make sure. Exit status 1 if a reader still holds old data.
+    """
+    with open_runtime(ctx) as rt:
+        try:
+            call(lambda: rt.memory.scrub(timeout=timeout))
+        except journaled.ScrubPending as exc:
+            fail(str(exc))
+        click.echo("scrubbed: no erased text remains in the journal's files")

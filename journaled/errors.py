@@ -17,7 +17,8 @@
     ├── RunNotFound (KeyError)
     ├── RunNotResumable (ValueError)
     │   └── RunOwnedElsewhere
-    └── RunNotPurgeable (ValueError)
+    ├── RunNotPurgeable (ValueError)
+    └── ScrubPending                           erased bytes still in the files (retried)
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from journaled.actors.errors import (
     RunNotPurgeable,
     RunNotResumable,
     RunOwnedElsewhere,
+    ScrubPending,
 )
 from journaled.events.errors import (
     ConcurrencyConflict,
@@ -66,5 +68,6 @@ __all__ = [
     "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "ScrubPending",
     "UnknownEventType",
 ]

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from journaled.actors.asking import ask, ask_all, await_reply
+from journaled.actors.scrubber import Scrubber
 from journaled.events.base import Event
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, FactRemembered
@@ -35,6 +36,7 @@ from journaled.events.messages import (
     SearchScore,
     SearchStats,
 )
+from journaled.events.tenancy import Boundary
 
 
 class Embedder(Protocol):
@@ -174,14 +176,17 @@ class Memory:
         clock: Callable[[], int],
         embedder: Embedder | None,
         organization: str | None,
+        scrubber: Scrubber | None = None,
     ) -> None:
         self._journal = journal
+        self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
         self._writer = writer
         self._scopes = scopes
         self._refs = list(scopes.values())
         self._clock = clock
         self._organization = organization
         self._semantic = _Semantic(embedder)
+        self._boundary = Boundary(organization, journal.first)
 
     def remember(
         self,
@@ -287,13 +292,50 @@ class Memory:
         """
         before = self.get(fact_id)
         purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
-        if purged and before is not None:
-            self._semantic.forget(before.text)
+        if purged:
+            if before is not None:
+                self._semantic.forget(before.text)
+            # The erasure is committed; scrubbing the files gives way to readers and retries
+            # in the background, so a backup or report holding old data never fails a purge
+            # nor holds up a remember (see scrub()).
+            self._scrubber.after_erasure()
         return purged
 
+    def scrub(self, timeout: float = 10.0) -> None:
+        """Remove erased texts' bytes from the journal's files now, waiting up to ``timeout`` s.
+
+        ``purge`` erases a text from every table when it commits, then scrubs the files (SQLite's
+        write-ahead log, PostgreSQL's dead rows) as cleanup: at once when no other connection
+        holds older data, else retried in the background until it succeeds. Call this to make
+        sure, e.g. after a backup that was reading during a purge has finished.
+
+        Raises:
+            ScrubPending: another connection still holds older data after ``timeout`` seconds;
+                the background retries go on.
+        """
+        if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0:
+            raise ValueError(f"timeout must be a number of seconds >= 0, got {timeout!r}")
+        self._scrubber.scrub(float(timeout))
+
+    @property
+    def scrub_pending(self) -> bool:
+        """Tell whether bytes of an erased text may still be in the journal's files."""
+        return self._scrubber.pending
+
     def history(self, fact_id: str) -> list[Event]:
-        """Return the events of a fact's life, oldest first (M11)."""
-        return self._journal.stream(fact_id)
+        """Return the events of a fact's life, oldest first (M11).
+
+        Empty for an unknown id, an id that names no fact (a run, a conflict key), and another
+        organization's fact, which this runtime must not see (R1).
+        """
+        if not isinstance(fact_id, str):
+            return []
+        events = self._journal.stream(fact_id)
+        if not events or not isinstance(events[0].data, FactRemembered):
+            return []
+        if self._boundary.hides(events[0]):
+            return []
+        return events
 
     def why(self, fact_id: str) -> str:
         """Explain a fact's life in plain words from its events (M11)."""

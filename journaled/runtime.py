@@ -22,6 +22,7 @@ from journaled.events.journal import Journal
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
 
@@ -37,8 +38,9 @@ ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
 class JournalHandle:
     """``rt.journal``: the runtime's view of its journal."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, organization: str | None = None) -> None:
         self._journal = journal
+        self._boundary = Boundary(organization, journal.first)
 
     @property
     def url(self) -> str:
@@ -50,8 +52,11 @@ class JournalHandle:
         return self._journal.position()
 
     def read(self, after: int = 0, upto: int | None = None) -> list[Event]:
-        """Return events after ``after`` up to ``upto`` in the journal's global order (J1)."""
-        return list(self._journal.read(after=after, upto=upto))
+        """Return events after ``after`` up to ``upto`` in the journal's global order (J1).
+
+        Events about another organization's facts are left out (R1): positions may skip.
+        """
+        return self._boundary.visible(self._journal.read(after=after, upto=upto))
 
 
 class Runtime:
@@ -100,7 +105,7 @@ class Runtime:
         except BaseException:
             self._journal.close()
             raise
-        self.journal = JournalHandle(self._journal)
+        self.journal = JournalHandle(self._journal, organization)
         self.memory = Memory(
             self._journal,
             self._actors.writer,
@@ -108,9 +113,12 @@ class Runtime:
             clock or system_clock,
             embedder,
             organization,
+            self._actors.scrubber,
         )
         self._registry = Registry(agents_enabled=agents)
-        self.runs = Runs(self._journal, self._registry, clock or system_clock, agents)
+        self.runs = Runs(
+            self._journal, self._registry, clock or system_clock, agents, self._actors.scrubber
+        )
         self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
         self._closed = False
 

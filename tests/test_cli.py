@@ -706,7 +706,7 @@ def test_reading_a_journal_that_cannot_be_written_succeeds(
             rt.memory.remember(f"fact {i} about the staging ports")
     tried: list[str] = []
 
-    def read_only(self: Journal, key: str, version: int, state: bytes) -> None:
+    def read_only(self: Journal, key: str, version: int, state: bytes, **_: object) -> None:
         tried.append(key)
         raise sqlite3.OperationalError("attempt to write a readonly database")
 

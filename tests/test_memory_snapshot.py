@@ -150,7 +150,7 @@ def test_a_failed_automatic_snapshot_is_logged_and_memory_goes_on(
 
     attempts: list[int] = []
 
-    def broken(self: Journal, key: str, version: int, state: bytes) -> None:
+    def broken(self: Journal, key: str, version: int, state: bytes, **_: object) -> None:
         attempts.append(version)
         raise OSError("disk full")
 

@@ -54,6 +54,7 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
     Row,
+    SnapshotRefused,
     _MsgspecMapper,
 )
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
@@ -210,38 +211,50 @@ class Journal:
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
         return list(positions or [])
 
-    def scrub(self) -> None:
+    def scrub(self, wait: float = 1.0) -> None:
         """Make erased payload bytes unrecoverable from the files (after ``forget``).
 
         SQLite: checkpoint the zeroed pages and truncate the write-ahead log. PostgreSQL: rewrite
         the payload and snapshot tables (``VACUUM FULL``), because a deleted row otherwise stays
         readable in the data files as a dead tuple until vacuumed (see ``_PostgresRecorder.erase``).
 
+        Each attempt gives way at once to a reader or a writer instead of queueing them behind
+        it (no busy wait holding SQLite's write lock, a short lock timeout on PostgreSQL), and
+        attempts are repeated for up to ``wait`` seconds (0: one attempt).
+
         Raises:
-            PersistenceError: another connection kept reading old data for about a second; the
-                erased bytes may remain until it is done.
+            PersistenceError: another connection kept reading old data for ``wait`` seconds; the
+                erased bytes may remain until it is done and a later scrub succeeds.
         """
         self._check_open()
         if self.config.backend == "postgresql":
             recorder = self._recorder
             assert isinstance(recorder, _PostgresRecorder)
             with self._scrub_lock:
-                recorder.erase()
+                recorder.erase(wait)
             return
         if self.config.backend != "sqlite" or self.config.path is None:
             return
+        deadline = time.monotonic() + wait
         with self._scrub_lock:
-            conn = sqlite3.connect(self.config.path, timeout=30, isolation_level=None)
+            # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
+            conn = sqlite3.connect(self.config.path, timeout=0, isolation_level=None)
             try:
                 conn.execute("PRAGMA secure_delete=ON")
-                for _ in range(50):
-                    busy, _log, _done = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                    if not busy:
+                while True:
+                    try:
+                        row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                    except sqlite3.OperationalError:  # a writer holds the lock right now
+                        row = (1, 0, 0)
+                    if not row[0]:
                         return
+                    if time.monotonic() >= deadline:
+                        break
                     time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
                 raise PersistenceError(
-                    f"could not truncate the write-ahead log of {self.config.path}: "
-                    "another connection keeps reading; erased bytes may remain until it closes"
+                    f"could not truncate the write-ahead log of {self.config.path}: another "
+                    "connection keeps reading; erased bytes remain until it closes and the "
+                    "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
                 )
             finally:
                 conn.close()
@@ -312,9 +325,29 @@ class Journal:
         present = self._recorder.select_payloads(keys) if keys else {}
         return [k for k in keys if k in present], inline, last
 
-    def save_snapshot(self, stream: str, version: int, state: bytes) -> None:
-        """Store a snapshot (a cache of folded state at a version or position) on its own."""
-        self.append([], snapshots={stream: (version, state)})
+    def save_snapshot(
+        self, stream: str, version: int, state: bytes, *, unless_after: Sequence[str] = ()
+    ) -> bool:
+        """Store a snapshot (a cache of folded state at a version or position) on its own.
+
+        ``unless_after`` holds topic prefixes: when an event of one of them was appended after
+        position ``version``, nothing is stored and False is returned. The check runs in the
+        snapshot's own transaction, serialised with every append, so a state folded before an
+        erasure can never be stored after it (R2): the caller catches up and tries again.
+        """
+        if not unless_after:
+            self.append([], snapshots={stream: (version, state)})
+            return True
+        self._check_open()
+        try:
+            self._recorder.insert_events(
+                [],
+                snapshots={stream: (version, state)},
+                refuse_after=(version, tuple(unless_after)),
+            )
+        except SnapshotRefused:
+            return False
+        return True
 
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""

@@ -26,7 +26,16 @@ _PG_MIGRATE_LOCK = 0x6A6F75726E616C  # advisory lock key ("journal"), per databa
 _PG_CONNECT_TIMEOUT = 10  # seconds to establish one connection
 _PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed when idle
 _PG_ATTEMPTS = 3  # a read retried on a dropped connection
-_SCRUB_WAIT = 50  # polls of 20 ms for readers to release old snapshots (about 1 s)
+
+
+class SnapshotRefused(Exception):
+    """Raised inside a snapshot's transaction to roll it back: an erasure came after its state."""
+
+
+def refused_after(kwargs: dict[str, Any]) -> tuple[int, tuple[str, ...]] | None:
+    """Return a snapshot write's guard (position, topic prefixes), if it has one."""
+    guard: tuple[int, tuple[str, ...]] | None = kwargs.get("refuse_after")
+    return guard
 
 
 class _MsgspecMapper(Mapper[str]):

@@ -10,7 +10,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
-from journaled.events.journal._common import Row
+from journaled.events.journal._common import Row, SnapshotRefused, refused_after
 
 
 class _POPORecorder(POPOApplicationRecorder):
@@ -25,6 +25,11 @@ class _POPORecorder(POPOApplicationRecorder):
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         with self._database_lock:
+            guard = refused_after(kwargs)
+            if guard is not None:
+                after, prefixes = guard
+                if any(s.topic.startswith(prefixes) for s in self._stored_events[after:]):
+                    raise SnapshotRefused
             positions = super()._insert_events(stored_events)
             self._payloads.update(kwargs.get("payloads") or {})
             for stream in kwargs.get("forget") or ():

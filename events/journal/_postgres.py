@@ -32,12 +32,13 @@ from journaled.events.journal._common import (
     _PG_CONNECT_TIMEOUT,
     _PG_EVENT_TYPE,
     _PG_MIGRATE_LOCK,
-    _SCRUB_WAIT,
     APP_NAME,
     EVENTS_TABLE_POSTGRES,
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
     Row,
+    SnapshotRefused,
+    refused_after,
 )
 from journaled.events.url import JournalConfig
 
@@ -64,6 +65,9 @@ def _pg_ddl() -> list[str]:
         "(stream text PRIMARY KEY, version bigint NOT NULL, state bytea NOT NULL)",
     ]
 
+
+_SCRUB_LOCK_TIMEOUT = "200ms"
+"""Longest VACUUM FULL waits for its lock, during which later writers queue behind it."""
 
 _OLDER_SNAPSHOTS = """
     WITH m AS (SELECT %(now)s::xid8 AS xid8, %(now)s::xid8::xid AS xid)
@@ -190,6 +194,18 @@ if _POSTGRES_MISSING is None:
             if not (payloads or forget or dropped or snapshots):
                 return
             self._lock_table(curs)
+            guard = refused_after(kwargs)
+            if guard is not None:
+                # After the lock: every append is serialised with this check (R2).
+                after, prefixes = guard
+                curs.execute(
+                    f"SELECT 1 FROM public.{self.events_table_name} "  # noqa: S608
+                    "WHERE notification_id > %s AND EXISTS "
+                    "(SELECT 1 FROM unnest(%s::text[]) AS p WHERE starts_with(topic, p)) LIMIT 1",
+                    [after, list(prefixes)],
+                )
+                if curs.fetchone() is not None:
+                    raise SnapshotRefused
             if payloads:
                 curs.execute(
                     f"INSERT INTO public.{PAYLOAD_TABLE} (stream, payload) "  # noqa: S608
@@ -302,7 +318,7 @@ if _POSTGRES_MISSING is None:
                 )
             return {str(r[0]): bytes(r[1]) for r in rows}
 
-        def erase(self) -> None:
+        def erase(self, wait: float = 1.0) -> None:
             """Rewrite the payload and snapshot tables so deleted rows leave the database files.
 
             A deleted row stays on its page as a dead tuple, readable from the data files, until
@@ -310,18 +326,24 @@ if _POSTGRES_MISSING is None:
             newest row of a page, which sits next to the free space, keeps its bytes there).
             ``VACUUM FULL`` writes live rows into fresh zeroed pages and drops the old files, but
             copies any dead row that some snapshot might still see, its own included, whose
-            horizon a transaction running in *another* database holds back. So first wait until
-            every transaction begun before now (the delete has committed) has ended and no
-            session of this database, nor a replication slot, holds an older snapshot.
+            horizon a transaction running in *another* database holds back. So first wait (up to
+            ``wait`` seconds) until every transaction begun before now (the delete has committed)
+            has ended and no session of this database, nor a replication slot, holds an older
+            snapshot.
 
             ``VACUUM`` cannot run inside a transaction: the pool's connections are in autocommit
             mode. It locks each table for as long as its rewrite takes (milliseconds for
-            thousands of rows). The write-ahead log keeps the bytes until its segments are
-            recycled; backups and replicas are beyond a journal's reach.
+            thousands of rows); it waits for that lock at most :data:`_SCRUB_LOCK_TIMEOUT`,
+            because every writer that comes after it queues behind its request (a reader holding
+            the table, a report or a backup, would otherwise stop every append). The write-ahead
+            log keeps the bytes until its segments are recycled; backups and replicas are beyond
+            a journal's reach.
 
             Raises:
-                PersistenceError: an older transaction or snapshot lasted about a second more.
+                PersistenceError: an older transaction or snapshot lasted ``wait`` seconds more,
+                    or another session held the tables.
             """
+            deadline = time.monotonic() + wait
             with (
                 self._store.get_connection() as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
@@ -329,20 +351,31 @@ if _POSTGRES_MISSING is None:
                 curs.execute("SELECT pg_current_xact_id()::text")
                 marker = curs.fetchone()
                 assert marker is not None
-                for _ in range(_SCRUB_WAIT):
+                while True:
                     curs.execute(_OLDER_SNAPSHOTS, {"now": marker[0]})
                     older = curs.fetchone()
                     if older is not None and older[0] == 0:
                         break
+                    if time.monotonic() >= deadline:
+                        raise PersistenceError(
+                            "could not erase deleted payloads: a transaction older than the "
+                            "deletion is still open (in this database or, holding back every "
+                            "snapshot, in another session of the server); erased bytes remain in "
+                            "the tables' files until it ends and the journal is scrubbed again "
+                            "(rt.memory.scrub(), retried in the background)"
+                        )
                     time.sleep(0.02)
-                else:
+                curs.execute(f"SET lock_timeout = '{_SCRUB_LOCK_TIMEOUT}'")
+                try:
+                    curs.execute(f"VACUUM FULL public.{PAYLOAD_TABLE}, public.{SNAPSHOT_TABLE}")
+                except psycopg.errors.LockNotAvailable:
                     raise PersistenceError(
-                        "could not erase deleted payloads: a transaction older than the deletion "
-                        "is still open (in this database or, holding back every snapshot, in "
-                        "another session of the server); erased bytes remain in the tables' files "
-                        "until it ends and the journal is scrubbed again"
-                    )
-                curs.execute(f"VACUUM FULL public.{PAYLOAD_TABLE}, public.{SNAPSHOT_TABLE}")
+                        "could not erase deleted payloads: another session holds the journal's "
+                        "tables; erased bytes remain in the tables' files until it ends and the "
+                        "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
+                    ) from None
+                finally:
+                    curs.execute("RESET lock_timeout")
 
     class _PostgresFactory(PostgresFactory):
         application_recorder_class = _PostgresRecorder

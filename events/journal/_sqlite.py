@@ -23,6 +23,8 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
     Row,
+    SnapshotRefused,
+    refused_after,
 )
 
 
@@ -59,14 +61,32 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
+        guard = refused_after(kwargs)
+        if guard is not None:
+            # Take the write lock first (deleting the rows about to be replaced), so no purge
+            # can commit between the check and the write; a read first would fail the write
+            # instead ("database is locked") whenever one did.
+            c.executemany(
+                f"DELETE FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+                [(k,) for k in kwargs.get("snapshots") or {}],
+            )
+            after, prefixes = guard
+            sql = f"SELECT 1 FROM {self.events_table_name} WHERE rowid > ? AND ("  # noqa: S608
+            sql += " OR ".join(["substr(topic, 1, ?) = ?"] * len(prefixes)) + ") LIMIT 1"
+            params: list[Any] = [after]
+            for prefix in prefixes:
+                params += [len(prefix), prefix]
+            c.execute(sql, params)
+            if c.fetchone() is not None:
+                raise SnapshotRefused
         positions: list[int] = []
         for start in range(0, len(stored_events), _ROWS_PER_INSERT):
             chunk = stored_events[start : start + _ROWS_PER_INSERT]
-            params: list[Any] = []
+            values_params: list[Any] = []
             for s in chunk:
-                params += (s.originator_id, s.originator_version, s.topic, s.state)
+                values_params += (s.originator_id, s.originator_version, s.topic, s.state)
             values = ",".join(["(?,?,?,?)"] * len(chunk))
-            c.execute(f"INSERT INTO {self.events_table_name} VALUES {values}", params)  # noqa: S608
+            c.execute(f"INSERT INTO {self.events_table_name} VALUES {values}", values_params)  # noqa: S608
             last = int(c.lastrowid)
             positions.extend(range(last - len(chunk) + 1, last + 1))
         payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}

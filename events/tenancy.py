@@ -1,0 +1,70 @@
+"""The tenant boundary: which facts of a shared journal belong to another organization (R1).
+
+A journal may be shared by runtimes of several organizations. The ``user``, ``project`` and
+``repository`` scopes are shared by all of them; the ``organization`` scope of each is its own.
+A fact remembered into another organization's scope — or into any organization's scope, seen by
+a runtime with no organization — must behave as unknown: no read, audit, log view or command of
+this runtime may show or touch it (ADR 0017).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable
+
+from journaled.events.base import Event
+from journaled.events.memory import MEMORY_EVENTS, FactRemembered, physical_scope
+
+__all__ = ["Boundary", "belongs_elsewhere"]
+
+
+def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> bool:
+    """Tell whether a remembered fact is another organization's, seen from ``organization``."""
+    if physical_scope(remembered.scope) != "organization":
+        return False
+    return organization is None or remembered.organization != organization
+
+
+class Boundary:
+    """Sort journal events into this organization's view and what it must not see (R1).
+
+    A fact's owner is read from the event that remembered it, the first of its stream, and
+    remembered for the life of the object (it never changes). Thread-safe.
+    """
+
+    def __init__(self, organization: str | None, first: Callable[[str], Event | None]) -> None:
+        self.organization = organization
+        self._first = first
+        self._elsewhere: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def fact_elsewhere(self, fact_id: str) -> bool:
+        """Tell whether a fact id names another organization's fact (unknown ids: False)."""
+        with self._lock:
+            known = self._elsewhere.get(fact_id)
+        if known is not None:
+            return known
+        first = self._first(fact_id)
+        data = first.data if first is not None else None
+        elsewhere = isinstance(data, FactRemembered) and belongs_elsewhere(data, self.organization)
+        if isinstance(data, FactRemembered):
+            with self._lock:
+                self._elsewhere[fact_id] = elsewhere
+        return elsewhere
+
+    def hides(self, event: Event) -> bool:
+        """Tell whether an event is about another organization's fact (a key claim included)."""
+        data = event.data
+        if isinstance(data, FactRemembered):
+            elsewhere = belongs_elsewhere(data, self.organization)
+            with self._lock:
+                self._elsewhere[data.fact_id] = elsewhere
+            return elsewhere
+        if not isinstance(data, MEMORY_EVENTS):
+            return False
+        fact_id = getattr(data, "fact_id", None)
+        return isinstance(fact_id, str) and self.fact_elsewhere(fact_id)
+
+    def visible(self, events: Iterable[Event]) -> list[Event]:
+        """Return the events this organization may see, in their order."""
+        return [e for e in events if not self.hides(e)]
