@@ -402,7 +402,9 @@ class Executor(pykka.ThreadingActor):
         self._start_what_fits()
         if not self._in_flight and not self._to_dispatch and not self._batch_queue:
             self._advance()
-        elif self._to_dispatch:
+        else:
+            # The result is appended now, whatever its siblings are doing, so a crash re-runs
+            # only the steps still in flight (R4; ADR 0020 amends ADR 0008).
             self._flush_and_dispatch()
 
     def _on_cancel(self) -> None:

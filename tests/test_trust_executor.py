@@ -1,0 +1,153 @@
+"""Trust in the executor's record: results at once, drain on close, honest accounting (SPEC 6).
+
+R3 shutdown is not cancel, R4 no lost results, R5 child runs found again, R6 honest accounting,
+R8 one executor per run inside one process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from crash import kill_when_in_flight
+
+import journaled
+from journaled import Plan, Step
+from journaled.testing import ManualClock, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+WAIT = 20.0
+"""Upper bound of every wait: a test that needs it has failed."""
+
+
+@contextlib.contextmanager
+def _reader(rt: journaled.Runtime, url: str) -> Iterator[journaled.Runtime]:
+    """Yield a second runtime on the same journal (the same one for ``memory://``)."""
+    if url == "memory://":
+        yield rt
+        return
+    with journaled.open(url) as other:
+        yield other
+
+
+def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
+    """Run ``fn`` in a thread; the list receives its result or the exception it raised."""
+    out: list[Any] = []
+
+    def target() -> None:
+        try:
+            out.append(fn(*args, **kwargs))
+        except BaseException as exc:
+            out.append(exc)
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    return thread, out
+
+
+# -- R4: a result is journaled as soon as its step finishes ---------------------------------------
+
+
+def test_a_result_is_journaled_while_its_sibling_still_runs(
+    journal_url: str, clock: ManualClock
+) -> None:
+    """R4: in a batch of two, the fast step's success is in the journal while the slow one runs."""
+    release = threading.Event()
+    with journaled.open(journal_url, clock=clock) as rt:
+        rt.register_tool("slow", lambda _: release.wait(WAIT) and "slow")
+        rt.register_tool("fast", lambda _: "fast")
+        plan = Plan(goal="g", steps=[Step("slow", tool="slow"), Step("fast", tool="fast")])
+        thread, out = _in_thread(rt.execute, plan, max_parallel_steps=2)
+        try:
+            wait_for(lambda: bool(rt.runs.active()), WAIT)
+            (run_id,) = rt.runs.active()
+            with _reader(rt, journal_url) as reader:
+                status = reader.runs.state
+                wait_for(lambda: status(run_id).status["fast"] == "succeeded", 5.0)
+                assert status(run_id).status["slow"] == "running"
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert out[0].ok
+
+
+CRASH_SCRIPT = r"""
+import json, os, sys, threading
+import journaled
+
+cfg = json.loads(sys.argv[1])
+
+
+def note(step_id):
+    with open(cfg["record"], "a", encoding="utf-8") as f:
+        f.write(step_id + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def fast(_):
+    note("fast")
+    return "fast"
+
+
+def slow(_):
+    note("slow")
+    if cfg["mode"] == "execute":
+        # Wait (less than a heartbeat, which would append it too) for the sibling's success to
+        # be in the journal, read by another runtime; then be in flight and killed.
+        with journaled.open(cfg["url"], follow=None) as reader:
+            for _ in range(500):
+                runs = reader.runs.list()
+                if runs and reader.runs.state(runs[0]).status["fast"] == "succeeded":
+                    break
+                threading.Event().wait(0.01)
+        open(os.path.join(cfg["markers"], "slow.inflight"), "w").close()
+        threading.Event().wait()
+    return "slow"
+
+
+with journaled.open(cfg["url"]) as rt:
+    rt.register_tool("fast", fast)
+    rt.register_tool("slow", slow)
+    if cfg["mode"] == "execute":
+        steps = [journaled.Step("slow", tool="slow"), journaled.Step("fast", tool="fast")]
+        plan = journaled.Plan(goal="g", steps=steps)
+        result = rt.execute(plan, max_parallel_steps=2)
+    else:
+        result = rt.resume(cfg["run_id"])
+    print(json.dumps({"ok": result.ok}))
+"""
+
+
+def test_sigkill_while_a_sibling_runs_reruns_only_that_sibling(tmp_path: Path) -> None:
+    """R4/E14: SIGKILL while the slow step of a batch runs; resume re-runs only the slow step."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    record = tmp_path / "record.txt"
+    cfg: dict[str, Any] = {
+        "url": url,
+        "record": str(record),
+        "markers": str(tmp_path),
+        "mode": "execute",
+    }
+    kill_when_in_flight(CRASH_SCRIPT, json.dumps(cfg), [tmp_path / "slow.inflight"], tmp_path)
+    with journaled.open(url) as rt:
+        (run_id,) = rt.runs.list()
+        assert rt.runs.state(run_id).in_flight() == ["slow"]
+    cfg.update(mode="resume", run_id=run_id)
+    done = subprocess.run(
+        [sys.executable, "-c", CRASH_SCRIPT, json.dumps(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True}
+    assert sorted(record.read_text().split()) == ["fast", "slow", "slow"]
