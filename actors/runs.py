@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -62,6 +63,18 @@ def _normalise(plan: Plan, run_id: str) -> Plan:
     return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
 
 
+@dataclass
+class _Claim:
+    """This runtime's hold on one run id, taken before the run's state is read (R8)."""
+
+    executor: Any = None
+    """The run's executor actor, once started."""
+    token: threading.Event = field(default_factory=threading.Event)
+    """The run's cancel token."""
+    opened: threading.Event = field(default_factory=threading.Event)
+    """Set once the run's opening events are committed."""
+
+
 class Runs:
     """``rt.runs`` and the run operations of a runtime. Safe to use from any thread."""
 
@@ -77,8 +90,8 @@ class Runs:
         self._clock = clock
         self._agents = agents_enabled
         self._lock = threading.Lock()
-        self._active: dict[str, tuple[Any, threading.Event, threading.Event]] = {}
-        """run id -> (executor, cancel token, set once the run's opening events are committed)"""
+        self._active: dict[str, _Claim] = {}
+        """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
 
     # -- execution -------------------------------------------------------------------------------
@@ -118,6 +131,7 @@ class Runs:
         now = self._clock()
         run_id = run_id or new_run_id(now)
         settled = _normalise(plan, run_id)
+        claim = self._claim(run_id)
         started = RunStarted(
             at=now,
             run_id=run_id,
@@ -130,7 +144,7 @@ class Runs:
             step_timeout=float(step_timeout) if step_timeout is not None else None,
             owner=this_process(),
         )
-        return self._run(run_id, RunState(), [started], reserve, on_progress, trace, parent)
+        return self._run(run_id, claim, RunState(), [started], reserve, on_progress, trace, parent)
 
     def validate(self, plan: Plan) -> None:
         """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
@@ -163,10 +177,30 @@ class Runs:
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
         """
+        claim = self._claim(run_id)
+        try:
+            state, opening = self._reopen(
+                run_id, call_budget, answers, reserve, on_progress, take_over
+            )
+        except BaseException:
+            self._release(run_id, claim)
+            raise
+        started = state.started
+        assert started is not None
+        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
+        return self._run(run_id, claim, state, opening, reserve, on_progress, trace, parent)
+
+    def _reopen(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        take_over: bool,
+    ) -> tuple[RunState, list[DomainEvent]]:
+        """Read a run this runtime has claimed and decide the events that reopen it."""
         state = self.state(run_id)
-        with self._lock:
-            if run_id in self._active:
-                raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             raise RunNotResumable(
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
@@ -211,10 +245,25 @@ class Runs:
                 took_over_from=took_over,
             )
         )
-        started = state.started
-        assert started is not None
-        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
-        return self._run(run_id, state, opening, reserve, on_progress, trace, parent)
+        return state, opening
+
+    def _claim(self, run_id: str) -> _Claim:
+        """Hold a run id for one executor of this runtime, or raise RunOwnedElsewhere (R8)."""
+        with self._lock:
+            if run_id in self._active:
+                raise RunOwnedElsewhere(
+                    f"run {run_id} is being executed in this process right now; "
+                    "wait for that execution to end before resuming it"
+                )
+            claim = _Claim()
+            self._active[run_id] = claim
+            return claim
+
+    def _release(self, run_id: str, claim: _Claim) -> None:
+        """Drop a claim: only its owner does, so a loser never removes the winner's entry (R8)."""
+        with self._lock:
+            if self._active.get(run_id) is claim:
+                del self._active[run_id]
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
@@ -225,14 +274,15 @@ class Runs:
             self.cancel(child)
         if active is None:
             return False
-        executor, token, _ = active
-        token.set()
-        executor.tell(CancelRun())
+        active.token.set()
+        if active.executor is not None:
+            active.executor.tell(CancelRun())
         return True
 
     def _run(
         self,
         run_id: str,
+        claim: _Claim,
         state: RunState,
         opening: list[DomainEvent],
         reserve: Reserve | None,
@@ -241,29 +291,32 @@ class Runs:
         parent: tuple[str, str] | None,
     ) -> ExecuteResult:
         done: Future[ExecuteResult] = Future()
-        token = threading.Event()
-        opened = threading.Event()
-        executor = Executor.start(
-            journal=self._journal,
-            registry=self._registry,
-            state=state,
-            opening=opening,
-            done=done,
-            clock=self._clock,
-            cancel=token,
-            reserve=reserve,
-            on_progress=on_progress,
-            child_runner=self._child_runner,
-            trace=trace,
-            opened=opened,
-        )
+        try:
+            executor = Executor.start(
+                journal=self._journal,
+                registry=self._registry,
+                state=state,
+                opening=opening,
+                done=done,
+                clock=self._clock,
+                cancel=claim.token,
+                reserve=reserve,
+                on_progress=on_progress,
+                child_runner=self._child_runner,
+                trace=trace,
+                opened=claim.opened,
+            )
+        except BaseException:
+            self._release(run_id, claim)
+            raise
+        parent_active = None
         with self._lock:
-            self._active[run_id] = (executor, token, opened)
+            claim.executor = executor
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
-        if parent is not None and parent_active is not None and parent_active[1].is_set():
-            self.cancel(run_id)
+        if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
+            self.cancel(run_id)  # a cancel that came before the executor existed
         try:
             executor.tell(Begin())
             while True:
@@ -278,7 +331,8 @@ class Runs:
                         ) from None
         finally:
             with self._lock:
-                self._active.pop(run_id, None)
+                if self._active.get(run_id) is claim:
+                    del self._active[run_id]
                 self._children.pop(run_id, None)
                 if parent is not None:
                     siblings = self._children.get(parent[0])
@@ -391,10 +445,13 @@ class Runs:
         deadline = time.monotonic() + timeout
         with self._lock:
             active = dict(self._active)
-        for executor, _, _ in active.values():
-            executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
+        for claim in active.values():
+            if claim.executor is not None:
+                claim.executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return sorted(r for r, (ex, _, _) in self._active.items() if ex.is_alive())
+            return sorted(
+                r for r, c in self._active.items() if c.executor is None or c.executor.is_alive()
+            )
 
     def active(self) -> list[str]:
         """Return the runs executing in this runtime now.
@@ -403,7 +460,7 @@ class Runs:
         can be read at once with :meth:`history`, :meth:`state` or :meth:`why`.
         """
         with self._lock:
-            return sorted(r for r, (_, _, opened) in self._active.items() if opened.is_set())
+            return sorted(r for r, claim in self._active.items() if claim.opened.is_set())
 
     def cancel_all(self) -> list[str]:
         """Ask every run executing in this runtime to stop, opened or not; return their ids."""

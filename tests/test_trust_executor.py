@@ -151,3 +151,55 @@ def test_sigkill_while_a_sibling_runs_reruns_only_that_sibling(tmp_path: Path) -
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout) == {"ok": True}
     assert sorted(record.read_text().split()) == ["fast", "slow", "slow"]
+
+
+# -- R8: one executor per run, also inside one process ---------------------------------------------
+
+
+def test_two_resumes_in_one_process_exactly_one_executes(journal_url: str) -> None:
+    """R8: two threads resume one run at once: one executes, the other gets RunOwnedElsewhere."""
+    for _ in range(3):
+        _race_two_resumes(journal_url)
+
+
+def _race_two_resumes(journal_url: str) -> None:
+    with journaled.open(journal_url) as rt:
+        entered = threading.Event()
+        release = threading.Event()
+
+        def hold(_: object) -> str:
+            entered.set()
+            release.wait(WAIT)
+            return "held"
+
+        rt.register_tool("free", lambda _: "free")
+        rt.register_skill("hold", hold)
+        plan = Plan(goal="g", steps=[Step("a", tool="free"), Step("b", skill="hold")])
+        first = rt.execute(plan, call_budget=0)  # b costs 1: paused before it runs
+        assert first.stopped_for_budget
+        run_id = first.run_id
+        barrier = threading.Barrier(2)
+
+        def resume() -> journaled.ExecuteResult | journaled.Outcome:
+            barrier.wait(WAIT)
+            return rt.resume(run_id, call_budget=1)
+
+        threads = [_in_thread(resume) for _ in range(2)]
+        try:
+            assert entered.wait(WAIT)
+            wait_for(lambda: any(out for _, out in threads), WAIT)
+            # The loser is done; the winner still runs and is still reachable.
+            assert rt.runs.active() == [run_id]
+            assert rt.cancel(run_id)
+        finally:
+            release.set()
+            for thread, _ in threads:
+                thread.join(WAIT)
+        outcomes = [out[0] for _, out in threads]
+        lost = [o for o in outcomes if isinstance(o, journaled.RunOwnedElsewhere)]
+        won = [o for o in outcomes if isinstance(o, journaled.ExecuteResult)]
+        assert (len(lost), len(won)) == (1, 1), outcomes
+        assert rt.runs.active() == []
+        history = rt.runs.history(run_id)
+        assert [e.kind for e in history].count("run.resumed") == 1
+        assert rt.runs.state(run_id).run_status == "cancelled"
