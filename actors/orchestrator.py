@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
 from journaled.events.base import DomainEvent, Event, Pending
@@ -229,6 +229,13 @@ class Orchestrations:
                 result: ExecuteResult | None = self._execute(d, plan, run_id, budget)
             else:
                 result = self._continue(d, run_id)
+            if result is not None and result.suspended:
+                # The runtime is closing (R3): the pass was suspended, the orchestration stays
+                # resumable as it is; nothing ends here.
+                raise RuntimeClosed(
+                    f"the runtime closed while pass {st.pass_no} ({run_id}) of {st.run_id} "
+                    f"ran: it was suspended; resume {st.run_id} in a new runtime"
+                )
             if result is not None or st.pass_status.get(st.pass_no) is None:
                 pass_state = self._runs.state(run_id)
                 self._append(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
 import threading
 import time
@@ -13,7 +15,12 @@ from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+    RuntimeClosed,
+)
 from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_recorder import Progress, Trace
@@ -26,7 +33,7 @@ from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from journaled.events.run_audit import explain_orchestration, explain_run
-from journaled.events.run_messages import Begin, CancelRun
+from journaled.events.run_messages import Begin, CancelRun, Drain, Suspend
 from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
@@ -37,6 +44,42 @@ _STOP_TIMEOUT = 5.0
 def new_run_id(now: int) -> str:
     """Make a collision-safe, time-ordered run id."""
     return f"{RUN_PREFIX}{now:012x}_{os.urandom(6).hex()}"
+
+
+def child_run_id(parent_run: str, step_id: str, call: int) -> str:
+    """Return the run id of the ``call``-th ``ctx.execute`` of a parent step (R5).
+
+    Derived, not drawn, so a step that runs again finds its child again. It keeps the parent's
+    time prefix, so children sort next to their parent.
+    """
+    digest = hashlib.sha256(f"{parent_run}\0{step_id}\0{call}".encode()).hexdigest()
+    stamp = parent_run[len(RUN_PREFIX) : len(RUN_PREFIX) + 12]
+    if len(stamp) != 12 or not all(c in "0123456789abcdef" for c in stamp):
+        stamp = digest[12:24]
+    return f"{RUN_PREFIX}{stamp}_{digest[:12]}"
+
+
+def policy_name(reserve: Reserve | None) -> str | None:
+    """Return how a ``reserve`` policy is journaled: ``module:qualname`` (R6)."""
+    if reserve is None:
+        return None
+    module = getattr(reserve, "__module__", None) or "?"
+    name = getattr(reserve, "__qualname__", None) or type(reserve).__qualname__
+    return f"{module}:{name}"
+
+
+def find_policy(name: str) -> Reserve | None:
+    """Import a journaled ``reserve`` policy by ``module:qualname``; None if it cannot be."""
+    module_name, _, qualname = name.partition(":")
+    if not qualname or "<" in qualname:
+        return None  # a lambda or a local function: nothing to import
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if callable(found) else None
 
 
 def check_budget(name: str, value: object) -> int | None:
@@ -93,6 +136,9 @@ class Runs:
         self._active: dict[str, _Claim] = {}
         """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
+        self._closing = False
+        """Set by :meth:`close`: no run starts from then on (R3)."""
+        self._drain: tuple[float, str] = (0.0, "close")
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -109,6 +155,7 @@ class Runs:
         parent: tuple[str, str] | None = None,
         trace: Trace | None = None,
         run_id: str | None = None,
+        call: int | None = None,
     ) -> ExecuteResult:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
         self.validate(plan)
@@ -143,6 +190,8 @@ class Runs:
             parent_step=parent[1] if parent else None,
             step_timeout=float(step_timeout) if step_timeout is not None else None,
             owner=this_process(),
+            parent_call=call if parent else None,
+            reserve=policy_name(reserve),
         )
         return self._run(run_id, claim, RunState(), [started], reserve, on_progress, trace, parent)
 
@@ -179,7 +228,7 @@ class Runs:
         """
         claim = self._claim(run_id)
         try:
-            state, opening = self._reopen(
+            state, opening, reserve = self._reopen(
                 run_id, call_budget, answers, reserve, on_progress, take_over
             )
         except BaseException:
@@ -198,7 +247,7 @@ class Runs:
         reserve: Reserve | None,
         on_progress: Progress | None,
         take_over: bool,
-    ) -> tuple[RunState, list[DomainEvent]]:
+    ) -> tuple[RunState, list[DomainEvent], Reserve | None]:
         """Read a run this runtime has claimed and decide the events that reopen it."""
         state = self.state(run_id)
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
@@ -206,7 +255,7 @@ class Runs:
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
         took_over = None
-        if not state.is_finished and state.owner:
+        if not state.is_finished and state.suspended is None and state.owner:
             now = self._clock()
             if owner_alive(state.owner, state.last_at, now) and not take_over:
                 raise RunOwnedElsewhere(
@@ -230,6 +279,20 @@ class Runs:
                 )
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
+        journaled_policy = state.reserve
+        given_policy = policy_name(reserve)
+        if reserve is None and journaled_policy is not None:
+            reserve = find_policy(journaled_policy)
+            agents_left = any(
+                state.steps[i].agent is not None and state.status[i] != "succeeded"
+                for i in state.order
+            )
+            if reserve is None and agents_left:
+                raise RunNotResumable(
+                    f"run {run_id} costs its agent steps with reserve={journaled_policy}, "
+                    "which cannot be imported here: pass reserve= to resume so they cost the "
+                    "same (a resume without it would make them free at the budget gate)"
+                )
         now = self._clock()
         opening: list[DomainEvent] = []
         if given:
@@ -243,9 +306,10 @@ class Runs:
                 rerun=tuple(state.in_flight()),
                 owner=this_process(),
                 took_over_from=took_over,
+                reserve=given_policy if given_policy != journaled_policy else None,
             )
         )
-        return state, opening
+        return state, opening, reserve
 
     def _claim(self, run_id: str) -> _Claim:
         """Hold a run id for one executor of this runtime, or raise RunOwnedElsewhere (R8)."""
@@ -254,6 +318,11 @@ class Runs:
                 raise RunOwnedElsewhere(
                     f"run {run_id} is being executed in this process right now; "
                     "wait for that execution to end before resuming it"
+                )
+            if self._closing:
+                raise RuntimeClosed(
+                    f"cannot run {run_id}: the runtime is closing; open a new one to run or "
+                    "resume it"
                 )
             claim = _Claim()
             self._active[run_id] = claim
@@ -312,11 +381,14 @@ class Runs:
         parent_active = None
         with self._lock:
             claim.executor = executor
+            closing = self._closing
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
         if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
             self.cancel(run_id)  # a cancel that came before the executor existed
+        if closing:
+            executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
         try:
             executor.tell(Begin())
             while True:
@@ -342,9 +414,55 @@ class Runs:
                             del self._children[parent[0]]
 
     def _child_runner(
-        self, plan: Plan, *, parent: tuple[str, str], **options: Any
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
     ) -> ExecuteResult:
-        return self.execute(plan, parent=parent, **options)
+        """Run the ``call``-th child plan of a parent step, or find it again (R5).
+
+        A child that finished is answered from the journal; one that did not (the parent step
+        waited, crashed, was suspended or retried) is resumed, never started twice.
+        """
+        run_id = child_run_id(parent[0], parent[1], call)
+        if self._journal.first(run_id) is None:
+            return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
+        state = self.state(run_id)
+        if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
+            return state.result()
+        return self.resume(
+            run_id,
+            call_budget=options.get("call_budget"),
+            reserve=options.get("reserve"),
+            on_progress=options.get("on_progress"),
+        )
+
+    def close(self, drain: float, cause: str = "close") -> list[str]:
+        """Stop taking work, drain, then suspend every run still executing (R3).
+
+        No run starts from now on. Every executor is told to start no more steps; those whose
+        steps in flight end within ``drain`` seconds suspend on their own, the others are then
+        suspended with those steps still in flight (they run again on resume). Returns the runs
+        that did not stop even then.
+        """
+        with self._lock:
+            self._closing = True
+            self._drain = (drain, cause)
+            claims = list(self._active.values())
+        for claim in claims:
+            if claim.executor is not None:
+                claim.executor.tell(Drain(drain=drain, cause=cause))
+        still = self.wait_idle(drain)
+        if not still:
+            return []
+        with self._lock:
+            claims = [self._active[r] for r in still if r in self._active]
+        for claim in claims:
+            if claim.executor is not None:
+                claim.executor.tell(Suspend())
+        return self.wait_idle(_STOP_TIMEOUT)
+
+    @property
+    def closing(self) -> bool:
+        """Tell whether :meth:`close` was called: no run starts any more (R3)."""
+        return self._closing
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -15,12 +15,14 @@ from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,
+    CallsOverrun,
     CancelRequested,
     RunFinished,
     RunHeartbeat,
     RunResumed,
     RunStarted,
     RunStatus,
+    RunSuspended,
     StepFailed,
     StepsSkipped,
     StepStarted,
@@ -57,6 +59,8 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     failures: dict[str, str]
     cancelled: list[str]
     owner: str = ""
+    suspended: RunSuspended | None = None
+    reserve: str | None = None
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -92,6 +96,10 @@ class RunState:
         self.cancelled: set[str] = set()
         """Steps whose observation says ``cancelled`` (their dependents are cancelled too, E4)."""
         self.owner = ""
+        self.suspended: RunSuspended | None = None
+        """Set while the run is suspended by a closing runtime (R3); a resume clears it."""
+        self.reserve: str | None = None
+        """The reserve policy the run was last executed with, as ``module:qualname`` (R6)."""
 
     @property
     def is_finished(self) -> bool:
@@ -115,6 +123,7 @@ class RunState:
         match data:
             case RunStarted():
                 self.owner = data.owner
+                self.reserve = data.reserve
                 self.run_id = data.run_id
                 self.started = data
                 self.budget = data.call_budget
@@ -163,12 +172,17 @@ class RunState:
                 self.stopped_for_budget = False
                 self.waiting = []
                 self.finished = None
+                self.suspended = None
+                if data.reserve is not None:
+                    self.reserve = data.reserve
                 for step_id in data.rerun:
                     self.status[step_id] = "pending"
             case RunFinished():
                 self.finished = data
-            case RunHeartbeat():
-                pass  # liveness only: last_at is updated above
+            case RunSuspended():
+                self.suspended = data
+            case RunHeartbeat() | CallsOverrun():
+                pass  # liveness, and an audit note next to the charge its step event carries
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 
@@ -203,6 +217,8 @@ class RunState:
                 failures=self.failures,
                 cancelled=sorted(self.cancelled),
                 owner=self.owner,
+                suspended=self.suspended,
+                reserve=self.reserve,
             )
         )
 
@@ -236,6 +252,8 @@ class RunState:
         state.failures = dict(snap.failures)
         state.cancelled = set(snap.cancelled)
         state.owner = snap.owner
+        state.suspended = snap.suspended
+        state.reserve = snap.reserve
         return state
 
     def plan(self) -> Plan:
@@ -263,6 +281,7 @@ class RunState:
             calls_used=self.calls_used,
             stopped_for_budget=self.stopped_for_budget,
             waiting=list(self.waiting),
+            suspended=self.suspended is not None,
         )
 
 

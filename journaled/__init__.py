@@ -6,7 +6,12 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+    RuntimeClosed,
+)
 from journaled.actors.runs import Runs
 from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.errors import (
@@ -80,6 +85,7 @@ __all__ = [
     "RunOwnedElsewhere",
     "Runs",
     "Runtime",
+    "RuntimeClosed",
     "StatusChange",
     "Step",
     "UnknownEventType",

@@ -15,6 +15,7 @@
     │   └── OrganizationNotConfigured
     ├── ActorTimeout (TimeoutError)
     ├── RunNotFound (KeyError)
+    ├── RuntimeClosed (RuntimeError)
     └── RunNotResumable (ValueError)
         └── RunOwnedElsewhere
 """
@@ -29,6 +30,7 @@ from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
+    RuntimeClosed,
 )
 from journaled.events.errors import (
     ConcurrencyConflict,
@@ -63,5 +65,6 @@ __all__ = [
     "RunNotFound",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "RuntimeClosed",
     "UnknownEventType",
 ]

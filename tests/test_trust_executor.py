@@ -15,10 +15,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pykka
+import pytest
 from crash import kill_when_in_flight
 
 import journaled
 from journaled import Plan, Step
+from journaled.events.runs import RunResumed
 from journaled.testing import ManualClock, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,3 +206,172 @@ def _race_two_resumes(journal_url: str) -> None:
         history = rt.runs.history(run_id)
         assert [e.kind for e in history].count("run.resumed") == 1
         assert rt.runs.state(run_id).run_status == "cancelled"
+
+
+# -- R3: shutdown is not cancel -------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _reopened(url: str) -> Iterator[journaled.Runtime | None]:
+    """Yield a new runtime on the journal of a closed one (None for ``memory://``, gone)."""
+    if url == "memory://":
+        yield None
+        return
+    with journaled.open(url) as again:
+        yield again
+
+
+def test_close_drains_the_step_in_flight_then_suspends(journal_url: str) -> None:
+    """R3: close() takes no new work, lets the step in flight finish, then suspends the run."""
+    entered = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def hold(x: str) -> str:
+        ran.append(x)
+        if x == "a":
+            entered.set()
+            release.wait(WAIT)
+        return x
+
+    rt = journaled.open(journal_url)
+    rt.register_tool("hold", hold)
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="hold", input="a"),
+            Step("b", tool="hold", input="b", depends_on=["a"]),
+        ],
+    )
+    thread, out = _in_thread(rt.execute, plan)
+    assert entered.wait(WAIT)
+    (run_id,) = rt.runs.active()
+    closer, closed = _in_thread(rt.close, drain=WAIT)
+    wait_for(lambda: rt.runs.closing, WAIT)
+    with pytest.raises(journaled.RuntimeClosed):
+        rt.execute(Plan(goal="late", steps=[Step("x", tool="hold", input="x")]))
+    release.set()
+    closer.join(WAIT)
+    thread.join(WAIT)
+    assert closed == [None]
+    result = out[0]
+    assert result.suspended
+    assert not result.ok
+    assert [(s.id, s.status) for s in result.plan.steps] == [("a", "succeeded"), ("b", "pending")]
+    assert ran == ["a"]
+    with _reopened(journal_url) as again:
+        if again is None:
+            return
+        kinds = [e.kind for e in again.runs.history(run_id)]
+        assert "run.suspended" in kinds
+        assert "run.cancel-requested" not in kinds
+        assert "run.finished" not in kinds
+        why = again.runs.why(run_id)
+        assert f"run {run_id} — suspended:" in why
+        assert "now: suspended when its runtime closed" in why
+        again.register_tool("hold", hold)
+        resumed = again.resume(run_id)
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert resumed.ok
+        assert ran == ["a", "b"]
+
+
+def test_close_suspends_a_step_that_outlives_the_drain(journal_url: str) -> None:
+    """R3/E14: a step still running when the drain ends is left in flight and runs again."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def stuck(_: object) -> str:
+        entered.set()
+        release.wait(WAIT)
+        return "late"
+
+    rt = journaled.open(journal_url, drain=0.2)
+    rt.register_tool("stuck", stuck)
+    thread, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="stuck")]))
+    try:
+        assert entered.wait(WAIT)
+        (run_id,) = rt.runs.active()
+        rt.close()  # the runtime's drain: 0.2 s
+        thread.join(WAIT)
+        assert out[0].suspended
+        assert [s.status for s in out[0].plan.steps] == ["running"]
+        with _reopened(journal_url) as again:
+            if again is None:
+                return
+            state = again.runs.state(run_id)
+            assert state.suspended is not None
+            assert state.suspended.in_flight == ("a",)
+            assert state.suspended.drain == 0.2
+            again.register_tool("stuck", lambda _: "quick")
+            resumed = again.resume(run_id)  # no take_over needed: the owner let it go
+            assert isinstance(resumed, journaled.ExecuteResult)
+            assert resumed.ok
+            history = again.runs.history(run_id)
+            rerun = [e.data.rerun for e in history if isinstance(e.data, RunResumed)]
+            assert rerun == [("a",)]
+    finally:
+        release.set()
+        wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
+
+
+EXIT_SCRIPT = r"""
+import json, os, sys, threading
+import journaled
+
+cfg = json.loads(sys.argv[1])
+entered = threading.Event()
+
+
+def stuck(_):
+    if cfg["mode"] == "resume":
+        return "quick"
+    entered.set()
+    threading.Event().wait()
+
+
+rt = journaled.open(cfg["url"], drain=0.5)
+rt.register_tool("stuck", stuck)
+rt.register_tool("free", lambda _: "free")
+steps = [journaled.Step("a", tool="free"), journaled.Step("b", tool="stuck", depends_on=["a"])]
+plan = journaled.Plan(goal="g", steps=steps)
+if cfg["mode"] == "resume":
+    (run_id,) = rt.runs.list()
+    print(json.dumps({"ok": rt.resume(run_id).ok}))
+    rt.close()
+else:
+    worker = threading.Thread(target=rt.execute, args=(plan,))  # not a daemon
+    worker.start()
+    entered.wait()
+    raise RuntimeError("the program fails with a run in flight and never calls close()")
+"""
+
+
+def test_a_program_that_never_closes_exits_and_its_run_resumes(tmp_path: Path) -> None:
+    """R3: an uncaught exception with a run in flight: the process exits, the run resumes."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+
+    def child(mode: str) -> subprocess.CompletedProcess[str]:
+        cfg = json.dumps({"url": url, "mode": mode})
+        return subprocess.run(
+            [sys.executable, "-c", EXIT_SCRIPT, cfg],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,  # the bound: a hang at exit fails here
+            check=False,
+        )
+
+    crashed = child("execute")
+    assert crashed.returncode == 1
+    assert "never calls close()" in crashed.stderr
+    with journaled.open(url) as rt:
+        (run_id,) = rt.runs.list()
+        state = rt.runs.state(run_id)
+        assert state.suspended is not None
+        assert state.suspended.cause == "exit"
+        assert state.suspended.in_flight == ("b",)
+        assert state.status == {"a": "succeeded", "b": "running"}
+    resumed = child("resume")
+    assert resumed.returncode == 0, resumed.stderr
+    assert json.loads(resumed.stdout) == {"ok": True}
