@@ -21,7 +21,7 @@ from crash import kill_when_in_flight
 
 import journaled
 from journaled import Plan, Step
-from journaled.events.runs import RunResumed
+from journaled.events.runs import CallsOverrun, RunResumed, RunStarted
 from journaled.testing import ManualClock, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -375,3 +375,186 @@ def test_a_program_that_never_closes_exits_and_its_run_resumes(tmp_path: Path) -
     resumed = child("resume")
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout) == {"ok": True}
+
+
+# -- R5: child runs are found again, never duplicated ---------------------------------------------
+
+
+def test_an_agent_step_that_runs_again_finds_its_child_run(journal_url: str) -> None:
+    """R5/E9: after an answer, the agent's ctx.execute gets its first child back, not a new one."""
+    child_steps: list[str] = []
+
+    def work(x: str) -> str:
+        child_steps.append(x)
+        return x
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        child = ctx.execute(Plan(goal="child", steps=[Step("c1", tool="work", input="c1")]))
+        if ctx.answer is None:
+            raise journaled.NeedsInput("go on?")
+        return journaled.AgentResult(output={"child": child.run_id, "ok": child.ok})
+
+    with journaled.open(journal_url) as rt:
+        rt.register_tool("work", work)
+        rt.register_agent("boss", agent)
+        first = rt.execute(Plan(goal="g", steps=[Step("s", agent="boss")]))
+        assert first.waiting == ["s"]
+        [child_id] = [r for r in rt.runs.list() if r != first.run_id]
+        done = rt.resume(first.run_id, answers={"s": "yes"})
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+        assert rt.runs.list() == [first.run_id, child_id]
+        assert child_steps == ["c1"]
+        assert done.observations[-1].output == {"child": child_id, "ok": True}
+        assert done.observations[-1].agent_task_id == child_id
+        started = rt.runs.history(child_id)[0].data
+        assert isinstance(started, RunStarted)
+        assert (started.parent_run, started.parent_step, started.parent_call) == (
+            first.run_id,
+            "s",
+            1,
+        )
+
+
+def test_a_child_suspended_by_close_is_resumed_with_its_parent(sqlite_url: str) -> None:
+    """R5/R3: close suspends parent and child; resuming the parent resumes that same child."""
+    entered = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def work(x: str) -> str:
+        ran.append(x)
+        if x == "c2" and not release.is_set():
+            entered.set()
+            release.wait(WAIT)
+        return x
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        steps = [Step("c1", tool="work", input="c1"), Step("c2", tool="work", input="c2")]
+        child = ctx.execute(Plan(goal="child", steps=steps), max_parallel_steps=1)
+        return journaled.AgentResult(output=child.ok)
+
+    rt = journaled.open(sqlite_url, drain=0.2)
+    rt.register_tool("work", work)
+    rt.register_agent("boss", agent)
+    thread, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("s", agent="boss")]))
+    try:
+        assert entered.wait(WAIT)
+        rt.close()
+        thread.join(WAIT)
+        assert out[0].suspended
+    finally:
+        release.set()
+        wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
+    with journaled.open(sqlite_url) as again:
+        parent_id = out[0].run_id
+        [child_id] = [r for r in again.runs.list() if r != parent_id]
+        assert again.runs.state(child_id).suspended is not None
+        suspended = again.runs.state(parent_id).suspended
+        assert suspended is not None
+        assert suspended.in_flight == ("s",)
+        again.register_tool("work", work)
+        again.register_agent("boss", agent)
+        done = again.resume(parent_id)
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+        assert again.runs.list() == [parent_id, child_id]
+        assert again.runs.state(child_id).run_status == "completed"
+        assert ran == ["c1", "c2", "c2"]  # c1 succeeded before the close: never again
+
+
+# -- R6: honest accounting ------------------------------------------------------------------------
+
+
+def reserve_three(step: Step, remaining: float) -> float:
+    """A reserve policy importable by name (R6): three model calls per agent step."""
+    return 3
+
+
+def test_a_skill_missing_on_resume_is_not_charged(sqlite_url: str) -> None:
+    """R6/E8: a skill that is not registered on resume fails without being charged."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("t", lambda _: "t")
+        rt.register_skill("s", lambda _: "s")
+        plan = Plan(goal="g", steps=[Step("a", tool="t"), Step("b", skill="s", depends_on=["a"])])
+        run_id = rt.execute(plan, call_budget=0).run_id
+    with journaled.open(sqlite_url) as again:
+        again.register_tool("t", lambda _: "t")
+        result = again.resume(run_id, call_budget=5)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert "skill 's' is not registered" in (result.observations[-1].error or "")
+        assert result.calls_used == 0
+
+
+def test_an_unbounded_reservation_runs_and_charges_what_it_reports(rt: journaled.Runtime) -> None:
+    """R6/E6: with no budget, reserve answering ``remaining`` (infinity) reserves without limit."""
+    seen: list[int | None] = []
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        seen.append(ctx.reservation)
+        return journaled.AgentResult(calls_used=4)
+
+    rt.register_agent("a", agent)
+    result = rt.execute(Plan(goal="g", steps=[Step("x", agent="a")]), reserve=lambda s, r: r)
+    assert result.ok, result.observations
+    assert seen == [None]
+    assert result.calls_used == 4
+
+
+def test_an_overrun_is_journaled_and_explained(rt: journaled.Runtime) -> None:
+    """R6/E8: an agent reporting 9 calls against a reservation of 2 is journaled as an overrun."""
+    rt.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=9))
+    plan = Plan(goal="g", steps=[Step("x", agent="a")])
+    result = rt.execute(plan, call_budget=10, reserve=lambda s, r: 2)
+    assert result.calls_used == 9
+    overruns = [e.data for e in rt.runs.history(result.run_id) if isinstance(e.data, CallsOverrun)]
+    assert [(o.step_id, o.reserved, o.reported) for o in overruns] == [("x", 2, 9)]
+    why = rt.runs.why(result.run_id)
+    assert "step 'x' overran its reservation: it reported 9 model call(s) against 2" in why
+
+
+def test_the_reserve_policy_is_journaled_and_used_on_resume(sqlite_url: str) -> None:
+    """R6/E7: a resume without reserve= costs agent steps with the journaled policy."""
+    agent_ran: list[str] = []
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        agent_ran.append(step.id)
+        return journaled.AgentResult()
+
+    plan = Plan(goal="g", steps=[Step("t", tool="t"), Step("x", agent="a", depends_on=["t"])])
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("t", lambda _: "t")
+        rt.register_agent("a", agent)
+        named = rt.execute(plan, call_budget=2, reserve=reserve_three)
+        anonymous = rt.execute(plan, call_budget=2, reserve=lambda s, r: 3)
+        assert named.stopped_for_budget
+        assert anonymous.stopped_for_budget
+    with journaled.open(sqlite_url) as again:
+        again.register_agent("a", agent)
+        resumed = again.resume(named.run_id, call_budget=2)
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert resumed.stopped_for_budget  # x still costs 3: not free at the gate
+        assert agent_ran == []
+        with pytest.raises(journaled.RunNotResumable, match="pass reserve= to resume"):
+            again.resume(anonymous.run_id, call_budget=2)
+        resumed = again.resume(named.run_id, call_budget=3)
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert resumed.ok
+        assert resumed.calls_used == 3
+
+
+def test_a_raising_reserve_fails_the_orchestration_without_raising(journal_url: str) -> None:
+    """R6/O1: a reserve that raises becomes a failed step and outcome, never an exception."""
+
+    def reserve(step: Step, remaining: float) -> float:
+        raise RuntimeError("no reservation today")
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("x", agent="a")])
+
+    with journaled.open(journal_url) as rt:
+        rt.register_agent("a", lambda step, ctx: journaled.AgentResult())
+        outcome = rt.orchestrate("g", planner, call_budget=5, reserve=reserve)
+        assert outcome.status == "failed"
+        assert "no reservation today" in outcome.summary
+        assert outcome.observations[-1].code == "agent-failed"
