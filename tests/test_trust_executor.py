@@ -558,3 +558,39 @@ def test_a_raising_reserve_fails_the_orchestration_without_raising(journal_url: 
         assert outcome.status == "failed"
         assert "no reservation today" in outcome.summary
         assert outcome.observations[-1].code == "agent-failed"
+
+
+def test_close_suspends_an_orchestration_pass_and_it_resumes(sqlite_url: str) -> None:
+    """R3/O5: close during a pass raises RuntimeClosed to orchestrate; the orchestration resumes."""
+    entered = threading.Event()
+    release = threading.Event()
+    ran: list[str] = []
+
+    def work(x: str) -> str:
+        ran.append(x)
+        if not release.is_set():
+            entered.set()
+            release.wait(WAIT)
+        return x
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", tool="work", input="a")])
+
+    rt = journaled.open(sqlite_url, drain=0.2)
+    rt.register_tool("work", work)
+    thread, out = _in_thread(rt.orchestrate, "g", planner)
+    try:
+        assert entered.wait(WAIT)
+        rt.close()
+        thread.join(WAIT)
+        assert isinstance(out[0], journaled.RuntimeClosed)
+    finally:
+        release.set()
+        wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
+    with journaled.open(sqlite_url) as again:
+        again.register_tool("work", work)
+        [orchestration] = [r for r in again.runs.list() if "orchestration" in again.runs.why(r)]
+        outcome = again.resume(orchestration, planner=planner)
+        assert isinstance(outcome, journaled.Outcome)
+        assert outcome.status == "completed"
+        assert ran == ["a", "a"]
