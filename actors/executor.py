@@ -3,8 +3,9 @@
 It never blocks. It tells each step to a step actor and is told the outcome back; the bounds
 (``max_parallel_steps`` batches, per-tool/skill/agent caps, the call budget, waiting) are plain
 counters in its own thread. Every decision is an event folded into the run's :class:`RunState`
-first and appended at the next quiescent point — before any step it starts is dispatched — so the
-journal always knows which steps were in flight (E12, E14).
+first and appended before any step it starts is dispatched — so the journal always knows which
+steps were in flight (E12, E14) — and a step's result is appended as soon as it comes (R4). When
+the runtime closes, the executor starts nothing more, drains, and suspends (R3, ADR 0020).
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Run events: every state change of a plan in execution, with its cause (SPEC section 2).
 
 A run is one stream (its run id). Its single writer is the executor actor running it; a second
-process trying to execute the same run collides on the stream's next version. Events are appended at
-quiescent points — a wave's partition and the steps it starts, a batch's results, a budget stop, the
-end — so a crash loses at most the steps in flight, and those are known from ``step-started``.
+process trying to execute the same run collides on the stream's next version. Events are appended
+with a wave's partition and the steps it starts, at each step's result, at a budget stop, a
+suspension and the end — so a crash loses at most the steps in flight, and those are known from
+``step-started`` (R4).
 """
 
 from __future__ import annotations
