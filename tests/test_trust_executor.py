@@ -594,3 +594,55 @@ def test_close_suspends_an_orchestration_pass_and_it_resumes(sqlite_url: str) ->
         assert isinstance(outcome, journaled.Outcome)
         assert outcome.status == "completed"
         assert ran == ["a", "a"]
+
+
+def test_a_suspension_and_an_overrun_rebuild_to_the_live_state(sqlite_url: str) -> None:
+    """R5/O7: at every appended position, including overrun and suspension, rebuilt == live."""
+    entered = threading.Event()
+    release = threading.Event()
+    trace: list[tuple[int, journaled.ExecuteResult]] = []
+
+    def stuck(_: object) -> str:
+        entered.set()
+        release.wait(WAIT)
+        return "late"
+
+    rt = journaled.open(sqlite_url, drain=0.1)
+    rt.register_agent("greedy", lambda step, ctx: journaled.AgentResult(calls_used=5))
+    rt.register_tool("stuck", stuck)
+    plan = Plan(
+        goal="g",
+        steps=[Step("x", agent="greedy"), Step("y", tool="stuck", depends_on=["x"])],
+    )
+    thread, out = _in_thread(
+        rt.runs.execute,
+        plan,
+        call_budget=10,
+        reserve=lambda s, r: 1,
+        trace=lambda position, live: trace.append((position, live)),
+    )
+    try:
+        assert entered.wait(WAIT)
+        rt.close()
+        thread.join(WAIT)
+    finally:
+        release.set()
+        wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
+    result = out[0]
+    assert result.suspended
+    with journaled.open(sqlite_url) as again:
+        kinds = [e.kind for e in again.runs.history(result.run_id)]
+        assert "run.calls-overrun" in kinds
+        assert kinds[-1] == "run.suspended"
+        assert len(trace) == len(kinds)
+        for position, live in trace:
+            assert again.runs.at(result.run_id, position) == live
+        assert again.runs.state(result.run_id).result() == result
+
+
+def test_a_bad_drain_is_refused_naming_it() -> None:
+    """R3: drain must be a non-negative number of seconds; the error names it."""
+    with pytest.raises(journaled.ConfigurationError, match="drain must be a non-negative"):
+        journaled.open("memory://", drain=-1)
+    with journaled.open("memory://") as rt, pytest.raises(journaled.ConfigurationError):
+        rt.close(drain=float("nan"))
