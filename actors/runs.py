@@ -64,7 +64,10 @@ def policy_name(reserve: Reserve | None) -> str | None:
     if reserve is None:
         return None
     module = getattr(reserve, "__module__", None) or "?"
-    name = getattr(reserve, "__qualname__", None) or type(reserve).__qualname__
+    name = getattr(reserve, "__qualname__", None)
+    if not isinstance(name, str):
+        # A callable object (a partial, an instance): named, but not to be imported back.
+        name = f"<{type(reserve).__qualname__} object>"
     return f"{module}:{name}"
 
 

@@ -7,6 +7,7 @@ R8 one executor per run inside one process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import subprocess
 import sys
@@ -21,6 +22,7 @@ from crash import kill_when_in_flight
 
 import journaled
 from journaled import Plan, Step
+from journaled.actors.runs import find_policy, policy_name
 from journaled.events.runs import CallsOverrun, RunResumed, RunStarted
 from journaled.testing import ManualClock, wait_for
 
@@ -646,3 +648,81 @@ def test_a_bad_drain_is_refused_naming_it() -> None:
         journaled.open("memory://", drain=-1)
     with journaled.open("memory://") as rt, pytest.raises(journaled.ConfigurationError):
         rt.close(drain=float("nan"))
+
+
+CHILD_CRASH_SCRIPT = r"""
+import json, os, sys, threading
+import journaled
+
+cfg = json.loads(sys.argv[1])
+
+
+def work(x):
+    with open(cfg["record"], "a", encoding="utf-8") as f:
+        f.write(x + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    if x == "c2" and cfg["mode"] == "execute":
+        open(os.path.join(cfg["markers"], "c2.inflight"), "w").close()
+        threading.Event().wait()
+    return x
+
+
+def boss(step, ctx):
+    steps = [journaled.Step("c1", tool="work", input="c1"),
+             journaled.Step("c2", tool="work", input="c2", depends_on=["c1"])]
+    child = ctx.execute(journaled.Plan(goal="child", steps=steps))
+    return journaled.AgentResult(output={"child": child.run_id, "ok": child.ok})
+
+
+with journaled.open(cfg["url"]) as rt:
+    rt.register_tool("work", work)
+    rt.register_agent("boss", boss)
+    if cfg["mode"] == "execute":
+        result = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("s", agent="boss")]))
+    else:
+        result = rt.resume(cfg["run_id"])
+    print(json.dumps({"ok": result.ok, "output": result.observations[-1].output}))
+"""
+
+
+def test_a_child_run_in_flight_at_sigkill_is_found_again(tmp_path: Path) -> None:
+    """R5/E14: SIGKILL inside a child run; on resume the parent step resumes that same child."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    record = tmp_path / "record.txt"
+    cfg: dict[str, Any] = {
+        "url": url,
+        "record": str(record),
+        "markers": str(tmp_path),
+        "mode": "execute",
+    }
+    kill_when_in_flight(CHILD_CRASH_SCRIPT, json.dumps(cfg), [tmp_path / "c2.inflight"], tmp_path)
+    with journaled.open(url) as rt:
+        parent, child = rt.runs.list()
+        assert rt.runs.state(parent).in_flight() == ["s"]
+        assert rt.runs.state(child).in_flight() == ["c2"]
+    cfg.update(mode="resume", run_id=parent)
+    done = subprocess.run(
+        [sys.executable, "-c", CHILD_CRASH_SCRIPT, json.dumps(cfg)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout) == {"ok": True, "output": {"child": child, "ok": True}}
+    assert record.read_text().split() == ["c1", "c2", "c2"]
+    with journaled.open(url) as rt:
+        assert rt.runs.list() == [parent, child]
+        assert rt.runs.state(child).run_status == "completed"
+
+
+def test_a_policy_object_is_named_but_never_imported_back() -> None:
+    """R6: a partial or callable object is journaled by name and not mistaken for its class."""
+    policy = functools.partial(reserve_three)
+    name = policy_name(policy)
+    assert name == "functools:<partial object>"
+    assert find_policy(name) is None
+    found = find_policy(policy_name(reserve_three) or "")
+    assert found is reserve_three
