@@ -7,6 +7,7 @@
     │   └── OrganizationNotConfigured         remembering into ``organization`` without one
     ├── ActorTimeout (TimeoutError)           an actor did not answer in time
     ├── RunNotFound (KeyError)                no run with that id in the journal
+    ├── RuntimeClosed (RuntimeError)          the runtime is closing: it takes no new work
     ├── RunNotResumable (ValueError)          finished, running here, or bad answers/options
     │   └── RunOwnedElsewhere                 another live process executes the run
     └── RunNotPurgeable (ValueError)          not finished, or its content is stored inline
@@ -47,6 +48,10 @@ class RunNotFound(ActorsError, KeyError):
 
     def __str__(self) -> str:
         return str(self.args[0]) if self.args else "run not found"
+
+
+class RuntimeClosed(ActorsError, RuntimeError):
+    """The runtime is closing or closed: it starts no run; runs it had are suspended (R3)."""
 
 
 class RunNotResumable(ActorsError, ValueError):

@@ -3,8 +3,9 @@
 It never blocks. It tells each step to a step actor and is told the outcome back; the bounds
 (``max_parallel_steps`` batches, per-tool/skill/agent caps, the call budget, waiting) are plain
 counters in its own thread. Every decision is an event folded into the run's :class:`RunState`
-first and appended at the next quiescent point — before any step it starts is dispatched — so the
-journal always knows which steps were in flight (E12, E14).
+first and appended before any step it starts is dispatched — so the journal always knows which
+steps were in flight (E12, E14) — and a step's result is appended as soon as it comes (R4). When
+the runtime closes, the executor starts nothing more, drains, and suspends (R3, ADR 0020).
 """
 
 from __future__ import annotations
@@ -27,9 +28,10 @@ from journaled.events.base import DomainEvent
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import (
     Reserve,
+    ReserveFailed,
     cancelled_observation,
     cap_key,
-    step_calls,
+    reservation,
     step_cap,
     waves,
 )
@@ -44,18 +46,22 @@ from journaled.events.plans import (
 from journaled.events.run_messages import (
     Begin,
     CancelRun,
+    Drain,
     Heartbeat,
     RunStep,
     StepDeadline,
     StepDone,
+    Suspend,
 )
 from journaled.events.run_state import RunState
 from journaled.events.runs import (
     BudgetStopped,
+    CallsOverrun,
     CancelRequested,
     RunFinished,
     RunHeartbeat,
     RunStatus,
+    RunSuspended,
     StepFailed,
     StepsSkipped,
     StepStarted,
@@ -70,6 +76,10 @@ _STOP_TIMEOUT = 5.0
 
 class Executor(pykka.ThreadingActor):
     """Execute one run to its next stop: completion, failure, a budget stop, a wait or a cancel."""
+
+    use_daemon_thread = True
+    """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
+    and closes first (R3)."""
 
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     """How long the run may be quiet before the executor appends a heartbeat."""
@@ -117,9 +127,16 @@ class Executor(pykka.ThreadingActor):
         self._heartbeat: threading.Timer | None = None
         self._begun = False
         self._cancel_early = False
-        self._reservations: dict[str, int] = {}
+        self._reservations: dict[str, int | None] = {}
+        """Each runnable agent's reservation, fixed when its wave was costed; None: unbounded."""
         self._step_tokens: dict[str, threading.Event] = {}
         self._reserve_errors: dict[str, str] = {}
+        self._draining = False
+        """The runtime is closing: start nothing more, suspend once nothing is in flight (R3)."""
+        self._drain: tuple[float, str] = (0.0, "close")
+        """(seconds the runtime drains, why) as told by :class:`Drain`."""
+        self._interrupted: list[str] = []
+        """Steps that came back without a result because the runtime is closing (R3)."""
 
     # -- messages --------------------------------------------------------------------------------
 
@@ -144,6 +161,10 @@ class Executor(pykka.ThreadingActor):
                 self._on_deadline(step_id, attempt)
             case CancelRun():
                 self._on_cancel()
+            case Drain(drain=drain, cause=cause):
+                self._on_drain(drain, cause)
+            case Suspend():
+                self._on_suspend()
             case _:
                 raise TypeError(f"executor got an unknown message {type(message).__name__}")
         return None
@@ -195,6 +216,9 @@ class Executor(pykka.ThreadingActor):
             if self.state.cancel_requested and self._wave_rest:
                 self._skip_for_cancel(self._wave_rest)
                 self._wave_rest = []
+            if self._draining and not self.state.cancel_requested and self._work_left():
+                self._suspend()
+                return
             if self._wave_rest:
                 self._start_batch()
                 continue
@@ -204,6 +228,14 @@ class Executor(pykka.ThreadingActor):
             if not self._partition_next_wave():
                 self._finish(self._final_status())
                 return
+
+    def _work_left(self) -> bool:
+        """Tell whether the run has steps still to start (or to start again) in this pass."""
+        if self._wave_rest or self._batch_queue or self._interrupted:
+            return True
+        if self.state.waiting:
+            return False  # the pass ends waiting after this wave anyway
+        return any(self.state.status[i] == "pending" for i in self.state.order)
 
     def _partition_next_wave(self) -> bool:
         """Partition the next wave with pending steps; False when there is none or a stop."""
@@ -273,14 +305,18 @@ class Executor(pykka.ThreadingActor):
         remaining = math.inf if budget is None else float(budget - self.state.calls_used)
         total = 0
         for step in runnable:
-            try:
-                cost = step_calls(step, remaining, self.reserve)
-            except Exception as exc:  # user code: a failing reserve fails its step, not the run
-                self._reserve_errors[step.id] = (
-                    f"reserve failed for agent {step.agent!r}: {type(exc).__name__}: {exc}"
-                )
+            if step.skill is not None:
+                cost = 1
+            elif step.agent is None:
                 cost = 0
-            self._reservations[step.id] = cost
+            else:
+                try:
+                    reserved = reservation(step, remaining, self.reserve)
+                except ReserveFailed as exc:  # a failing reserve fails its step, not the run
+                    self._reserve_errors[step.id] = str(exc)
+                    reserved = 0
+                self._reservations[step.id] = reserved
+                cost = reserved or 0  # unbounded only without a budget: nothing to gate
             total += cost
             remaining -= cost
         return total
@@ -294,6 +330,8 @@ class Executor(pykka.ThreadingActor):
 
     def _start_what_fits(self) -> None:
         """Start the queued steps of the batch whose per-key cap has room (E3)."""
+        if self._draining:
+            return  # the runtime is closing: the queued steps stay pending (R3)
         waiting: list[Step] = []
         for step in self._batch_queue:
             key = cap_key(step)
@@ -310,18 +348,18 @@ class Executor(pykka.ThreadingActor):
             StepStarted(at=self.clock(), step_id=step.id, attempt=attempt, wave=self.state.wave)
         )
         if self.registry.lookup(step) is None:
-            self._record(step, attempt, missing(step), None)
+            self._record(step, attempt, missing(step), None, ran=False)
             return
         problem = self._reserve_errors.pop(step.id, None)
         if problem is not None:
             obs = Observation(
                 step_id=step.id, agent=step.agent, ok=False, code="agent-failed", error=problem
             )
-            self._record(step, attempt, obs, None)
+            self._record(step, attempt, obs, None, ran=False)
             return
         key = cap_key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
-        reservation = self._reservations.get(step.id, 0)
+        reserved = self._reservations.get(step.id, 0)
         token = threading.Event()  # this step's: set by a cancel of the run or by its deadline
         if self.cancel_token.is_set():
             token.set()
@@ -331,7 +369,7 @@ class Executor(pykka.ThreadingActor):
                 run_id=self.state.run_id,
                 step=step,
                 attempt=attempt,
-                reservation=reservation,
+                reservation=reserved,
                 answer=self.state.answers.get(step.id),
                 cancel=token,
                 reply_to=self.actor_ref,
@@ -368,7 +406,13 @@ class Executor(pykka.ThreadingActor):
         step = self.state.steps[msg.step_id]
         self._idle.setdefault(step.kind or "tool", []).append(worker)
         self._release(step)
-        self._record(step, msg.attempt, msg.observation, msg.question)
+        if msg.interrupted:
+            # The runtime is closing under it (a child run was suspended): no result; the step
+            # stays in flight in the journal and runs again on resume (R3).
+            self._interrupted.append(step.id)
+            self._draining = True
+        else:
+            self._record(step, msg.attempt, msg.observation, msg.question)
         self._carry_on()
 
     def _on_deadline(self, step_id: str, attempt: int) -> None:
@@ -400,9 +444,15 @@ class Executor(pykka.ThreadingActor):
     def _carry_on(self) -> None:
         """After a step ended: start what now fits, then wait, dispatch, or move on."""
         self._start_what_fits()
-        if not self._in_flight and not self._to_dispatch and not self._batch_queue:
+        if (
+            not self._in_flight
+            and not self._to_dispatch
+            and (not self._batch_queue or self._draining)
+        ):
             self._advance()
-        elif self._to_dispatch:
+        else:
+            # The result is appended now, whatever its siblings are doing, so a crash re-runs
+            # only the steps still in flight (R4; ADR 0020 amends ADR 0008).
             self._flush_and_dispatch()
 
     def _on_cancel(self) -> None:
@@ -423,6 +473,44 @@ class Executor(pykka.ThreadingActor):
         else:
             self.recorder.flush()
 
+    def _on_drain(self, drain: float, cause: str) -> None:
+        """Stop taking work; suspend at once if nothing is in flight (R3)."""
+        self._draining = True
+        self._drain = (drain, cause)
+        if self._begun and not self._finished and not self._in_flight:
+            self._advance()
+
+    def _on_suspend(self) -> None:
+        """The drain time is up: suspend with the steps still in flight (R3)."""
+        self._draining = True
+        if self._begun and not self._finished:
+            self._suspend()
+
+    def _suspend(self) -> None:
+        """Journal ``run.suspended`` and stop; steps still in flight run again on resume (R3)."""
+        abandoned = list(self._in_flight.items())
+        self._in_flight.clear()
+        for step_id, (_, worker, timer) in abandoned:
+            if timer is not None:
+                timer.cancel()
+            token = self._step_tokens.get(step_id)
+            if token is not None:
+                token.set()  # its result is no longer wanted: it runs again on resume
+            worker.stop(block=False)  # busy in user code: abandoned, it ends when that returns
+            self._workers.remove(worker)
+        pending = {i for i, _ in abandoned} | set(self._interrupted)
+        drain, cause = self._drain
+        self.recorder.stage(
+            RunSuspended(
+                at=self.clock(),
+                in_flight=tuple(i for i in self.state.order if i in pending),
+                drain=drain,
+                cause=cause,
+            )
+        )
+        self.recorder.note("suspended")
+        self._end()
+
     def _skip_for_cancel(self, steps: list[Step]) -> None:
         observations = tuple(
             cancelled_observation(s, CANCELLED_ABORT, agent=True) for s in steps if s.agent
@@ -432,18 +520,43 @@ class Executor(pykka.ThreadingActor):
             StepsSkipped(at=self.clock(), observations=observations, unobserved=unobserved)
         )
 
-    def _record(self, step: Step, attempt: int, obs: Observation, question: str | None) -> None:
-        """Turn a step's observation into its event, charging calls (E8)."""
-        if step.skill is not None:
+    def _record(
+        self,
+        step: Step,
+        attempt: int,
+        obs: Observation,
+        question: str | None,
+        *,
+        ran: bool = True,
+    ) -> None:
+        """Turn a step's observation into its event, charging calls (E8, R6).
+
+        A step that did not run (its skill, tool or agent is missing, its reserve failed) is
+        charged nothing; an agent reporting more calls than its reservation is charged what it
+        reported and the overrun is journaled next to its result.
+        """
+        reserved = self._reservations.get(step.id, 0)
+        overrun: CallsOverrun | None = None
+        if not ran:
+            charged = 0
+        elif step.skill is not None:
             charged = 1
         elif step.agent is None or obs.code == "agent-not-enabled":
             charged = 0
         elif obs.calls_used is not None:
             charged = obs.calls_used
+            if reserved is not None and charged > reserved:
+                overrun = CallsOverrun(
+                    at=self.clock(),
+                    step_id=step.id,
+                    attempt=attempt,
+                    reserved=reserved,
+                    reported=charged,
+                )
         elif question is not None:
             charged = 0  # it waits and runs again: the reservation is charged when it finishes
         else:
-            charged = self._reservations.get(step.id, 0)
+            charged = reserved or 0  # an unbounded reservation (no budget) charges what it reports
         at = self.clock()
         event: DomainEvent
         if question is not None:
@@ -464,6 +577,8 @@ class Executor(pykka.ThreadingActor):
                 at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
             )
         self.recorder.stage(event)
+        if overrun is not None:
+            self.recorder.stage(overrun)
 
     def _release(self, step: Step) -> None:
         key = cap_key(step)
@@ -492,6 +607,11 @@ class Executor(pykka.ThreadingActor):
             )
         )
         self.recorder.note("plan-end")
+        self._end()
+
+    def _end(self) -> None:
+        """Append what is staged with a snapshot, answer whoever waits, and stop."""
+        state = self.state
         self.recorder.flush(snapshot=True)
         self._finished = True
         self._stop_workers()

@@ -90,6 +90,10 @@ Staged = tuple[str, DomainEvent]
 class MemoryWriter(pykka.ThreadingActor):
     """Decide memory commands, append their events atomically, and fan them out to scopes."""
 
+    use_daemon_thread = True
+    """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
+    and closes first (R3)."""
+
     auto_snapshot_events: int = 10_000
     """Folded events after which memory snapshots itself (see :meth:`_auto_snapshot_due`)."""
 

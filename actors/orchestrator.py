@@ -14,7 +14,7 @@ from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
 from journaled.events.base import DomainEvent, Event, Pending
@@ -324,6 +324,13 @@ class Orchestrations:
                 )
         d.answers = {}  # answers are for the run that waited, never for a later pass
         pass_state = self._runs.state(run_id)
+        if pass_state.suspended is not None:
+            # The runtime is closing (R3): the pass was suspended and the orchestration stays
+            # resumable as it is; nothing is decided, so nothing is appended.
+            raise RuntimeClosed(
+                f"the runtime closed while pass {st.pass_no} ({run_id}) of {st.run_id} ran: "
+                f"it was suspended; resume {st.run_id} in a new runtime"
+            )
         return [
             PassEnded(
                 at=self._clock(),

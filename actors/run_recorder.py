@@ -2,8 +2,9 @@
 
 The executor decides; the recorder keeps the run's :class:`RunState` and the journal in step. An
 event is folded into the state the moment it is staged, so the executor's next decision already
-sees it; the staged events are appended together when the executor reaches a quiescent point —
-before it dispatches any step they started — and only then is progress reported (E12).
+sees it; the staged events are appended together when the executor flushes — before it
+dispatches any step they started, and at each step's result (R4) — and progress is reported only
+after the append (E12).
 """
 
 from __future__ import annotations

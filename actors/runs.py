@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -16,6 +19,7 @@ from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
+    RuntimeClosed,
 )
 from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
@@ -31,7 +35,7 @@ from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from journaled.events.run_audit import explain_orchestration, explain_run
-from journaled.events.run_messages import Begin, CancelRun
+from journaled.events.run_messages import Begin, CancelRun, Drain, Suspend
 from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
@@ -42,6 +46,45 @@ _STOP_TIMEOUT = 5.0
 def new_run_id(now: int) -> str:
     """Make a collision-safe, time-ordered run id."""
     return f"{RUN_PREFIX}{now:012x}_{os.urandom(6).hex()}"
+
+
+def child_run_id(parent_run: str, step_id: str, call: int) -> str:
+    """Return the run id of the ``call``-th ``ctx.execute`` of a parent step (R5).
+
+    Derived, not drawn, so a step that runs again finds its child again. It keeps the parent's
+    time prefix, so children sort next to their parent.
+    """
+    digest = hashlib.sha256(f"{parent_run}\0{step_id}\0{call}".encode()).hexdigest()
+    stamp = parent_run[len(RUN_PREFIX) : len(RUN_PREFIX) + 12]
+    if len(stamp) != 12 or not all(c in "0123456789abcdef" for c in stamp):
+        stamp = digest[12:24]
+    return f"{RUN_PREFIX}{stamp}_{digest[:12]}"
+
+
+def policy_name(reserve: Reserve | None) -> str | None:
+    """Return how a ``reserve`` policy is journaled: ``module:qualname`` (R6)."""
+    if reserve is None:
+        return None
+    module = getattr(reserve, "__module__", None) or "?"
+    name = getattr(reserve, "__qualname__", None)
+    if not isinstance(name, str):
+        # A callable object (a partial, an instance): named, but not to be imported back.
+        name = f"<{type(reserve).__qualname__} object>"
+    return f"{module}:{name}"
+
+
+def find_policy(name: str) -> Reserve | None:
+    """Import a journaled ``reserve`` policy by ``module:qualname``; None if it cannot be."""
+    module_name, _, qualname = name.partition(":")
+    if not qualname or "<" in qualname:
+        return None  # a lambda or a local function: nothing to import
+    try:
+        found: Any = importlib.import_module(module_name)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError, ValueError):
+        return None
+    return found if callable(found) else None
 
 
 def check_budget(name: str, value: object) -> int | None:
@@ -68,6 +111,18 @@ def _normalise(plan: Plan, run_id: str) -> Plan:
     return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
 
 
+@dataclass
+class _Claim:
+    """This runtime's hold on one run id, taken before the run's state is read (R8)."""
+
+    executor: Any = None
+    """The run's executor actor, once started."""
+    token: threading.Event = field(default_factory=threading.Event)
+    """The run's cancel token."""
+    opened: threading.Event = field(default_factory=threading.Event)
+    """Set once the run's opening events are committed."""
+
+
 class Runs:
     """``rt.runs`` and the run operations of a runtime. Safe to use from any thread."""
 
@@ -85,9 +140,12 @@ class Runs:
         self._clock = clock
         self._agents = agents_enabled
         self._lock = threading.Lock()
-        self._active: dict[str, tuple[Any, threading.Event, threading.Event]] = {}
-        """run id -> (executor, cancel token, set once the run's opening events are committed)"""
+        self._active: dict[str, _Claim] = {}
+        """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
+        self._closing = False
+        """Set by :meth:`close`: no run starts from then on (R3)."""
+        self._drain: tuple[float, str] = (0.0, "close")
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -104,6 +162,7 @@ class Runs:
         parent: tuple[str, str] | None = None,
         trace: Trace | None = None,
         run_id: str | None = None,
+        call: int | None = None,
     ) -> ExecuteResult:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
         self.validate(plan)
@@ -126,6 +185,7 @@ class Runs:
         now = self._clock()
         run_id = run_id or new_run_id(now)
         settled = _normalise(plan, run_id)
+        claim = self._claim(run_id)
         started = RunStarted(
             at=now,
             run_id=run_id,
@@ -137,8 +197,10 @@ class Runs:
             parent_step=parent[1] if parent else None,
             step_timeout=float(step_timeout) if step_timeout is not None else None,
             owner=this_process(),
+            parent_call=call if parent else None,
+            reserve=policy_name(reserve),
         )
-        return self._run(run_id, RunState(), [started], reserve, on_progress, trace, parent)
+        return self._run(run_id, claim, RunState(), [started], reserve, on_progress, trace, parent)
 
     def validate(self, plan: Plan) -> None:
         """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
@@ -171,18 +233,38 @@ class Runs:
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
         """
+        claim = self._claim(run_id)
+        try:
+            state, opening, reserve = self._reopen(
+                run_id, call_budget, answers, reserve, on_progress, take_over
+            )
+        except BaseException:
+            self._release(run_id, claim)
+            raise
+        started = state.started
+        assert started is not None
+        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
+        return self._run(run_id, claim, state, opening, reserve, on_progress, trace, parent)
+
+    def _reopen(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        take_over: bool,
+    ) -> tuple[RunState, list[DomainEvent], Reserve | None]:
+        """Read a run this runtime has claimed and decide the events that reopen it."""
         state = self.state(run_id)
         if state.purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot resume")
-        with self._lock:
-            if run_id in self._active:
-                raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             raise RunNotResumable(
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
         took_over = None
-        if not state.is_finished and state.owner:
+        if not state.is_finished and state.suspended is None and state.owner:
             now = self._clock()
             if owner_alive(state.owner, state.last_at, now) and not take_over:
                 raise RunOwnedElsewhere(
@@ -206,6 +288,20 @@ class Runs:
                 )
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
+        journaled_policy = state.reserve
+        given_policy = policy_name(reserve)
+        if reserve is None and journaled_policy is not None:
+            reserve = find_policy(journaled_policy)
+            agents_left = any(
+                state.steps[i].agent is not None and state.status[i] != "succeeded"
+                for i in state.order
+            )
+            if reserve is None and agents_left:
+                raise RunNotResumable(
+                    f"run {run_id} costs its agent steps with reserve={journaled_policy}, "
+                    "which cannot be imported here: pass reserve= to resume so they cost the "
+                    "same (a resume without it would make them free at the budget gate)"
+                )
         now = self._clock()
         opening: list[DomainEvent] = []
         if given:
@@ -219,12 +315,33 @@ class Runs:
                 rerun=tuple(state.in_flight()),
                 owner=this_process(),
                 took_over_from=took_over,
+                reserve=given_policy if given_policy != journaled_policy else None,
             )
         )
-        started = state.started
-        assert started is not None
-        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
-        return self._run(run_id, state, opening, reserve, on_progress, trace, parent)
+        return state, opening, reserve
+
+    def _claim(self, run_id: str) -> _Claim:
+        """Hold a run id for one executor of this runtime, or raise RunOwnedElsewhere (R8)."""
+        with self._lock:
+            if run_id in self._active:
+                raise RunOwnedElsewhere(
+                    f"run {run_id} is being executed in this process right now; "
+                    "wait for that execution to end before resuming it"
+                )
+            if self._closing:
+                raise RuntimeClosed(
+                    f"cannot run {run_id}: the runtime is closing; open a new one to run or "
+                    "resume it"
+                )
+            claim = _Claim()
+            self._active[run_id] = claim
+            return claim
+
+    def _release(self, run_id: str, claim: _Claim) -> None:
+        """Drop a claim: only its owner does, so a loser never removes the winner's entry (R8)."""
+        with self._lock:
+            if self._active.get(run_id) is claim:
+                del self._active[run_id]
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
@@ -235,14 +352,15 @@ class Runs:
             self.cancel(child)
         if active is None:
             return False
-        executor, token, _ = active
-        token.set()
-        executor.tell(CancelRun())
+        active.token.set()
+        if active.executor is not None:
+            active.executor.tell(CancelRun())
         return True
 
     def _run(
         self,
         run_id: str,
+        claim: _Claim,
         state: RunState,
         opening: list[DomainEvent],
         reserve: Reserve | None,
@@ -251,29 +369,35 @@ class Runs:
         parent: tuple[str, str] | None,
     ) -> ExecuteResult:
         done: Future[ExecuteResult] = Future()
-        token = threading.Event()
-        opened = threading.Event()
-        executor = Executor.start(
-            journal=self._journal,
-            registry=self._registry,
-            state=state,
-            opening=opening,
-            done=done,
-            clock=self._clock,
-            cancel=token,
-            reserve=reserve,
-            on_progress=on_progress,
-            child_runner=self._child_runner,
-            trace=trace,
-            opened=opened,
-        )
+        try:
+            executor = Executor.start(
+                journal=self._journal,
+                registry=self._registry,
+                state=state,
+                opening=opening,
+                done=done,
+                clock=self._clock,
+                cancel=claim.token,
+                reserve=reserve,
+                on_progress=on_progress,
+                child_runner=self._child_runner,
+                trace=trace,
+                opened=claim.opened,
+            )
+        except BaseException:
+            self._release(run_id, claim)
+            raise
+        parent_active = None
         with self._lock:
-            self._active[run_id] = (executor, token, opened)
+            claim.executor = executor
+            closing = self._closing
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
-        if parent is not None and parent_active is not None and parent_active[1].is_set():
-            self.cancel(run_id)
+        if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
+            self.cancel(run_id)  # a cancel that came before the executor existed
+        if closing:
+            executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
         try:
             executor.tell(Begin())
             while True:
@@ -288,7 +412,8 @@ class Runs:
                         ) from None
         finally:
             with self._lock:
-                self._active.pop(run_id, None)
+                if self._active.get(run_id) is claim:
+                    del self._active[run_id]
                 self._children.pop(run_id, None)
                 if parent is not None:
                     siblings = self._children.get(parent[0])
@@ -298,9 +423,55 @@ class Runs:
                             del self._children[parent[0]]
 
     def _child_runner(
-        self, plan: Plan, *, parent: tuple[str, str], **options: Any
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
     ) -> ExecuteResult:
-        return self.execute(plan, parent=parent, **options)
+        """Run the ``call``-th child plan of a parent step, or find it again (R5).
+
+        A child that finished is answered from the journal; one that did not (the parent step
+        waited, crashed, was suspended or retried) is resumed, never started twice.
+        """
+        run_id = child_run_id(parent[0], parent[1], call)
+        if self._journal.first(run_id) is None:
+            return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
+        state = self.state(run_id)
+        if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
+            return state.result()
+        return self.resume(
+            run_id,
+            call_budget=options.get("call_budget"),
+            reserve=options.get("reserve"),
+            on_progress=options.get("on_progress"),
+        )
+
+    def close(self, drain: float, cause: str = "close") -> list[str]:
+        """Stop taking work, drain, then suspend every run still executing (R3).
+
+        No run starts from now on. Every executor is told to start no more steps; those whose
+        steps in flight end within ``drain`` seconds suspend on their own, the others are then
+        suspended with those steps still in flight (they run again on resume). Returns the runs
+        that did not stop even then.
+        """
+        with self._lock:
+            self._closing = True
+            self._drain = (drain, cause)
+            claims = list(self._active.values())
+        for claim in claims:
+            if claim.executor is not None:
+                claim.executor.tell(Drain(drain=drain, cause=cause))
+        still = self.wait_idle(drain)
+        if not still:
+            return []
+        with self._lock:
+            claims = [self._active[r] for r in still if r in self._active]
+        for claim in claims:
+            if claim.executor is not None:
+                claim.executor.tell(Suspend())
+        return self.wait_idle(_STOP_TIMEOUT)
+
+    @property
+    def closing(self) -> bool:
+        """Tell whether :meth:`close` was called: no run starts any more (R3)."""
+        return self._closing
 
     # -- erasure ---------------------------------------------------------------------------------
 
@@ -417,10 +588,13 @@ class Runs:
         deadline = time.monotonic() + timeout
         with self._lock:
             active = dict(self._active)
-        for executor, _, _ in active.values():
-            executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
+        for claim in active.values():
+            if claim.executor is not None:
+                claim.executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return sorted(r for r, (ex, _, _) in self._active.items() if ex.is_alive())
+            return sorted(
+                r for r, c in self._active.items() if c.executor is None or c.executor.is_alive()
+            )
 
     def active(self) -> list[str]:
         """Return the runs executing in this runtime now.
@@ -429,7 +603,7 @@ class Runs:
         can be read at once with :meth:`history`, :meth:`state` or :meth:`why`.
         """
         with self._lock:
-            return sorted(r for r, (_, _, opened) in self._active.items() if opened.is_set())
+            return sorted(r for r, claim in self._active.items() if claim.opened.is_set())
 
     def cancel_all(self) -> list[str]:
         """Ask every run executing in this runtime to stop, opened or not; return their ids."""

@@ -29,6 +29,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 class ScopeActor(pykka.ThreadingActor):
     """Hold one physical scope's facts and index; fold events; answer reads."""
 
+    use_daemon_thread = True
+    """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
+    and closes first (R3)."""
+
     def __init__(self, physical: str) -> None:
         super().__init__()
         self.state = ScopeState(physical)

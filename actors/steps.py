@@ -19,6 +19,7 @@ from typing import Any
 import msgspec
 import pykka
 
+from journaled.actors.errors import RuntimeClosed
 from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
 from journaled.events.run_messages import RunStep, StepDone
 
@@ -78,7 +79,8 @@ class AgentContext:
         attempt: 1 for the first execution; higher when the step runs again after a crash or an
             answer. Steps are executed at least once: use (run_id, step_id, attempt) to stay
             idempotent.
-        reservation: model calls reserved for this agent (E6).
+        reservation: model calls reserved for this agent (E6); None when unbounded (no call
+            budget and a ``reserve`` answering infinity): the agent is charged what it reports.
         answer: the human answer given on resume, or None (E10).
     """
 
@@ -91,17 +93,41 @@ class AgentContext:
         self._cancel: threading.Event | None = msg.cancel
         self._runner: Callable[..., ExecuteResult] | None = msg.child_runner
         self.child_runs: list[str] = []
+        self.interrupted = False
+        """Set when a child run was cut short by the runtime closing: the step has no result
+        and runs again on resume, whatever the agent returns (R3)."""
 
     def cancelled(self) -> bool:
         """Tell whether the run was asked to stop (E5)."""
         return self._cancel is not None and self._cancel.is_set()
 
     def execute(self, plan: Plan, **options: Any) -> ExecuteResult:
-        """Run a child plan as a journaled run linked to this step (E9)."""
+        """Run a child plan as a journaled run linked to this step (E9).
+
+        A child is identified by (this run, this step, the ordinal of this call within the step):
+        when the step runs again — after an answer, a crash or a retry — the same call finds its
+        child again and resumes it (or returns its result if it finished) instead of starting a
+        duplicate (R5). The plan given on a re-run is not compared with the first one.
+
+        Raises:
+            RuntimeClosed: the runtime is closing; the child (if any) was suspended and this step
+                runs again on resume.
+        """
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
-        result = self._runner(plan, parent=(self.run_id, self.step_id), **options)
+        call = len(self.child_runs) + 1
+        try:
+            result = self._runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
+        except RuntimeClosed:
+            self.interrupted = True
+            raise
         self.child_runs.append(result.run_id)
+        if result.suspended:
+            self.interrupted = True
+            raise RuntimeClosed(
+                f"the runtime closed while child run {result.run_id} ran; it was suspended and "
+                "this step runs again when its run is resumed"
+            )
         return result
 
 
@@ -137,8 +163,21 @@ def run_callable(kind: str, step: Step, fn: Callable[[Any], Any]) -> Observation
 def run_agent(
     step: Step, fn: Callable[[Step, AgentContext], Any], msg: RunStep
 ) -> tuple[Observation, str | None]:
-    """Run an agent function; return its observation and, if it waits, its question (E9, E10)."""
+    """Run an agent function; return its observation and, if it waits, its question (E9, E10).
+
+    Raises:
+        RuntimeClosed: a child run was cut short by the runtime closing (R3): no result.
+    """
     ctx = AgentContext(msg)
+    obs, question = _observe_agent(step, fn, ctx)
+    if ctx.interrupted:
+        raise RuntimeClosed(f"step {step.id!r} was interrupted by the runtime closing")
+    return obs, question
+
+
+def _observe_agent(
+    step: Step, fn: Callable[[Step, AgentContext], Any], ctx: AgentContext
+) -> tuple[Observation, str | None]:
     base: dict[str, Any] = {"step_id": step.id, "agent": step.agent}
     try:
         result = fn(step, ctx)
@@ -209,14 +248,23 @@ class StepActor(pykka.ThreadingActor):
         step = message.step
         fn = self.registry.lookup(step)
         question = None
+        interrupted = False
         if fn is None:
             obs = missing(step)
         elif step.agent is not None:
-            obs, question = run_agent(step, fn, message)
+            try:
+                obs, question = run_agent(step, fn, message)
+            except RuntimeClosed as exc:
+                obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))
+                interrupted = True
         else:
             obs = run_callable(self.kind, step, fn)
         done = StepDone(
-            step_id=step.id, attempt=message.attempt, observation=obs, question=question
+            step_id=step.id,
+            attempt=message.attempt,
+            observation=obs,
+            question=question,
+            interrupted=interrupted,
         )
         # If the run ended without this step (it timed out), nobody waits for the answer.
         with contextlib.suppress(pykka.ActorDeadError):

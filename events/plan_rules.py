@@ -6,6 +6,7 @@ they cannot disagree about what a step costs or which wave it is in.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Container, Sequence
 
 from journaled.events.errors import PlanRejected
@@ -127,23 +128,71 @@ def waves(steps: Sequence[Step]) -> list[list[Step]]:
     return out
 
 
+class ReserveFailed(ValueError):
+    """A ``reserve`` policy raised, or answered something that is not a number (E6, R6)."""
+
+
+def reservation(step: Step, remaining: float, reserve: Reserve | None) -> int | None:
+    """Return an agent step's reservation: ``max(0, trunc(reserve(step, remaining)))`` (E6).
+
+    An answer of infinity reserves all that remains — and with no call budget (``remaining`` is
+    infinite) the reservation is unbounded: None. An agent with an unbounded reservation is
+    charged what it reports (R6).
+
+    Raises:
+        ReserveFailed: the policy raised or answered NaN or a non-number.
+    """
+    if reserve is None:
+        return 0
+    try:
+        answer = reserve(step, remaining)
+    except Exception as exc:  # user code: the caller fails the step, never the run
+        raise ReserveFailed(
+            f"reserve failed for agent {step.agent!r}: {type(exc).__name__}: {exc}"
+        ) from exc
+    if isinstance(answer, bool) or not isinstance(answer, int | float) or math.isnan(answer):
+        raise ReserveFailed(
+            f"reserve failed for agent {step.agent!r}: it answered {answer!r}, not a number"
+        )
+    if math.isinf(answer):
+        if answer < 0:
+            return 0
+        if math.isinf(remaining):
+            return None
+        return max(0, int(remaining))
+    return max(0, int(answer))
+
+
 def step_calls(step: Step, remaining: float, reserve: Reserve | None) -> int:
-    """Return the model calls one step needs: skill 1, tool 0, agent its reservation (E6)."""
+    """Return the model calls one step needs: skill 1, tool 0, agent its reservation (E6).
+
+    An unbounded reservation (no budget) costs 0 here: nothing gates it.
+
+    Raises:
+        ReserveFailed: the reserve policy raised or answered a non-number.
+    """
     if step.skill is not None:
         return 1
     if step.agent is not None:
-        return max(0, int(reserve(step, remaining))) if reserve is not None else 0
+        return reservation(step, remaining, reserve) or 0
     return 0
 
 
 def fold_calls(
     steps: Sequence[Step], budget_remaining: float | None, reserve: Reserve | None
 ) -> int:
-    """Cost a list of steps sequentially against a declining remainder, in list order (E6)."""
+    """Cost a list of steps sequentially against a declining remainder, in list order (E6).
+
+    A step whose ``reserve`` fails costs 0 here: the executor fails that step when it reaches
+    it (E11), so an estimate never raises out of an orchestration.
+    """
     used = 0
     for step in steps:
         remaining = float("inf") if budget_remaining is None else budget_remaining - used
-        used += step_calls(step, remaining, reserve)
+        try:
+            used += step_calls(step, remaining, reserve)
+        except ReserveFailed:
+            continue
     return used
 
 

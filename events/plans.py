@@ -122,6 +122,8 @@ class ExecuteResult(msgspec.Struct, frozen=True, kw_only=True):
     stopped_for_budget: bool = False
     waiting: list[str] = []
     """Steps waiting for an answer; non-empty means the run is resumable, not failed."""
+    suspended: bool = False
+    """True when the runtime closed under the run: it stopped and can be resumed (R3)."""
 
 
 class StatusChange(msgspec.Struct, frozen=True, kw_only=True):

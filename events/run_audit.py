@@ -27,11 +27,13 @@ from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,
+    CallsOverrun,
     CancelRequested,
     RunFinished,
     RunPurged,
     RunResumed,
     RunStarted,
+    RunSuspended,
     StepFailed,
     StepsSkipped,
     StepStarted,
@@ -110,6 +112,20 @@ def describe_run_event(event: Event) -> str | None:
             return f"pass ended: {data.status}, {data.calls_used} model call(s) used"
         case RunPurged():
             return _purged(data, event.stream)
+        case RunSuspended():
+            flight = (
+                f"; {', '.join(data.in_flight)} still in flight, run again on resume"
+                if data.in_flight
+                else ""
+            )
+            why = "the runtime closed" if data.cause == "close" else "the process exited"
+            return f"suspended: {why} (drained up to {data.drain:g}s){flight}"
+        case CallsOverrun():
+            return (
+                f"step {data.step_id!r} overran its reservation: it reported {data.reported} "
+                f"model call(s) against {data.reserved} reserved, and was charged "
+                f"{data.reported}"
+            )
     return None
 
 
@@ -123,19 +139,26 @@ def explain_run(run_id: str, events: Sequence[Event]) -> str:
     if not events:
         return f"no run {run_id} in this journal"
     state = fold_run(list(events))
-    lines = [f"run {run_id} — {_run_status(state.run_status, state.is_finished)}:"]
+    status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
+    lines = [f"run {run_id} — {status}:"]
     lines += _timeline(events, describe_run_event)
     lines.append("now: " + _run_now(events))
     return "\n".join(lines)
 
 
-def _run_status(status: str | None, finished: bool) -> str:
+def _run_status(status: str | None, finished: bool, suspended: bool = False) -> str:
+    if suspended:
+        return "suspended"
     return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
 
 
 def _run_now(events: Sequence[Event]) -> str:
     state = fold_run(list(events))
     last = events[-1].data.at
+    if state.suspended is not None:
+        suspended_flight = state.suspended.in_flight
+        rerun = f"; step(s) {', '.join(suspended_flight)} run again" if suspended_flight else ""
+        return f"suspended when its runtime closed — resume it to carry on{rerun}"
     if not state.is_finished:
         flight = state.in_flight()
         return (

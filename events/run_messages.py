@@ -21,13 +21,27 @@ class CancelRun(RunMessage, frozen=True, kw_only=True, tag="run.cancel"):
     """Stop scheduling: steps not yet started are skipped (E5)."""
 
 
+class Drain(RunMessage, frozen=True, kw_only=True, tag="run.drain"):
+    """The runtime is closing: start nothing more; suspend once no step is in flight (R3)."""
+
+    drain: float = 0.0
+    """Seconds the runtime waits for the steps in flight."""
+    cause: str = "close"
+    """``close`` or ``exit``: journaled with the suspension."""
+
+
+class Suspend(RunMessage, frozen=True, kw_only=True, tag="run.suspend"):
+    """The drain time is up: suspend now, leaving the steps still in flight to run again (R3)."""
+
+
 class RunStep(RunMessage, frozen=True, kw_only=True, tag="run.run-step"):
     """Execute one step and tell the executor the outcome."""
 
     run_id: str
     step: Step
     attempt: int
-    reservation: int = 0
+    reservation: int | None = 0
+    """Model calls reserved for an agent step (E6); None: unbounded (no call budget)."""
     answer: str | None = None
     cancel: Any = None
     """This step's cancel token (a ``threading.Event``), set when the run is cancelled or the
@@ -46,6 +60,9 @@ class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
     observation: Observation
     question: str | None = None
     """Set when an agent asked for input (``NeedsInput``)."""
+    interrupted: bool = False
+    """The step could not finish because the runtime is closing (a child run was suspended):
+    no result is journaled and the step runs again on resume (R3)."""
 
 
 class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline"):

@@ -15,6 +15,7 @@ from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,
+    CallsOverrun,
     CancelRequested,
     RunFinished,
     RunHeartbeat,
@@ -22,6 +23,7 @@ from journaled.events.runs import (
     RunResumed,
     RunStarted,
     RunStatus,
+    RunSuspended,
     StepFailed,
     StepsSkipped,
     StepStarted,
@@ -58,6 +60,8 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     failures: dict[str, str]
     cancelled: list[str]
     owner: str = ""
+    suspended: RunSuspended | None = None
+    reserve: str | None = None
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -95,6 +99,10 @@ class RunState:
         self.owner = ""
         self.purged: RunPurged | None = None
         """Set once the run's content was erased: it cannot be resumed (ADR 0018)."""
+        self.suspended: RunSuspended | None = None
+        """Set while the run is suspended by a closing runtime (R3); a resume clears it."""
+        self.reserve: str | None = None
+        """The reserve policy the run was last executed with, as ``module:qualname`` (R6)."""
 
     @property
     def is_finished(self) -> bool:
@@ -118,6 +126,7 @@ class RunState:
         match data:
             case RunStarted():
                 self.owner = data.owner
+                self.reserve = data.reserve
                 self.run_id = data.run_id
                 self.started = data
                 self.budget = data.call_budget
@@ -166,6 +175,9 @@ class RunState:
                 self.stopped_for_budget = False
                 self.waiting = []
                 self.finished = None
+                self.suspended = None
+                if data.reserve is not None:
+                    self.reserve = data.reserve
                 for step_id in data.rerun:
                     self.status[step_id] = "pending"
             case RunFinished():
@@ -174,6 +186,10 @@ class RunState:
                 pass  # liveness only: last_at is updated above
             case RunPurged():
                 self.purged = data
+            case RunSuspended():
+                self.suspended = data
+            case RunHeartbeat() | CallsOverrun():
+                pass  # liveness, and an audit note next to the charge its step event carries
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 
@@ -208,6 +224,8 @@ class RunState:
                 failures=self.failures,
                 cancelled=sorted(self.cancelled),
                 owner=self.owner,
+                suspended=self.suspended,
+                reserve=self.reserve,
             )
         )
 
@@ -241,6 +259,8 @@ class RunState:
         state.failures = dict(snap.failures)
         state.cancelled = set(snap.cancelled)
         state.owner = snap.owner
+        state.suspended = snap.suspended
+        state.reserve = snap.reserve
         return state
 
     def plan(self) -> Plan:
@@ -268,6 +288,7 @@ class RunState:
             calls_used=self.calls_used,
             stopped_for_budget=self.stopped_for_budget,
             waiting=list(self.waiting),
+            suspended=self.suspended is not None,
         )
 
 

@@ -5,9 +5,10 @@ their content in a forgettable payload beside the event, so ``runs purge`` can e
 held it inline and is upcast unchanged (ADR 0018).
 
 A run is one stream (its run id). Its single writer is the executor actor running it; a second
-process trying to execute the same run collides on the stream's next version. Events are appended at
-quiescent points — a wave's partition and the steps it starts, a batch's results, a budget stop, the
-end — so a crash loses at most the steps in flight, and those are known from ``step-started``.
+process trying to execute the same run collides on the stream's next version. Events are appended
+with a wave's partition and the steps it starts, at each step's result, at a budget stop, a
+suspension and the end — so a crash loses at most the steps in flight, and those are known from
+``step-started`` (R4).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
     """Seconds after which a step that has not answered fails (None: no limit)."""
     owner: str = ""
     """The process executing the run (``host/pid/start-time``)."""
+    parent_call: int | None = None
+    """For a child run: which ``ctx.execute`` call of the parent step started it, from 1 (R5)."""
+    reserve: str | None = None
+    """The ``reserve`` policy as ``module:qualname``, so a resume costs agents the same way (R6)."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True
@@ -175,12 +180,43 @@ class RunResumed(DomainEvent, frozen=True, kw_only=True, tag="run.resumed"):
     """The process executing the run from now on."""
     took_over_from: str | None = None
     """The previous owner, found dead, when the run had not finished its pass."""
+    reserve: str | None = None
+    """A ``reserve`` policy given to this resume (``module:qualname``); None keeps the last (R6)."""
 
 
 class RunHeartbeat(DomainEvent, frozen=True, kw_only=True, tag="run.heartbeat"):
     """The owner is alive and still executing (appended when it was quiet for a while)."""
 
     owner: str
+
+
+class RunSuspended(DomainEvent, frozen=True, kw_only=True, tag="run.suspended"):
+    """The runtime closed under the run: it stopped taking work and drained; still resumable (R3).
+
+    Unlike ``run.finished``, a suspended run is not an end: ``resume`` carries it on, in this
+    process or another, without waiting for the owner's lease (the owner let it go).
+    """
+
+    in_flight: tuple[str, ...] = ()
+    """Steps whose results had not come back when the drain ended: they run again on resume."""
+    drain: float = 0.0
+    """Seconds the runtime waited for steps in flight."""
+    cause: str = "close"
+    """``close`` (``rt.close()`` or leaving ``with``) or ``exit`` (the interpreter exiting)."""
+
+
+class CallsOverrun(DomainEvent, frozen=True, kw_only=True, tag="run.calls-overrun"):
+    """An agent reported more model calls than its reservation; it is charged what it reported (R6).
+
+    Appended right after the step's result, so an audit shows where a budget was overspent.
+    """
+
+    step_id: str
+    attempt: int
+    reserved: int
+    """The reservation the budget gate approved for the step (E6)."""
+    reported: int
+    """The ``calls_used`` the agent reported (and was charged, E8)."""
 
 
 class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):
@@ -223,4 +259,6 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunFinished,
     RunHeartbeat,
     RunPurged,
+    RunSuspended,
+    CallsOverrun,
 )

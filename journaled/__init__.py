@@ -11,6 +11,7 @@ from journaled.actors.errors import (
     RunNotPurgeable,
     RunNotResumable,
     RunOwnedElsewhere,
+    RuntimeClosed,
 )
 from journaled.actors.runs import Runs
 from journaled.actors.steps import AgentContext, NeedsInput
@@ -87,6 +88,7 @@ __all__ = [
     "RunOwnedElsewhere",
     "Runs",
     "Runtime",
+    "RuntimeClosed",
     "ScrubPending",
     "StatusChange",
     "Step",

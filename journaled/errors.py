@@ -15,6 +15,7 @@
     │   └── OrganizationNotConfigured
     ├── ActorTimeout (TimeoutError)
     ├── RunNotFound (KeyError)
+    ├── RuntimeClosed (RuntimeError)
     ├── RunNotResumable (ValueError)
     │   └── RunOwnedElsewhere
     ├── RunNotPurgeable (ValueError)
@@ -32,6 +33,7 @@ from journaled.actors.errors import (
     RunNotPurgeable,
     RunNotResumable,
     RunOwnedElsewhere,
+    RuntimeClosed,
     ScrubPending,
 )
 from journaled.events.errors import (
@@ -68,6 +70,7 @@ __all__ = [
     "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "RuntimeClosed",
     "ScrubPending",
     "UnknownEventType",
 ]

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
+import weakref
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from journaled.actors.clock import Clock, system_clock
-from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.orchestrator import Orchestrations, Planner
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs
@@ -27,8 +30,8 @@ from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
 
 ENV_URL = "JOURNALED_URL"
-CLOSE_WAIT = 30.0
-"""Seconds close() waits for cancelled runs to stop before closing the journal under them."""
+DRAIN = 10.0
+"""Default seconds close() waits for steps in flight before suspending their runs (R3)."""
 log = logging.getLogger("journaled")
 SNAPSHOT_MIN_EVENTS = 500
 """On close, memory is snapshotted when at least this many events were folded since the last."""
@@ -72,7 +75,9 @@ class Runtime:
         agents: bool = True,
         create: bool = True,
         follow: float | None = 0.2,
+        drain: float = DRAIN,
     ) -> None:
+        self._drain = _check_drain(drain)
         resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
         config = parse_url(resolved)
         if organization is None:
@@ -121,6 +126,8 @@ class Runtime:
         )
         self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
         self._closed = False
+        self._close_lock = threading.Lock()
+        _OPEN.add(self)
 
     # -- registration ----------------------------------------------------------------------------
 
@@ -182,7 +189,12 @@ class Runtime:
 
         The planner is ``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``.
         A planner failure is a ``failed`` outcome, never an exception out of here.
+
+        Raises:
+            RuntimeClosed: the runtime is closing (or closed while a pass ran: that pass was
+                suspended and the orchestration can be resumed in a new runtime).
         """
+        self._check_open()
         return self._orchestrations.orchestrate(
             goal,
             planner,
@@ -216,6 +228,7 @@ class Runtime:
         planner's question (or the one waiting step). ``take_over`` resumes an unfinished run
         even though its owner looks alive (use it only when you know that process is gone).
         """
+        self._check_open()
         if self._journal.first(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
@@ -252,17 +265,31 @@ class Runtime:
         """Fold events other processes appended since; return the position reached."""
         return self._actors.catch_up()
 
-    def close(self) -> None:
-        """Stop every actor and close the journal. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
-        self.runs.cancel_all()
-        # Cancelled runs finish their steps in flight and journal how they ended before the
-        # journal closes; a step stuck in user code past the wait is abandoned (at-least-once).
-        still = self.runs.wait_idle(CLOSE_WAIT)
+    def _check_open(self) -> None:
+        if self.runs.closing:
+            raise RuntimeClosed("the runtime is closed: open a new one with journaled.open()")
+
+    def close(self, drain: float | None = None) -> None:
+        """Stop taking work, drain, suspend what is unfinished, and close the journal (R3).
+
+        No run starts from now on. Steps in flight get up to ``drain`` seconds (default: the
+        ``drain`` given to :func:`open`, 10 s) to finish and journal their results; then every
+        run still executing is journaled ``run.suspended`` — steps still in flight run again on
+        resume — and stays resumable by ``rt.resume`` in a new runtime. Nothing is cancelled:
+        only ``cancel(run_id)`` cancels. Idempotent.
+        """
+        self._close(drain, "close")
+
+    def _close(self, drain: float | None, cause: str) -> None:
+        wait = self._drain if drain is None else _check_drain(drain)
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
+        _OPEN.discard(self)
+        still = self.runs.close(wait, cause)
         if still:
-            log.warning("closing with run(s) %s still executing a step", ", ".join(still))
+            log.warning("closing with run(s) %s still executing", ", ".join(still))
         try:
             if self._journal.config.backend != "memory":
                 self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
@@ -298,12 +325,15 @@ def open(
     embedder: Embedder | None = None,
     agents: bool = True,
     follow: float | None = 0.2,
+    drain: float = DRAIN,
 ) -> Runtime:
     """Open a runtime over the journal at ``url`` (default ``$JOURNALED_URL``, then the
     embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors.
 
     ``follow`` is how often (seconds) memory polls the journal for what other processes append
     (None: only on ``rt.refresh()`` or a write conflict); in-process journals never poll.
+    ``drain`` is how long ``close()`` waits for steps in flight before suspending their runs
+    (R3); a process that exits without closing its runtimes closes them the same way.
     """
     return Runtime(
         url,
@@ -312,4 +342,45 @@ def open(
         embedder=embedder,
         agents=agents,
         follow=follow,
+        drain=drain,
     )
+
+
+def _check_drain(drain: object) -> float:
+    if (
+        isinstance(drain, bool)
+        or not isinstance(drain, int | float)
+        or not 0 <= drain < float("inf")
+    ):
+        raise ConfigurationError(f"drain must be a non-negative number of seconds, got {drain!r}")
+    return float(drain)
+
+
+_OPEN: weakref.WeakSet[Runtime] = weakref.WeakSet()
+"""Runtimes not closed yet: the interpreter closes them on exit (R3)."""
+
+
+def _close_at_exit() -> None:
+    """Close (drain, then suspend) every runtime the program left open (R3).
+
+    Registered to run when the main thread ends — before the interpreter waits for other
+    non-daemon threads, so a thread blocked in ``execute`` gets its suspended run back and ends.
+    """
+    for runtime in list(_OPEN):
+        try:
+            runtime._close(None, "exit")
+        except Exception:
+            log.exception("closing a runtime at exit failed")
+
+
+def _register_at_exit() -> None:
+    # threading's own exit hooks run before non-daemon threads are joined (concurrent.futures
+    # uses them for the same reason); plain atexit would run only after those threads ended.
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(_close_at_exit)
+    else:  # pragma: no cover - other interpreters
+        atexit.register(_close_at_exit)
+
+
+_register_at_exit()

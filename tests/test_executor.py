@@ -492,7 +492,7 @@ def test_charging(runtime: journaled.Runtime) -> None:
 
 def test_agent_gets_its_reservation(runtime: journaled.Runtime) -> None:
     """E9: an agent step runs with ctx.reservation = trunc(reserve(step, remaining))."""
-    seen: list[int] = []
+    seen: list[int | None] = []
 
     def agent(step: Step, ctx: journaled.AgentContext) -> AgentResult:
         seen.append(ctx.reservation)
