@@ -11,6 +11,9 @@ two things the library lacks:
   PostgreSQL it deletes the row, then rewrites the table (``VACUUM FULL``) once no snapshot can
   still see it;
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
+- a digest chain (R7, ADR 0021, :mod:`._digest`): each append records, in its own transaction, a
+  digest per event chained to its predecessor's and a digest per payload it writes or erases;
+  :meth:`Journal.verify` checks the whole journal against them;
 - SQLite: one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``;
 - PostgreSQL: tables created by :func:`migrate` (idempotent, serialised by an advisory lock), never
   by the library's racy automatic DDL. Positions are the library's notification ids: they increase
@@ -51,10 +54,18 @@ from journaled.events.journal._common import (
     Row,
     _MsgspecMapper,
 )
+from journaled.events.journal._digest import (
+    ChainBroken,
+    DigestRow,
+    Problem,
+    VerifyReport,
+)
+from journaled.events.journal._digest import verify as _verify
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
 from journaled.events.journal._postgres import (
     _POSTGRES_MISSING,
     _hide,
+    _pg_chained,
     _pg_connect,
     _pg_exists,
     _require_postgres,
@@ -156,6 +167,8 @@ class Journal:
                 raise error from None  # the driver's reason is above, with any password hidden
             raise error from exc
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
+        if config.backend == "postgresql" and not create:
+            self._recorder.chained = _chain_tables(config)  # type: ignore[union-attr]
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -181,6 +194,11 @@ class Journal:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
         """
         self._check_open()
+        if not events and (payloads or forget):
+            raise ValueError(
+                "payloads and erasures must be appended with at least one event: the digest "
+                "chain covers them through it (R7)"
+            )
         mapper = self._app.mapper
         stored = [mapper.to_stored_event(p) for p in events]  # type: ignore[arg-type]
         try:
@@ -233,6 +251,42 @@ class Journal:
                 conn.close()
 
     # -- reading ---------------------------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Read the whole journal and check it against its digest chain (R7).
+
+        Every event is read and decoded; from the position where the chain starts (the first
+        append by a release that writes digests) each event must match its digest, link to its
+        predecessor and be in its place, and every payload must match its digest unless it was
+        erased through the journal. Reads a consistent view up to the position it starts at;
+        appends made meanwhile are left for the next check.
+
+        Returns:
+            The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
+            position) with its kind and reason.
+        """
+        self._check_open()
+        upto, entries, payloads = self._recorder.select_digest_state()
+
+        def events() -> Iterator[Row]:
+            start = 0
+            while True:
+                rows = self._recorder.select_rows(start, upto, 1000)
+                yield from rows
+                if len(rows) < 1000:
+                    return
+                start = rows[-1][0]
+
+        def digests() -> Iterator[DigestRow]:
+            start = 0
+            while True:
+                rows = self._recorder.select_digests(start, upto, 1000)
+                yield from rows
+                if len(rows) < 1000:
+                    return
+                start = rows[-1][0]
+
+        return _verify(events, digests(), entries, payloads, self._event)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""
@@ -347,13 +401,31 @@ class Journal:
             raise JournalClosed(f"journal {self.config.url} is closed")
 
 
+def _chain_tables(config: JournalConfig) -> bool:
+    """Make sure a PostgreSQL journal opened for reading has the digest tables (R7).
+
+    A journal made by an older release lacks them: create them (idempotent, serialised), or
+    append unchained if this user may not, since an open never fails for want of a chain.
+    """
+    if _pg_chained(config):
+        return True
+    try:
+        migrate(config)
+    except JournalUrlError:
+        return False
+    return _pg_chained(config)
+
+
 __all__ = [
     "APP_NAME",
     "EVENTS_TABLE_POSTGRES",
     "PAYLOAD_TABLE",
     "SNAPSHOT_TABLE",
+    "ChainBroken",
     "CorruptEvent",
     "Journal",
+    "Problem",
     "Row",
+    "VerifyReport",
     "migrate",
 ]

@@ -24,6 +24,13 @@ from journaled.events.journal._common import (
     SNAPSHOT_TABLE,
     Row,
 )
+from journaled.events.journal._digest import (
+    DIGEST_TABLE,
+    PAYLOAD_DIGEST_TABLE,
+    DigestRow,
+    PayloadDigestRow,
+    chain,
+)
 
 
 class _Pool(SQLiteConnectionPool):
@@ -54,6 +61,10 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             "(stream TEXT PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID",
             f"CREATE TABLE IF NOT EXISTS {SNAPSHOT_TABLE} "
             "(stream TEXT PRIMARY KEY, version INTEGER NOT NULL, state BLOB NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {DIGEST_TABLE} (position INTEGER PRIMARY KEY, "
+            "prev INTEGER, event_hash BLOB NOT NULL, digest BLOB NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {PAYLOAD_DIGEST_TABLE} (key TEXT NOT NULL, "
+            "position INTEGER NOT NULL, digest BLOB, PRIMARY KEY (key, position)) WITHOUT ROWID",
         ]
 
     def _insert_events(
@@ -70,6 +81,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             last = int(c.lastrowid)
             positions.extend(range(last - len(chunk) + 1, last + 1))
         payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
+        if stored_events:
+            self._chain(c, positions, stored_events, payloads, kwargs.get("forget") or ())
         if payloads:
             c.executemany(
                 f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
@@ -94,6 +107,60 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 [(k, v, b) for k, (v, b) in snapshots.items()],
             )
         return positions
+
+    def _chain(
+        self,
+        c: SQLiteCursor,
+        positions: Sequence[int],
+        stored_events: Sequence[StoredEvent],
+        payloads: Mapping[str, bytes],
+        forget: Sequence[str],
+    ) -> None:
+        """Extend the digest chain (R7); the INSERT above holds the file's write lock."""
+        c.execute(f"SELECT position, digest FROM {DIGEST_TABLE} ORDER BY position DESC LIMIT 1")  # noqa: S608
+        head = c.fetchone()
+        events = [
+            (str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored_events
+        ]
+        added = chain(
+            (int(head[0]), bytes(head[1])) if head else None, positions, events, payloads, forget
+        )
+        for start in range(0, len(added.digests), _ROWS_PER_INSERT):
+            rows = added.digests[start : start + _ROWS_PER_INSERT]
+            values = ",".join(["(?,?,?,?)"] * len(rows))
+            c.execute(
+                f"INSERT INTO {DIGEST_TABLE} VALUES {values}",  # noqa: S608
+                [v for row in rows for v in row],
+            )
+        if added.payloads:
+            c.executemany(f"INSERT INTO {PAYLOAD_DIGEST_TABLE} VALUES (?,?,?)", added.payloads)  # noqa: S608
+
+    def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
+        """Return digest rows after a position, up to another, in order (R7)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT position, prev, event_hash, digest FROM {DIGEST_TABLE} "  # noqa: S608
+                "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?",
+                [after, upto, limit],
+            )
+            return [(int(r[0]), r[1], bytes(r[2]), bytes(r[3])) for r in c.fetchall()]
+
+    def select_digest_state(self) -> tuple[int, list[PayloadDigestRow], dict[str, bytes]]:
+        """Return, from one snapshot, the last position, payload digests and payloads (R7)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT max(rowid) FROM {self.events_table_name}")  # noqa: S608
+            upto = int(c.fetchone()[0] or 0)
+            c.execute(f"SELECT max(position) FROM {DIGEST_TABLE}")  # noqa: S608
+            upto = max(upto, int(c.fetchone()[0] or 0))
+            c.execute(
+                f"SELECT key, position, digest FROM {PAYLOAD_DIGEST_TABLE} WHERE position <= ?",  # noqa: S608
+                [upto],
+            )
+            entries = [
+                (str(r[0]), int(r[1]), None if r[2] is None else bytes(r[2])) for r in c.fetchall()
+            ]
+            c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
+            return upto, entries, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
 
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
