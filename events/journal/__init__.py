@@ -271,7 +271,7 @@ class Journal:
         def events() -> Iterator[Row]:
             start = 0
             while True:
-                rows = self._recorder.select_rows(start, upto, 1000)
+                rows = self._recorder.select_raw(start, upto, 1000)
                 yield from rows
                 if len(rows) < 1000:
                     return

@@ -81,6 +81,10 @@ class _POPORecorder(POPOApplicationRecorder):
                     break
             return out
 
+    def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+        """Return rows as stored, for verification (R7)."""
+        return self.select_rows(after, upto, limit)
+
     def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
         """Return digest rows after a position, up to another, in order (R7)."""
         with self._database_lock:

@@ -298,6 +298,10 @@ if _POSTGRES_MISSING is None:
                     )
             return positions
 
+        def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+            """Return rows as stored, for verification (R7)."""
+            return self.select_rows(after, upto, limit)
+
         def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
             """Return digest rows after a position, up to another, in order (R7)."""
             if not self.chained:

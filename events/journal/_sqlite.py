@@ -135,6 +135,26 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if added.payloads:
             c.executemany(f"INSERT INTO {PAYLOAD_DIGEST_TABLE} VALUES (?,?,?)", added.payloads)  # noqa: S608
 
+    def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+        """Return rows as stored bytes, even when a column was rewritten as invalid text (R7)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                "SELECT rowid, CAST(originator_id AS BLOB), originator_version, "  # noqa: S608
+                f"CAST(topic AS BLOB), CAST(state AS BLOB) FROM {self.events_table_name} "
+                "WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?",
+                [after, upto, limit],
+            )
+            return [
+                (
+                    int(r[0]),
+                    bytes(r[1] or b"").decode("utf-8", "replace"),
+                    int(r[2]),
+                    bytes(r[3] or b"").decode("utf-8", "replace"),
+                    bytes(r[4] or b""),
+                )
+                for r in c.fetchall()
+            ]
+
     def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
         """Return digest rows after a position, up to another, in order (R7)."""
         with self.datastore.transaction(commit=False) as c:
