@@ -286,7 +286,7 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests(), entries, payloads, self._event)
+        return _verify(events, digests, entries, payloads, self._event)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""

@@ -168,14 +168,15 @@ def _merge(
 
 def verify(
     events: Callable[[], Iterator[Row]],
-    digests: Iterator[DigestRow],
+    digests: Callable[[], Iterator[DigestRow]],
     entries: Iterable[PayloadDigestRow],
     payloads: Mapping[str, bytes],
     decode: Callable[[Row], Any],
 ) -> VerifyReport:
     """Check events, digests and payloads read up to one position; return the first problem.
 
-    ``events`` is called again only to name the position an out-of-place event was recorded at.
+    ``events`` and ``digests`` are called again only to name the position that an out-of-place
+    event's content was recorded at.
     """
     at: dict[int, list[tuple[str, bytes | None]]] = {}
     latest: dict[str, tuple[int, bytes | None]] = {}
@@ -188,12 +189,14 @@ def verify(
     start: int | None = None
     prev: int | None = None
     prev_digest: bytes | None = None
-    for position, event, stored in _merge(events(), digests):
+    for position, event, stored in _merge(events(), digests()):
         if event is not None:
             count += 1
             if stored is None and start is None:
                 unchained += 1
-        problem = _check(event, stored, position, start, prev, prev_digest, at, decode, events)
+        problem = _check(
+            event, stored, position, start, prev, prev_digest, at, decode, (events, digests)
+        )
         if problem is not None:
             found.append(problem)
             break
@@ -222,7 +225,7 @@ def _check(
     prev_digest: bytes | None,
     at: Mapping[int, list[tuple[str, bytes | None]]],
     decode: Callable[[Row], Any],
-    events: Callable[[], Iterator[Row]],
+    again: tuple[Callable[[], Iterator[Row]], Callable[[], Iterator[DigestRow]]],
 ) -> Problem | None:
     if stored is None:
         assert event is not None
@@ -265,7 +268,7 @@ def _check(
     _, stream, version, topic, state = event
     ehash = event_hash(stream, version, topic, state)
     if ehash != stored[2]:
-        origin = _stored_at(events, state, position)
+        origin = _recorded_at(again, state, position)
         if origin is not None:
             return Problem(
                 position=position,
@@ -289,11 +292,18 @@ def _check(
     return _decodes(event, decode)
 
 
-def _stored_at(events: Callable[[], Iterator[Row]], state: bytes, position: int) -> int | None:
-    """Return another position that stores the same content, if any (a swap or a move)."""
-    for other in events():
-        if other[0] != position and other[4] == state:
-            return other[0]
+def _recorded_at(
+    again: tuple[Callable[[], Iterator[Row]], Callable[[], Iterator[DigestRow]]],
+    state: bytes,
+    position: int,
+) -> int | None:
+    """Return the other position whose recorded content this state is, if any (a swap, a move)."""
+    events, digests = again
+    for other, event, stored in _merge(events(), digests()):
+        if other != position and event is not None and stored is not None:
+            _, stream, version, topic, _ = event
+            if event_hash(stream, version, topic, state) == stored[2]:
+                return other
     return None
 
 
