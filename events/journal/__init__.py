@@ -168,7 +168,7 @@ class Journal:
             raise error from exc
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
         if config.backend == "postgresql" and not create:
-            self._recorder.chained = _chain_tables(config)  # type: ignore[union-attr]
+            self._recorder.chained = _chain_tables(config)
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -266,7 +266,7 @@ class Journal:
             position) with its kind and reason.
         """
         self._check_open()
-        upto, entries, payloads = self._recorder.select_digest_state()
+        upto, payloads = self._recorder.select_digest_state()
 
         def events() -> Iterator[Row]:
             start = 0
@@ -286,7 +286,7 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests, entries, payloads, self._event)
+        return _verify(events, digests, payloads, self._event)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""

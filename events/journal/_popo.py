@@ -11,28 +11,30 @@ from eventsourcing.persistence import (
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
 from journaled.events.journal._common import Row
-from journaled.events.journal._digest import DigestRow, PayloadDigestRow, chain
+from journaled.events.journal._digest import DigestRow, chain
 
 
 class _POPORecorder(POPOApplicationRecorder):
     """The library's in-memory recorder, plus forgettable payloads and stream reads."""
+
+    chained = True
+    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)."""
 
     def __init__(self) -> None:
         super().__init__()
         self._payloads: dict[str, bytes] = {}
         self._snapshots: dict[str, tuple[int, bytes]] = {}
         self._digests: list[DigestRow] = []
-        self._payload_digests: list[PayloadDigestRow] = []
 
     def _insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
         with self._database_lock:
             positions = super()._insert_events(stored_events)
-            if stored_events and positions:
+            if stored_events and positions and self.chained:
                 head = self._digests[-1] if self._digests else None
-                added = chain(
-                    (head[0], head[3]) if head else None,
+                self._digests += chain(
+                    (head[0], head[5]) if head else None,
                     positions,
                     [
                         (str(e.originator_id), e.originator_version, e.topic, e.state)
@@ -41,8 +43,6 @@ class _POPORecorder(POPOApplicationRecorder):
                     kwargs.get("payloads") or {},
                     kwargs.get("forget") or (),
                 )
-                self._digests += added.digests
-                self._payload_digests += added.payloads
             self._payloads.update(kwargs.get("payloads") or {})
             for stream in kwargs.get("forget") or ():
                 self._payloads.pop(stream, None)
@@ -86,15 +86,14 @@ class _POPORecorder(POPOApplicationRecorder):
         return self.select_rows(after, upto, limit)
 
     def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
-        """Return digest rows after a position, up to another, in order (R7)."""
+        """Return digest records after a position, up to another, in order (R7)."""
         with self._database_lock:
-            rows = [d for d in self._digests[max(after - 1, 0) :] if after < d[0] <= upto]
-            return rows[:limit]
+            return [d for d in self._digests if after < d[0] <= upto][:limit]
 
-    def select_digest_state(self) -> tuple[int, list[PayloadDigestRow], dict[str, bytes]]:
-        """Return, at one instant, the last position, payload digests and payloads (R7)."""
+    def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+        """Return, at one instant, the last position and the payloads (R7)."""
         with self._database_lock:
-            return len(self._stored_events), list(self._payload_digests), dict(self._payloads)
+            return len(self._stored_events), dict(self._payloads)
 
     def select_stream(
         self, stream: str, after_version: int, upto: int | None, limit: int | None

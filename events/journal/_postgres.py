@@ -39,13 +39,7 @@ from journaled.events.journal._common import (
     SNAPSHOT_TABLE,
     Row,
 )
-from journaled.events.journal._digest import (
-    DIGEST_TABLE,
-    PAYLOAD_DIGEST_TABLE,
-    DigestRow,
-    PayloadDigestRow,
-    chain,
-)
+from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain
 from journaled.events.url import JournalConfig
 
 
@@ -70,9 +64,8 @@ def _pg_ddl() -> list[str]:
         f"CREATE TABLE IF NOT EXISTS public.{SNAPSHOT_TABLE} "
         "(stream text PRIMARY KEY, version bigint NOT NULL, state bytea NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS public.{DIGEST_TABLE} (position bigint PRIMARY KEY, "
-        "prev bigint, event_hash bytea NOT NULL, digest bytea NOT NULL)",
-        f"CREATE TABLE IF NOT EXISTS public.{PAYLOAD_DIGEST_TABLE} (key text NOT NULL, "
-        "position bigint NOT NULL, digest bytea, PRIMARY KEY (key, position))",
+        "first bigint NOT NULL, prev bigint, hashes bytea NOT NULL, entries bytea, "
+        "digest bytea NOT NULL)",
     ]
 
 
@@ -160,8 +153,8 @@ def _pg_chained(config: JournalConfig) -> bool:
     """Tell whether a PostgreSQL journal has the digest tables (R7; older ones lack them)."""
     with _pg_connect(config) as conn:
         row = conn.execute(
-            "SELECT to_regclass(%s) IS NOT NULL AND to_regclass(%s) IS NOT NULL",
-            [f"public.{DIGEST_TABLE}", f"public.{PAYLOAD_DIGEST_TABLE}"],
+            "SELECT to_regclass(%s) IS NOT NULL",
+            [f"public.{DIGEST_TABLE}"],
         ).fetchone()
         return bool(row and row[0])
 
@@ -197,7 +190,8 @@ if _POSTGRES_MISSING is None:
         class uses the typed :attr:`_store`."""
 
         chained = True
-        """Extend the digest chain on append (R7): False on a journal without its tables."""
+        """Extend the digest chain on append (R7): off on a journal without its tables (and to
+        measure its cost, bench/journal.py)."""
 
         @property
         def _store(self) -> PostgresDatastore:
@@ -275,7 +269,7 @@ if _POSTGRES_MISSING is None:
                 return positions
             with kwargs["head"][0] as cursor:
                 found = cursor.fetchone()
-                added = chain(
+                rows = chain(
                     (int(found[0]), bytes(found[1])) if found else None,
                     positions,
                     [
@@ -285,17 +279,12 @@ if _POSTGRES_MISSING is None:
                     kwargs.get("payloads") or {},
                     kwargs.get("forget") or (),
                 )
+                values = ",".join(["(%s,%s,%s,%s,%s,%s)"] * len(rows))
                 cursor.execute(
-                    f"INSERT INTO public.{DIGEST_TABLE} (position, prev, event_hash, digest) "  # noqa: S608
-                    "SELECT * FROM unnest(%s::bigint[], %s::bigint[], %s::bytea[], %s::bytea[])",
-                    [list(column) for column in zip(*added.digests, strict=True)],
+                    f"INSERT INTO public.{DIGEST_TABLE} "  # noqa: S608
+                    f"(position, first, prev, hashes, entries, digest) VALUES {values}",
+                    [v for row in rows for v in row],
                 )
-                if added.payloads:
-                    cursor.execute(
-                        f"INSERT INTO public.{PAYLOAD_DIGEST_TABLE} (key, position, digest) "  # noqa: S608
-                        "SELECT * FROM unnest(%s::text[], %s::bigint[], %s::bytea[])",
-                        [list(column) for column in zip(*added.payloads, strict=True)],
-                    )
             return positions
 
         def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
@@ -303,18 +292,28 @@ if _POSTGRES_MISSING is None:
             return self.select_rows(after, upto, limit)
 
         def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
-            """Return digest rows after a position, up to another, in order (R7)."""
+            """Return digest records after a position, up to another, in order (R7)."""
             if not self.chained:
                 return []
             rows = self._fetch(
-                f"SELECT position, prev, event_hash, digest FROM public.{DIGEST_TABLE} "  # noqa: S608
+                f"SELECT position, first, prev, hashes, entries, digest FROM public.{DIGEST_TABLE} "  # noqa: S608
                 "WHERE position > %s AND position <= %s ORDER BY position LIMIT %s",
                 [after, upto, limit],
             )
-            return [(int(r[0]), r[1], bytes(r[2]), bytes(r[3])) for r in rows]
+            return [
+                (
+                    int(r[0]),
+                    int(r[1]),
+                    None if r[2] is None else int(r[2]),
+                    bytes(r[3]),
+                    None if r[4] is None else bytes(r[4]),
+                    bytes(r[5]),
+                )
+                for r in rows
+            ]
 
-        def select_digest_state(self) -> tuple[int, list[PayloadDigestRow], dict[str, bytes]]:
-            """Return, from one snapshot, the last position, payload digests and payloads (R7)."""
+        def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+            """Return, from one snapshot, the last position (events or digests) and payloads."""
             with (
                 self._store.get_connection() as conn,
                 conn.transaction(),
@@ -326,22 +325,12 @@ if _POSTGRES_MISSING is None:
                 )
                 found = curs.fetchone()
                 upto = int(found[0] or 0) if found else 0
-                entries: list[PayloadDigestRow] = []
                 if self.chained:
                     curs.execute(f"SELECT max(position) FROM public.{DIGEST_TABLE}")  # noqa: S608
                     found = curs.fetchone()
                     upto = max(upto, int(found[0] or 0) if found else 0)
-                    curs.execute(
-                        f"SELECT key, position, digest FROM public.{PAYLOAD_DIGEST_TABLE} "  # noqa: S608
-                        "WHERE position <= %s",
-                        [upto],
-                    )
-                    entries = [
-                        (str(r[0]), int(r[1]), None if r[2] is None else bytes(r[2]))
-                        for r in curs.fetchall()
-                    ]
                 curs.execute(f"SELECT stream, payload FROM public.{PAYLOAD_TABLE}")  # noqa: S608
-                return upto, entries, {str(r[0]): bytes(r[1]) for r in curs.fetchall()}
+                return upto, {str(r[0]): bytes(r[1]) for r in curs.fetchall()}
 
         def _fetch(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
             """Run one read on a pooled connection, retried if the connection was dropped."""

@@ -24,13 +24,7 @@ from journaled.events.journal._common import (
     SNAPSHOT_TABLE,
     Row,
 )
-from journaled.events.journal._digest import (
-    DIGEST_TABLE,
-    PAYLOAD_DIGEST_TABLE,
-    DigestRow,
-    PayloadDigestRow,
-    chain,
-)
+from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain
 
 
 class _Pool(SQLiteConnectionPool):
@@ -53,6 +47,10 @@ class _FullPool(_Pool):
 class _SQLiteRecorder(SQLiteApplicationRecorder):
     """The library's recorder, plus forgettable payloads and one INSERT per append."""
 
+    chained = True
+    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)."""
+    _head: tuple[int, bytes] | None = None
+
     def construct_create_table_statements(self) -> list[str]:
         """Return the library's events table and our payload table."""
         return [
@@ -62,9 +60,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             f"CREATE TABLE IF NOT EXISTS {SNAPSHOT_TABLE} "
             "(stream TEXT PRIMARY KEY, version INTEGER NOT NULL, state BLOB NOT NULL)",
             f"CREATE TABLE IF NOT EXISTS {DIGEST_TABLE} (position INTEGER PRIMARY KEY, "
-            "prev INTEGER, event_hash BLOB NOT NULL, digest BLOB NOT NULL)",
-            f"CREATE TABLE IF NOT EXISTS {PAYLOAD_DIGEST_TABLE} (key TEXT NOT NULL, "
-            "position INTEGER NOT NULL, digest BLOB, PRIMARY KEY (key, position)) WITHOUT ROWID",
+            "first INTEGER NOT NULL, prev INTEGER, hashes BLOB NOT NULL, entries BLOB, "
+            "digest BLOB NOT NULL)",
         ]
 
     def _insert_events(
@@ -81,7 +78,7 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             last = int(c.lastrowid)
             positions.extend(range(last - len(chunk) + 1, last + 1))
         payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
-        if stored_events:
+        if stored_events and self.chained:
             self._chain(c, positions, stored_events, payloads, kwargs.get("forget") or ())
         if payloads:
             c.executemany(
@@ -116,24 +113,28 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         payloads: Mapping[str, bytes],
         forget: Sequence[str],
     ) -> None:
-        """Extend the digest chain (R7); the INSERT above holds the file's write lock."""
-        c.execute(f"SELECT position, digest FROM {DIGEST_TABLE} ORDER BY position DESC LIMIT 1")  # noqa: S608
-        head = c.fetchone()
+        """Extend the digest chain (R7); the INSERT above holds the file's write lock.
+
+        The head (last position, digest) is remembered from this recorder's own last append:
+        SQLite gives out positions one after the other, so if this append starts right after
+        it, no other connection has appended since and the head need not be read again.
+        """
+        head = self._head
+        if head is None or positions[0] != head[0] + 1:
+            c.execute(f"SELECT position, digest FROM {DIGEST_TABLE} ORDER BY position DESC LIMIT 1")  # noqa: S608
+            found = c.fetchone()
+            head = (int(found[0]), bytes(found[1])) if found else None
         events = [
             (str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored_events
         ]
-        added = chain(
-            (int(head[0]), bytes(head[1])) if head else None, positions, events, payloads, forget
+        rows = chain(head, positions, events, payloads, forget)
+        values = ",".join(["(?,?,?,?,?,?)"] * len(rows))
+        c.execute(
+            f"INSERT INTO {DIGEST_TABLE} (position, first, prev, hashes, entries, digest) "  # noqa: S608
+            f"VALUES {values}",
+            [v for row in rows for v in row],
         )
-        for start in range(0, len(added.digests), _ROWS_PER_INSERT):
-            rows = added.digests[start : start + _ROWS_PER_INSERT]
-            values = ",".join(["(?,?,?,?)"] * len(rows))
-            c.execute(
-                f"INSERT INTO {DIGEST_TABLE} VALUES {values}",  # noqa: S608
-                [v for row in rows for v in row],
-            )
-        if added.payloads:
-            c.executemany(f"INSERT INTO {PAYLOAD_DIGEST_TABLE} VALUES (?,?,?)", added.payloads)  # noqa: S608
+        self._head = (rows[-1][0], rows[-1][5])  # a rolled-back append fails the check above
 
     def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
         """Return rows as stored bytes, even when a column was rewritten as invalid text (R7)."""
@@ -156,31 +157,34 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             ]
 
     def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
-        """Return digest rows after a position, up to another, in order (R7)."""
+        """Return digest records after a position, up to another, in order (R7)."""
         with self.datastore.transaction(commit=False) as c:
             c.execute(
-                f"SELECT position, prev, event_hash, digest FROM {DIGEST_TABLE} "  # noqa: S608
+                f"SELECT position, first, prev, hashes, entries, digest FROM {DIGEST_TABLE} "  # noqa: S608
                 "WHERE position > ? AND position <= ? ORDER BY position LIMIT ?",
                 [after, upto, limit],
             )
-            return [(int(r[0]), r[1], bytes(r[2]), bytes(r[3])) for r in c.fetchall()]
+            return [
+                (
+                    int(r[0]),
+                    int(r[1]),
+                    None if r[2] is None else int(r[2]),
+                    bytes(r[3]),
+                    None if r[4] is None else bytes(r[4]),
+                    bytes(r[5]),
+                )
+                for r in c.fetchall()
+            ]
 
-    def select_digest_state(self) -> tuple[int, list[PayloadDigestRow], dict[str, bytes]]:
-        """Return, from one snapshot, the last position, payload digests and payloads (R7)."""
+    def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+        """Return, from one snapshot, the last position (events or digests) and payloads (R7)."""
         with self.datastore.transaction(commit=False) as c:
             c.execute(f"SELECT max(rowid) FROM {self.events_table_name}")  # noqa: S608
             upto = int(c.fetchone()[0] or 0)
             c.execute(f"SELECT max(position) FROM {DIGEST_TABLE}")  # noqa: S608
             upto = max(upto, int(c.fetchone()[0] or 0))
-            c.execute(
-                f"SELECT key, position, digest FROM {PAYLOAD_DIGEST_TABLE} WHERE position <= ?",  # noqa: S608
-                [upto],
-            )
-            entries = [
-                (str(r[0]), int(r[1]), None if r[2] is None else bytes(r[2])) for r in c.fetchall()
-            ]
             c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
-            return upto, entries, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
+            return upto, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
 
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
