@@ -26,6 +26,7 @@ from journaled.runtime import verify
 from journaled.testing import ManualClock
 
 SQL_BACKENDS = ["sqlite", "postgresql"]
+CHAIN_COLUMNS = ("chain_first", "chain_prev", "chain_hashes", "chain_entries", "chain_digest")
 EVENTS = {
     "sqlite": ("stored_events", "rowid"),
     "postgresql": ("journaled_events", "notification_id"),
@@ -131,14 +132,30 @@ def test_deleting_an_event_row_is_reported_as_removed(db_url: str) -> None:
     _failed(_check(db_url), position, "removed")
 
 
-def test_deleting_an_event_with_its_digest_is_reported_by_the_next_link(db_url: str) -> None:
+def test_deleting_an_event_with_its_digest_is_reported_by_the_next_link(pg_url: str) -> None:
     """R7: deleting an event and its digest record leaves a gap the chain names (J1)."""
+    facts = _story(pg_url)
+    position = _position(pg_url, facts[2])
+    _sql(pg_url, "DELETE FROM journaled_events WHERE notification_id = ?", (position,))
+    _sql(pg_url, "DELETE FROM journaled_digests WHERE position = ?", (position,))
+    _failed(_check(pg_url), position, "removed")
+
+
+def test_deleting_a_digest_record_is_reported(db_url: str) -> None:
+    """R7: a commit's digest record erased behind the journal's back is reported at its event."""
     facts = _story(db_url)
     position = _position(db_url, facts[2])
-    table, pos = EVENTS[_backend(db_url)]
-    _sql(db_url, f"DELETE FROM {table} WHERE {pos} = ?", (position,))  # noqa: S608
-    _sql(db_url, "DELETE FROM journaled_digests WHERE position = ?", (position,))
-    _failed(_check(db_url), position, "removed")
+    _strip_digests(db_url, position, position)
+    _failed(_check(db_url), position, "altered")
+
+
+def _strip_digests(url: str, first: int, last: int) -> None:
+    """Delete the digest records of positions first..last, wherever the backend keeps them."""
+    if _backend(url) == "sqlite":
+        columns = ", ".join(f"{c} = NULL" for c in CHAIN_COLUMNS)
+        _sql(url, f"UPDATE stored_events SET {columns} WHERE rowid BETWEEN ? AND ?", (first, last))  # noqa: S608
+    else:
+        _sql(url, "DELETE FROM journaled_digests WHERE position BETWEEN ? AND ?", (first, last))
 
 
 def test_swapping_two_events_payloads_is_reported_at_the_first(db_url: str) -> None:
@@ -196,7 +213,7 @@ def test_an_undecodable_event_is_reported(db_url: str) -> None:
     assert report.problem is not None
     assert report.problem.position == position
     assert report.problem.kind == "altered"  # the digest catches it before the decoder does
-    _sql(db_url, "DELETE FROM journaled_digests WHERE position >= ?", (1,))
+    _strip_digests(db_url, 1, 10**9)
     report = _check(db_url)  # without digests, the decoder alone finds it
     _failed(report, position, "undecodable")
 
@@ -334,7 +351,11 @@ def test_an_old_journal_without_digests_opens_and_says_where_the_chain_starts(
 ) -> None:
     """R7: a journal written before digests opens, works, and verify names the chain's start."""
     _story(db_url)
-    _sql(db_url, "DROP TABLE journaled_digests")  # as written by the previous release
+    if _backend(db_url) == "sqlite":  # as written by the previous release
+        for column in CHAIN_COLUMNS:
+            _sql(db_url, f"ALTER TABLE stored_events DROP COLUMN {column}")
+    else:
+        _sql(db_url, "DROP TABLE journaled_digests")
     cli = CliRunner().invoke(main, ["--url", db_url, "journal", "verify"])
     assert cli.exit_code == 0, cli.output
     assert "no digest chain yet" in cli.output

@@ -198,11 +198,14 @@ def verify(
     records = digests()
     for record in records:
         last, first, _, _, _, digest = record
+        if start is not None:  # a broken link explains the events before this commit
+            problem = _link(record, start, prev, stream.peek())
         while problem is None and (event := stream.peek()) is not None and event[0] < first:
             count += 1
             unchained += start is None
             problem = _outside(stream.pop(), start, decode)
-        problem = problem or _link(record, start, prev)
+        if start is None:
+            problem = problem or _link(record, start, prev, None)
         if problem is None:
             group: list[Row] = []
             while (event := stream.peek()) is not None and event[0] <= last:
@@ -270,8 +273,14 @@ def _outside(event: Row, start: int | None, decode: Callable[[Row], Any]) -> Pro
     )
 
 
-def _link(record: DigestRow, start: int | None, prev: int | None) -> Problem | None:
-    """Check that a commit's record links to the commit before it."""
+def _link(
+    record: DigestRow, start: int | None, prev: int | None, waiting: Row | None
+) -> Problem | None:
+    """Check that a commit's record links to the commit before it.
+
+    ``waiting`` is the next event not yet checked: if the link skips over it, that event is still
+    there and only its commit's digest record is gone.
+    """
     last, first, link_prev = record[0], record[1], record[2]
     if start is None and link_prev is not None:
         return Problem(
@@ -283,6 +292,13 @@ def _link(record: DigestRow, start: int | None, prev: int | None) -> Problem | N
     if start is None or link_prev == prev:
         return None
     if link_prev is not None and prev is not None and link_prev > prev:
+        if waiting is not None and waiting[0] <= link_prev:
+            return Problem(
+                position=waiting[0],
+                kind="altered",
+                reason=f"the digest record of the commit up to position {link_prev} was removed "
+                f"or changed (its events from position {waiting[0]} remain)",
+            )
         return Problem(
             position=link_prev,
             kind="removed",
