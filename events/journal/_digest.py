@@ -98,20 +98,40 @@ def chain(
             f"reaches position {head[0]}, so events at its end were removed outside the journal; "
             "run `journaled journal verify`"
         )
-    erased = set(forget)
-    entries: list[Entry] = [(k, payload_hash(k, v)) for k, v in payloads.items() if k not in erased]
-    entries += [(k, None) for k in erased]
-    packed = _encode(sorted(entries)) if entries else None
-    hashes = [event_hash(*e) for e in events]
+    sha, encode = _sha256, _encode
+    if forget:
+        erased = set(forget)
+        entries: list[Entry] = [
+            (k, sha(encode((k, v))).digest()) for k, v in payloads.items() if k not in erased
+        ]
+        entries += [(k, None) for k in dict.fromkeys(forget)]
+    else:
+        entries = [(k, sha(encode((k, v))).digest()) for k, v in payloads.items()]
+    packed = encode(entries) if entries else None  # stored as is: verify reads these bytes
+    hashes = [sha(encode(e)).digest() for e in events]
     prev, prev_digest = head if head is not None else (None, None)
+    count = len(positions)
+    if count and positions[-1] - positions[0] == count - 1:  # consecutive: one record
+        first, last = positions[0], positions[-1]
+        joined = b"".join(hashes)
+        return [
+            (
+                last,
+                first,
+                prev,
+                joined,
+                packed,
+                commit_digest(prev_digest, first, last, prev, joined, packed),
+            )
+        ]
     rows: list[DigestRow] = []
     start = 0
-    for i in range(1, len(positions) + 1):
-        if i < len(positions) and positions[i] == positions[i - 1] + 1:
+    for i in range(1, count + 1):
+        if i < count and positions[i] == positions[i - 1] + 1:
             continue
         first, last = positions[start], positions[i - 1]
         joined = b"".join(hashes[start:i])
-        attached = packed if i == len(positions) else None
+        attached = packed if i == count else None
         digest = commit_digest(prev_digest, first, last, prev, joined, attached)
         rows.append((last, first, prev, joined, attached, digest))
         prev, prev_digest, start = last, digest, i
