@@ -109,7 +109,10 @@ def journal() -> None:
 def journal_migrate(ctx: click.Context) -> None:
     """Create the journal's tables if missing (idempotent; safe from many processes at once).
 
-    Run it once before starting many processes on a new PostgreSQL journal. JSON: {url, position}.
+    Run it once before starting many processes on a new PostgreSQL journal. On a journal of an
+    older release it also adds what the digest chain needs (R7); the events already there stay
+    unchained, and `journal verify` says from which position the chain starts. JSON: {url,
+    position}.
     """
     with open_runtime(ctx, create=True) as rt:
         if wants_json(ctx):

@@ -375,3 +375,17 @@ def test_an_old_journal_without_digests_opens_and_says_where_the_chain_starts(
     cli = CliRunner().invoke(main, ["--url", db_url, "journal", "verify"])
     assert cli.exit_code == 0, cli.output
     assert "chain starts at position 6; the 5 events before it" in cli.output
+
+
+def test_payloads_without_an_event_are_refused(journal_url: str) -> None:
+    """R7: a payload or an erasure appended with no event is refused: no record could cover it."""
+    journal = Journal(parse_url(journal_url), codec())
+    try:
+        with pytest.raises(ValueError, match="at least one event"):
+            journal.append([], payloads={"k": b"v"})
+        with pytest.raises(ValueError, match="at least one event"):
+            journal.append([], forget=["k"])
+        assert journal.payloads() == {}
+        assert journal.verify().ok
+    finally:
+        journal.close()

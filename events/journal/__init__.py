@@ -168,7 +168,9 @@ class Journal:
             raise error from exc
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
         if config.backend == "postgresql" and not create:
-            self._recorder.chained = _chain_tables(config)
+            # Reading creates nothing (ADR 0012): a journal of an older release without the
+            # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
+            self._recorder.chained = _pg_chained(config)
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -399,21 +401,6 @@ class Journal:
     def _check_open(self) -> None:
         if self._closed:
             raise JournalClosed(f"journal {self.config.url} is closed")
-
-
-def _chain_tables(config: JournalConfig) -> bool:
-    """Make sure a PostgreSQL journal opened for reading has the digest tables (R7).
-
-    A journal made by an older release lacks them: create them (idempotent, serialised), or
-    append unchained if this user may not, since an open never fails for want of a chain.
-    """
-    if _pg_chained(config):
-        return True
-    try:
-        migrate(config)
-    except JournalUrlError:
-        return False
-    return _pg_chained(config)
 
 
 __all__ = [
