@@ -192,8 +192,12 @@ class Journal:
         ``drop_snapshots`` deletes every snapshot whose key starts with that prefix (a purge
         drops the memory snapshots, which hold fact texts).
 
+        Each append also extends the digest chain (R7, ADR 0021) in the same transaction.
+
         Raises:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
+            ValueError: payloads or erasures without any event (no digest record would cover
+                them).
         """
         self._check_open()
         if not events and (payloads or forget):
