@@ -55,6 +55,7 @@ from journaled.events.journal._common import (
     _MsgspecMapper,
 )
 from journaled.events.journal._digest import (
+    DIGEST_TABLE,
     ChainBroken,
     DigestRow,
     Problem,
@@ -409,6 +410,7 @@ class Journal:
 
 __all__ = [
     "APP_NAME",
+    "DIGEST_TABLE",
     "EVENTS_TABLE_POSTGRES",
     "PAYLOAD_TABLE",
     "SNAPSHOT_TABLE",
