@@ -389,3 +389,39 @@ def test_payloads_without_an_event_are_refused(journal_url: str) -> None:
         assert journal.verify().ok
     finally:
         journal.close()
+
+
+class _ReadOnly:
+    """A stand-in for the sqlite3 module whose connections refuse to write."""
+
+    Error = sqlite3.Error
+
+    @staticmethod
+    def connect(*args: Any, **kwargs: Any) -> Any:
+        conn = sqlite3.connect(*args, **kwargs)
+
+        class Refusing:
+            def execute(self, sql: str, *params: Any) -> Any:
+                if not sql.startswith("PRAGMA"):
+                    raise sqlite3.OperationalError("attempt to write a readonly database")
+                return conn.execute(sql, *params)
+
+            def close(self) -> None:
+                conn.close()
+
+        return Refusing()
+
+
+def test_an_old_journal_that_cannot_be_written_still_opens_and_verifies(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R7: an old SQLite journal that cannot get the digest columns opens and reads unchained."""
+    _story(sqlite_url)
+    for column in CHAIN_COLUMNS:
+        _sql(sqlite_url, f"ALTER TABLE stored_events DROP COLUMN {column}")
+    monkeypatch.setattr("journaled.events.journal._sqlite.sqlite3", _ReadOnly)
+    report = _check(sqlite_url)
+    assert report.ok, report
+    assert (report.chained_from, report.unchained, report.events) == (None, 5, 5)
+    with journaled.open(sqlite_url) as rt:
+        assert len(rt.memory.all()) == 5

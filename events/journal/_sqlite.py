@@ -58,7 +58,10 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
     """The library's recorder, plus forgettable payloads and one INSERT per append."""
 
     chained = True
-    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)."""
+    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)
+    and on an old journal that could not be given the digest columns."""
+    _columns = True
+    """The events table has the digest columns."""
     _head: tuple[int, bytes] | None = None
 
     def construct_create_table_statements(self) -> list[str]:
@@ -76,20 +79,27 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
 
         ``ALTER TABLE ... ADD COLUMN`` only changes the schema (no row is rewritten); it runs in
         an immediate transaction of its own so that processes opening an old journal at once
-        take turns, and the second finds the columns there.
+        take turns, and the second finds the columns there. A journal that cannot be written
+        still opens: it is read without a chain (and an append fails as it would anyway).
         """
         super().create_table()
         conn = sqlite3.connect(
             self.datastore.pool.db_name, uri=True, timeout=30, isolation_level=None
         )
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            table = self.events_table_name
+        table = self.events_table_name
+
+        def missing() -> list[str]:
             have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
-            for name, kind in _CHAIN_COLUMNS.items():
-                if name not in have:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {kind}")
-            conn.execute("COMMIT")
+            return [name for name in _CHAIN_COLUMNS if name not in have]
+
+        try:
+            if missing():
+                conn.execute("BEGIN IMMEDIATE")
+                for name in missing():
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {_CHAIN_COLUMNS[name]}")
+                conn.execute("COMMIT")
+        except sqlite3.Error:
+            self.chained = self._columns = False
         finally:
             conn.close()
 
@@ -111,24 +121,16 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         for start in range(0, len(stored_events), _ROWS_PER_INSERT):
             chunk = stored_events[start : start + _ROWS_PER_INSERT]
             params: list[Any] = []
+            blank = (None,) * len(_CHAIN_COLUMNS) if self._columns else ()
             for s in chunk:
-                params += (
-                    s.originator_id,
-                    s.originator_version,
-                    s.topic,
-                    s.state,
-                    None,
-                    None,
-                    None,
-                    None,
-                    None,
-                )
+                params += (s.originator_id, s.originator_version, s.topic, s.state, *blank)
             if record is not None and start + len(chunk) == len(stored_events):
-                params[-5:] = record[1:]
-            values = ",".join(["(?,?,?,?,?,?,?,?,?)"] * len(chunk))
+                params[-len(_CHAIN_COLUMNS) :] = record[1:]
+            columns = ", ".join(["state", *_CHAIN_COLUMNS] if self._columns else ["state"])
+            marks = "(" + ",".join("?" * (4 + len(blank))) + ")"
             c.execute(
                 f"INSERT INTO {self.events_table_name} (originator_id, originator_version, topic, "  # noqa: S608
-                f"state, {', '.join(_CHAIN_COLUMNS)}) VALUES {values}",
+                f"{columns}) VALUES {','.join([marks] * len(chunk))}",
                 params,
             )
             last = int(c.lastrowid)
@@ -225,6 +227,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
 
     def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
         """Return digest records after a position, up to another, in order (R7)."""
+        if not self._columns:
+            return []
         with self.datastore.transaction(commit=False) as c:
             c.execute(
                 f"SELECT rowid, {', '.join(_CHAIN_COLUMNS)} FROM {self.events_table_name} "  # noqa: S608
