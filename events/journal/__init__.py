@@ -11,9 +11,10 @@ two things the library lacks:
   PostgreSQL it deletes the row, then rewrites the table (``VACUUM FULL``) once no snapshot can
   still see it;
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
-- a digest chain (R7, ADR 0021, :mod:`._digest`): each append records, in its own transaction, a
-  digest per event chained to its predecessor's and a digest per payload it writes or erases;
-  :meth:`Journal.verify` checks the whole journal against them;
+- a digest chain (R7, ADR 0021, :mod:`._digest`): each append records, in its own transaction,
+  the hash of each of its events and payloads in a digest chained to the previous append's
+  (SQLite: in its last event row; elsewhere: a digest table); :meth:`Journal.verify` checks the
+  whole journal against them;
 - SQLite: one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``;
 - PostgreSQL: tables created by :func:`migrate` (idempotent, serialised by an advisory lock), never
   by the library's racy automatic DDL. Positions are the library's notification ids: they increase

@@ -1,8 +1,8 @@
 """Tamper evidence (R7): a digest chained through the journal's one global order (J1).
 
 Every append computes, inside its own transaction and after its events got their positions, one
-row of ``journaled_digests`` per commit (per run of consecutive positions, should a commit's ever
-have a gap):
+digest record per commit (per run of consecutive positions, should a commit's ever have a gap),
+kept in the commit's last event row on SQLite and in ``journaled_digests`` elsewhere:
 
 - ``position``: the commit's last event; ``first``: its first; ``prev``: the last position of the
   commit before it (positions may have gaps on PostgreSQL, so the link names its predecessor
@@ -166,8 +166,9 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
         unchained: events before ``chained_from`` (written by an older release): decoded, not
             chain-checked.
         payloads: payload entries checked against their digests.
-        head: hex digest of the last chained event; kept elsewhere, it also reveals a later
-            truncation of the journal's tail, which the chain alone cannot.
+        head: hex digest of the last chained commit; kept elsewhere, it also reveals a later
+            truncation of the journal's tail, or a chain recomputed after an edit, which the
+            chain alone cannot.
         problem: the first problem found (lowest position), or None.
     """
 
