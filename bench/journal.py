@@ -7,6 +7,10 @@ Each figure is compared with eventsourcing's stock recorder for that backend doi
 appends (same row sizes and transactions, same synchronous level for SQLite), in the same run.
 Ours also writes each fact's text to the payload table in the same transaction, as memory does.
 
+The digest chain (R7, ADR 0021) is measured on its own: the same journal appends alternately with
+and without it (rounds interleaved, medians compared), so both see the same file, cache and load;
+the ratio is the chain's extra cost per append (target: at most 5% on the durable backends).
+
 PostgreSQL: pass ``--postgres URL``, or let the script start a throwaway server (PostgreSQL 15
 binaries under /usr/lib/postgresql/15/bin), with fsync on. Run ``python bench/journal.py``
 (``--quick`` for a smoke run).
@@ -15,9 +19,11 @@ binaries under /usr/lib/postgresql/15/bin), with fsync on. Run ``python bench/jo
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
+import timeit
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -29,6 +35,7 @@ from report import Row, header, print_table, set_synchronous
 from journaled.events.base import Pending
 from journaled.events.catalog import codec
 from journaled.events.journal import Journal
+from journaled.events.journal._digest import chain
 from journaled.events.memory import FactRemembered
 from journaled.events.url import parse_url
 
@@ -67,6 +74,39 @@ def time_ours(url: str, n: int, batch: int) -> tuple[float, float]:
         assert count == n
         return appended, read
     finally:
+        journal.close()
+
+
+CHAIN_ROUNDS = 30
+CHAIN_BATCHES = (1, 100)
+CHAIN_TARGET = 0.05
+
+
+def time_chain(url: str, n: int, batch: int) -> tuple[float, float]:
+    """Append n events with and n without the digest chain, interleaved; return median seconds.
+
+    Switches the recorder's ``chained`` flag (only a benchmark does that): the journal's chain is
+    left broken, which does not matter for a throwaway file.
+    """
+    journal = Journal(parse_url(url), codec())
+    recorder = journal._recorder  # the measurement knob lives on the recorder
+    try:
+        per_round = max(n // CHAIN_ROUNDS, batch)
+        events = pendings(per_round * CHAIN_ROUNDS * 2, 5 * 10**9 + batch * 10**7)
+        times: dict[bool, list[float]] = {True: [], False: []}
+        for r in range(CHAIN_ROUNDS):
+            for on in (True, False) if r % 2 == 0 else (False, True):
+                recorder.chained = on
+                offset = (2 * r + int(on)) * per_round
+                chunk = events[offset : offset + per_round]
+                start = time.perf_counter()
+                for i in range(0, per_round, batch):
+                    part = chunk[i : i + batch]
+                    journal.append(part, payloads={p.stream: b"x" * 80 for p in part})
+                times[on].append((time.perf_counter() - start) / per_round)
+        return statistics.median(times[True]), statistics.median(times[False])
+    finally:
+        recorder.chained = True
         journal.close()
 
 
@@ -151,6 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--quick", action="store_true", help="small sizes, a smoke run")
     parser.add_argument("--postgres", default=None, help="a PostgreSQL URL to measure against")
+    parser.add_argument("--chain-only", action="store_true", help="only the digest chain's cost")
     args = parser.parse_args()
     n = 2000 if args.quick else 10_000
     header("journaled journal benchmark", args.quick)
@@ -161,7 +202,7 @@ def main() -> None:
     ):
         tmp = Path(name)
         for backend, url_for, stock_env, level in backends(tmp, pg):
-            for batch in BATCHES:
+            for batch in () if args.chain_only else BATCHES:
                 count = n if batch > 1 else n // 5
                 label = f"{backend}-b{batch}"
                 appended, read = time_ours(url_for(label), count, batch)
@@ -182,7 +223,47 @@ def main() -> None:
                 if batch == BATCHES[-1]:
                     speed = f"{count / read:,.0f} ev/s"
                     rows.append(Row(f"{backend}: read back, decoded", speed, "", "", "-", None))
+            for batch in CHAIN_BATCHES:
+                with_chain, without = time_chain(
+                    url_for(f"chain-{backend}-b{batch}"), n // 2, batch
+                )
+                extra = with_chain / without - 1
+                durable = backend != "memory"
+                rows.append(
+                    Row(
+                        f"{backend}: append with digest chain, {batch} event(s) per commit",
+                        f"{1e6 * with_chain:,.1f} µs/ev",
+                        f"without {1e6 * without:,.1f} µs/ev",
+                        f"{extra:+.1%}",
+                        f"<= {CHAIN_TARGET:.0%}" if durable else "-",
+                        extra <= CHAIN_TARGET if durable else None,
+                    )
+                )
+    rows += [chain_step(batch) for batch in CHAIN_BATCHES]
     print_table(rows)
+
+
+def chain_step(batch: int) -> Row:
+    """Time the chain's own work for one append (hashing, no I/O): its floor on any backend."""
+    events = [
+        (p.stream, 1, "memory.fact-remembered@1", b"y" * 70) for p in pendings(batch, 7 * 10**9)
+    ]
+    payloads = {e[0]: b"x" * 80 for e in events}
+    positions = range(2, 2 + batch)
+    head = (1, b"h" * 32)
+    rounds = max(20_000 // batch, 20)
+    best = min(
+        timeit.repeat(lambda: chain(head, positions, events, payloads, ()), number=rounds, repeat=5)
+    )
+    per_event = best / rounds / batch
+    return Row(
+        f"digest chain step alone, {batch} event(s) + payloads",
+        f"{1e6 * per_event:,.2f} µs/ev",
+        "",
+        "",
+        "-",
+        None,
+    )
 
 
 if __name__ == "__main__":

@@ -32,6 +32,7 @@ from journaled.errors import (
 )
 from journaled.events.base import DomainEvent, Event
 from journaled.events.errors import PlanRejected
+from journaled.events.journal import Problem, VerifyReport
 from journaled.events.memory import Fact
 from journaled.events.messages import Deletion
 from journaled.events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
@@ -81,6 +82,7 @@ __all__ = [
     "Outcome",
     "Plan",
     "PlanRejected",
+    "Problem",
     "RunDiff",
     "RunNotFound",
     "RunNotPurgeable",
@@ -93,5 +95,6 @@ __all__ = [
     "StatusChange",
     "Step",
     "UnknownEventType",
+    "VerifyReport",
     "open",
 ]

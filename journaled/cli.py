@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import sys
 import threading
 import time
@@ -37,6 +38,7 @@ from journaled.cli_common import (
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
 from journaled.events.base import Event
+from journaled.runtime import verify as verify_journal
 from journaled.timeline import write as write_timeline
 
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."
@@ -107,13 +109,43 @@ def journal() -> None:
 def journal_migrate(ctx: click.Context) -> None:
     """Create the journal's tables if missing (idempotent; safe from many processes at once).
 
-    Run it once before starting many processes on a new PostgreSQL journal. JSON: {url, position}.
+    Run it once before starting many processes on a new PostgreSQL journal. On a journal of an
+    older release it also adds what the digest chain needs (R7); the events already there stay
+    unchained, and `journal verify` says from which position the chain starts. JSON: {url,
+    position}.
     """
     with open_runtime(ctx, create=True) as rt:
         if wants_json(ctx):
             emit({"url": rt.journal.url, "position": rt.journal.position()})
         else:
             click.echo(f"journal ready at {rt.journal.url} (position {rt.journal.position()})")
+
+
+@journal.command("verify")
+@json_option
+@click.pass_context
+def journal_verify(ctx: click.Context) -> None:
+    """Check the whole journal against its digest chain (R7); exit 1 if anything is wrong.
+
+    Reports the first position whose event was altered, removed, reordered or cannot be decoded,
+    or whose payload was changed or deleted without an erasure. Events written by a release
+    without digests come before the chain's start: they are decoded, not chain-checked, and the
+    output says where the chain starts. Opens the journal alone (no runtime), creates nothing.
+
+    JSON: {ok, events, chained_from, unchained, payloads, head, problem: {position, kind, reason}
+    or null}.
+    """
+    try:
+        report = verify_journal(ctx.obj["url"])
+    except (ValueError, OSError, sqlite3.Error) as exc:
+        fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    if wants_json(ctx):
+        emit(report)
+    else:
+        for line in render.verify_lines(report):
+            click.echo(line)
+    if not report.ok:
+        ctx.exit(1)
 
 
 @journal.command("tail")

@@ -242,6 +242,28 @@ def tail_event(event: Event) -> TailEvent:
     )
 
 
+def verify_lines(report: journaled.VerifyReport) -> list[str]:
+    """Say in plain lines what ``journal verify`` found (R7)."""
+    if report.chained_from is None:
+        chain = "no digest chain yet (written by an older release): nothing is chain-checked"
+    elif report.unchained:
+        chain = (
+            f"chain starts at position {report.chained_from}; the {report.unchained} events "
+            "before it (older release) were decoded but not chain-checked"
+        )
+    else:
+        chain = f"chain covers every event from position {report.chained_from}"
+    lines = [f"{report.events} events read, {report.payloads} payloads checked; {chain}"]
+    if report.problem is not None:
+        problem = report.problem
+        lines.append(
+            f"FAILED at position {problem.position} ({problem.kind}): {one_line(problem.reason)}"
+        )
+    else:
+        lines.append(f"ok: head digest {report.head}" if report.head else "ok")
+    return lines
+
+
 def history_lines(events: Sequence[Event]) -> str:
     """Render events as ``#position  ISO-time  description`` lines."""
     return "\n".join(f"#{e.position:<6} {when(e.data.at)}  {describe_event(e)}" for e in events)

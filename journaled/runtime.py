@@ -21,7 +21,7 @@ from journaled.actors.steps import AgentContext, Registry
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
 from journaled.events.catalog import codec
-from journaled.events.journal import Journal
+from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
@@ -60,6 +60,33 @@ class JournalHandle:
         Events about another organization's facts are left out (R1): positions may skip.
         """
         return self._boundary.visible(self._journal.read(after=after, upto=upto))
+
+    def verify(self) -> VerifyReport:
+        """Check the whole journal against its digest chain; report the first problem (R7).
+
+        Returns:
+            ``ok``, the events checked, the position the chain starts at (events before it were
+            written by an older release: decoded but not chain-checked), the head digest, and the
+            first position altered, removed, reordered or undecodable, with the reason.
+        """
+        return self._journal.verify()
+
+
+def verify(url: str | None = None) -> VerifyReport:
+    """Check a journal's digest chain without starting a runtime (R7).
+
+    Opens the journal alone, so a journal whose memory no longer folds (a payload deleted behind
+    its back) can still be checked. Nothing is created: a missing journal is an error.
+
+    Raises:
+        JournalUrlError: no journal at that URL.
+    """
+    resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
+    journal = Journal(parse_url(resolved), codec(), create=False)
+    try:
+        return journal.verify()
+    finally:
+        journal.close()
 
 
 class Runtime:

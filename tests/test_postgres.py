@@ -29,6 +29,7 @@ from journaled.events.base import Pending
 from journaled.events.codec import Codec
 from journaled.events.errors import ConcurrencyConflict, JournalUrlError
 from journaled.events.journal import (
+    DIGEST_TABLE,
     EVENTS_TABLE_POSTGRES,
     PAYLOAD_TABLE,
     SNAPSHOT_TABLE,
@@ -201,7 +202,7 @@ def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
         for t in threads:
             t.join(timeout=60)
         assert errors == []
-    assert _tables(pg_url) == {EVENTS_TABLE_POSTGRES, PAYLOAD_TABLE, SNAPSHOT_TABLE}
+    assert _tables(pg_url) == {EVENTS_TABLE_POSTGRES, PAYLOAD_TABLE, SNAPSHOT_TABLE, DIGEST_TABLE}
     j = _journal(pg_url)
     try:
         assert j.append([Pending(stream="a", version=1, data=_remembered("a"))]) == [1]

@@ -16,6 +16,10 @@ two things the library lacks:
   and once it was erased they return the stored shape, its content reading ``[purged]``
   (ADR 0018);
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
+- a digest chain (R7, ADR 0021, :mod:`._digest`): each append records, in its own transaction,
+  the hash of each of its events and payloads in a digest chained to the previous append's
+  (SQLite: in its last event row; elsewhere: a digest table); :meth:`Journal.verify` checks the
+  whole journal against them;
 - SQLite: one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``;
 - PostgreSQL: tables created by :func:`migrate` (idempotent, serialised by an advisory lock), never
   by the library's racy automatic DDL. Positions are the library's notification ids: they increase
@@ -57,10 +61,19 @@ from journaled.events.journal._common import (
     SnapshotRefused,
     _MsgspecMapper,
 )
+from journaled.events.journal._digest import (
+    DIGEST_TABLE,
+    ChainBroken,
+    DigestRow,
+    Problem,
+    VerifyReport,
+)
+from journaled.events.journal._digest import verify as _verify
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
 from journaled.events.journal._postgres import (
     _POSTGRES_MISSING,
     _hide,
+    _pg_chained,
     _pg_connect,
     _pg_exists,
     _require_postgres,
@@ -164,6 +177,10 @@ class Journal:
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
         self._content_topics = frozenset(topic_of(c) for c in codec.types if c.has_content)
         self._content_tags = frozenset(t.rpartition("@")[0] for t in self._content_topics)
+        if config.backend == "postgresql" and not create:
+            # Reading creates nothing (ADR 0012): a journal of an older release without the
+            # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
+            self._recorder.chained = _pg_chained(config)
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -185,10 +202,19 @@ class Journal:
         ``drop_snapshots`` deletes every snapshot whose key starts with that prefix (a purge
         drops the memory snapshots, which hold fact texts).
 
+        Each append also extends the digest chain (R7, ADR 0021) in the same transaction.
+
         Raises:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
+            ValueError: payloads or erasures without any event (no digest record would cover
+                them).
         """
         self._check_open()
+        if not events and (payloads or forget):
+            raise ValueError(
+                "payloads and erasures must be appended with at least one event: the digest "
+                "chain covers them through it (R7)"
+            )
         mapper = self._app.mapper
         side = dict(payloads or {})
         stored = []
@@ -260,6 +286,42 @@ class Journal:
                 conn.close()
 
     # -- reading ---------------------------------------------------------------------------------
+
+    def verify(self) -> VerifyReport:
+        """Read the whole journal and check it against its digest chain (R7).
+
+        Every event is read and decoded; from the position where the chain starts (the first
+        append by a release that writes digests) each event must match its digest, link to its
+        predecessor and be in its place, and every payload must match its digest unless it was
+        erased through the journal. Reads a consistent view up to the position it starts at;
+        appends made meanwhile are left for the next check.
+
+        Returns:
+            The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
+            position) with its kind and reason.
+        """
+        self._check_open()
+        upto, payloads = self._recorder.select_digest_state()
+
+        def events() -> Iterator[Row]:
+            start = 0
+            while True:
+                rows = self._recorder.select_raw(start, upto, 1000)
+                yield from rows
+                if len(rows) < 1000:
+                    return
+                start = rows[-1][0]
+
+        def digests() -> Iterator[DigestRow]:
+            start = 0
+            while True:
+                rows = self._recorder.select_digests(start, upto, 1000)
+                yield from rows
+                if len(rows) < 1000:
+                    return
+                start = rows[-1][0]
+
+        return _verify(events, digests, payloads, lambda row: self._event(row, payloads))
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""
@@ -428,12 +490,16 @@ def content_key(stream: str, version: int) -> str:
 
 __all__ = [
     "APP_NAME",
+    "DIGEST_TABLE",
     "EVENTS_TABLE_POSTGRES",
     "PAYLOAD_TABLE",
     "SNAPSHOT_TABLE",
+    "ChainBroken",
     "CorruptEvent",
     "Journal",
+    "Problem",
     "Row",
+    "VerifyReport",
     "content_key",
     "migrate",
 ]

@@ -17,7 +17,7 @@ PAYLOAD_TABLE = "journaled_payloads"
 SNAPSHOT_TABLE = "journaled_snapshots"
 Row = tuple[int, str, int, str, bytes]
 """A stored event as read: (position, stream, version, topic, payload)."""
-_ROWS_PER_INSERT = 500  # 4 parameters a row stays far below SQLite's 32,766-variable limit
+_ROWS_PER_INSERT = 500  # 9 parameters a row stay far below SQLite's 32,766-variable limit
 APP_NAME = "journaled"
 EVENTS_TABLE_POSTGRES = f"{APP_NAME}_events"
 """PostgreSQL events table: the library names it after the application."""

@@ -11,15 +11,20 @@ from eventsourcing.persistence import (
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
 from journaled.events.journal._common import Row, SnapshotRefused, refused_after
+from journaled.events.journal._digest import DigestRow, chain
 
 
 class _POPORecorder(POPOApplicationRecorder):
     """The library's in-memory recorder, plus forgettable payloads and stream reads."""
 
+    chained = True
+    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)."""
+
     def __init__(self) -> None:
         super().__init__()
         self._payloads: dict[str, bytes] = {}
         self._snapshots: dict[str, tuple[int, bytes]] = {}
+        self._digests: list[DigestRow] = []
 
     def _insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -31,6 +36,18 @@ class _POPORecorder(POPOApplicationRecorder):
                 if any(s.topic.startswith(prefixes) for s in self._stored_events[after:]):
                     raise SnapshotRefused
             positions = super()._insert_events(stored_events)
+            if stored_events and positions and self.chained:
+                head = self._digests[-1] if self._digests else None
+                self._digests += chain(
+                    (head[0], head[5]) if head else None,
+                    positions,
+                    [
+                        (str(e.originator_id), e.originator_version, e.topic, e.state)
+                        for e in stored_events
+                    ],
+                    kwargs.get("payloads") or {},
+                    kwargs.get("forget") or (),
+                )
             self._payloads.update(kwargs.get("payloads") or {})
             for stream in kwargs.get("forget") or ():
                 self._payloads.pop(stream, None)
@@ -68,6 +85,20 @@ class _POPORecorder(POPOApplicationRecorder):
                 if len(out) == limit:
                     break
             return out
+
+    def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+        """Return rows as stored, for verification (R7)."""
+        return self.select_rows(after, upto, limit)
+
+    def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
+        """Return digest records after a position, up to another, in order (R7)."""
+        with self._database_lock:
+            return [d for d in self._digests if after < d[0] <= upto][:limit]
+
+    def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+        """Return, at one instant, the last position and the payloads (R7)."""
+        with self._database_lock:
+            return len(self._stored_events), dict(self._payloads)
 
     def select_stream(
         self, stream: str, after_version: int, upto: int | None, limit: int | None

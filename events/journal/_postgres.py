@@ -40,6 +40,7 @@ from journaled.events.journal._common import (
     SnapshotRefused,
     refused_after,
 )
+from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain
 from journaled.events.url import JournalConfig
 
 
@@ -63,6 +64,9 @@ def _pg_ddl() -> list[str]:
         "(stream text PRIMARY KEY, payload bytea NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS public.{SNAPSHOT_TABLE} "
         "(stream text PRIMARY KEY, version bigint NOT NULL, state bytea NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS public.{DIGEST_TABLE} (position bigint PRIMARY KEY, "
+        "first bigint NOT NULL, prev bigint, hashes bytea NOT NULL, entries bytea, "
+        "digest bytea NOT NULL)",
     ]
 
 
@@ -149,6 +153,16 @@ def migrate(config: JournalConfig) -> None:
             ) from None
 
 
+def _pg_chained(config: JournalConfig) -> bool:
+    """Tell whether a PostgreSQL journal has the digest tables (R7; older ones lack them)."""
+    with _pg_connect(config) as conn:
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NOT NULL",
+            [f"public.{DIGEST_TABLE}"],
+        ).fetchone()
+        return bool(row and row[0])
+
+
 def _pg_exists(config: JournalConfig) -> bool:
     with _pg_connect(config) as conn:
         row = conn.execute(
@@ -178,6 +192,10 @@ if _POSTGRES_MISSING is None:
         """The library's :class:`PostgresDatastore`, declared ``Any`` so that code reaching
         through ``Journal._recorder.datastore`` for SQLite's cursors keeps one cursor type; this
         class uses the typed :attr:`_store`."""
+
+        chained = True
+        """Extend the digest chain on append (R7): off on a journal without its tables (and to
+        measure its cost, bench/journal.py)."""
 
         @property
         def _store(self) -> PostgresDatastore:
@@ -235,6 +253,100 @@ if _POSTGRES_MISSING is None:
                         [b for _, b in snapshots.values()],
                     ],
                 )
+
+        def insert_events(
+            self, stored_events: Sequence[StoredEvent], **kwargs: Any
+        ) -> Sequence[int] | None:
+            """Append as the library does, carrying a holder for the chain's head (R7)."""
+            positions: Sequence[int] | None = super().insert_events(
+                stored_events, **kwargs, head=[]
+            )
+            return positions
+
+        def _insert_stored_events(
+            self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+        ) -> None:
+            super()._insert_stored_events(curs, stored_events, **kwargs)
+            if self.chained:
+                # Queued in the same pipeline after the INSERT, which holds the table's EXCLUSIVE
+                # lock: the head read is the last committed event's, and costs no round trip.
+                head = curs.connection.cursor(row_factory=tuple_row)
+                head.execute(
+                    f"SELECT position, digest FROM public.{DIGEST_TABLE} "  # noqa: S608
+                    "ORDER BY position DESC LIMIT 1"
+                )
+                kwargs["head"][:] = [head]
+
+        def _fetch_ids_after_insert_events(
+            self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
+        ) -> Sequence[int] | None:
+            positions = super()._fetch_ids_after_insert_events(curs, stored_events, **kwargs)
+            if not self.chained or not positions:
+                return positions
+            with kwargs["head"][0] as cursor:
+                found = cursor.fetchone()
+                rows = chain(
+                    (int(found[0]), bytes(found[1])) if found else None,
+                    positions,
+                    [
+                        (str(e.originator_id), e.originator_version, e.topic, e.state)
+                        for e in stored_events
+                    ],
+                    kwargs.get("payloads") or {},
+                    kwargs.get("forget") or (),
+                )
+                values = ",".join(["(%s,%s,%s,%s,%s,%s)"] * len(rows))
+                cursor.execute(
+                    f"INSERT INTO public.{DIGEST_TABLE} "  # noqa: S608
+                    f"(position, first, prev, hashes, entries, digest) VALUES {values}",
+                    [v for row in rows for v in row],
+                )
+            return positions
+
+        def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+            """Return rows as stored, for verification (R7)."""
+            return self.select_rows(after, upto, limit)
+
+        def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
+            """Return digest records after a position, up to another, in order (R7)."""
+            if not self.chained:
+                return []
+            rows = self._fetch(
+                f"SELECT position, first, prev, hashes, entries, digest FROM public.{DIGEST_TABLE} "  # noqa: S608
+                "WHERE position > %s AND position <= %s ORDER BY position LIMIT %s",
+                [after, upto, limit],
+            )
+            return [
+                (
+                    int(r[0]),
+                    int(r[1]),
+                    None if r[2] is None else int(r[2]),
+                    bytes(r[3]),
+                    None if r[4] is None else bytes(r[4]),
+                    bytes(r[5]),
+                )
+                for r in rows
+            ]
+
+        def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+            """Return, from one snapshot, the last position (events or digests) and payloads."""
+            with (
+                self._store.get_connection() as conn,
+                conn.transaction(),
+                conn.cursor(row_factory=tuple_row) as curs,
+            ):
+                curs.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+                curs.execute(
+                    f"SELECT max(notification_id) FROM public.{self.events_table_name}"  # noqa: S608
+                )
+                found = curs.fetchone()
+                upto = int(found[0] or 0) if found else 0
+                if self.chained:
+                    curs.execute(f"SELECT max(position) FROM public.{DIGEST_TABLE}")  # noqa: S608
+                    found = curs.fetchone()
+                    upto = max(upto, int(found[0] or 0) if found else 0)
+                curs.execute(f"SELECT stream, payload FROM public.{PAYLOAD_TABLE}")  # noqa: S608
+                return upto, {str(r[0]): bytes(r[1]) for r in curs.fetchall()}
 
         def _fetch(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
             """Run one read on a pooled connection, retried if the connection was dropped."""

@@ -26,6 +26,17 @@ from journaled.events.journal._common import (
     SnapshotRefused,
     refused_after,
 )
+from journaled.events.journal._digest import DigestRow, chain
+
+_CHAIN_COLUMNS = {
+    "chain_first": "INTEGER",
+    "chain_prev": "INTEGER",
+    "chain_hashes": "BLOB",
+    "chain_entries": "BLOB",
+    "chain_digest": "BLOB",
+}
+"""The digest record of a commit (R7), kept in the commit's last event row: a side table would
+cost one more B-tree page per commit (about a third of a small commit's time), a column nothing."""
 
 
 class _Pool(SQLiteConnectionPool):
@@ -48,6 +59,13 @@ class _FullPool(_Pool):
 class _SQLiteRecorder(SQLiteApplicationRecorder):
     """The library's recorder, plus forgettable payloads and one INSERT per append."""
 
+    chained = True
+    """Extend the digest chain on append (R7); off only to measure its cost (bench/journal.py)
+    and on an old journal that could not be given the digest columns."""
+    _columns = True
+    """The events table has the digest columns."""
+    _head: tuple[int, bytes] | None = None
+
     def construct_create_table_statements(self) -> list[str]:
         """Return the library's events table and our payload table."""
         return [
@@ -57,6 +75,35 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             f"CREATE TABLE IF NOT EXISTS {SNAPSHOT_TABLE} "
             "(stream TEXT PRIMARY KEY, version INTEGER NOT NULL, state BLOB NOT NULL)",
         ]
+
+    def create_table(self) -> None:
+        """Create the tables, then add the digest columns a journal of an older release lacks.
+
+        ``ALTER TABLE ... ADD COLUMN`` only changes the schema (no row is rewritten); it runs in
+        an immediate transaction of its own so that processes opening an old journal at once
+        take turns, and the second finds the columns there. A journal that cannot be written
+        still opens: it is read without a chain (and an append fails as it would anyway).
+        """
+        super().create_table()
+        conn = sqlite3.connect(
+            self.datastore.pool.db_name, uri=True, timeout=30, isolation_level=None
+        )
+        table = self.events_table_name
+
+        def missing() -> list[str]:
+            have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+            return [name for name in _CHAIN_COLUMNS if name not in have]
+
+        try:
+            if missing():
+                conn.execute("BEGIN IMMEDIATE")
+                for name in missing():
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {_CHAIN_COLUMNS[name]}")
+                conn.execute("COMMIT")
+        except sqlite3.Error:
+            self.chained = self._columns = False
+        finally:
+            conn.close()
 
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -73,29 +120,50 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             after, prefixes = guard
             sql = f"SELECT 1 FROM {self.events_table_name} WHERE rowid > ? AND ("  # noqa: S608
             sql += " OR ".join(["substr(topic, 1, ?) = ?"] * len(prefixes)) + ") LIMIT 1"
-            params: list[Any] = [after]
+            guard_params: list[Any] = [after]
             for prefix in prefixes:
-                params += [len(prefix), prefix]
-            c.execute(sql, params)
+                guard_params += [len(prefix), prefix]
+            c.execute(sql, guard_params)
             if c.fetchone() is not None:
                 raise SnapshotRefused
+        payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
+        forget: Sequence[str] = kwargs.get("forget") or ()
+        head = self._head
+        record: DigestRow | None = None
+        if stored_events and self.chained and head is not None:
+            # SQLite gives positions out one after the other: this append will most likely start
+            # right after this recorder's own last one; checked below, once the positions are known.
+            first = head[0] + 1
+            record = self._record(
+                head, range(first, first + len(stored_events)), stored_events, payloads, forget
+            )
         positions: list[int] = []
         for start in range(0, len(stored_events), _ROWS_PER_INSERT):
             chunk = stored_events[start : start + _ROWS_PER_INSERT]
-            values_params: list[Any] = []
+            params: list[Any] = []
+            blank = (None,) * len(_CHAIN_COLUMNS) if self._columns else ()
             for s in chunk:
-                values_params += (s.originator_id, s.originator_version, s.topic, s.state)
-            values = ",".join(["(?,?,?,?)"] * len(chunk))
-            c.execute(f"INSERT INTO {self.events_table_name} VALUES {values}", values_params)  # noqa: S608
+                params += (s.originator_id, s.originator_version, s.topic, s.state, *blank)
+            if record is not None and start + len(chunk) == len(stored_events):
+                params[-len(_CHAIN_COLUMNS) :] = record[1:]
+            columns = ", ".join(["state", *_CHAIN_COLUMNS] if self._columns else ["state"])
+            marks = "(" + ",".join("?" * (4 + len(blank))) + ")"
+            c.execute(
+                f"INSERT INTO {self.events_table_name} (originator_id, originator_version, topic, "  # noqa: S608
+                f"{columns}) VALUES {','.join([marks] * len(chunk))}",
+                params,
+            )
             last = int(c.lastrowid)
             positions.extend(range(last - len(chunk) + 1, last + 1))
-        payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
+        if stored_events and self.chained:
+            if record is None or record[0] != positions[-1]:
+                record = self._rechain(c, positions, stored_events, payloads, forget)
+            self._head = (record[0], record[5])  # a rolled-back append fails the check above
         if payloads:
             c.executemany(
                 f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
                 list(payloads.items()),
             )
-        forget: Sequence[str] = kwargs.get("forget") or ()
         if forget:
             c.executemany(
                 f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
@@ -114,6 +182,99 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 [(k, v, b) for k, (v, b) in snapshots.items()],
             )
         return positions
+
+    @staticmethod
+    def _record(
+        head: tuple[int, bytes] | None,
+        positions: Sequence[int],
+        stored_events: Sequence[StoredEvent],
+        payloads: Mapping[str, bytes],
+        forget: Sequence[str],
+    ) -> DigestRow:
+        events = [
+            (str(s.originator_id), s.originator_version, s.topic, s.state) for s in stored_events
+        ]
+        [record] = chain(head, positions, events, payloads, forget)  # SQLite's are consecutive
+        return record
+
+    def _rechain(
+        self,
+        c: SQLiteCursor,
+        positions: Sequence[int],
+        stored_events: Sequence[StoredEvent],
+        payloads: Mapping[str, bytes],
+        forget: Sequence[str],
+    ) -> DigestRow:
+        """Chain an append whose head was not known: first of this recorder, or another wrote.
+
+        Runs after the INSERT, which holds the file's write lock, so the head read here is the
+        last commit's for good.
+        """
+        c.execute(
+            f"SELECT rowid, chain_digest FROM {self.events_table_name} "  # noqa: S608
+            "WHERE rowid < ? AND chain_digest IS NOT NULL ORDER BY rowid DESC LIMIT 1",
+            [positions[0]],
+        )
+        found = c.fetchone()
+        head = (int(found[0]), bytes(found[1])) if found else None
+        record = self._record(head, positions, stored_events, payloads, forget)
+        c.execute(
+            f"UPDATE {self.events_table_name} SET chain_first = ?, chain_prev = ?, "  # noqa: S608
+            "chain_hashes = ?, chain_entries = ?, chain_digest = ? WHERE rowid = ?",
+            [*record[1:], record[0]],
+        )
+        return record
+
+    def select_raw(self, after: int, upto: int, limit: int) -> list[Row]:
+        """Return rows as stored bytes, even when a column was rewritten as invalid text (R7)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                "SELECT rowid, CAST(originator_id AS BLOB), originator_version, "  # noqa: S608
+                f"CAST(topic AS BLOB), CAST(state AS BLOB) FROM {self.events_table_name} "
+                "WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?",
+                [after, upto, limit],
+            )
+            return [
+                (
+                    int(r[0]),
+                    bytes(r[1] or b"").decode("utf-8", "replace"),
+                    int(r[2]),
+                    bytes(r[3] or b"").decode("utf-8", "replace"),
+                    bytes(r[4] or b""),
+                )
+                for r in c.fetchall()
+            ]
+
+    def select_digests(self, after: int, upto: int, limit: int) -> list[DigestRow]:
+        """Return digest records after a position, up to another, in order (R7)."""
+        if not self._columns:
+            return []
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT rowid, {', '.join(_CHAIN_COLUMNS)} FROM {self.events_table_name} "  # noqa: S608
+                "WHERE rowid > ? AND rowid <= ? AND chain_digest IS NOT NULL "
+                "ORDER BY rowid LIMIT ?",
+                [after, upto, limit],
+            )
+            return [
+                (
+                    int(r[0]),
+                    int(r[1] or 0),
+                    None if r[2] is None else int(r[2]),
+                    bytes(r[3] or b""),
+                    None if r[4] is None else bytes(r[4]),
+                    bytes(r[5]),
+                )
+                for r in c.fetchall()
+            ]
+
+    def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
+        """Return, from one snapshot, the last position and the payloads (R7)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT max(rowid) FROM {self.events_table_name}")  # noqa: S608
+            upto = int(c.fetchone()[0] or 0)
+            c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
+            return upto, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
 
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""

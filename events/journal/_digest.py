@@ -1,0 +1,480 @@
+"""Tamper evidence (R7): a digest chained through the journal's one global order (J1).
+
+Every append computes, inside its own transaction and after its events got their positions, one
+digest record per commit (per run of consecutive positions, should a commit's ever have a gap),
+kept in the commit's last event row on SQLite and in ``journaled_digests`` elsewhere:
+
+- ``position``: the commit's last event; ``first``: its first; ``prev``: the last position of the
+  commit before it (positions may have gaps on PostgreSQL, so the link names its predecessor
+  instead of assuming ``first - 1``); NULL where the chain starts;
+- ``hashes``: SHA-256 of each event's stored content (stream, version, topic, state), in order
+  (the first :data:`HASH_SIZE` bytes);
+- ``entries``: the forgettable payloads the commit wrote (key and SHA-256 of key and bytes) or
+  erased (key and NULL), msgpack; an erased payload keeps, in the commit that wrote it, the digest
+  it was written with, so the chain still verifies after a purge;
+- ``digest``: SHA-256 over the previous commit's digest, the positions, the hashes and entries.
+
+So each event's hash is chained to every event before it, and altering, removing, inserting or
+moving any event, payload or digest record changes a digest that :func:`verify` recomputes. The
+chain starts at the first append made by a release that writes digests; events before it (an
+older journal) are decoded but not chain-checked, and the report says from which position the
+chain starts. Snapshots are caches rebuilt from events and are not covered. See ADR 0021.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from journaled.events.errors import EventsError
+from journaled.events.journal._common import Row
+
+DIGEST_TABLE = "journaled_digests"
+HASH_SIZE = 16
+"""Bytes kept of an event's or a payload's SHA-256: 128 bits resist a second preimage as well as
+the whole digest does for this use, and halve what every row carries; chain digests keep 32."""
+
+DigestRow = tuple[int, int, int | None, bytes, bytes | None, bytes]
+"""One commit's link: (last position, first position, previous commit's last position or None at
+the chain's start, event hashes, payload entries or None, digest)."""
+Entry = tuple[str, bytes | None]
+"""A payload the commit wrote (key, digest of key and bytes) or erased (key, None)."""
+
+_encode = msgspec.msgpack.encode  # unambiguous framing of the hashed fields
+_entries = msgspec.msgpack.Decoder(list[tuple[str, bytes | None]])
+_sha256 = hashlib.sha256
+
+
+def event_hash(stream: str, version: int, topic: str, state: bytes) -> bytes:
+    """Return the hash of one stored event's content."""
+    return _sha256(_encode((stream, version, topic, state))).digest()[:HASH_SIZE]
+
+
+def payload_hash(key: str, payload: bytes) -> bytes:
+    """Return the hash of a payload row; the key is inside, so rows cannot trade contents."""
+    return _sha256(_encode((key, payload))).digest()[:HASH_SIZE]
+
+
+def commit_digest(
+    prev_digest: bytes | None,
+    first: int,
+    last: int,
+    prev: int | None,
+    hashes: bytes,
+    entries: bytes | None,
+) -> bytes:
+    """Return a commit's chained digest."""
+    digest = _sha256(prev_digest or b"")
+    digest.update(_encode((first, last, prev)))
+    digest.update(hashes)
+    if entries is not None:
+        digest.update(entries)
+    return digest.digest()
+
+
+class ChainBroken(EventsError):
+    """An append refused because the journal's chain was broken behind its back (R7)."""
+
+
+def chain(
+    head: tuple[int, bytes] | None,
+    positions: Sequence[int],
+    events: Sequence[tuple[str, int, str, bytes]],
+    payloads: Mapping[str, bytes],
+    forget: Sequence[str],
+) -> list[DigestRow]:
+    """Extend the chain from ``head`` (last position, digest) by one append's events.
+
+    Must run inside the append's transaction, with writers serialised, so that ``head`` is the
+    digest of the commit just before this one in the global order.
+
+    Raises:
+        ChainBroken: the chain already reaches these positions (events were deleted from the
+            journal's end, and SQLite gave their positions out again).
+    """
+    if head is not None and positions[0] <= head[0]:
+        raise ChainBroken(
+            f"cannot append at position {positions[0]}: the journal's digest chain already "
+            f"reaches position {head[0]}, so events at its end were removed outside the journal; "
+            "run `journaled journal verify`"
+        )
+    sha, encode, size = _sha256, _encode, HASH_SIZE
+    if forget:
+        erased = set(forget)
+        entries: list[Entry] = [
+            (k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items() if k not in erased
+        ]
+        entries += [(k, None) for k in dict.fromkeys(forget)]
+    else:
+        entries = [(k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items()]
+    packed = encode(entries) if entries else None  # stored as is: verify reads these bytes
+    hashes = [sha(encode(e)).digest()[:size] for e in events]
+    prev, prev_digest = head if head is not None else (None, None)
+    count = len(positions)
+    if count and positions[-1] - positions[0] == count - 1:  # consecutive: one record
+        first, last = positions[0], positions[-1]
+        joined = b"".join(hashes)
+        return [
+            (
+                last,
+                first,
+                prev,
+                joined,
+                packed,
+                commit_digest(prev_digest, first, last, prev, joined, packed),
+            )
+        ]
+    rows: list[DigestRow] = []
+    start = 0
+    for i in range(1, count + 1):
+        if i < count and positions[i] == positions[i - 1] + 1:
+            continue
+        first, last = positions[start], positions[i - 1]
+        joined = b"".join(hashes[start:i])
+        attached = packed if i == count else None
+        digest = commit_digest(prev_digest, first, last, prev, joined, attached)
+        rows.append((last, first, prev, joined, attached, digest))
+        prev, prev_digest, start = last, digest, i
+    return rows
+
+
+# -- verification --------------------------------------------------------------------------------
+
+
+class Problem(msgspec.Struct, frozen=True, kw_only=True):
+    """The first thing wrong in a journal: where, what kind, and why.
+
+    ``kind`` is one of ``altered``, ``removed``, ``reordered``, ``inserted``, ``undecodable``,
+    ``payload-altered``, ``payload-removed``, ``payload-restored``, ``payload-inserted``.
+    """
+
+    position: int
+    kind: str
+    reason: str
+
+
+class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
+    """The outcome of :meth:`Journal.verify` (R7).
+
+    Attributes:
+        ok: nothing was found wrong.
+        events: events read and decoded.
+        chained_from: the first position covered by the digest chain (None: no digests at all).
+        unchained: events before ``chained_from`` (written by an older release): decoded, not
+            chain-checked.
+        payloads: payload entries checked against their digests.
+        head: hex digest of the last chained commit; kept elsewhere, it also reveals a later
+            truncation of the journal's tail, or a chain recomputed after an edit, which the
+            chain alone cannot.
+        problem: the first problem found (lowest position), or None.
+    """
+
+    ok: bool
+    events: int
+    chained_from: int | None
+    unchained: int
+    payloads: int
+    head: str | None
+    problem: Problem | None = None
+
+
+class _Peek:
+    """An iterator of rows that can look at its next row."""
+
+    def __init__(self, rows: Iterator[Row]) -> None:
+        self._rows = rows
+        self._next: Row | None = next(rows, None)
+
+    def peek(self) -> Row | None:
+        return self._next
+
+    def pop(self) -> Row:
+        row = self._next
+        assert row is not None
+        self._next = next(self._rows, None)
+        return row
+
+
+Again = tuple[Callable[[], Iterator[Row]], Callable[[], Iterator[DigestRow]]]
+
+
+def verify(
+    events: Callable[[], Iterator[Row]],
+    digests: Callable[[], Iterator[DigestRow]],
+    payloads: Mapping[str, bytes],
+    decode: Callable[[Row], Any],
+) -> VerifyReport:
+    """Check events, digest records and payloads read up to one position; report the first problem.
+
+    ``events`` and ``digests`` yield rows in position order; they are called again only to name
+    the position that an out-of-place event's content was recorded at.
+    """
+    latest: dict[str, tuple[int, bytes | None]] = {}
+    count = unchained = 0
+    start: int | None = None
+    prev: int | None = None
+    prev_digest: bytes | None = None
+    problem: Problem | None = None
+    stream = _Peek(events())
+    records = digests()
+    for record in records:
+        last, first, _, _, _, digest = record
+        if start is not None:  # a broken link explains the events before this commit
+            problem = _link(record, start, prev, stream.peek())
+        while problem is None and (event := stream.peek()) is not None and event[0] < first:
+            count += 1
+            unchained += start is None
+            problem = _outside(stream.pop(), start, decode)
+        if start is None:
+            problem = problem or _link(record, start, prev, None)
+        if problem is None:
+            group: list[Row] = []
+            while (event := stream.peek()) is not None and event[0] <= last:
+                group.append(stream.pop())
+            count += len(group)
+            problem = _commit(record, group, prev_digest, decode, (events, digests))
+        if problem is None:
+            problem = _collect(latest, record)
+        if problem is None:
+            start = first if start is None else start
+            prev, prev_digest = last, digest
+            continue
+        _collect(latest, record)
+        for later in records:  # a payload erased later must not read as deleted behind its back
+            _collect(latest, later)
+        break
+    while problem is None and stream.peek() is not None:
+        count += 1
+        unchained += start is None
+        problem = _outside(stream.pop(), start, decode)
+    found = [problem] if problem is not None else []
+    found += _check_payloads(latest, payloads)
+    first_problem = min(found, key=lambda p: p.position) if found else None
+    if first_problem is None and start == 1:
+        first_problem = _foreign_payload(latest, payloads)
+    return VerifyReport(
+        ok=first_problem is None,
+        events=count,
+        chained_from=start,
+        unchained=unchained,
+        payloads=len(latest),
+        head=prev_digest.hex() if prev_digest is not None else None,
+        problem=first_problem,
+    )
+
+
+def _collect(latest: dict[str, tuple[int, bytes | None]], record: DigestRow) -> Problem | None:
+    """Record the payload entries of a commit whose digest was checked."""
+    last, first, _, _, packed, _ = record
+    if packed is None:
+        return None
+    try:
+        entries = _entries.decode(packed)
+    except msgspec.DecodeError as exc:
+        return Problem(
+            position=first,
+            kind="altered",
+            reason=f"the payload entries of the commit at positions {first}-{last} cannot be "
+            f"read: {exc}",
+        )
+    for key, digest in entries:
+        latest[key] = (last, digest)
+    return None
+
+
+def _outside(event: Row, start: int | None, decode: Callable[[Row], Any]) -> Problem | None:
+    """Check an event no digest record covers: before the chain, decode it; after, it is foreign."""
+    if start is None:
+        return _decodes(event, decode)
+    return Problem(
+        position=event[0],
+        kind="inserted",
+        reason=f"event at position {event[0]} has no digest: it was not appended through the "
+        "journal (inserted, or its digest record was deleted)",
+    )
+
+
+def _link(
+    record: DigestRow, start: int | None, prev: int | None, waiting: Row | None
+) -> Problem | None:
+    """Check that a commit's record links to the commit before it.
+
+    ``waiting`` is the next event not yet checked: if the link skips over it, that event is still
+    there and only its commit's digest record is gone.
+    """
+    last, first, link_prev = record[0], record[1], record[2]
+    if start is None and link_prev is not None:
+        return Problem(
+            position=link_prev,
+            kind="removed",
+            reason=f"the chain's first record (positions {first}-{last}) links to position "
+            f"{link_prev}, whose events and digest record were removed",
+        )
+    if start is None or link_prev == prev:
+        return None
+    if link_prev is not None and prev is not None and link_prev > prev:
+        if waiting is not None and waiting[0] <= link_prev:
+            return Problem(
+                position=waiting[0],
+                kind="altered",
+                reason=f"the digest record of the commit up to position {link_prev} was removed "
+                f"or changed (its events from position {waiting[0]} remain)",
+            )
+        return Problem(
+            position=link_prev,
+            kind="removed",
+            reason=f"the event(s) after {prev} up to position {link_prev} were removed with "
+            f"their digest record (the commit at position {first} links to {link_prev})",
+        )
+    return Problem(
+        position=first,
+        kind="altered",
+        reason=f"the digest record of positions {first}-{last} links to {link_prev}, but the "
+        f"commit before it ends at {prev}",
+    )
+
+
+def _commit(
+    record: DigestRow,
+    group: Sequence[Row],
+    prev_digest: bytes | None,
+    decode: Callable[[Row], Any],
+    again: Again,
+) -> Problem | None:
+    """Check one commit's events against its record, then its digest, then decode them."""
+    last, first, link_prev, hashes, packed, digest = record
+    if len(hashes) != HASH_SIZE * (last - first + 1):
+        return Problem(
+            position=first,
+            kind="altered",
+            reason=f"the digest record of positions {first}-{last} was changed (it holds "
+            f"{len(hashes)} bytes of event hashes)",
+        )
+    by_position = {event[0]: event for event in group}
+    for i in range(last - first + 1):
+        position = first + i
+        event = by_position.get(position)
+        if event is None:
+            return Problem(
+                position=position,
+                kind="removed",
+                reason=f"event at position {position} was removed (its digest record remains)",
+            )
+        _, stream, version, topic, state = event
+        if event_hash(stream, version, topic, state) != hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]:
+            origin = _recorded_at(again, state, position)
+            if origin is not None:
+                return Problem(
+                    position=position,
+                    kind="reordered",
+                    reason=f"event at position {position} (stream {stream!r} version {version}) "
+                    f"holds the content recorded at position {origin}: rows were swapped or moved",
+                )
+            return Problem(
+                position=position,
+                kind="altered",
+                reason=f"event at position {position} (stream {stream!r} version {version}) "
+                "does not match its digest: its stored content was changed",
+            )
+    if commit_digest(prev_digest, first, last, link_prev, hashes, packed) != digest:
+        return Problem(
+            position=first,
+            kind="altered",
+            reason=f"the chained digest of positions {first}-{last} does not match: their "
+            "digest record (its digest or its payload entries) was changed",
+        )
+    for event in group:
+        problem = _decodes(event, decode)
+        if problem is not None:
+            return problem
+    return None
+
+
+def _recorded_at(again: Again, state: bytes, position: int) -> int | None:
+    """Return the other position whose recorded content this state is, if any (a swap, a move)."""
+    events, digests = again
+    stream = _Peek(events())
+    for last, first, _, hashes, _, _ in digests():
+        for i in range(last - first + 1):
+            other = first + i
+            while (event := stream.peek()) is not None and event[0] < other:
+                stream.pop()
+            if event is None or event[0] != other or other == position:
+                continue
+            _, name, version, topic, _ = event
+            if (
+                event_hash(name, version, topic, state)
+                == hashes[i * HASH_SIZE : (i + 1) * HASH_SIZE]
+            ):
+                return other
+    return None
+
+
+def _decodes(event: Row, decode: Callable[[Row], Any]) -> Problem | None:
+    try:
+        decode(event)
+    except Exception as exc:  # any failure to decode is the finding, whatever its class
+        return Problem(
+            position=event[0],
+            kind="undecodable",
+            reason=f"event at position {event[0]} cannot be decoded: {exc}",
+        )
+    return None
+
+
+def _check_payloads(
+    latest: Mapping[str, tuple[int, bytes | None]],
+    payloads: Mapping[str, bytes],
+) -> list[Problem]:
+    found: list[Problem] = []
+    for key, (position, digest) in latest.items():
+        payload = payloads.get(key)
+        if digest is None:
+            if payload is not None:
+                found.append(
+                    Problem(
+                        position=position,
+                        kind="payload-restored",
+                        reason=f"payload {key!r} was erased at position {position} but is "
+                        "present again",
+                    )
+                )
+        elif payload is None:
+            found.append(
+                Problem(
+                    position=position,
+                    kind="payload-removed",
+                    reason=f"payload {key!r} (written at position {position}) was deleted "
+                    "without an erasure through the journal",
+                )
+            )
+        elif payload_hash(key, payload) != digest:
+            found.append(
+                Problem(
+                    position=position,
+                    kind="payload-altered",
+                    reason=f"payload {key!r} (written at position {position}) does not match "
+                    "its digest: its stored bytes were changed",
+                )
+            )
+    return found
+
+
+def _foreign_payload(
+    latest: Mapping[str, tuple[int, bytes | None]], payloads: Mapping[str, bytes]
+) -> Problem | None:
+    """Find a payload row no commit wrote, when the chain covers the whole journal.
+
+    It has no position of its own (reported at 1), so it is reported only when nothing else is:
+    a deleted digest record also leaves its payloads without a digest, and that is the finding.
+    """
+    for key in sorted(set(payloads) - set(latest)):
+        return Problem(
+            position=1,
+            kind="payload-inserted",
+            reason=f"payload {key!r} has no digest: it was not written through the journal",
+        )
+    return None
