@@ -180,7 +180,8 @@ def test_purge_erases_content_and_keeps_shape(journal_url: str, clock: ManualClo
         assert "content purged: erasure request 43" in rt.runs.why(orchestration)
         report = rt.journal.verify()  # R7: erasing content keeps the digest chain whole
         assert report.ok, report.problem
-        assert report.events == len(rt.journal.read()) and report.unchained == 0
+        assert report.events == len(rt.journal.read())
+        assert report.unchained == 0
     if journal_url.startswith("memory"):
         return  # an in-memory journal ends with its runtime
     with journaled.open(journal_url, clock=clock) as rt:
