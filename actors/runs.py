@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import importlib
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -74,16 +74,21 @@ def policy_name(reserve: Reserve | None) -> str | None:
 
 
 def find_policy(name: str) -> Reserve | None:
-    """Import a journaled ``reserve`` policy by ``module:qualname``; None if it cannot be."""
+    """Find a journaled ``reserve`` policy by ``module:qualname``; None if it cannot be.
+
+    Only a module this process has already imported is looked in: a journal is data, and a name
+    read from it never makes this process import (run) a module it had not loaded itself.
+    """
     module_name, _, qualname = name.partition(":")
     if not qualname or "<" in qualname:
-        return None  # a lambda or a local function: nothing to import
-    try:
-        found: Any = importlib.import_module(module_name)
-        for part in qualname.split("."):
-            found = getattr(found, part)
-    except (ImportError, AttributeError, ValueError):
+        return None  # a lambda or a local function: nothing to find
+    found: Any = sys.modules.get(module_name)
+    if found is None:
         return None
+    for part in qualname.split("."):
+        found = getattr(found, part, None)
+        if found is None:
+            return None
     return found if callable(found) else None
 
 

@@ -726,3 +726,19 @@ def test_a_policy_object_is_named_but_never_imported_back() -> None:
     assert find_policy(name) is None
     found = find_policy(policy_name(reserve_three) or "")
     assert found is reserve_three
+
+
+def test_a_journaled_policy_name_never_imports_a_module(tmp_path: Path) -> None:
+    """R6: a policy name read from a journal is looked up, never imported: journals are data."""
+    module = tmp_path / "planted_policy.py"
+    marker = tmp_path / "imported"
+    module.write_text(
+        f"open({str(marker)!r}, 'w').close()\n\ndef reserve(step, remaining):\n    return 1\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert find_policy("planted_policy:reserve") is None
+        assert not marker.exists()
+        assert "planted_policy" not in sys.modules
+    finally:
+        sys.path.remove(str(tmp_path))
