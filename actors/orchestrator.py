@@ -16,7 +16,14 @@ import msgspec
 
 from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.run_recorder import Progress
-from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
+from journaled.actors.runs import (
+    Runs,
+    check_budget,
+    check_callable,
+    find_policy,
+    new_run_id,
+    policy_name,
+)
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.errors import ConcurrencyConflict, PlanRejected
 from journaled.events.journal import Journal
@@ -117,6 +124,7 @@ class Orchestrations:
                 partial=bool(partial),
                 require_approval=bool(require_approval),
                 max_passes=max_passes,
+                reserve=policy_name(reserve),
             ),
         )
         return self._drive(drive)
@@ -196,6 +204,7 @@ class Orchestrations:
             answer=answered,
             answered=tuple(given),
         )
+        reserve = self._journaled_policy(state, pass_state, reserve)
         chosen = planner or self._planners.get(run_id)
         after = state.copy()
         after.fold(resumed)
@@ -206,6 +215,31 @@ class Orchestrations:
         drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
         self._append(drive, resumed)
         return self._drive(drive)
+
+    @staticmethod
+    def _journaled_policy(
+        state: OrchestrationState, pass_state: RunState | None, reserve: Reserve | None
+    ) -> Reserve | None:
+        """Return the policy a resume costs agent steps with: the one given, else the journaled.
+
+        Raises:
+            RunNotResumable: a policy was journaled but is not loaded here (R6).
+        """
+        if reserve is not None:
+            return reserve
+        started = state.started
+        name = (started.reserve if started is not None else None) or (
+            pass_state.reserve if pass_state is not None else None
+        )
+        if name is None:
+            return None
+        found = find_policy(name)
+        if found is None:
+            raise RunNotResumable(
+                f"run {state.run_id} costs its agent steps with reserve={name}, which is not "
+                "loaded here: pass reserve= to resume so they cost the same (R6)"
+            )
+        return found
 
     # -- the state machine -----------------------------------------------------------------------
 

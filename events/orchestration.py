@@ -83,6 +83,8 @@ class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     partial: bool = False
     require_approval: bool = False
     max_passes: int = 3
+    reserve: str | None = None
+    """The ``reserve`` policy as ``module:qualname``, so a resume costs agents the same (R6)."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True

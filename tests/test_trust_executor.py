@@ -742,3 +742,40 @@ def test_a_journaled_policy_name_never_imports_a_module(tmp_path: Path) -> None:
         assert "planted_policy" not in sys.modules
     finally:
         sys.path.remove(str(tmp_path))
+
+
+def test_an_orchestration_resumed_without_reserve_costs_agents_the_same(sqlite_url: str) -> None:
+    """R6/O3: approving an orchestration without reserve= estimates with the journaled policy."""
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("x", agent="a")])
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=1))
+        outcome = rt.orchestrate(
+            "g", planner, call_budget=2, require_approval=True, reserve=reserve_three
+        )
+        assert outcome.status == "waiting_for_approval"
+    with journaled.open(sqlite_url) as again:
+        again.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=1))
+        resumed = again.resume(outcome.run_id, approve=True, planner=planner)
+        assert isinstance(resumed, journaled.Outcome)
+        # reserve_three estimates 3 calls for the agent: over the budget of 2, so it waits.
+        assert resumed.status == "waiting_for_budget", resumed.summary
+
+
+def test_an_orchestration_policy_not_loaded_refuses_a_resume_without_reserve(
+    sqlite_url: str,
+) -> None:
+    """R6: a journaled policy this process cannot find is never silently replaced by none."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=1))
+        started = rt.orchestrate(
+            "g",
+            lambda goal, obs, cl: Plan(goal=goal, steps=[Step("x", agent="a")]),
+            require_approval=True,
+            reserve=lambda step, remaining: 3,
+        )
+        with pytest.raises(journaled.RunNotResumable, match="reserve="):
+            rt.resume(started.run_id, approve=True)
+        assert rt.runs.history(started.run_id)[-1].kind == "orchestration.ended"
