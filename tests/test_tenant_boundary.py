@@ -37,9 +37,8 @@ class Acme:
     end: int
 
 
-def _shared_journal(journal_url: str) -> None:
-    if journal_url == "memory://":
-        pytest.skip("an in-memory journal belongs to one runtime: there is no second tenant")
+SHARED = pytest.mark.parametrize("journal_url", ["sqlite", "postgresql"], indirect=True)
+"""Backends two runtimes can share (an in-memory journal belongs to one runtime)."""
 
 
 def _acme(url: str, clock: ManualClock) -> Acme:
@@ -59,12 +58,12 @@ def _leaks(text: str, acme: Acme) -> list[str]:
     return [w for w in (acme.old, acme.new, SOURCE, DOMAIN, KEY, "globex", "initech") if w in text]
 
 
+@SHARED
 @pytest.mark.parametrize("organization", ["other", None])
 def test_another_organizations_fact_is_unknown_to_every_operation(
     journal_url: str, clock: ManualClock, organization: str | None
 ) -> None:
     """R1: get, all, search, as_of, delete, purge, why, history and journal reads refuse acme's."""
-    _shared_journal(journal_url)
     acme = _acme(journal_url, clock)
     with journaled.open(journal_url, organization=organization, clock=clock) as rt:
         for fact_id in (acme.old, acme.new):
@@ -102,12 +101,12 @@ def test_another_organizations_fact_is_unknown_to_every_operation(
         assert rt.journal.position() == after
 
 
+@SHARED
 @pytest.mark.parametrize("organization", ["other", None])
 def test_the_command_line_shows_nothing_of_another_organization(
     journal_url: str, clock: ManualClock, organization: str | None
 ) -> None:
     """R1: memory show/why/history fail as for an unknown id; journal tail omits acme's events."""
-    _shared_journal(journal_url)
     acme = _acme(journal_url, clock)
     env = {"JOURNALED_ORGANIZATION": organization or ""}
     runner = CliRunner()
@@ -153,12 +152,12 @@ def test_the_boundary_sorts_events_without_a_runtime(journal_url: str, clock: Ma
             assert (state.get(fact.id) is None) == bool(hidden)
 
 
+@SHARED
 @pytest.mark.parametrize("organization", ["other", None])
 def test_deleting_a_shared_fact_heals_another_organizations_fact(
     journal_url: str, clock: ManualClock, organization: str | None
 ) -> None:
     """R1/M8: a delete by another tenant still restores acme's fact it had superseded, unseen."""
-    _shared_journal(journal_url)
     with journaled.open(journal_url, organization="acme", clock=clock) as rt:
         private = rt.memory.remember(TEXT, scope="organization", conflict_key=KEY)
         shared = rt.memory.remember("the merger is off", scope="project", conflict_key=KEY)
@@ -176,12 +175,12 @@ def test_deleting_a_shared_fact_heals_another_organizations_fact(
         assert [f.id for f in rt.memory.search("globex")] == [private.id]
 
 
+@SHARED
 @pytest.mark.parametrize("organization", ["other", None])
 def test_a_delete_relinks_to_another_organizations_superseder(
     journal_url: str, clock: ManualClock, organization: str | None
 ) -> None:
     """R1/M8: the chain heals through acme's fact that another tenant cannot see (A <- X <- B)."""
-    _shared_journal(journal_url)
     with journaled.open(journal_url, organization="acme", clock=clock) as rt:
         oldest = rt.memory.remember("the launch is in may", conflict_key=KEY)
         middle = rt.memory.remember("the launch is in june", conflict_key=KEY)
