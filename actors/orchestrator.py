@@ -15,8 +15,10 @@ from typing import Any
 from journaled.actors.errors import RunNotFound, RunNotResumable
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
+from journaled.actors.steps import storable_text
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.errors import ConcurrencyConflict, PlanRejected
+from journaled.events.inputs import text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -289,10 +291,12 @@ class Orchestrations:
         try:
             answer = d.planner(started.goal, observations, list(st.clarifications))
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            return self._fail_planning(d, f"the planner raised {type(exc).__name__}: {exc}")
+            reason = storable_text(f"the planner raised {type(exc).__name__}: {exc}")
+            return self._fail_planning(d, reason)
         if isinstance(answer, Clarify):
-            if not isinstance(answer.question, str) or not answer.question.strip():
-                return self._fail_planning(d, "the planner asked to clarify but gave no question")
+            problem = text_problem(answer.question, empty=False)
+            if problem:
+                return self._fail_planning(d, f"the planner's clarifying question {problem}")
             self._append(d, ClarificationRequested(at=self._clock(), question=str(answer.question)))
             return self._end(
                 d, "waiting_for_clarification", f"waiting for clarification: {answer.question}"

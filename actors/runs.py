@@ -20,6 +20,7 @@ from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
 from journaled.events.codec import topic_of
 from journaled.events.errors import PlanRejected
+from journaled.events.inputs import int_problem, number_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.plan_rules import Reserve, validate
@@ -30,6 +31,8 @@ from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
 RUN_PREFIX = "run_"
+MAX_PARALLEL = 1 << 16
+"""Most steps a batch may run at once: each holds a worker actor (one thread)."""
 _STOP_TIMEOUT = 5.0
 
 
@@ -42,8 +45,11 @@ def check_budget(name: str, value: object) -> int | None:
     """Return a model-call budget, or raise ValueError naming the argument."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int (model calls) or None, got {value!r}")
+    if int_problem(value, low=0):
+        raise ValueError(
+            f"{name} must be a non-negative 64-bit int (model calls) or None, got {short(value)}"
+        )
+    assert isinstance(value, int)
     return value
 
 
@@ -100,20 +106,15 @@ class Runs:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
         self.validate(plan)
         budget = check_budget("call_budget", call_budget)
-        if isinstance(max_parallel_steps, bool) or not isinstance(max_parallel_steps, int):
-            raise ValueError(f"max_parallel_steps must be an int >= 1, got {max_parallel_steps!r}")
-        if max_parallel_steps < 1:
-            raise ValueError(f"max_parallel_steps must be >= 1, got {max_parallel_steps}")
+        problem = int_problem(max_parallel_steps, low=1, high=MAX_PARALLEL)
+        if problem:
+            raise ValueError(f"max_parallel_steps {problem}")
         limits = _check_limits(limits)
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
-        if step_timeout is not None and (
-            isinstance(step_timeout, bool)
-            or not isinstance(step_timeout, int | float)
-            or step_timeout <= 0
-        ):
+        if step_timeout is not None and (number_problem(step_timeout) or step_timeout <= 0):
             raise ValueError(
-                f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
+                f"step_timeout must be a positive, finite number of seconds, got {step_timeout!r}"
             )
         now = self._clock()
         run_id = run_id or new_run_id(now)
@@ -182,6 +183,10 @@ class Runs:
                 )
             took_over = state.owner
         budget = check_budget("call_budget", call_budget)
+        if answers is not None and not isinstance(answers, Mapping):
+            raise RunNotResumable(
+                f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
+            )
         given = dict(answers or {})
         for step_id, answer in given.items():
             if step_id not in state.waiting:
@@ -190,10 +195,9 @@ class Runs:
                     f"run {run_id}: step {step_id!r} is not waiting for an answer "
                     f"(waiting steps: {waiting})"
                 )
-            if not isinstance(answer, str):
-                raise RunNotResumable(
-                    f"run {run_id}: the answer for step {step_id!r} must be a string"
-                )
+            problem = text_problem(answer)
+            if problem:
+                raise RunNotResumable(f"run {run_id}: the answer for step {step_id!r} {problem}")
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
         now = self._clock()
@@ -423,9 +427,16 @@ def _check_limits(limits: Limits | None) -> Limits:
     if not isinstance(limits, Limits):
         raise ValueError(f"limits must be a journaled.Limits, got {type(limits).__name__}")
     for table_name in ("per_tool", "per_skill", "per_agent"):
-        for key, cap in getattr(limits, table_name).items():
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-                raise ValueError(f"limits.{table_name}[{key!r}] must be an int >= 1, got {cap!r}")
+        table = getattr(limits, table_name)
+        if not isinstance(table, dict):
+            raise ValueError(f"limits.{table_name} must be a dict, got {type(table).__name__}")
+        for key, cap in table.items():
+            if text_problem(key, empty=False):
+                raise ValueError(f"limits.{table_name} key {key!r} {text_problem(key)}")
+            if int_problem(cap, low=1):
+                raise ValueError(
+                    f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}"
+                )
     return limits
 
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable, Container, Sequence
 
 from journaled.events.errors import PlanRejected
+from journaled.events.inputs import text_problem
 from journaled.events.plans import Limits, Observation, Plan, Step
+
+_MAX_NAME_BYTES = 1024
+"""Largest step id or skill/tool/agent name: names are shown, compared and journaled often."""
 
 Reserve = Callable[[Step, float], float]
 """What an agent step reserves, given the model calls still available when it is reached."""
@@ -30,8 +34,9 @@ def validate(
     """
     if not isinstance(plan, Plan):
         raise PlanRejected(None, f"expected a journaled.Plan, got {type(plan).__name__}")
-    if not isinstance(plan.goal, str):
-        raise PlanRejected(None, "the plan's goal must be a string")
+    problem = text_problem(plan.goal)
+    if problem:
+        raise PlanRejected(None, f"the plan's goal {problem}")
     if not isinstance(plan.steps, list | tuple) or not plan.steps:
         raise PlanRejected(None, "the plan has no steps")
     seen: set[str] = set()
@@ -40,6 +45,9 @@ def validate(
             raise PlanRejected(None, f"step #{index} is a {type(step).__name__}, not a Step")
         if not isinstance(step.id, str) or not step.id:
             raise PlanRejected(None, f"step #{index} has no id")
+        problem = text_problem(step.id, limit=_MAX_NAME_BYTES)
+        if problem:
+            raise PlanRejected(None, f"the id of step #{index} {problem}")
         if step.id in seen:
             raise PlanRejected(step.id, "the id is used by more than one step")
         seen.add(step.id)
@@ -50,6 +58,9 @@ def validate(
         name = step.target
         if not isinstance(name, str) or not name:
             raise PlanRejected(step.id, f"the {named[0]} name must be a non-empty string")
+        problem = text_problem(name, limit=_MAX_NAME_BYTES)
+        if problem:
+            raise PlanRejected(step.id, f"the {named[0]} name {problem}")
         if not isinstance(step.depends_on, list | tuple) or not all(
             isinstance(d, str) for d in step.depends_on
         ):
