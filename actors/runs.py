@@ -301,9 +301,14 @@ class Runs:
     def history(self, run_id: str) -> list[Event]:
         """Return every event of a run, oldest first."""
         events = self._journal.stream(run_id)
-        if not events:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        _check_run(run_id, events[0] if events else None)
         return events
+
+    def _first(self, run_id: str) -> Event:
+        first = self._journal.first(run_id)
+        _check_run(run_id, first)
+        assert first is not None
+        return first
 
     def state(self, run_id: str, position: int | None = None) -> RunState:
         """Fold a run's events (up to a journal position) into its state.
@@ -311,9 +316,7 @@ class Runs:
         The latest state starts from the run's snapshot, when there is one, and folds only the
         events after it; a past state folds the prefix of the stream.
         """
-        first = self._journal.first(run_id)
-        if first is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        first = self._first(run_id)
         if position is not None:
             if position < first.position:
                 raise ValueError(
@@ -334,9 +337,7 @@ class Runs:
 
         For an orchestration, this is the run of the pass that was current at that position.
         """
-        first = self._journal.first(run_id)
-        if first is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        first = self._first(run_id)
         end = self._journal.position()
         if position > end:
             raise ValueError(f"position {position} is past the end of the journal ({end})")
@@ -419,6 +420,14 @@ class Runs:
         """Return the ids of every run and orchestration in the journal, oldest first."""
         topics = [topic_of(RunStarted), topic_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
+
+
+def _check_run(run_id: str, first: Event | None) -> None:
+    """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
+    if first is None:
+        raise RunNotFound(f"no run {run_id!r} in this journal")
+    if not isinstance(first.data, RunStarted | OrchestrationStarted):
+        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
 
 
 def _check_limits(limits: Limits | None) -> Limits:

@@ -23,6 +23,7 @@ __all__ = [
     "INT64_MIN",
     "MAX_TEXT_BYTES",
     "decode_text",
+    "flat",
     "int_problem",
     "number_problem",
     "short",
@@ -84,6 +85,17 @@ def decode_text(raw: bytes, stream: str, position: int | None, topic: str) -> st
             topic,
             f"the stored text of {stream} is not valid UTF-8 at byte {exc.start} ({exc.reason})",
         ) from None
+
+
+def flat(text: str | None) -> str:
+    """Render stored free text inside one line: its line breaks shown, never obeyed.
+
+    A why is read line by line; a stored error holding a newline must not forge a line of its
+    own (such as a ``now:`` line).
+    """
+    if text is None:
+        return ""
+    return " ⏎ ".join(text.splitlines())  # every break str.splitlines knows, \x85 and \u2028 too
 
 
 def short(value: object) -> str:

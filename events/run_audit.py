@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from journaled.events.base import Event
+from journaled.events.inputs import flat
 from journaled.events.memory_audit import when
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -79,9 +80,9 @@ def describe_run_event(event: Event) -> str | None:
                 f", charged {data.charged} call(s)" if data.charged else ""
             )
         case StepFailed():
-            return f"step {data.step_id!r} failed: {data.observation.error}"
+            return f"step {data.step_id!r} failed: {flat(data.observation.error)}"
         case StepWaiting():
-            return f"step {data.step_id!r} waits for an answer: {data.question}"
+            return f"step {data.step_id!r} waits for an answer: {flat(data.question)}"
         case StepsSkipped():
             ids = [o.step_id for o in data.observations] + list(data.unobserved)
             return f"steps {', '.join(ids)} skipped ({data.cause})"
@@ -182,9 +183,9 @@ def describe_orchestration_event(event: Event) -> str | None:
         case PlanProposed():
             return f"pass {data.pass_no}: the planner proposed {len(data.plan.steps)} step(s)"
         case PlanningFailed():
-            return f"pass {data.pass_no}: planning failed: {data.reason}"
+            return f"pass {data.pass_no}: planning failed: {flat(data.reason)}"
         case ClarificationRequested():
-            return f"the planner asked: {data.question}"
+            return f"the planner asked: {flat(data.question)}"
         case ClarificationGiven():
             return f"answered {data.question!r} with {data.answer!r}"
         case ApprovalRequested():

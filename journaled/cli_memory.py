@@ -69,7 +69,7 @@ def memory_remember(
             line += f", superseding {', '.join(fact.supersedes)}"
         if fact.text != text:
             line += " (secrets were redacted)"
-        click.echo(line)
+        render.echo(line)
 
 
 @memory.command("search")
@@ -131,7 +131,10 @@ def memory_show(ctx: click.Context, fact_id: str) -> None:
         if fact is None:
             fail(f"no fact {fact_id} in this journal (deleted or unknown)")
         text = render.to_json(fact)
-        click.echo(text if wants_json(ctx) else msgspec.json.format(text))
+        if wants_json(ctx):
+            click.echo(text)
+        else:
+            render.echo(msgspec.json.format(text))
 
 
 @memory.command("why")
@@ -147,7 +150,7 @@ def memory_why(ctx: click.Context, fact_id: str) -> None:
         if wants_json(ctx):
             emit(render.FactWhy(fact_id=fact_id, why=why))
         else:
-            click.echo(why)
+            render.echo(why)
 
 
 @memory.command("history")
@@ -166,4 +169,4 @@ def memory_history(ctx: click.Context, fact_id: str) -> None:
         if wants_json(ctx):
             emit(history)
         else:
-            click.echo(render.history_lines(history))
+            render.echo(render.history_lines(history))
