@@ -119,19 +119,30 @@ def find_cycle(steps: Sequence[Step]) -> list[str]:
 
 
 def waves(steps: Sequence[Step]) -> list[list[Step]]:
-    """Split a validated plan into dependency waves (topological layers), in plan order (E2)."""
-    level: dict[str, int] = {}
-    remaining = list(steps)
-    while remaining:
-        blocked = []
-        for step in remaining:
-            if all(d in level for d in step.depends_on):
-                level[step.id] = 1 + max((level[d] for d in step.depends_on), default=-1)
-            else:
-                blocked.append(step)
-        if len(blocked) == len(remaining):
-            raise ValueError("waves() needs an acyclic plan with known dependencies")
-        remaining = blocked
+    """Split a validated plan into dependency waves (topological layers), in plan order (E2).
+
+    Linear in steps plus dependencies whatever the order steps are listed in (Kahn's algorithm):
+    each dependency list is read once, and each edge is followed once.
+    """
+    dependents: dict[str, list[str]] = {s.id: [] for s in steps}
+    unmet: dict[str, int] = {}
+    for step in steps:
+        deps = set(step.depends_on)
+        for dep in deps:
+            if dep not in dependents:
+                raise ValueError("waves() needs an acyclic plan with known dependencies")
+            dependents[dep].append(step.id)
+        unmet[step.id] = len(deps)
+    level = {sid: 0 for sid, n in unmet.items() if n == 0}
+    ready = list(level)
+    for sid in ready:  # grows while it is walked: a queue in one list
+        for child in dependents[sid]:
+            level[child] = max(level.get(child, 0), level[sid] + 1)
+            unmet[child] -= 1
+            if not unmet[child]:
+                ready.append(child)
+    if len(ready) != len(unmet):
+        raise ValueError("waves() needs an acyclic plan with known dependencies")
     out: list[list[Step]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
     for step in steps:
         out[level[step.id]].append(step)
