@@ -11,7 +11,7 @@ import html
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -90,18 +90,25 @@ class Child(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class State(msgspec.Struct, frozen=True, kw_only=True):
-    """``rt.runs.at(run_id, position)``, reduced to what the page shows."""
+    """``rt.runs.at(run_id, position)``, reduced to what the page shows.
+
+    In a :class:`Frame` the three per-step tables hold only what changed since the previous
+    frame's state (``null`` where an entry went away), unless ``fresh``: then they are whole. So
+    a page grows with the events, not with events times steps.
+    """
 
     run: str
-    statuses: dict[str, str]
+    fresh: bool = True
+    """The tables are whole (the first state of a run), not changes since the previous frame."""
+    statuses: dict[str, str | None]
     calls_used: int
     budget: int | None
     waiting: list[str]
     stopped_for_budget: bool
     ok: bool
-    notes: dict[str, str]
+    notes: dict[str, str | None]
     """Per step: the error of a failed step or the question of a waiting one."""
-    children: dict[str, Child]
+    children: dict[str, Child | None]
 
 
 class Frame(msgspec.Struct, frozen=True, kw_only=True):
@@ -118,8 +125,11 @@ class Frame(msgspec.Struct, frozen=True, kw_only=True):
     """Index into ``Page.plans``; None before any plan was proposed."""
     state: State | None
     """None when ``rt.runs.at`` has no run yet (an orchestration before its first pass)."""
+    keep: int = 0
+    """How many leading lines of the previous frame's why this frame's why keeps."""
     why: list[int]
-    """Indices into ``Page.lines``: the run's why up to this position, line by line."""
+    """Indices into ``Page.lines``: the lines of the run's why at this position that follow the
+    ``keep`` lines kept from the previous frame's."""
 
 
 class Page(msgspec.Struct, frozen=True, kw_only=True):
@@ -179,12 +189,19 @@ def build(rt: Runtime, run_id: str) -> Page:
     frames: list[Frame] = []
     proposed: int | None = None
     start = events[0].data.at
+    shown: list[int] = []
+    last: State | None = None
     for event in events:
         result = _at(rt, run_id, event.position)
         if isinstance(event.data, PlanProposed):
             proposed = _intern_plan(event.data.plan, plans, plan_keys)
         plan = proposed if result is None else _intern_plan(result.plan, plans, plan_keys)
-        why = _why(run_id, orchestration, own, streams, event.position)
+        why = [
+            line_ids.setdefault(line, len(line_ids))
+            for line in _why(run_id, orchestration, own, streams, event.position).splitlines()
+        ]
+        keep = _common_prefix(shown, why)
+        state = None if result is None else _state(rt, result, event.position, children)
         frames.append(
             Frame(
                 position=event.position,
@@ -194,10 +211,12 @@ def build(rt: Runtime, run_id: str) -> Page:
                 offset="+" + duration(event.data.at - start),
                 flag=_FLAGS.get(type(event.data)),
                 plan=plan,
-                state=None if result is None else _state(rt, result, event.position, children),
-                why=[line_ids.setdefault(line, len(line_ids)) for line in why.splitlines()],
+                state=None if state is None else _changes(last, state),
+                keep=keep,
+                why=why[keep:],
             )
         )
+        shown, last = why, state
     return Page(
         run_id=run_id,
         orchestration=orchestration,
@@ -205,6 +224,34 @@ def build(rt: Runtime, run_id: str) -> Page:
         plans=plans,
         lines=list(line_ids),
         frames=frames,
+    )
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def _changes(before: State | None, now: State) -> State:
+    """Return ``now`` with its per-step tables cut to what changed since ``before``."""
+    if before is None or before.run != now.run:
+        return now
+
+    def changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+        out = {k: v for k, v in new.items() if old.get(k) != v}
+        out.update({k: None for k in old if k not in new})
+        return out
+
+    return msgspec.structs.replace(
+        now,
+        fresh=False,
+        statuses=changed(before.statuses, now.statuses),
+        notes=changed(before.notes, now.notes),
+        children=changed(before.children, now.children),
     )
 
 
@@ -273,7 +320,7 @@ def _state(
     position: int,
     starts: dict[tuple[str, str], list[tuple[int, str]]],
 ) -> State:
-    notes: dict[str, str] = {}
+    notes: dict[str, str | None] = {}
     linked: dict[str, str] = {}
     for obs in result.observations:
         notes.pop(obs.step_id, None)
@@ -285,7 +332,7 @@ def _state(
         started = [run for at, run in starts.get((result.run_id, step.id), ()) if at <= position]
         if started:
             linked[step.id] = started[-1]
-    children = {
+    children: dict[str, Child | None] = {
         step_id: Child(run=child, summary=_summary(_at(rt, child, position)))
         for step_id, child in linked.items()
     }
