@@ -330,7 +330,10 @@ class Memory:
             _check("at", int_problem(at, unit="epoch milliseconds (int)"))
         last = self._journal.position()
         if position is not None:
-            _check("position", int_problem(position, low=0, unit="a journal position >= 0"))
+            if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+                raise InvalidArgument(
+                    "position", f"must be a journal position >= 0, got {short(position)}"
+                )
             if position > last:
                 raise InvalidArgument(
                     "position", f"{position} is past the end of the journal ({last})"
