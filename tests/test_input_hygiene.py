@@ -189,8 +189,13 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ("cancel-run-id-None", lambda r: r.cancel(None), InvalidArgument, "run_id"),  # type: ignore[arg-type]
     ("runs-why-fact-id", lambda r: r.runs.why(r.memory.all()[0].id), RunNotFound, "not a run"),
     ("runs-at-fact-id", lambda r: r.runs.at(r.memory.all()[0].id, 1), RunNotFound, "not a run"),
-    ("open-url-int", lambda r: journaled.open(42), JournalUrlError, "URL"),  # type: ignore[arg-type]
-    ("open-url-bytes", lambda r: journaled.open(b"memory://"), JournalUrlError, "URL"),  # type: ignore[arg-type]
+    ("open-url-int", lambda r: journaled.open(42), JournalUrlError, "URL must be a string"),  # type: ignore[arg-type]
+    (
+        "open-url-bytes",
+        lambda r: journaled.open(b"memory://"),
+        JournalUrlError,
+        "URL must be a string",
+    ),  # type: ignore[arg-type]
     ("open-url-surrogate", lambda r: journaled.open("sqlite:///x\udcff"), JournalUrlError, "URL"),
     (
         "open-agents-str",
