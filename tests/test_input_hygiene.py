@@ -192,10 +192,10 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ("open-url-int", lambda r: journaled.open(42), JournalUrlError, "URL must be a string"),  # type: ignore[arg-type]
     (
         "open-url-bytes",
-        lambda r: journaled.open(b"memory://"),
+        lambda r: journaled.open(b"memory://"),  # type: ignore[arg-type]
         JournalUrlError,
         "URL must be a string",
-    ),  # type: ignore[arg-type]
+    ),
     ("open-url-surrogate", lambda r: journaled.open("sqlite:///x\udcff"), JournalUrlError, "URL"),
     (
         "open-agents-str",
