@@ -21,7 +21,7 @@ from journaled.events.orchestration import (
     PlanningFailed,
     PlanProposed,
 )
-from journaled.events.run_state import fold_run
+from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -113,20 +113,59 @@ def explain_run(run_id: str, events: Sequence[Event]) -> str:
     """Explain why a run is in its state, from its events alone (O6)."""
     if not events:
         return f"no run {run_id} in this journal"
-    state = fold_run(list(events))
-    lines = [f"run {run_id} — {_run_status(state.run_status, state.is_finished)}:"]
-    lines += _timeline(events, describe_run_event)
-    lines.append("now: " + _run_now(events))
-    return "\n".join(lines)
+    why = RunWhy(run_id)
+    for event in events:
+        why.add(event)
+    return "\n".join(why.lines())
+
+
+class RunWhy:
+    """A run's why, kept up to date one event at a time (what ``explain_run`` says after each).
+
+    The why is a head line, one line per described event, and a ``now:`` line; only the head and
+    the ``now:`` line depend on more than their own event, so adding an event costs one line.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.state = RunState()
+        self.timeline: list[str] = []
+        """One line per described event so far."""
+        self._start: int | None = None
+        self._waiting_since: dict[str, int] = {}
+
+    def add(self, event: Event) -> None:
+        """Fold one event of the run's stream."""
+        self.state.apply(event)
+        data = event.data
+        if self._start is None:
+            self._start = data.at
+        if isinstance(data, StepWaiting):
+            since = self._waiting_since.get(data.step_id)
+            self._waiting_since[data.step_id] = data.at if since is None else max(since, data.at)
+        text = describe_run_event(event)
+        if text is not None:
+            self.timeline.append(f"  [#{event.position} +{duration(data.at - self._start)}] {text}")
+
+    def head(self) -> str:
+        """Return the first line: the run and how it ended (or that it runs)."""
+        return f"run {self.run_id} — {_run_status(self.state.run_status, self.state.is_finished)}:"
+
+    def now(self) -> str:
+        """Return the last line: why the run is in its state now."""
+        return "now: " + _run_now(self.state, self._waiting_since)
+
+    def lines(self) -> list[str]:
+        """Return the whole why, line by line."""
+        return [self.head(), *self.timeline, self.now()]
 
 
 def _run_status(status: str | None, finished: bool) -> str:
     return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
 
 
-def _run_now(events: Sequence[Event]) -> str:
-    state = fold_run(list(events))
-    last = events[-1].data.at
+def _run_now(state: RunState, waiting_since: dict[str, int]) -> str:
+    last = state.last_at
     if not state.is_finished:
         flight = state.in_flight()
         return (
@@ -137,14 +176,7 @@ def _run_now(events: Sequence[Event]) -> str:
     if state.waiting:
         parts = []
         for step_id in state.waiting:
-            since = max(
-                (
-                    e.data.at
-                    for e in events
-                    if isinstance(e.data, StepWaiting) and e.data.step_id == step_id
-                ),
-                default=last,
-            )
+            since = waiting_since.get(step_id, last)
             parts.append(
                 f"step {step_id!r} waits for an answer to {state.questions.get(step_id, '?')!r} "
                 f"since {when(since)}"

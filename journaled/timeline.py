@@ -31,12 +31,14 @@ from journaled.events.orchestration import (
 from journaled.events.plan_rules import waves
 from journaled.events.plans import ExecuteResult, Plan
 from journaled.events.run_audit import (
+    RunWhy,
     describe_orchestration_event,
     describe_run_event,
     duration,
     explain_orchestration,
     explain_run,
 )
+from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -189,19 +191,29 @@ def build(rt: Runtime, run_id: str) -> Page:
     frames: list[Frame] = []
     proposed: int | None = None
     start = events[0].data.at
-    shown: list[int] = []
+    # Every state and why is folded forward one event at a time, never from the start again, so
+    # building the page is linear in the run's events (bar the per-step tables of each frame).
+    folds = {s: RunState() for s in (passes if orchestration else [run_id])}
+    current = None if orchestration else run_id
+    why = _Why(run_id, orchestration, own, streams, line_ids)
     last: State | None = None
+    run_plans: dict[str, int] = {}
     for event in events:
-        result = _at(rt, run_id, event.position)
+        if event.stream in folds:
+            folds[event.stream].apply(event)
+        if orchestration and isinstance(event.data, PassStarted) and event.stream == run_id:
+            current = event.data.run
+        fold = folds[current] if current is not None else None
+        result = fold.result() if fold is not None and fold.started is not None else None
         if isinstance(event.data, PlanProposed):
             proposed = _intern_plan(event.data.plan, plans, plan_keys)
-        plan = proposed if result is None else _intern_plan(result.plan, plans, plan_keys)
-        why = [
-            line_ids.setdefault(line, len(line_ids))
-            for line in _why(run_id, orchestration, own, streams, event.position).splitlines()
-        ]
-        keep = _common_prefix(shown, why)
-        state = None if result is None else _state(rt, result, event.position, children)
+        if result is not None and result.run_id not in run_plans:  # a run's layout never changes
+            run_plans[result.run_id] = _intern_plan(result.plan, plans, plan_keys)
+        plan = proposed if result is None else run_plans[result.run_id]
+        keep, added = why.add(event)
+        state = None
+        if result is not None and fold is not None:
+            state = _state(rt, result, fold.budget, event.position, children)
         frames.append(
             Frame(
                 position=event.position,
@@ -213,10 +225,10 @@ def build(rt: Runtime, run_id: str) -> Page:
                 plan=plan,
                 state=None if state is None else _changes(last, state),
                 keep=keep,
-                why=why[keep:],
+                why=added,
             )
         )
-        shown, last = why, state
+        last = state
     return Page(
         run_id=run_id,
         orchestration=orchestration,
@@ -225,6 +237,50 @@ def build(rt: Runtime, run_id: str) -> Page:
         lines=list(line_ids),
         frames=frames,
     )
+
+
+class _Why:
+    """The run's why after each event, as (lines kept from the previous, line ids added)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        orchestration: bool,
+        own: list[Event],
+        passes: dict[str, list[Event]],
+        line_ids: dict[str, int],
+    ) -> None:
+        self._run_id = run_id
+        self._orchestration = orchestration
+        self._own = own
+        self._passes = passes
+        self._ids = line_ids
+        self._plain = RunWhy(run_id)
+        self._shown: list[int] = []
+        self._told = 0
+        """Timeline lines of a plain run already sent."""
+
+    def _id(self, line: str) -> int:
+        return self._ids.setdefault(line, len(self._ids))
+
+    def add(self, event: Event) -> tuple[int, list[int]]:
+        if self._orchestration:  # passes nest inside: recompute, send what differs at the end
+            text = _why(self._run_id, True, self._own, self._passes, event.position)
+            lines = [self._id(line) for line in text.splitlines()]
+            keep = _common_prefix(self._shown, lines)
+            self._shown = lines
+            return keep, lines[keep:]
+        self._plain.add(event)
+        head = self._id(self._plain.head())
+        timeline = self._plain.timeline
+        if self._shown and self._shown[0] == head:
+            keep, added = 1 + self._told, [self._id(line) for line in timeline[self._told :]]
+        else:
+            keep, added = 0, [head, *(self._id(line) for line in timeline)]
+        self._told = len(timeline)
+        added.append(self._id(self._plain.now()))
+        self._shown = [head]  # only its head is compared next time; the rest is by count
+        return keep, added
 
 
 def _common_prefix(a: list[int], b: list[int]) -> int:
@@ -317,6 +373,7 @@ def _child_starts(
 def _state(
     rt: Runtime,
     result: ExecuteResult,
+    budget: int | None,
     position: int,
     starts: dict[tuple[str, str], list[tuple[int, str]]],
 ) -> State:
@@ -340,7 +397,7 @@ def _state(
         run=result.run_id,
         statuses={s.id: s.status for s in result.plan.steps},
         calls_used=result.calls_used,
-        budget=rt.runs.state(result.run_id, position).budget,
+        budget=budget,
         waiting=list(result.waiting),
         stopped_for_budget=result.stopped_for_budget,
         ok=result.ok,
