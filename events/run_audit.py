@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from journaled.events.base import Event
 from journaled.events.inputs import flat
@@ -119,6 +120,28 @@ def explain_run(run_id: str, events: Sequence[Event]) -> str:
     return "\n".join(why.lines())
 
 
+class Touched(dict[str, Any]):
+    """A dict that remembers which keys were set since :meth:`take` was last called.
+
+    Put in place of a :class:`RunState`'s ``status`` table, it tells a reader which steps an event
+    changed, so it need not compare every step after every event. The fold only sets single
+    steps' statuses once a run started (it replaces the table whole only at the start).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[str] = set(self)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def take(self) -> set[str]:
+        """Return the keys set since the last call (all keys the first time)."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+
 class RunWhy:
     """A run's why, kept up to date one event at a time (what ``explain_run`` says after each).
 
@@ -133,10 +156,21 @@ class RunWhy:
         """One line per described event so far."""
         self._start: int | None = None
         self._waiting_since: dict[str, int] = {}
+        self._running: set[str] = set()
+        self._index: dict[str, int] = {}
 
     def add(self, event: Event) -> None:
         """Fold one event of the run's stream."""
         self.state.apply(event)
+        status = self.state.status
+        if not isinstance(status, Touched):
+            status = self.state.status = Touched(status)
+            self._index = {step_id: i for i, step_id in enumerate(self.state.order)}
+        for step_id in status.take():
+            if status.get(step_id) == "running":
+                self._running.add(step_id)
+            else:
+                self._running.discard(step_id)
         data = event.data
         if self._start is None:
             self._start = data.at
@@ -153,7 +187,8 @@ class RunWhy:
 
     def now(self) -> str:
         """Return the last line: why the run is in its state now."""
-        return "now: " + _run_now(self.state, self._waiting_since)
+        flight = sorted(self._running, key=lambda step_id: self._index.get(step_id, 0))
+        return "now: " + _run_now(self.state, self._waiting_since, flight)
 
     def lines(self) -> list[str]:
         """Return the whole why, line by line."""
@@ -164,10 +199,9 @@ def _run_status(status: str | None, finished: bool) -> str:
     return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
 
 
-def _run_now(state: RunState, waiting_since: dict[str, int]) -> str:
+def _run_now(state: RunState, waiting_since: dict[str, int], flight: list[str]) -> str:
     last = state.last_at
     if not state.is_finished:
-        flight = state.in_flight()
         return (
             f"not finished; step(s) {', '.join(flight)} were in flight and run again on resume"
             if flight

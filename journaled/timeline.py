@@ -11,7 +11,7 @@ import html
 import os
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 import msgspec
 
@@ -32,6 +32,7 @@ from journaled.events.plan_rules import waves
 from journaled.events.plans import ExecuteResult, Plan
 from journaled.events.run_audit import (
     RunWhy,
+    Touched,
     describe_orchestration_event,
     describe_run_event,
     duration,
@@ -196,24 +197,25 @@ def build(rt: Runtime, run_id: str) -> Page:
     folds = {s: RunState() for s in (passes if orchestration else [run_id])}
     current = None if orchestration else run_id
     why = _Why(run_id, orchestration, own, streams, line_ids)
-    last: State | None = None
     run_plans: dict[str, int] = {}
+    tables: dict[str, _Tables] = {}
     for event in events:
         if event.stream in folds:
             folds[event.stream].apply(event)
         if orchestration and isinstance(event.data, PassStarted) and event.stream == run_id:
             current = event.data.run
         fold = folds[current] if current is not None else None
-        result = fold.result() if fold is not None and fold.started is not None else None
         if isinstance(event.data, PlanProposed):
             proposed = _intern_plan(event.data.plan, plans, plan_keys)
-        if result is not None and result.run_id not in run_plans:  # a run's layout never changes
-            run_plans[result.run_id] = _intern_plan(result.plan, plans, plan_keys)
-        plan = proposed if result is None else run_plans[result.run_id]
+        plan, state = proposed, None
+        if current is not None and fold is not None and fold.started is not None:
+            if current not in run_plans:  # a run's layout never changes, only its statuses
+                run_plans[current] = _intern_plan(fold.plan(), plans, plan_keys)
+            plan = run_plans[current]
+            if current not in tables:
+                tables[current] = _Tables(fold, children.get(current, []))
+            state = tables[current].frame(rt, event.position)
         keep, added = why.add(event)
-        state = None
-        if result is not None and fold is not None:
-            state = _state(rt, result, fold.budget, event.position, children)
         frames.append(
             Frame(
                 position=event.position,
@@ -223,12 +225,11 @@ def build(rt: Runtime, run_id: str) -> Page:
                 offset="+" + duration(event.data.at - start),
                 flag=_FLAGS.get(type(event.data)),
                 plan=plan,
-                state=None if state is None else _changes(last, state),
+                state=state,
                 keep=keep,
                 why=added,
             )
         )
-        last = state
     return Page(
         run_id=run_id,
         orchestration=orchestration,
@@ -292,25 +293,6 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def _changes(before: State | None, now: State) -> State:
-    """Return ``now`` with its per-step tables cut to what changed since ``before``."""
-    if before is None or before.run != now.run:
-        return now
-
-    def changed(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
-        out = {k: v for k, v in new.items() if old.get(k) != v}
-        out.update({k: None for k in old if k not in new})
-        return out
-
-    return msgspec.structs.replace(
-        now,
-        fresh=False,
-        statuses=changed(before.statuses, now.statuses),
-        notes=changed(before.notes, now.notes),
-        children=changed(before.children, now.children),
-    )
-
-
 def _why(
     run_id: str,
     orchestration: bool,
@@ -360,50 +342,88 @@ def _intern_plan(plan: Plan, plans: list[Layout], keys: dict[tuple[object, ...],
 
 def _child_starts(
     rt: Runtime, parents: set[str], events: list[Event]
-) -> dict[tuple[str, str], list[tuple[int, str]]]:
-    """Map (parent run, step) to the (position, child run) of each child run it started."""
-    out: dict[tuple[str, str], list[tuple[int, str]]] = {}
+) -> dict[str, list[tuple[int, str, str]]]:
+    """Map each parent run to the (position, step, child run) of the child runs it started."""
+    out: dict[str, list[tuple[int, str, str]]] = {}
     for e in rt.journal.read(after=events[0].position - 1, upto=events[-1].position):
         data = e.data
         if isinstance(data, RunStarted) and data.parent_run in parents and data.parent_step:
-            out.setdefault((data.parent_run, data.parent_step), []).append((e.position, e.stream))
+            out.setdefault(data.parent_run, []).append((e.position, data.parent_step, e.stream))
     return out
 
 
-def _state(
-    rt: Runtime,
-    result: ExecuteResult,
-    budget: int | None,
-    position: int,
-    starts: dict[tuple[str, str], list[tuple[int, str]]],
-) -> State:
-    notes: dict[str, str | None] = {}
-    linked: dict[str, str] = {}
-    for obs in result.observations:
-        notes.pop(obs.step_id, None)
-        if not obs.ok and obs.error:
-            notes[obs.step_id] = obs.error
-        if obs.agent_task_id:
-            linked[obs.step_id] = obs.agent_task_id
-    for step in result.plan.steps:
-        started = [run for at, run in starts.get((result.run_id, step.id), ()) if at <= position]
-        if started:
-            linked[step.id] = started[-1]
-    children: dict[str, Child | None] = {
-        step_id: Child(run=child, summary=_summary(_at(rt, child, position)))
-        for step_id, child in linked.items()
-    }
-    return State(
-        run=result.run_id,
-        statuses={s.id: s.status for s in result.plan.steps},
-        calls_used=result.calls_used,
-        budget=budget,
-        waiting=list(result.waiting),
-        stopped_for_budget=result.stopped_for_budget,
-        ok=result.ok,
-        notes=notes,
-        children=children,
-    )
+class _Tables:
+    """A run's per-step tables as the page shows them, emitted as changes frame after frame.
+
+    The fold only ever sets single steps' statuses and appends observations (a status table
+    replaced whole, as at the run's start, is taken whole), so each frame costs what its event
+    changed, not the number of steps.
+    """
+
+    def __init__(self, fold: RunState, starts: list[tuple[int, str, str]]) -> None:
+        self._fold = fold
+        self._starts = starts
+        """(position, step, child run) of the child runs this run's steps started, in order."""
+        self._next_start = 0
+        self._seen = 0
+        self._statuses: dict[str, str] = {}
+        self._succeeded = 0
+        self._notes: dict[str, str] = {}
+        self._links: dict[str, str] = {}
+        self._started: dict[str, str] = {}
+        self._children: dict[str, Child] = {}
+        self._fresh = True
+
+    def frame(self, rt: Runtime, position: int) -> State:
+        fold = self._fold
+        status = fold.status
+        if not isinstance(status, Touched):
+            status = fold.status = Touched(status)
+        statuses: dict[str, str | None] = {}
+        for step_id in status.take():
+            now, before = status.get(step_id), self._statuses.get(step_id)
+            if now is None or now == before:
+                continue
+            self._succeeded += (now == "succeeded") - (before == "succeeded")
+            statuses[step_id] = self._statuses[step_id] = now
+        notes: dict[str, str | None] = {}
+        for obs in fold.observations[self._seen :]:
+            note = obs.error if not obs.ok and obs.error else None
+            if self._notes.get(obs.step_id) != note:
+                notes[obs.step_id] = note
+                if note is None:
+                    del self._notes[obs.step_id]
+                else:
+                    self._notes[obs.step_id] = note
+            if obs.agent_task_id:
+                self._links[obs.step_id] = obs.agent_task_id
+        self._seen = len(fold.observations)
+        starts = self._starts
+        while self._next_start < len(starts) and starts[self._next_start][0] <= position:
+            _, step_id, child_run = starts[self._next_start]
+            self._started[step_id] = child_run
+            self._next_start += 1
+        children: dict[str, Child | None] = {}
+        for step_id in {**self._links, **self._started}:
+            run = self._started.get(step_id) or self._links[step_id]
+            child = Child(run=run, summary=_summary(_at(rt, run, position)))
+            if self._children.get(step_id) != child:
+                children[step_id] = self._children[step_id] = child
+        fresh, self._fresh = self._fresh, False
+        return State(
+            run=fold.run_id,
+            fresh=fresh,
+            statuses=statuses,
+            calls_used=fold.calls_used,
+            budget=fold.budget,
+            waiting=list(fold.waiting),
+            stopped_for_budget=fold.stopped_for_budget,
+            ok=not fold.stopped_for_budget
+            and not fold.waiting
+            and self._succeeded == len(fold.order),
+            notes=notes,
+            children=children,
+        )
 
 
 def _summary(result: ExecuteResult | None) -> str:
