@@ -97,7 +97,7 @@ def main() -> None:
             None,
         ),
         _ratio(
-            f"timeline build, {2 * n_page} vs {n_page} steps", small_time, large_time, "s", False
+            f"timeline build, {2 * n_page} vs {n_page} steps", small_time, large_time, "s", True
         ),
         _ratio(
             f"waves() reverse chain, {2 * n_waves} vs {n_waves}",
