@@ -311,8 +311,14 @@ class Memory:
         return purged
 
     def history(self, fact_id: str) -> list[Event]:
-        """Return the events of a fact's life, oldest first (M11)."""
-        return self._journal.stream(fact_id)
+        """Return the events of a fact's life, oldest first (M11); [] for an unknown id.
+
+        The id of a run (or of anything else that is not a fact) is unknown here.
+        """
+        events = self._journal.stream(fact_id)
+        if events and not events[0].kind.startswith("memory."):
+            return []
+        return events
 
     def why(self, fact_id: str) -> str:
         """Explain a fact's life in plain words from its events (M11)."""

@@ -362,6 +362,20 @@ def test_run_commands_refuse_a_fact_id_in_one_line(
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("command", ["why", "history"])
+def test_memory_commands_refuse_a_run_id_in_one_line(
+    hostile: tuple[str, str, str], command: str
+) -> None:
+    """M11: a memory command given a run id says there is no such fact, in one line, exit 1."""
+    url, _, run_id = hostile
+    result = _cli(url, "memory", command, run_id)
+    assert result.exit_code == 1, result.output
+    assert f"no fact {run_id}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    with journaled.open(url) as rt:
+        assert rt.memory.history(run_id) == []
+
+
 def test_timeline_refuses_a_fact_id_in_one_line(
     hostile: tuple[str, str, str], tmp_path: Path
 ) -> None:
