@@ -30,6 +30,7 @@ from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent
+from journaled.events.inputs import decode_text
 from journaled.events.journal import Journal
 from journaled.events.memory import (
     MEMORY_EVENTS,
@@ -558,10 +559,13 @@ class MemoryWriter(pykka.ThreadingActor):
         self._fold(batch, texts)
 
     def _texts(self, events: Sequence[Event]) -> dict[str, str]:
-        ids = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]
-        if not ids:
+        at = {e.data.fact_id: e for e in events if isinstance(e.data, FactRemembered)}
+        if not at:
             return {}
-        return {k: v.decode("utf-8") for k, v in self.journal.payloads(ids).items()}
+        return {
+            k: decode_text(v, k, at[k].position, at[k].kind)
+            for k, v in self.journal.payloads(list(at)).items()
+        }
 
     def _fold(self, events: Sequence[Event], texts: dict[str, str]) -> None:
         """Track versions and routes, and tell each scope actor the events about its facts."""

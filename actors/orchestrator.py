@@ -24,8 +24,10 @@ from journaled.actors.runs import (
     new_run_id,
     policy_name,
 )
+from journaled.actors.steps import storable_text
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.errors import ConcurrencyConflict, PlanRejected
+from journaled.events.inputs import text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -278,10 +280,12 @@ class Orchestrations:
         try:
             answer = d.planner(started.goal, observations, list(st.clarifications))
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            return self._fail_planning(st, f"the planner raised {type(exc).__name__}: {exc}")
+            reason = storable_text(f"the planner raised {type(exc).__name__}: {exc}")
+            return self._fail_planning(st, reason)
         if isinstance(answer, Clarify):
-            if not isinstance(answer.question, str) or not answer.question.strip():
-                return self._fail_planning(st, "the planner asked to clarify but gave no question")
+            problem = text_problem(answer.question, empty=False)
+            if problem:
+                return self._fail_planning(st, f"the planner's clarifying question {problem}")
             question = str(answer.question)
             return [
                 ClarificationRequested(at=self._clock(), question=question),

@@ -5,11 +5,15 @@ from __future__ import annotations
 import math
 
 from journaled.actors.errors import InvalidFact, OrganizationNotConfigured
+from journaled.events.inputs import MAX_TEXT_BYTES, int_problem, text_problem
 from journaled.events.memory import physical_scope
 from journaled.events.messages import Remember
 from journaled.events.redact import find_secrets
 
 __all__ = ["Validated", "validate_remember"]
+
+_LIMITS = {"text": MAX_TEXT_BYTES, "source": 64 * 1024}
+"""UTF-8 bytes a field may hold; scope, domain and conflict key name things (1 KiB)."""
 
 
 class Validated:
@@ -37,6 +41,11 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
         value = getattr(msg, name)
         if value is not None and not isinstance(value, str):
             raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
+    for name in ("text", "scope", "domain", "conflict_key", "source"):
+        value = getattr(msg, name)
+        problem = None if value is None else text_problem(value, limit=_LIMITS.get(name, 1024))
+        if problem:
+            raise InvalidFact(name, problem)
     for name in ("domain", "conflict_key"):
         value = getattr(msg, name)
         if value is not None and find_secrets(value):
@@ -55,8 +64,9 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
         confidence = min(1.0, max(0.0, float(msg.confidence)))
     for name in ("valid_from", "valid_until"):
         value = getattr(msg, name)
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-            raise InvalidFact(name, f"must be epoch milliseconds (int), got {value!r}")
+        problem = None if value is None else int_problem(value, unit="epoch milliseconds (int)")
+        if problem:
+            raise InvalidFact(name, problem)
     if (
         msg.valid_from is not None
         and msg.valid_until is not None

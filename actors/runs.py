@@ -30,6 +30,7 @@ from journaled.actors.steps import Registry, journalable
 from journaled.events.base import DomainEvent, Event
 from journaled.events.codec import topics_of
 from journaled.events.errors import PlanRejected
+from journaled.events.inputs import int_problem, number_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.plan_rules import Reserve, validate
@@ -40,6 +41,8 @@ from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
 RUN_PREFIX = "run_"
+MAX_PARALLEL = 1 << 16
+"""Most steps a batch may run at once: each holds a worker actor (one thread)."""
 _STOP_TIMEOUT = 5.0
 
 
@@ -96,8 +99,11 @@ def check_budget(name: str, value: object) -> int | None:
     """Return a model-call budget, or raise ValueError naming the argument."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{name} must be a non-negative int (model calls) or None, got {value!r}")
+    if int_problem(value, low=0):
+        raise ValueError(
+            f"{name} must be a non-negative 64-bit int (model calls) or None, got {short(value)}"
+        )
+    assert isinstance(value, int)
     return value
 
 
@@ -172,20 +178,15 @@ class Runs:
         """Validate and execute a plan as a new journaled run (E1-E13)."""
         self.validate(plan)
         budget = check_budget("call_budget", call_budget)
-        if isinstance(max_parallel_steps, bool) or not isinstance(max_parallel_steps, int):
-            raise ValueError(f"max_parallel_steps must be an int >= 1, got {max_parallel_steps!r}")
-        if max_parallel_steps < 1:
-            raise ValueError(f"max_parallel_steps must be >= 1, got {max_parallel_steps}")
+        problem = int_problem(max_parallel_steps, low=1, high=MAX_PARALLEL)
+        if problem:
+            raise ValueError(f"max_parallel_steps {problem}")
         limits = _check_limits(limits)
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
-        if step_timeout is not None and (
-            isinstance(step_timeout, bool)
-            or not isinstance(step_timeout, int | float)
-            or step_timeout <= 0
-        ):
+        if step_timeout is not None and (number_problem(step_timeout) or step_timeout <= 0):
             raise ValueError(
-                f"step_timeout must be a positive number of seconds, got {step_timeout!r}"
+                f"step_timeout must be a positive, finite number of seconds, got {step_timeout!r}"
             )
         now = self._clock()
         run_id = run_id or new_run_id(now)
@@ -279,6 +280,10 @@ class Runs:
                 )
             took_over = state.owner
         budget = check_budget("call_budget", call_budget)
+        if answers is not None and not isinstance(answers, Mapping):
+            raise RunNotResumable(
+                f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
+            )
         given = dict(answers or {})
         for step_id, answer in given.items():
             if step_id not in state.waiting:
@@ -287,10 +292,9 @@ class Runs:
                     f"run {run_id}: step {step_id!r} is not waiting for an answer "
                     f"(waiting steps: {waiting})"
                 )
-            if not isinstance(answer, str):
-                raise RunNotResumable(
-                    f"run {run_id}: the answer for step {step_id!r} must be a string"
-                )
+            problem = text_problem(answer)
+            if problem:
+                raise RunNotResumable(f"run {run_id}: the answer for step {step_id!r} {problem}")
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
         journaled_policy = state.reserve
@@ -499,9 +503,14 @@ class Runs:
     def history(self, run_id: str) -> list[Event]:
         """Return every event of a run, oldest first."""
         events = self._journal.stream(run_id)
-        if not events:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        _check_run(run_id, events[0] if events else None)
         return events
+
+    def _first(self, run_id: str) -> Event:
+        first = self._journal.first(run_id)
+        _check_run(run_id, first)
+        assert first is not None
+        return first
 
     def state(self, run_id: str, position: int | None = None) -> RunState:
         """Fold a run's events (up to a journal position) into its state.
@@ -509,9 +518,7 @@ class Runs:
         The latest state starts from the run's snapshot, when there is one, and folds only the
         events after it; a past state folds the prefix of the stream.
         """
-        first = self._journal.first(run_id)
-        if first is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        first = self._first(run_id)
         if position is not None:
             if position < first.position:
                 raise ValueError(
@@ -532,9 +539,7 @@ class Runs:
 
         For an orchestration, this is the run of the pass that was current at that position.
         """
-        first = self._journal.first(run_id)
-        if first is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        first = self._first(run_id)
         end = self._journal.position()
         if position > end:
             raise ValueError(f"position {position} is past the end of the journal ({end})")
@@ -622,15 +627,30 @@ class Runs:
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
 
 
+def _check_run(run_id: str, first: Event | None) -> None:
+    """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
+    if first is None:
+        raise RunNotFound(f"no run {run_id!r} in this journal")
+    if not isinstance(first.data, RunStarted | OrchestrationStarted):
+        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
+
+
 def _check_limits(limits: Limits | None) -> Limits:
     if limits is None:
         return Limits()
     if not isinstance(limits, Limits):
         raise ValueError(f"limits must be a journaled.Limits, got {type(limits).__name__}")
     for table_name in ("per_tool", "per_skill", "per_agent"):
-        for key, cap in getattr(limits, table_name).items():
-            if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
-                raise ValueError(f"limits.{table_name}[{key!r}] must be an int >= 1, got {cap!r}")
+        table = getattr(limits, table_name)
+        if not isinstance(table, dict):
+            raise ValueError(f"limits.{table_name} must be a dict, got {type(table).__name__}")
+        for key, cap in table.items():
+            if text_problem(key, empty=False):
+                raise ValueError(f"limits.{table_name} key {key!r} {text_problem(key)}")
+            if int_problem(cap, low=1):
+                raise ValueError(
+                    f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}"
+                )
     return limits
 
 

@@ -20,6 +20,7 @@ import msgspec
 import pykka
 
 from journaled.actors.errors import RuntimeClosed
+from journaled.events.inputs import int_problem, text_problem
 from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
 from journaled.events.run_messages import RunStep, StepDone
 
@@ -135,17 +136,28 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     """Return ``value`` as msgspec builtins, or raise ValueError saying why it cannot be stored."""
     try:
         builtins = msgspec.to_builtins(value)
-    except (TypeError, ValueError) as exc:
+        size = len(_ENCODER.encode(builtins))
+    except RecursionError:
+        raise ValueError(
+            f"{what} cannot be journaled: it contains itself (or nests too deep)"
+        ) from None
+    except (TypeError, ValueError, OverflowError) as exc:
+        # OverflowError: msgpack holds ints of 64 bits; ValueError includes a lone surrogate.
         raise ValueError(f"{what} cannot be journaled: {exc}") from exc
-    size = len(_ENCODER.encode(builtins))
     if size > limit:
         raise ValueError(f"{what} is {size} bytes encoded, over the {limit}-byte bound")
     return builtins
 
 
 def _error_text(exc: BaseException) -> str:
-    text = str(exc) or type(exc).__name__
-    return text if len(text) <= 4096 else text[:4096] + "…"
+    return storable_text(str(exc) or type(exc).__name__)
+
+
+def storable_text(text: str, limit: int = 4096) -> str:
+    """Return user code's message as UTF-8-storable text of at most ``limit`` characters."""
+    text = text if len(text) <= limit else text[:limit] + "…"
+    # A lone surrogate cannot be stored; keep it visible as its escape instead of failing the run.
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def run_callable(kind: str, step: Step, fn: Callable[[Any], Any]) -> Observation:
@@ -182,8 +194,12 @@ def _observe_agent(
     try:
         result = fn(step, ctx)
     except NeedsInput as need:
-        question = str(need.question)
         task = ctx.child_runs[-1] if ctx.child_runs else None
+        problem = text_problem(need.question, empty=False)
+        if problem:
+            error = f"agent {step.agent!r} asked a question that {problem}"
+            return Observation(**base, ok=False, code="agent-failed", error=error), None
+        question = need.question
         obs = Observation(
             **base, ok=False, code="agent-waiting", error=question, agent_task_id=task
         )
@@ -202,8 +218,12 @@ def _observe_agent(
         output = journalable(result.output, f"the output of agent {step.agent!r}")
         artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
         calls = result.calls_used
-        if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int)):
-            raise ValueError(f"calls_used must be an int, got {calls!r}")
+        problem = None if calls is None else int_problem(calls)
+        if problem:
+            raise ValueError(f"calls_used {problem}")
+        problem = None if result.error is None else text_problem(result.error)
+        if problem:
+            raise ValueError(f"the agent's error {problem}")
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
     data = result.data

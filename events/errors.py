@@ -5,6 +5,7 @@ callers can catch either::
 
     EventsError
     ├── JournalUrlError (ValueError)         a journal URL that cannot be used
+    │   └── JournalUnreadable                the file or database at the URL is no journal
     ├── JournalClosed (RuntimeError)         the journal was used after close()
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
@@ -21,6 +22,10 @@ class EventsError(Exception):
 
 class JournalUrlError(EventsError, ValueError):
     """A journal URL that names no usable backend."""
+
+
+class JournalUnreadable(JournalUrlError):
+    """The URL names a file or database that cannot be read as a journal (not one, or damaged)."""
 
 
 class JournalClosed(EventsError, RuntimeError):

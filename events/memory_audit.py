@@ -6,6 +6,7 @@ import datetime as dt
 from collections.abc import Sequence
 
 from journaled.events.base import Event
+from journaled.events.inputs import flat
 from journaled.events.memory import (
     FactDeleted,
     FactPurged,
@@ -63,7 +64,7 @@ def describe(event: Event) -> str:
         case FactDeleted():
             return f"deleted at {at} ({data.relationships} related fact(s) re-linked or stripped)"
         case FactPurged():
-            reason = f": {data.reason}" if data.reason else ""
+            reason = f": {flat(data.reason)}" if data.reason else ""
             return f"purged at {at}: its text was erased from the journal{reason}"
     return f"{event.kind} at {at}"
 

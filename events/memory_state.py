@@ -24,6 +24,7 @@ import msgspec
 
 from journaled.events.base import DomainEvent, Event
 from journaled.events.bm25 import idf, merge_top, tokenize
+from journaled.events.inputs import decode_text
 from journaled.events.inverted_index import IndexSnapshot, InvertedIndex
 from journaled.events.memory import (
     FACT_EVENTS,
@@ -465,7 +466,8 @@ class MemoryState:
         text = None
         if isinstance(event.data, FactRemembered):
             raw = texts.get(event.data.fact_id)
-            text = raw.decode("utf-8") if raw is not None else None
+            if raw is not None:
+                text = decode_text(raw, event.data.fact_id, event.position, event.kind)
         self.scopes[physical].apply(event.data, text)
 
     def get(self, fact_id: str) -> Fact | None:

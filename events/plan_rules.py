@@ -10,7 +10,11 @@ import math
 from collections.abc import Callable, Container, Sequence
 
 from journaled.events.errors import PlanRejected
+from journaled.events.inputs import text_problem
 from journaled.events.plans import Limits, Observation, Plan, Step
+
+_MAX_NAME_BYTES = 1024
+"""Largest step id or skill/tool/agent name: names are shown, compared and journaled often."""
 
 Reserve = Callable[[Step, float], float]
 """What an agent step reserves, given the model calls still available when it is reached."""
@@ -31,8 +35,9 @@ def validate(
     """
     if not isinstance(plan, Plan):
         raise PlanRejected(None, f"expected a journaled.Plan, got {type(plan).__name__}")
-    if not isinstance(plan.goal, str):
-        raise PlanRejected(None, "the plan's goal must be a string")
+    problem = text_problem(plan.goal)
+    if problem:
+        raise PlanRejected(None, f"the plan's goal {problem}")
     if not isinstance(plan.steps, list | tuple) or not plan.steps:
         raise PlanRejected(None, "the plan has no steps")
     seen: set[str] = set()
@@ -41,6 +46,9 @@ def validate(
             raise PlanRejected(None, f"step #{index} is a {type(step).__name__}, not a Step")
         if not isinstance(step.id, str) or not step.id:
             raise PlanRejected(None, f"step #{index} has no id")
+        problem = text_problem(step.id, limit=_MAX_NAME_BYTES)
+        if problem:
+            raise PlanRejected(None, f"the id of step #{index} {problem}")
         if step.id in seen:
             raise PlanRejected(step.id, "the id is used by more than one step")
         seen.add(step.id)
@@ -51,6 +59,9 @@ def validate(
         name = step.target
         if not isinstance(name, str) or not name:
             raise PlanRejected(step.id, f"the {named[0]} name must be a non-empty string")
+        problem = text_problem(name, limit=_MAX_NAME_BYTES)
+        if problem:
+            raise PlanRejected(step.id, f"the {named[0]} name {problem}")
         if not isinstance(step.depends_on, list | tuple) or not all(
             isinstance(d, str) for d in step.depends_on
         ):
@@ -109,19 +120,30 @@ def find_cycle(steps: Sequence[Step]) -> list[str]:
 
 
 def waves(steps: Sequence[Step]) -> list[list[Step]]:
-    """Split a validated plan into dependency waves (topological layers), in plan order (E2)."""
-    level: dict[str, int] = {}
-    remaining = list(steps)
-    while remaining:
-        blocked = []
-        for step in remaining:
-            if all(d in level for d in step.depends_on):
-                level[step.id] = 1 + max((level[d] for d in step.depends_on), default=-1)
-            else:
-                blocked.append(step)
-        if len(blocked) == len(remaining):
-            raise ValueError("waves() needs an acyclic plan with known dependencies")
-        remaining = blocked
+    """Split a validated plan into dependency waves (topological layers), in plan order (E2).
+
+    Linear in steps plus dependencies whatever the order steps are listed in (Kahn's algorithm):
+    each dependency list is read once, and each edge is followed once.
+    """
+    dependents: dict[str, list[str]] = {s.id: [] for s in steps}
+    unmet: dict[str, int] = {}
+    for step in steps:
+        deps = set(step.depends_on)
+        for dep in deps:
+            if dep not in dependents:
+                raise ValueError("waves() needs an acyclic plan with known dependencies")
+            dependents[dep].append(step.id)
+        unmet[step.id] = len(deps)
+    level = {sid: 0 for sid, n in unmet.items() if n == 0}
+    ready = list(level)
+    for sid in ready:  # grows while it is walked: a queue in one list
+        for child in dependents[sid]:
+            level[child] = max(level.get(child, 0), level[sid] + 1)
+            unmet[child] -= 1
+            if not unmet[child]:
+                ready.append(child)
+    if len(ready) != len(unmet):
+        raise ValueError("waves() needs an acyclic plan with known dependencies")
     out: list[list[Step]] = [[] for _ in range(max(level.values(), default=-1) + 1)]
     for step in steps:
         out[level[step.id]].append(step)

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from journaled.events.base import Event
+from journaled.events.inputs import flat
 from journaled.events.memory_audit import when
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -22,7 +24,7 @@ from journaled.events.orchestration import (
     PlanProposed,
     ReplanDecided,
 )
-from journaled.events.run_state import fold_run
+from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -84,9 +86,9 @@ def describe_run_event(event: Event) -> str | None:
                 f", charged {data.charged} call(s)" if data.charged else ""
             )
         case StepFailed():
-            return f"step {data.step_id!r} failed: {data.observation.error}"
+            return f"step {data.step_id!r} failed: {flat(data.observation.error)}"
         case StepWaiting():
-            return f"step {data.step_id!r} waits for an answer: {data.question}"
+            return f"step {data.step_id!r} waits for an answer: {flat(data.question)}"
         case StepsSkipped():
             ids = [o.step_id for o in data.observations] + list(data.unobserved)
             return f"steps {', '.join(ids)} skipped ({data.cause})"
@@ -138,12 +140,87 @@ def explain_run(run_id: str, events: Sequence[Event]) -> str:
     """Explain why a run is in its state, from its events alone (O6)."""
     if not events:
         return f"no run {run_id} in this journal"
-    state = fold_run(list(events))
-    status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
-    lines = [f"run {run_id} — {status}:"]
-    lines += _timeline(events, describe_run_event)
-    lines.append("now: " + _run_now(events))
-    return "\n".join(lines)
+    why = RunWhy(run_id)
+    for event in events:
+        why.add(event)
+    return "\n".join(why.lines())
+
+
+class Touched(dict[str, Any]):
+    """A dict that remembers which keys were set since :meth:`take` was last called.
+
+    Put in place of a :class:`RunState`'s ``status`` table, it tells a reader which steps an event
+    changed, so it need not compare every step after every event. The fold only sets single
+    steps' statuses once a run started (it replaces the table whole only at the start).
+    """
+
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.touched: set[str] = set(self)
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        self.touched.add(key)
+        super().__setitem__(key, value)
+
+    def take(self) -> set[str]:
+        """Return the keys set since the last call (all keys the first time)."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+
+class RunWhy:
+    """A run's why, kept up to date one event at a time (what ``explain_run`` says after each).
+
+    The why is a head line, one line per described event, and a ``now:`` line; only the head and
+    the ``now:`` line depend on more than their own event, so adding an event costs one line.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        self.state = RunState()
+        self.timeline: list[str] = []
+        """One line per described event so far."""
+        self._start: int | None = None
+        self._waiting_since: dict[str, int] = {}
+        self._running: set[str] = set()
+        self._index: dict[str, int] = {}
+
+    def add(self, event: Event) -> None:
+        """Fold one event of the run's stream."""
+        self.state.apply(event)
+        status = self.state.status
+        if not isinstance(status, Touched):
+            status = self.state.status = Touched(status)
+            self._index = {step_id: i for i, step_id in enumerate(self.state.order)}
+        for step_id in status.take():
+            if status.get(step_id) == "running":
+                self._running.add(step_id)
+            else:
+                self._running.discard(step_id)
+        data = event.data
+        if self._start is None:
+            self._start = data.at
+        if isinstance(data, StepWaiting):
+            since = self._waiting_since.get(data.step_id)
+            self._waiting_since[data.step_id] = data.at if since is None else max(since, data.at)
+        text = describe_run_event(event)
+        if text is not None:
+            self.timeline.append(f"  [#{event.position} +{duration(data.at - self._start)}] {text}")
+
+    def head(self) -> str:
+        """Return the first line: the run and how it ended (or that it runs)."""
+        state = self.state
+        status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
+        return f"run {self.run_id} — {status}:"
+
+    def now(self) -> str:
+        """Return the last line: why the run is in its state now."""
+        flight = sorted(self._running, key=lambda step_id: self._index.get(step_id, 0))
+        return "now: " + _run_now(self.state, self._waiting_since, flight)
+
+    def lines(self) -> list[str]:
+        """Return the whole why, line by line."""
+        return [self.head(), *self.timeline, self.now()]
 
 
 def _run_status(status: str | None, finished: bool, suspended: bool = False) -> str:
@@ -152,15 +229,13 @@ def _run_status(status: str | None, finished: bool, suspended: bool = False) -> 
     return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
 
 
-def _run_now(events: Sequence[Event]) -> str:
-    state = fold_run(list(events))
-    last = events[-1].data.at
+def _run_now(state: RunState, waiting_since: dict[str, int], flight: list[str]) -> str:
+    last = state.last_at
     if state.suspended is not None:
         suspended_flight = state.suspended.in_flight
         rerun = f"; step(s) {', '.join(suspended_flight)} run again" if suspended_flight else ""
         return f"suspended when its runtime closed — resume it to carry on{rerun}"
     if not state.is_finished:
-        flight = state.in_flight()
         return (
             f"not finished; step(s) {', '.join(flight)} were in flight and run again on resume"
             if flight
@@ -169,14 +244,7 @@ def _run_now(events: Sequence[Event]) -> str:
     if state.waiting:
         parts = []
         for step_id in state.waiting:
-            since = max(
-                (
-                    e.data.at
-                    for e in events
-                    if isinstance(e.data, StepWaiting) and e.data.step_id == step_id
-                ),
-                default=last,
-            )
+            since = waiting_since.get(step_id, last)
             parts.append(
                 f"step {step_id!r} waits for an answer to {state.questions.get(step_id, '?')!r} "
                 f"since {when(since)}"
@@ -215,9 +283,9 @@ def describe_orchestration_event(event: Event) -> str | None:
         case PlanProposed():
             return f"pass {data.pass_no}: the planner proposed {len(data.plan.steps)} step(s)"
         case PlanningFailed():
-            return f"pass {data.pass_no}: planning failed: {data.reason}"
+            return f"pass {data.pass_no}: planning failed: {flat(data.reason)}"
         case ClarificationRequested():
-            return f"the planner asked: {data.question}"
+            return f"the planner asked: {flat(data.question)}"
         case ClarificationGiven():
             return f"answered {data.question!r} with {data.answer!r}"
         case ApprovalRequested():

@@ -81,7 +81,18 @@ def _mask(url: str) -> str:
 
 def parse_url(url: str) -> JournalConfig:
     """Parse a journal URL, or raise :class:`JournalUrlError` naming what is wrong and the fix."""
-    if not isinstance(url, str) or not url.strip():
+    if not isinstance(url, str):
+        raise JournalUrlError(
+            f"journal URL must be a string, got {type(url).__name__}: pass "
+            "url='sqlite:///path/journal.sqlite', 'memory://' or 'postgresql://…' to "
+            "journaled.open()"
+        )
+    if any(0xD800 <= ord(c) <= 0xDFFF or ord(c) < 0x20 for c in url.strip()):
+        raise JournalUrlError(
+            f"journal URL {_mask(url)!r} holds a control character or a lone surrogate: "
+            "write it as plain text"
+        )
+    if not url.strip():
         raise JournalUrlError(
             "journal URL is empty: pass url='sqlite:///path/journal.sqlite', 'memory://' or "
             "'postgresql://user:pass@host:port/db' to journaled.open(), or set JOURNALED_URL"

@@ -183,7 +183,11 @@ def journal_tail(
     with open_runtime(ctx) as rt, _stop_signals() as stop:
 
         def show(event: Event) -> None:
-            line = render.to_json(render.tail_event(event)) if as_json else render.tail_line(event)
+            line = (
+                render.to_json(render.tail_event(event))
+                if as_json
+                else render.safe(render.tail_line(event))
+            )
             try:
                 click.echo(line)
             except BrokenPipeError:  # the reader (`| head`) went away: stop quietly

@@ -70,7 +70,7 @@ def memory_remember(
             line += f", superseding {', '.join(fact.supersedes)}"
         if fact.text != text:
             line += " (secrets were redacted)"
-        click.echo(line)
+        render.echo(line)
 
 
 @memory.command("search")
@@ -132,7 +132,10 @@ def memory_show(ctx: click.Context, fact_id: str) -> None:
         if fact is None:
             fail(f"no fact {fact_id} in this journal (deleted or unknown)")
         text = render.to_json(fact)
-        click.echo(text if wants_json(ctx) else msgspec.json.format(text))
+        if wants_json(ctx):
+            click.echo(text)
+        else:
+            render.echo(msgspec.json.format(text))
 
 
 @memory.command("why")
@@ -148,7 +151,7 @@ def memory_why(ctx: click.Context, fact_id: str) -> None:
         if wants_json(ctx):
             emit(render.FactWhy(fact_id=fact_id, why=why))
         else:
-            click.echo(why)
+            render.echo(why)
 
 
 @memory.command("history")
@@ -167,7 +170,7 @@ def memory_history(ctx: click.Context, fact_id: str) -> None:
         if wants_json(ctx):
             emit(history)
         else:
-            click.echo(render.history_lines(history))
+            render.echo(render.history_lines(history))
 
 
 @memory.command("scrub")

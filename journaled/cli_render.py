@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Sequence
 
+import click
 import msgspec
 from rich.console import Console
 from rich.table import Table
@@ -202,9 +203,31 @@ def last_events(rt: journaled.Runtime, end: int, limit: int) -> list[Event]:
 # -- plain lines -----------------------------------------------------------------------------------
 
 
+_UNSAFE: dict[int, int] = {
+    **{c: 0x2400 + c for c in range(0x20)},  # C0 controls (ESC, BEL, CR…) as control pictures
+    0x7F: 0x2421,
+    **dict.fromkeys(range(128, 160), 65533),  # C1 controls: CSI and OSC in one byte
+    # Bidi embeddings, overrides and isolates, and line separators, can reorder or forge lines.
+    **dict.fromkeys((1564, 8206, 8207, 8232, 8233), 65533),
+    **dict.fromkeys(range(8234, 8239), 65533),
+    **dict.fromkeys(range(8294, 8298), 65533),
+}
+_UNSAFE_KEEP_LINES = {k: v for k, v in _UNSAFE.items() if k not in (0x0A, 0x09)}
+
+
+def safe(text: str, *, lines: bool = False) -> str:
+    """Neutralise what a terminal would obey in stored text: controls, bidi overrides.
+
+    Each such character becomes one visible stand-in (``ESC`` shows as ``␛``), so the length and
+    any styling spans stay put. ``lines=True`` keeps newlines and tabs, for text whose lines are
+    our own structure (stored text inside a line is flattened where it is described).
+    """
+    return text.translate(_UNSAFE_KEEP_LINES if lines else _UNSAFE)
+
+
 def one_line(text: object, width: int | None = None) -> str:
     """Render any value on one line, cut to ``width`` characters with an ellipsis."""
-    flat = " ".join(str(text).split())
+    flat = safe(" ".join(str(text).split()))
     if width is not None and len(flat) > width:
         return flat[: width - 1] + "…"
     return flat
@@ -269,6 +292,11 @@ def history_lines(events: Sequence[Event]) -> str:
     return "\n".join(f"#{e.position:<6} {when(e.data.at)}  {describe_event(e)}" for e in events)
 
 
+def echo(text: str) -> None:
+    """Print plain text for people: its lines kept, what a terminal would obey neutralised."""
+    click.echo(safe(text, lines=True))
+
+
 # -- rich rendering --------------------------------------------------------------------------------
 
 _GLYPHS = {
@@ -287,6 +315,7 @@ def _glyph(status: str) -> tuple[str, str]:
 
 def _out(console: Console, line: Text) -> None:
     """Print one line: cut with an ellipsis on a terminal, whole when piped."""
+    line.plain = safe(line.plain)  # same length: the styles' spans stay where they were
     if console.is_terminal:
         console.print(line, no_wrap=True, overflow="ellipsis")
     else:
@@ -300,10 +329,10 @@ def facts_table(facts: Sequence[Fact], title: str | None = None) -> Table:
     table.add_column("scope", no_wrap=True)
     table.add_column("text")
     for fact in facts:
-        text = Text(fact.text)
+        text = Text(safe(fact.text, lines=True))
         if fact.superseded_by:
-            text.append(f"\nsuperseded by {fact.superseded_by}", style="dim")
-        table.add_row(fact.id, fact.scope, text)
+            text.append(f"\nsuperseded by {safe(fact.superseded_by)}", style="dim")
+        table.add_row(Text(safe(fact.id)), Text(safe(fact.scope)), text)
     return table
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from journaled import cli_render as render
 from journaled.cli_common import (
@@ -41,7 +42,7 @@ def runs_list(ctx: click.Context) -> None:
         table = Table("kind", "started")
         table.add_column("run", no_wrap=True)
         for row in rows:
-            table.add_row(row.kind.split(".")[0], when(row.at), row.run_id)
+            table.add_row(row.kind.split(".")[0], when(row.at), Text(render.safe(row.run_id)))
         Console().print(table)
 
 
@@ -56,7 +57,7 @@ def runs_why(ctx: click.Context, run_id: str) -> None:
         if wants_json(ctx):
             emit(render.RunWhy(run_id=run_id, why=text))
         else:
-            click.echo(text)
+            render.echo(text)
 
 
 @runs.command("show")
@@ -128,7 +129,7 @@ def runs_history(ctx: click.Context, run_id: str) -> None:
         if wants_json(ctx):
             emit(events)
         else:
-            click.echo(render.history_lines(events))
+            render.echo(render.history_lines(events))
 
 
 @runs.command("purge")
@@ -148,4 +149,4 @@ def runs_purge(ctx: click.Context, run_id: str, reason: str) -> None:
         if wants_json(ctx):
             emit({"run_id": run_id, "erased": erased})
         else:
-            click.echo(f"purged run {run_id}: the content of {erased} event(s) was erased")
+            render.echo(f"purged run {run_id}: the content of {erased} event(s) was erased")

@@ -3,9 +3,11 @@
 ::
 
     JournaledError
-    └── ConfigurationError (ValueError)        a setting of open() that cannot be used
+    ├── ConfigurationError (ValueError)        a setting of open() that cannot be used
+    └── InvalidArgument (ValueError)           an argument of a call that cannot be used
     EventsError                                (from the log layer)
     ├── JournalUrlError (ValueError)
+    │   └── JournalUnreadable                  the file or database is no journal
     ├── JournalClosed (RuntimeError)
     ├── ConcurrencyConflict
     └── CorruptEvent (ValueError)
@@ -41,7 +43,9 @@ from journaled.events.errors import (
     CorruptEvent,
     EventsError,
     JournalClosed,
+    JournalUnreadable,
     JournalUrlError,
+    PlanRejected,
     UnknownEventType,
 )
 
@@ -54,6 +58,14 @@ class ConfigurationError(JournaledError, ValueError):
     """A setting of :func:`journaled.open` that cannot be used."""
 
 
+class InvalidArgument(JournaledError, ValueError):
+    """An argument of a call that cannot be used; it names the argument. Nothing was appended."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        self.field = field
+        super().__init__(f"{field} {problem}")
+
+
 __all__ = [
     "ActorTimeout",
     "ActorsError",
@@ -61,11 +73,14 @@ __all__ = [
     "ConfigurationError",
     "CorruptEvent",
     "EventsError",
+    "InvalidArgument",
     "InvalidFact",
     "JournalClosed",
+    "JournalUnreadable",
     "JournalUrlError",
     "JournaledError",
     "OrganizationNotConfigured",
+    "PlanRejected",
     "RunNotFound",
     "RunNotPurgeable",
     "RunNotResumable",

@@ -10,7 +10,9 @@ from typing import Any, Protocol
 
 from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.scrubber import Scrubber
+from journaled.errors import InvalidArgument
 from journaled.events.base import Event
+from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, FactRemembered
 from journaled.events.memory_audit import explain
@@ -55,22 +57,37 @@ def _query(
     min_confidence: float,
     limit: int,
 ) -> Query:
-    if not isinstance(query, str):
-        raise TypeError(f"search query must be a string, got {type(query).__name__}")
-    if isinstance(scopes, str) or isinstance(domains, str):
-        raise TypeError("scopes and domains take a list of names, not a single string")
-    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
-        raise ValueError(f"limit must be a non-negative int, got {limit!r}")
+    _check("query", text_problem(query))
+    _check("now", int_problem(now, unit="epoch milliseconds (int)"))
+    names = {"scopes": _names("scopes", scopes), "domains": _names("domains", domains)}
+    _check("limit", int_problem(limit, low=0, unit="a non-negative int"))
     if not isinstance(min_confidence, int | float) or math.isnan(min_confidence):
-        raise ValueError(f"min_confidence must be a number, got {min_confidence!r}")
+        raise InvalidArgument("min_confidence", f"must be a number, got {short(min_confidence)}")
     return Query(
         terms=plan_terms(query),
         now=now,
-        scopes=frozenset(scopes) if scopes is not None else None,
-        domains=frozenset(domains) if domains is not None else None,
+        scopes=names["scopes"],
+        domains=names["domains"],
         min_confidence=float(min_confidence),
         limit=limit,
     )
+
+
+def _check(field: str, problem: str | None) -> None:
+    if problem:
+        raise InvalidArgument(field, problem)
+
+
+def _names(field: str, names: Iterable[str] | None) -> frozenset[str] | None:
+    """Return a filter of scope or domain names, or raise naming the argument."""
+    if names is None:
+        return None
+    if isinstance(names, str | bytes) or not isinstance(names, Iterable):
+        raise InvalidArgument(field, f"takes a list of names, got {type(names).__name__}")
+    out = frozenset(names)
+    for name in out:
+        _check(f"{field} entry {short(name)}", text_problem(name))
+    return out
 
 
 class _Semantic:
@@ -290,6 +307,8 @@ class Memory:
         Returns:
             True if a text was erased; False for an unknown or already purged fact.
         """
+        if reason is not None:
+            _check("reason", text_problem(reason))
         before = self.get(fact_id)
         purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
         if purged:
@@ -348,13 +367,19 @@ class Memory:
         recorded at or before it). The view's searches default ``now`` to that time.
         """
         if (position is None) == (at is None):
-            raise ValueError("as_of takes exactly one of position= or at=")
+            raise InvalidArgument("as_of", "takes exactly one of position= or at=")
+        if at is not None:
+            _check("at", int_problem(at, unit="epoch milliseconds (int)"))
         last = self._journal.position()
         if position is not None:
             if isinstance(position, bool) or not isinstance(position, int) or position < 0:
-                raise ValueError(f"position must be a journal position >= 0, got {position!r}")
+                raise InvalidArgument(
+                    "position", f"must be a journal position >= 0, got {short(position)}"
+                )
             if position > last:
-                raise ValueError(f"position {position} is past the end of the journal ({last})")
+                raise InvalidArgument(
+                    "position", f"{position} is past the end of the journal ({last})"
+                )
         state = MemoryState(list(self._scopes), self._organization)
         texts = self._journal.payloads()
         now = at if at is not None else 0

@@ -7,7 +7,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -18,9 +18,10 @@ from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs
 from journaled.actors.runtime import MemoryActors
 from journaled.actors.steps import AgentContext, Registry
-from journaled.errors import ConfigurationError
+from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import codec
+from journaled.events.inputs import text_problem
 from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
@@ -116,6 +117,10 @@ class Runtime:
                 f"organization must be a non-empty string, got {organization!r}: pass "
                 'organization="acme" to journaled.open() or unset JOURNALED_ORGANIZATION'
             )
+        if not isinstance(agents, bool):
+            raise ConfigurationError(f"agents must be True or False, got {agents!r}")
+        if organization is not None and text_problem(organization, limit=1024):
+            raise ConfigurationError(f"organization {text_problem(organization, limit=1024)}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a callable returning epoch milliseconds")
         if embedder is not None and not callable(getattr(embedder, "embed", None)):
@@ -222,6 +227,9 @@ class Runtime:
                 suspended and the orchestration can be resumed in a new runtime).
         """
         self._check_open()
+        problem = text_problem(goal, empty=False)
+        if problem:
+            raise InvalidArgument("goal", problem)
         return self._orchestrations.orchestrate(
             goal,
             planner,
@@ -256,6 +264,22 @@ class Runtime:
         even though its owner looks alive (use it only when you know that process is gone).
         """
         self._check_open()
+        _check_run_id(run_id)
+        if clarification is not None:
+            problem = text_problem(clarification, empty=False)
+            if problem:
+                raise RunNotResumable(f"run {run_id}: the clarification {problem}")
+        if answers is not None:
+            if not isinstance(answers, Mapping):
+                raise RunNotResumable(
+                    f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
+                )
+            for step_id, answer in answers.items():
+                problem = text_problem(answer)
+                if problem:
+                    raise RunNotResumable(
+                        f"run {run_id}: the answer for step {step_id!r} {problem}"
+                    )
         if self._journal.first(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
@@ -286,6 +310,7 @@ class Runtime:
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run to stop scheduling (E5). Safe from any thread."""
+        _check_run_id(run_id)
         return self.runs.cancel(run_id)
 
     def refresh(self) -> int:
@@ -342,6 +367,11 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _check_run_id(run_id: object) -> None:
+    if not isinstance(run_id, str):
+        raise InvalidArgument("run_id", f"must be a string, got {type(run_id).__name__}")
 
 
 def open(

@@ -32,12 +32,15 @@ from journaled.events.orchestration import (
 from journaled.events.plan_rules import waves
 from journaled.events.plans import ExecuteResult, Plan
 from journaled.events.run_audit import (
+    RunWhy,
+    Touched,
     describe_orchestration_event,
     describe_run_event,
     duration,
     explain_orchestration,
     explain_run,
 )
+from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -97,18 +100,25 @@ class Child(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class State(msgspec.Struct, frozen=True, kw_only=True):
-    """``rt.runs.at(run_id, position)``, reduced to what the page shows."""
+    """``rt.runs.at(run_id, position)``, reduced to what the page shows.
+
+    In a :class:`Frame` the three per-step tables hold only what changed since the previous
+    frame's state (``null`` where an entry went away), unless ``fresh``: then they are whole. So
+    a page grows with the events, not with events times steps.
+    """
 
     run: str
-    statuses: dict[str, str]
+    fresh: bool = True
+    """The tables are whole (the first state of a run), not changes since the previous frame."""
+    statuses: dict[str, str | None]
     calls_used: int
     budget: int | None
     waiting: list[str]
     stopped_for_budget: bool
     ok: bool
-    notes: dict[str, str]
+    notes: dict[str, str | None]
     """Per step: the error of a failed step or the question of a waiting one."""
-    children: dict[str, Child]
+    children: dict[str, Child | None]
 
 
 class Frame(msgspec.Struct, frozen=True, kw_only=True):
@@ -125,8 +135,11 @@ class Frame(msgspec.Struct, frozen=True, kw_only=True):
     """Index into ``Page.plans``; None before any plan was proposed."""
     state: State | None
     """None when ``rt.runs.at`` has no run yet (an orchestration before its first pass)."""
+    keep: int = 0
+    """How many leading lines of the previous frame's why this frame's why keeps."""
     why: list[int]
-    """Indices into ``Page.lines``: the run's why up to this position, line by line."""
+    """Indices into ``Page.lines``: the lines of the run's why at this position that follow the
+    ``keep`` lines kept from the previous frame's."""
 
 
 class Page(msgspec.Struct, frozen=True, kw_only=True):
@@ -186,12 +199,30 @@ def build(rt: Runtime, run_id: str) -> Page:
     frames: list[Frame] = []
     proposed: int | None = None
     start = events[0].data.at
+    # Every state and why is folded forward one event at a time, never from the start again, so
+    # building the page is linear in the run's events (bar the per-step tables of each frame).
+    folds = {s: RunState() for s in (passes if orchestration else [run_id])}
+    current = None if orchestration else run_id
+    why = _Why(run_id, orchestration, own, streams, line_ids)
+    run_plans: dict[str, int] = {}
+    tables: dict[str, _Tables] = {}
     for event in events:
-        result = _at(rt, run_id, event.position)
+        if event.stream in folds:
+            folds[event.stream].apply(event)
+        if orchestration and isinstance(event.data, PassStarted) and event.stream == run_id:
+            current = event.data.run
+        fold = folds[current] if current is not None else None
         if isinstance(event.data, PlanProposed):
             proposed = _intern_plan(event.data.plan, plans, plan_keys)
-        plan = proposed if result is None else _intern_plan(result.plan, plans, plan_keys)
-        why = _why(run_id, orchestration, own, streams, event.position)
+        plan, state = proposed, None
+        if current is not None and fold is not None and fold.started is not None:
+            if current not in run_plans:  # a run's layout never changes, only its statuses
+                run_plans[current] = _intern_plan(fold.plan(), plans, plan_keys)
+            plan = run_plans[current]
+            if current not in tables:
+                tables[current] = _Tables(fold, children.get(current, []))
+            state = tables[current].frame(rt, event.position)
+        keep, added = why.add(event)
         frames.append(
             Frame(
                 position=event.position,
@@ -201,8 +232,9 @@ def build(rt: Runtime, run_id: str) -> Page:
                 offset="+" + duration(event.data.at - start),
                 flag=_flag(event),
                 plan=plan,
-                state=None if result is None else _state(rt, result, event.position, children),
-                why=[line_ids.setdefault(line, len(line_ids)) for line in why.splitlines()],
+                state=state,
+                keep=keep,
+                why=added,
             )
         )
     return Page(
@@ -213,6 +245,59 @@ def build(rt: Runtime, run_id: str) -> Page:
         lines=list(line_ids),
         frames=frames,
     )
+
+
+class _Why:
+    """The run's why after each event, as (lines kept from the previous, line ids added)."""
+
+    def __init__(
+        self,
+        run_id: str,
+        orchestration: bool,
+        own: list[Event],
+        passes: dict[str, list[Event]],
+        line_ids: dict[str, int],
+    ) -> None:
+        self._run_id = run_id
+        self._orchestration = orchestration
+        self._own = own
+        self._passes = passes
+        self._ids = line_ids
+        self._plain = RunWhy(run_id)
+        self._shown: list[int] = []
+        self._told = 0
+        """Timeline lines of a plain run already sent."""
+
+    def _id(self, line: str) -> int:
+        return self._ids.setdefault(line, len(self._ids))
+
+    def add(self, event: Event) -> tuple[int, list[int]]:
+        if self._orchestration:  # passes nest inside: recompute, send what differs at the end
+            text = _why(self._run_id, True, self._own, self._passes, event.position)
+            lines = [self._id(line) for line in text.splitlines()]
+            keep = _common_prefix(self._shown, lines)
+            self._shown = lines
+            return keep, lines[keep:]
+        self._plain.add(event)
+        head = self._id(self._plain.head())
+        timeline = self._plain.timeline
+        if self._shown and self._shown[0] == head:
+            keep, added = 1 + self._told, [self._id(line) for line in timeline[self._told :]]
+        else:
+            keep, added = 0, [head, *(self._id(line) for line in timeline)]
+        self._told = len(timeline)
+        added.append(self._id(self._plain.now()))
+        self._shown = [head]  # only its head is compared next time; the rest is by count
+        return keep, added
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _why(
@@ -264,49 +349,88 @@ def _intern_plan(plan: Plan, plans: list[Layout], keys: dict[tuple[object, ...],
 
 def _child_starts(
     rt: Runtime, parents: set[str], events: list[Event]
-) -> dict[tuple[str, str], list[tuple[int, str]]]:
-    """Map (parent run, step) to the (position, child run) of each child run it started."""
-    out: dict[tuple[str, str], list[tuple[int, str]]] = {}
+) -> dict[str, list[tuple[int, str, str]]]:
+    """Map each parent run to the (position, step, child run) of the child runs it started."""
+    out: dict[str, list[tuple[int, str, str]]] = {}
     for e in rt.journal.read(after=events[0].position - 1, upto=events[-1].position):
         data = e.data
         if isinstance(data, RunStarted) and data.parent_run in parents and data.parent_step:
-            out.setdefault((data.parent_run, data.parent_step), []).append((e.position, e.stream))
+            out.setdefault(data.parent_run, []).append((e.position, data.parent_step, e.stream))
     return out
 
 
-def _state(
-    rt: Runtime,
-    result: ExecuteResult,
-    position: int,
-    starts: dict[tuple[str, str], list[tuple[int, str]]],
-) -> State:
-    notes: dict[str, str] = {}
-    linked: dict[str, str] = {}
-    for obs in result.observations:
-        notes.pop(obs.step_id, None)
-        if not obs.ok and obs.error:
-            notes[obs.step_id] = obs.error
-        if obs.agent_task_id:
-            linked[obs.step_id] = obs.agent_task_id
-    for step in result.plan.steps:
-        started = [run for at, run in starts.get((result.run_id, step.id), ()) if at <= position]
-        if started:
-            linked[step.id] = started[-1]
-    children = {
-        step_id: Child(run=child, summary=_summary(_at(rt, child, position)))
-        for step_id, child in linked.items()
-    }
-    return State(
-        run=result.run_id,
-        statuses={s.id: s.status for s in result.plan.steps},
-        calls_used=result.calls_used,
-        budget=rt.runs.state(result.run_id, position).budget,
-        waiting=list(result.waiting),
-        stopped_for_budget=result.stopped_for_budget,
-        ok=result.ok,
-        notes=notes,
-        children=children,
-    )
+class _Tables:
+    """A run's per-step tables as the page shows them, emitted as changes frame after frame.
+
+    The fold only ever sets single steps' statuses and appends observations (a status table
+    replaced whole, as at the run's start, is taken whole), so each frame costs what its event
+    changed, not the number of steps.
+    """
+
+    def __init__(self, fold: RunState, starts: list[tuple[int, str, str]]) -> None:
+        self._fold = fold
+        self._starts = starts
+        """(position, step, child run) of the child runs this run's steps started, in order."""
+        self._next_start = 0
+        self._seen = 0
+        self._statuses: dict[str, str] = {}
+        self._succeeded = 0
+        self._notes: dict[str, str] = {}
+        self._links: dict[str, str] = {}
+        self._started: dict[str, str] = {}
+        self._children: dict[str, Child] = {}
+        self._fresh = True
+
+    def frame(self, rt: Runtime, position: int) -> State:
+        fold = self._fold
+        status = fold.status
+        if not isinstance(status, Touched):
+            status = fold.status = Touched(status)
+        statuses: dict[str, str | None] = {}
+        for step_id in status.take():
+            now, before = status.get(step_id), self._statuses.get(step_id)
+            if now is None or now == before:
+                continue
+            self._succeeded += (now == "succeeded") - (before == "succeeded")
+            statuses[step_id] = self._statuses[step_id] = now
+        notes: dict[str, str | None] = {}
+        for obs in fold.observations[self._seen :]:
+            note = obs.error if not obs.ok and obs.error else None
+            if self._notes.get(obs.step_id) != note:
+                notes[obs.step_id] = note
+                if note is None:
+                    del self._notes[obs.step_id]
+                else:
+                    self._notes[obs.step_id] = note
+            if obs.agent_task_id:
+                self._links[obs.step_id] = obs.agent_task_id
+        self._seen = len(fold.observations)
+        starts = self._starts
+        while self._next_start < len(starts) and starts[self._next_start][0] <= position:
+            _, step_id, child_run = starts[self._next_start]
+            self._started[step_id] = child_run
+            self._next_start += 1
+        children: dict[str, Child | None] = {}
+        for step_id in {**self._links, **self._started}:
+            run = self._started.get(step_id) or self._links[step_id]
+            child = Child(run=run, summary=_summary(_at(rt, run, position)))
+            if self._children.get(step_id) != child:
+                children[step_id] = self._children[step_id] = child
+        fresh, self._fresh = self._fresh, False
+        return State(
+            run=fold.run_id,
+            fresh=fresh,
+            statuses=statuses,
+            calls_used=fold.calls_used,
+            budget=fold.budget,
+            waiting=list(fold.waiting),
+            stopped_for_budget=fold.stopped_for_budget,
+            ok=not fold.stopped_for_budget
+            and not fold.waiting
+            and self._succeeded == len(fold.order),
+            notes=notes,
+            children=children,
+        )
 
 
 def _summary(result: ExecuteResult | None) -> str:

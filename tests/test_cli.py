@@ -680,7 +680,9 @@ def test_bad_urls_fail_in_one_line(tmp_path: Path) -> None:
     for args in (["runs", "list"], ["memory", "remember", "hello"]):
         result = cli(f"sqlite:///{text}", *args)
         assert result.exit_code == 1
-        assert result.stderr == "Error: cannot open the journal: file is not a database\n"
+        assert result.stderr.startswith(f"Error: cannot open the journal at {text}: ")
+        assert "file is not a database" in result.stderr
+        assert result.stderr.count("\n") == 1
     assert text.read_text() == "not a database\n"
 
 

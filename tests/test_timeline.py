@@ -94,10 +94,31 @@ def rt(story: Story) -> Iterator[journaled.Runtime]:
         yield runtime
 
 
+def _replay(frames: list[dict[str, Any]]) -> None:
+    """Expand each frame's changes into its whole state and why, as the page's script does."""
+    full: dict[str, Any] | None = None
+    why: list[int] = []
+    for frame in frames:
+        st = frame["state"]
+        if st is None:
+            full = None
+        elif st["fresh"] or full is None or full["run"] != st["run"]:
+            full = {**st, **{k: dict(st[k]) for k in ("statuses", "notes", "children")}}
+        else:
+            tables = {k: {**full[k], **st[k]} for k in ("statuses", "notes", "children")}
+            full = {
+                **st,
+                **{k: {a: b for a, b in t.items() if b is not None} for k, t in tables.items()},
+            }
+        why = why[: frame["keep"]] + frame["why"]
+        frame["state"], frame["why"] = full, why
+
+
 def _data(page: str) -> dict[str, Any]:
     found = re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>', page)
     assert found is not None
     data: dict[str, Any] = json.loads(found.group(1))
+    _replay(data["frames"])
     return data
 
 

@@ -48,6 +48,7 @@ from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
     JournalClosed,
+    JournalUnreadable,
     JournalUrlError,
 )
 from journaled.events.journal._common import (
@@ -169,6 +170,11 @@ class Journal:
                 )
         try:
             self._app = _JournalApp(_settings(config), codec)
+        except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
+            raise JournalUnreadable(
+                f"cannot open the journal at {config.path}: {exc} (not a journal file, or "
+                "damaged: restore it from a backup or point the URL at another file)"
+            ) from exc
         except PersistenceError as exc:
             error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
             if config.backend == "postgresql":

@@ -1,0 +1,106 @@
+"""Pure checks of what a caller hands in before it can reach an event (bad input, J5).
+
+The journal stores UTF-8 text and msgpack integers of at most 64 bits, and every text a caller
+writes costs journal space for good. These checks say, in one line, which value cannot be stored
+and why, so the door can refuse it before anything is appended; and :func:`decode_text` turns a
+stored text that is not UTF-8 into a :class:`CorruptEvent` carrying its position and reason.
+"""
+
+from __future__ import annotations
+
+import math
+
+from journaled.events.errors import CorruptEvent
+
+MAX_TEXT_BYTES = 1 << 20
+"""Largest goal, question, answer, fact text or reason a caller may journal: 1 MiB, the bound on
+a step's encoded output (``actors.steps.MAX_OUTPUT_BYTES``)."""
+INT64_MIN = -(1 << 63)
+INT64_MAX = (1 << 63) - 1
+
+__all__ = [
+    "INT64_MAX",
+    "INT64_MIN",
+    "MAX_TEXT_BYTES",
+    "decode_text",
+    "flat",
+    "int_problem",
+    "number_problem",
+    "short",
+    "text_problem",
+]
+
+
+def text_problem(value: object, *, limit: int = MAX_TEXT_BYTES, empty: bool = True) -> str | None:
+    """Return why ``value`` cannot be journaled as a text, or None when it can.
+
+    Args:
+        value: What the caller passed.
+        limit: The largest UTF-8 size accepted, in bytes.
+        empty: Whether an empty (or all-blank) string is acceptable.
+    """
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not empty and not value.strip():
+        return "is empty"
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError as exc:
+        return (
+            f"holds a lone surrogate {value[exc.start]!r} at index {exc.start}, which UTF-8 "
+            "cannot store: decode the text with errors='replace' first"
+        )
+    if size > limit:
+        return f"is {size} bytes in UTF-8, over the {limit}-byte bound"
+    return None
+
+
+def int_problem(
+    value: object, *, low: int = INT64_MIN, high: int = INT64_MAX, unit: str = "an int"
+) -> str | None:
+    """Return why ``value`` is not an int in ``[low, high]`` (64-bit by default), or None."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return f"must be {unit}, got {type(value).__name__} {short(value)}"
+    if not low <= value <= high:
+        return f"is {short(value)}, outside [{low}, {high}]"
+    return None
+
+
+def number_problem(value: object) -> str | None:
+    """Return why ``value`` is not a finite real number, or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number, got {type(value).__name__}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return f"must be finite, got {value!r}"
+    return None
+
+
+def decode_text(raw: bytes, stream: str, position: int | None, topic: str) -> str:
+    """Decode a stored text, or raise :class:`CorruptEvent` with its position and reason (J5)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise CorruptEvent(
+            position,
+            topic,
+            f"the stored text of {stream} is not valid UTF-8 at byte {exc.start} ({exc.reason})",
+        ) from None
+
+
+def flat(text: str | None) -> str:
+    """Render stored free text inside one line: its line breaks shown, never obeyed.
+
+    A why is read line by line; a stored error holding a newline must not forge a line of its
+    own (such as a ``now:`` line).
+    """
+    if text is None:
+        return ""
+    return " ⏎ ".join(text.splitlines())  # every break str.splitlines knows, \x85 and \u2028 too
+
+
+def short(value: object) -> str:
+    """Return a short repr of ``value`` for an error message (a huge int by its size)."""
+    if isinstance(value, int) and value.bit_length() > 128:
+        return f"a {value.bit_length()}-bit int"  # repr of a huge int is slow, or refused
+    text = repr(value)
+    return text if len(text) <= 40 else text[:20] + "…" + text[-8:]

@@ -1,0 +1,438 @@
+"""Bad input gets one clear error naming the field and appends nothing; stored text cannot drive
+the terminal or forge structure on output (J5, M2, E1, O6, SPEC section 5 and the CLI)."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+import journaled
+from journaled import (
+    AgentResult,
+    Clarify,
+    ConfigurationError,
+    CorruptEvent,
+    InvalidArgument,
+    InvalidFact,
+    JournalUnreadable,
+    JournalUrlError,
+    Limits,
+    NeedsInput,
+    Plan,
+    PlanRejected,
+    RunNotFound,
+    RunNotResumable,
+    Step,
+)
+from journaled.cli import main
+from journaled.testing import ManualClock
+
+MIB = 1 << 20
+SURROGATE = "a\ud800b"
+"""A lone surrogate, what ``os.fsdecode`` or a bad decode leaves behind: UTF-8 cannot store it."""
+HOSTILE = "done\x1b]0;PWNED\x07 \x1b[2J\u202etxt.exe\x9b31m"
+"""Stored text that would retitle the terminal, clear it, reverse the line and colour it."""
+FORGED = "boom\nnow: completed using 0 model call(s)"
+"""A stored error that would forge the ``now:`` line of ``runs why``."""
+TERMINAL_CODES = ("\x1b", "\x07", "\u202e", "\x9b")
+
+
+def _self_containing() -> list[Any]:
+    loop: list[Any] = []
+    loop.append(loop)
+    return loop
+
+
+def _plan(goal: str = "g", step_id: str = "a", data: Any = None) -> Plan:
+    return Plan(goal=goal, steps=[Step(step_id, tool="echo", input=data)])
+
+
+@pytest.fixture
+def rt(sqlite_url: str) -> Iterator[journaled.Runtime]:
+    """Yield a runtime over a SQLite file holding one fact, with an ``echo`` tool."""
+    with journaled.open(sqlite_url, clock=ManualClock(1_000)) as runtime:
+        runtime.register_tool("echo", lambda data: data)
+        runtime.memory.remember("the sky is blue")
+        yield runtime
+
+
+Call = Callable[[journaled.Runtime], object]
+CASES: list[tuple[str, Call, type[Exception], str]] = [
+    ("text-surrogate", lambda r: r.memory.remember(SURROGATE), InvalidFact, "text"),
+    ("text-over-1mib", lambda r: r.memory.remember("x" * (MIB + 1)), InvalidFact, "text"),
+    ("scope-surrogate", lambda r: r.memory.remember("t", scope=SURROGATE), InvalidFact, "scope"),
+    ("domain-surrogate", lambda r: r.memory.remember("t", domain=SURROGATE), InvalidFact, "domain"),
+    ("source-surrogate", lambda r: r.memory.remember("t", source=SURROGATE), InvalidFact, "source"),
+    (
+        "key-surrogate",
+        lambda r: r.memory.remember("t", conflict_key=SURROGATE),
+        InvalidFact,
+        "conflict_key",
+    ),
+    (
+        "valid-until-2**64",
+        lambda r: r.memory.remember("t", valid_until=2**64),
+        InvalidFact,
+        "valid_until",
+    ),
+    (
+        "valid-from-minus-2**64",
+        lambda r: r.memory.remember("t", valid_from=-(2**64)),
+        InvalidFact,
+        "valid_from",
+    ),
+    ("search-now-str", lambda r: r.memory.search("sky", now="x"), InvalidArgument, "now"),  # type: ignore[arg-type]
+    ("search-now-2**64", lambda r: r.memory.search("sky", now=2**64), InvalidArgument, "now"),
+    ("search-now-float", lambda r: r.memory.search("sky", now=1.5), InvalidArgument, "now"),  # type: ignore[arg-type]
+    ("search-query-surrogate", lambda r: r.memory.search(SURROGATE), InvalidArgument, "query"),
+    ("search-query-bytes", lambda r: r.memory.search(b"sky"), InvalidArgument, "query"),  # type: ignore[arg-type]
+    ("search-scopes-int", lambda r: r.memory.search("sky", scopes=[1]), InvalidArgument, "scopes"),  # type: ignore[list-item]
+    (
+        "search-scopes-str",
+        lambda r: r.memory.search("sky", scopes="user"),
+        InvalidArgument,
+        "scopes",
+    ),
+    ("search-limit-2**70", lambda r: r.memory.search("sky", limit=2**70), InvalidArgument, "limit"),
+    (
+        "semantic-now-str",
+        lambda r: r.memory.search_semantic("sky", now="x"),  # type: ignore[arg-type]
+        InvalidArgument,
+        "now",
+    ),
+    ("as-of-at-str", lambda r: r.memory.as_of(at="x"), InvalidArgument, "at"),  # type: ignore[arg-type]
+    ("as-of-at-2**64", lambda r: r.memory.as_of(at=2**64), InvalidArgument, "at"),
+    ("as-of-position-None-and-at", lambda r: r.memory.as_of(), InvalidArgument, "as_of"),
+    (
+        "purge-reason-surrogate",
+        lambda r: r.memory.purge(r.memory.all()[0].id, reason=SURROGATE),
+        InvalidArgument,
+        "reason",
+    ),
+    ("goal-surrogate", lambda r: r.execute(_plan(goal=SURROGATE)), PlanRejected, "goal"),
+    ("goal-over-1mib", lambda r: r.execute(_plan(goal="g" * (MIB + 1))), PlanRejected, "goal"),
+    ("step-id-surrogate", lambda r: r.execute(_plan(step_id=SURROGATE)), PlanRejected, "id"),
+    ("input-surrogate", lambda r: r.execute(_plan(data={"k": SURROGATE})), PlanRejected, "input"),
+    ("input-key-surrogate", lambda r: r.execute(_plan(data={SURROGATE: 1})), PlanRejected, "input"),
+    ("input-int-2**64", lambda r: r.execute(_plan(data=2**64)), PlanRejected, "input"),
+    ("input-int-2**100", lambda r: r.execute(_plan(data=[2**100])), PlanRejected, "input"),
+    (
+        "input-contains-itself",
+        lambda r: r.execute(_plan(data=_self_containing())),
+        PlanRejected,
+        "input",
+    ),
+    (
+        "budget-2**64",
+        lambda r: r.execute(_plan(), call_budget=2**64),
+        ValueError,
+        "call_budget",
+    ),
+    (
+        "parallel-2**64",
+        lambda r: r.execute(_plan(), max_parallel_steps=2**64),
+        ValueError,
+        "max_parallel_steps",
+    ),
+    (
+        "timeout-nan",
+        lambda r: r.execute(_plan(), step_timeout=math.nan),
+        ValueError,
+        "step_timeout",
+    ),
+    (
+        "timeout-inf",
+        lambda r: r.execute(_plan(), step_timeout=math.inf),
+        ValueError,
+        "step_timeout",
+    ),
+    (
+        "limit-2**64",
+        lambda r: r.execute(_plan(), limits=Limits(per_tool={"echo": 2**64})),
+        ValueError,
+        "limits.per_tool",
+    ),
+    (
+        "orchestrate-goal-surrogate",
+        lambda r: r.orchestrate(SURROGATE, lambda g, o, c: _plan()),
+        InvalidArgument,
+        "goal",
+    ),
+    (
+        "orchestrate-goal-over-1mib",
+        lambda r: r.orchestrate("g" * (MIB + 1), lambda g, o, c: _plan()),
+        InvalidArgument,
+        "goal",
+    ),
+    (
+        "clarification-surrogate",
+        lambda r: r.resume("run_x", clarification=SURROGATE),
+        RunNotResumable,
+        "clarification",
+    ),
+    (
+        "answer-over-1mib",
+        lambda r: r.resume("run_x", answers={"a": "y" * (MIB + 1)}),
+        RunNotResumable,
+        "answer",
+    ),
+    ("answers-list", lambda r: r.resume("run_x", answers=["y"]), RunNotResumable, "answers"),  # type: ignore[arg-type]
+    ("resume-run-id-int", lambda r: r.resume(42), InvalidArgument, "run_id"),  # type: ignore[arg-type]
+    ("cancel-run-id-None", lambda r: r.cancel(None), InvalidArgument, "run_id"),  # type: ignore[arg-type]
+    ("runs-why-fact-id", lambda r: r.runs.why(r.memory.all()[0].id), RunNotFound, "not a run"),
+    ("runs-at-fact-id", lambda r: r.runs.at(r.memory.all()[0].id, 1), RunNotFound, "not a run"),
+    ("open-url-int", lambda r: journaled.open(42), JournalUrlError, "URL must be a string"),  # type: ignore[arg-type]
+    (
+        "open-url-bytes",
+        lambda r: journaled.open(b"memory://"),  # type: ignore[arg-type]
+        JournalUrlError,
+        "URL must be a string",
+    ),
+    ("open-url-surrogate", lambda r: journaled.open("sqlite:///x\udcff"), JournalUrlError, "URL"),
+    (
+        "open-agents-str",
+        lambda r: journaled.open("memory://", agents="no"),  # type: ignore[arg-type]
+        ConfigurationError,
+        "agents",
+    ),
+    (
+        "open-organization-surrogate",
+        lambda r: journaled.open("memory://", organization=SURROGATE),
+        ConfigurationError,
+        "organization",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "field"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_bad_input_is_one_line_naming_the_field(
+    rt: journaled.Runtime, call: Call, error: type[Exception], field: str
+) -> None:
+    """J5, M2, E1: odd input raises the documented error, one line naming the field; no append."""
+    before = rt.journal.position()
+    texts = [f.text for f in rt.memory.all()]
+    with pytest.raises(error) as raised:
+        call(rt)
+    message = str(raised.value)
+    assert field in message
+    assert "\n" not in message
+    message.encode("utf-8")  # the message itself can be printed and logged
+    assert rt.journal.position() == before
+    assert [f.text for f in rt.memory.all()] == texts
+
+
+def _run_one(rt: journaled.Runtime, agent: Callable[[Step, Any], AgentResult]) -> Any:
+    rt.register_agent("odd", agent)
+    return rt.execute(Plan(goal="g", steps=[Step("a", agent="odd")]))
+
+
+def _raise(exc: BaseException) -> Any:
+    raise exc
+
+
+USER_CODE: list[tuple[str, Callable[[Step, Any], AgentResult], str]] = [
+    ("error-with-surrogate", lambda s, c: _raise(RuntimeError(SURROGATE)), "\\ud800"),
+    ("question-with-surrogate", lambda s, c: _raise(NeedsInput(SURROGATE)), "question"),
+    ("question-over-1mib", lambda s, c: _raise(NeedsInput("q" * (MIB + 1))), "question"),
+    ("calls-used-2**64", lambda s, c: AgentResult(ok=True, calls_used=2**64), "calls_used"),
+    ("error-text-surrogate", lambda s, c: AgentResult(ok=False, error=SURROGATE), "error"),
+]
+
+
+@pytest.mark.parametrize(
+    ("agent", "names"), [c[1:] for c in USER_CODE], ids=[c[0] for c in USER_CODE]
+)
+def test_unstorable_output_of_user_code_fails_the_step_not_the_run(
+    rt: journaled.Runtime, agent: Callable[[Step, Any], AgentResult], names: str
+) -> None:
+    """E11, J5: a step whose result cannot be stored fails, named; the run finishes and reads."""
+    result = _run_one(rt, agent)
+    assert not result.ok
+    (obs,) = result.observations
+    assert obs.error is not None
+    assert names in obs.error
+    assert rt.runs.state(result.run_id).run_status == "failed"
+    assert "failed" in rt.runs.why(result.run_id)
+
+
+@pytest.mark.parametrize("question", [SURROGATE, "q" * (MIB + 1)], ids=["surrogate", "over-1mib"])
+def test_unstorable_planner_question_is_a_failed_outcome(
+    rt: journaled.Runtime, question: str
+) -> None:
+    """O1, J5: a planner asking an unstorable question fails the orchestration, naming it."""
+    outcome = rt.orchestrate("g", lambda g, o, c: Clarify(question))
+    assert outcome.status == "failed"
+    assert "question" in outcome.summary
+    assert "question" in rt.runs.why(outcome.run_id)
+
+
+# -- files that are no journal (J5) ---------------------------------------------------------------
+
+
+def _journal_file(tmp_path: Path) -> Path:
+    path = tmp_path / "good.sqlite"
+    with journaled.open(f"sqlite:///{path}") as rt:
+        for i in range(200):
+            rt.memory.remember(f"fact number {i} " + "word " * 40)
+    return path
+
+
+@pytest.mark.parametrize("damage", ["not-sqlite", "truncated-half", "truncated-tenth"])
+def test_a_file_that_is_no_journal_names_its_path(tmp_path: Path, damage: str) -> None:
+    """J5: opening a non-SQLite or truncated file raises JournalUnreadable naming the path."""
+    path = tmp_path / "bad.sqlite"
+    if damage == "not-sqlite":
+        path.write_text("hello, I am a text file\n" * 100)
+    else:
+        shutil.copy(_journal_file(tmp_path), path)
+        keep = {"truncated-half": 0.5, "truncated-tenth": 0.1}[damage]
+        with path.open("r+b") as f:
+            f.truncate(int(path.stat().st_size * keep))
+    with pytest.raises(JournalUnreadable) as raised:
+        journaled.open(f"sqlite:///{path}")
+    assert str(path) in str(raised.value)
+    result = CliRunner().invoke(main, ["--url", f"sqlite:///{path}", "runs", "list"])
+    assert result.exit_code == 1
+    assert "Traceback" not in result.output
+    assert str(path) in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_stored_text_that_is_not_utf8_fails_with_its_position(tmp_path: Path) -> None:
+    """J5: invalid UTF-8 in a stored fact text fails the open with the position and the reason."""
+    path = _journal_file(tmp_path)
+    conn = sqlite3.connect(path)
+    stream = conn.execute("SELECT stream FROM journaled_payloads ORDER BY stream").fetchone()[0]
+    conn.execute("UPDATE journaled_payloads SET payload = x'41ff42' WHERE stream = ?", (stream,))
+    conn.execute("DELETE FROM journaled_snapshots")
+    position = conn.execute(
+        "SELECT rowid FROM stored_events WHERE originator_id = ?", (stream,)
+    ).fetchone()[0]
+    conn.commit()
+    conn.close()
+    with pytest.raises(CorruptEvent) as raised:
+        journaled.open(f"sqlite:///{path}")
+    assert raised.value.position == position
+    assert "UTF-8" in str(raised.value)
+    assert "byte 1" in str(raised.value)
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def _cli(url: str, *args: str) -> Result:
+    return CliRunner().invoke(main, ["--url", url, *args])
+
+
+@pytest.fixture
+def hostile(sqlite_url: str) -> tuple[str, str, str]:
+    """Return (url, fact id, run id) of a journal whose stored texts hold terminal codes."""
+    with journaled.open(sqlite_url) as rt:
+        fact = rt.memory.remember(HOSTILE, scope="project", source=HOSTILE)
+        rt.register_tool("boom", lambda _: _raise(RuntimeError(FORGED + HOSTILE)))
+        rt.register_tool("echo", lambda data: data)
+        steps = [Step("a", tool="boom"), Step("b", tool="echo", input=HOSTILE)]
+        run = rt.execute(Plan(goal=HOSTILE, steps=steps))
+    return sqlite_url, fact.id, run.run_id
+
+
+RUN_COMMANDS = [["why"], ["show"], ["history"], ["diff", "0", "1"]]
+
+
+@pytest.mark.parametrize("command", RUN_COMMANDS, ids=lambda c: c[0])
+def test_run_commands_refuse_a_fact_id_in_one_line(
+    hostile: tuple[str, str, str], command: list[str]
+) -> None:
+    """O6: a run command given a fact id says it is not a run, in one line, exit 1."""
+    url, fact_id, _ = hostile
+    result = _cli(url, "runs", command[0], fact_id, *command[1:])
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "not a run" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("command", ["why", "history"])
+def test_memory_commands_refuse_a_run_id_in_one_line(
+    hostile: tuple[str, str, str], command: str
+) -> None:
+    """M11: a memory command given a run id says there is no such fact, in one line, exit 1."""
+    url, _, run_id = hostile
+    result = _cli(url, "memory", command, run_id)
+    assert result.exit_code == 1, result.output
+    assert f"no fact {run_id}" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    with journaled.open(url) as rt:
+        assert rt.memory.history(run_id) == []
+
+
+def test_timeline_refuses_a_fact_id_in_one_line(
+    hostile: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """O7: the timeline of a fact id is a one-line error, exit 1, and writes no page."""
+    url, fact_id, _ = hostile
+    page = tmp_path / "page.html"
+    result = _cli(url, "timeline", fact_id, "-o", str(page))
+    assert result.exit_code == 1
+    assert "not a run" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert not page.exists()
+
+
+PLAIN = [
+    ["runs", "why", "{run}"],
+    ["runs", "show", "{run}"],
+    ["runs", "history", "{run}"],
+    ["runs", "list"],
+    ["memory", "search", "done"],
+    ["memory", "show", "{fact}"],
+    ["memory", "why", "{fact}"],
+    ["memory", "history", "{fact}"],
+    ["journal", "tail"],
+]
+
+
+@pytest.mark.parametrize("command", PLAIN, ids=lambda c: "-".join(c[:2]))
+def test_plain_output_neutralises_terminal_codes(
+    hostile: tuple[str, str, str], command: list[str]
+) -> None:
+    """J5, O6: plain output shows stored escapes and bidi overrides inert; nothing obeyed."""
+    url, fact_id, run_id = hostile
+    args = [a.format(run=run_id, fact=fact_id) for a in command]
+    result = _cli(url, *args)
+    assert result.exit_code == 0, result.output
+    for code in TERMINAL_CODES:
+        assert code not in result.stdout, (code, result.stdout)
+
+
+def test_a_stored_newline_cannot_forge_a_why_line(hostile: tuple[str, str, str]) -> None:
+    """O6: a newline in a stored error stays inside its line: one ``now:`` line, the real one."""
+    url, _, run_id = hostile
+    lines = _cli(url, "runs", "why", run_id).stdout.splitlines()
+    now = [line for line in lines if line.startswith("now:")]
+    assert len(now) == 1
+    assert "failed" in now[0]
+    with journaled.open(url) as rt:
+        assert [ln for ln in rt.runs.why(run_id).splitlines() if ln.startswith("now:")] == now
+
+
+def test_json_output_keeps_stored_text_exact(hostile: tuple[str, str, str]) -> None:
+    """J5: JSON output is not neutralised: scripts get the stored text byte for byte."""
+    url, fact_id, run_id = hostile
+    fact = json.loads(_cli(url, "--json", "memory", "show", fact_id).stdout)
+    assert fact["text"] == HOSTILE
+    assert fact["source"] == HOSTILE
+    view = json.loads(_cli(url, "--json", "runs", "show", run_id).stdout)
+    assert view["plan"]["goal"] == HOSTILE
+    errors = [o["error"] for o in view["observations"] if o.get("error")]
+    assert errors == [FORGED + HOSTILE]
