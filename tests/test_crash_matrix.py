@@ -312,7 +312,7 @@ def _check(
 ) -> None:
     """Fail with every scenario whose end differs from the uninterrupted run's.
 
-    ``known`` tells a difference that a strict xfail test below reproduces and names.
+    ``known`` tells a difference that a strict xfail test reproduces and names (none now).
     """
     expected = {**matrix.baseline, "purged texts stored": []}
     assert matrix.baseline["status"] == "completed"
