@@ -57,6 +57,8 @@ class MemoryActors:
                 target=self._follow, args=(follow,), name="journaled-follower", daemon=True
             )
             self._follower.start()
+        # After the replay, so that a rewrite of the payload table never holds up the open.
+        self.scrubber.resume()
 
     def _follow(self, interval: float) -> None:
         """Fold what other processes append, polling the log's position every ``interval`` s.

@@ -6,6 +6,11 @@ log, a ``VACUUM FULL`` on PostgreSQL) has to wait for readers that still hold ol
 backup, a report — so it is cleanup, never part of the purge: attempts that give way to readers
 and writers for a short grace (readers about to finish), then retries on a thread with a growing
 pause until one succeeds or the runtime closes. ``rt.memory.scrub()`` tries again on demand.
+
+What is owed lives in the journal, not here: each erasure counts itself in its own transaction
+and a successful scrub records how far it reached (``Journal.scrub_debt``). A process killed
+between a purge's commit and its scrub therefore leaves a debt that the next runtime to open the
+journal — in any process — finds and scrubs in the background (:meth:`Scrubber.resume`).
 """
 
 from __future__ import annotations
@@ -29,27 +34,41 @@ _LONGEST_PAUSE = 5.0
 
 
 class Scrubber:
-    """Own the pending scrub of one journal and the thread that retries it."""
+    """Pay a journal's scrub debt: at once, in the background, on demand and on close."""
 
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = threading.Event()
-        self._wanted = 0
-        """Erasures asked for; a scrub that began after the last one covers them all."""
-        self._done = 0
         self._thread: threading.Thread | None = None
 
     @property
     def pending(self) -> bool:
-        """Tell whether erased bytes may still be in the files (a scrub has not yet succeeded)."""
-        return self._done < self._wanted
+        """Tell whether erased bytes may still be in the files (an erasure is not scrubbed yet).
+
+        Read from the journal: it includes erasures of other processes, and of processes that
+        were killed before their scrub.
+        """
+        return self._journal.scrub_debt() > 0
+
+    def resume(self) -> None:
+        """Scrub in the background what earlier processes erased but never scrubbed.
+
+        Called once a runtime has opened; costs one read of a one-row table when nothing is
+        owed, and never waits for the scrub.
+        """
+        try:
+            debt = self._journal.scrub_debt()
+        except Exception as exc:  # the next purge, scrub or open tries again
+            log.warning("could not read the journal's scrub debt: %s", exc)
+            return
+        if debt:
+            log.info("%d erasure(s) not yet scrubbed from the journal's files: scrubbing", debt)
+            self._start()
 
     def after_erasure(self) -> None:
         """Scrub now, giving readers :data:`GRACE` to let go; else retry in the background."""
-        with self._lock:
-            self._wanted += 1
         if not self._attempt(GRACE):
             self._start()
 
@@ -59,8 +78,6 @@ class Scrubber:
         Raises:
             ScrubPending: a reader still holds old data; the background retries go on.
         """
-        with self._lock:
-            self._wanted += 1
         deadline = time.monotonic() + timeout
         pause = _FIRST_PAUSE
         while not self._attempt(0.0):
@@ -68,20 +85,26 @@ class Scrubber:
             if left <= 0:
                 self._start()
                 raise ScrubPending(
-                    "erased bytes are still in the journal's files: another connection (a "
-                    "backup, a report) keeps reading older data; the scrub is retried in the "
-                    "background, or call rt.memory.scrub() (journaled memory scrub) again once it "
-                    "is done"
+                    f"erased bytes are still in the journal's files ({self._owed()}): another "
+                    "connection (a backup, a report) keeps reading older data; the scrub is "
+                    "retried in the background and by the next runtime to open the journal, or "
+                    "call rt.memory.scrub() (journaled memory scrub) again once it is done"
                 )
             time.sleep(min(pause, left))
             pause = min(pause * 2, _LONGEST_PAUSE)
 
     def stop(self, timeout: float) -> None:
         """Stop retrying (the journal is closing), after one last attempt if one is pending."""
-        if self.pending and not self._attempt(GRACE):
+        try:
+            pending = self.pending
+        except Exception as exc:
+            log.debug("scrub debt unreadable at close: %s", exc)
+            pending = False
+        if pending and not self._attempt(GRACE):
             log.warning(
                 "closing with erased bytes still in the journal's files (a reader holds old "
-                "data): open the journal again and call rt.memory.scrub()"
+                "data): the next runtime to open the journal scrubs them, or run "
+                "`journaled memory scrub`"
             )
         self._stopped.set()
         self._wake.set()
@@ -89,16 +112,21 @@ class Scrubber:
         if thread is not None:
             thread.join(timeout)
 
+    def _owed(self) -> str:
+        try:
+            debt = self._journal.scrub_debt()
+        except Exception:
+            return "the scrub debt could not be read"
+        if not debt:
+            return "no purge is recorded as unscrubbed"
+        return f"{debt} purge{'s' if debt != 1 else ''} not yet scrubbed"
+
     def _attempt(self, wait: float) -> bool:
-        with self._lock:
-            covers = self._wanted
         try:
             self._journal.scrub(wait)
         except Exception as exc:
             log.debug("scrub not done yet: %s", exc)
             return False
-        with self._lock:
-            self._done = max(self._done, covers)
         return True
 
     def _start(self) -> None:
@@ -114,7 +142,12 @@ class Scrubber:
     def _retry(self) -> None:
         pause = _FIRST_PAUSE
         while not self._stopped.is_set():
-            if self.pending:
+            try:
+                pending = self.pending
+            except Exception as exc:  # a dropped connection: look again after the pause
+                log.debug("scrub debt unreadable: %s", exc)
+                pending = True
+            if pending:
                 if self._attempt(0.0):
                     pause = _FIRST_PAUSE
                     continue

@@ -325,8 +325,9 @@ class Memory:
 
         ``purge`` erases a text from every table when it commits, then scrubs the files (SQLite's
         write-ahead log, PostgreSQL's dead rows) as cleanup: at once when no other connection
-        holds older data, else retried in the background until it succeeds. Call this to make
-        sure, e.g. after a backup that was reading during a purge has finished.
+        holds older data, else retried in the background until it succeeds; what is owed is kept
+        in the journal, so a runtime opened after a process died before its scrub does it.
+        Call this to make sure, e.g. after a backup that was reading during a purge has finished.
 
         Raises:
             ScrubPending: another connection still holds older data after ``timeout`` seconds;
@@ -338,7 +339,11 @@ class Memory:
 
     @property
     def scrub_pending(self) -> bool:
-        """Tell whether bytes of an erased text may still be in the journal's files."""
+        """Tell whether bytes of an erased text may still be in the journal's files.
+
+        Read from the journal: a purge by another process, or by one killed before its scrub,
+        counts until some scrub has removed it.
+        """
         return self._scrubber.pending
 
     def history(self, fact_id: str) -> list[Event]:

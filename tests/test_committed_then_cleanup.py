@@ -9,6 +9,7 @@ which is retried in the background and on demand with ``rt.memory.scrub()``.
 from __future__ import annotations
 
 import functools
+import json
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -18,8 +19,9 @@ from typing import Any
 import psycopg
 import pytest
 from click.testing import CliRunner
+from crash import kill_when_in_flight
 from test_group_commit import HeldWriter, queue_behind_first
-from test_postgres import _pageinspect, _pages_holding
+from test_postgres import _files_holding, _pageinspect, _pages_holding
 
 import journaled
 from journaled.actors.memory import MemoryWriter
@@ -198,3 +200,120 @@ def test_the_command_line_scrubs_again_once_the_reader_is_done(tmp_path: Path) -
     assert result.exit_code == 0, result.output
     files = b"".join(p.read_bytes() for p in sorted(tmp_path.iterdir()) if p.is_file())
     assert marker not in files
+
+
+_PURGE_THEN_HANG = """
+import json, sys, time
+from pathlib import Path
+import journaled
+cfg = json.loads(sys.argv[1])
+with journaled.open(cfg["url"], follow=None) as rt:
+    assert rt.memory.purge(cfg["fact_id"], reason="erasure request")
+    Path(cfg["purged"]).touch()
+    time.sleep(60)
+"""
+"""A child that purges a fact, says so, and hangs until it is killed (its scrub being held)."""
+
+
+class KilledAfterPurge:
+    """A journal whose purging process was SIGKILLed while a reader held its scrub back."""
+
+    def __init__(self, url: str, tmp_path: Path) -> None:
+        self.url = url
+        self.marker = b"quokka-vault-5772"
+        with journaled.open(url, follow=None) as rt:
+            fact_id = rt.memory.remember(f"the vault code is {self.marker.decode()}").id
+        # A reader (a backup, a report) whose snapshot predates the purge: no scrub can finish.
+        self._sqlite: sqlite3.Connection | None = None
+        self._pg: psycopg.Connection[Any] | None = None
+        if url.startswith("sqlite:///"):
+            self._sqlite = sqlite3.connect(url.removeprefix("sqlite:///"), isolation_level=None)
+            self._sqlite.execute("BEGIN")
+            self._sqlite.execute(f"SELECT count(*) FROM {PAYLOAD_TABLE}").fetchone()  # noqa: S608
+        else:
+            self._pg = psycopg.connect(url)
+            self._pg.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+            self._pg.execute(f"SELECT count(*) FROM {PAYLOAD_TABLE}").fetchone()  # noqa: S608
+        try:
+            purged = tmp_path / "purged"
+            config = json.dumps({"url": url, "fact_id": fact_id, "purged": str(purged)})
+            (tmp_path / "child").mkdir()
+            kill_when_in_flight(_PURGE_THEN_HANG, config, [purged], tmp_path / "child")
+        except BaseException:
+            self.release()
+            raise
+
+    def release(self) -> None:
+        """End the reader's transaction and close it (idempotent)."""
+        if self._sqlite is not None:
+            self._sqlite.rollback()
+            self._sqlite.close()
+            self._sqlite = None
+        if self._pg is not None:
+            self._pg.rollback()
+            self._pg.close()
+            self._pg = None
+
+    def text_stored(self) -> bool | None:
+        """Tell whether the purged text's bytes are in the journal's files (None: unreadable)."""
+        if self.url.startswith("sqlite:///"):
+            path = Path(self.url.removeprefix("sqlite:///"))
+            return any(self.marker in p.read_bytes() for p in path.parent.glob(path.name + "*"))
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            files = _files_holding(conn, self.marker)
+            if files is not None:
+                return bool(files)
+            return bool(_pages_holding(conn, self.marker)) if _pageinspect(conn) else None
+
+
+@pytest.fixture
+def killed(tmp_path: Path) -> Iterator[KilledAfterPurge]:
+    """Yield a SQLite journal whose purging process was killed before its scrub."""
+    (tmp_path / "journal").mkdir()
+    journal = KilledAfterPurge(f"sqlite:///{tmp_path / 'journal' / 'journal.sqlite'}", tmp_path)
+    try:
+        yield journal
+    finally:
+        journal.release()
+
+
+def test_purge_killed_before_its_scrub_leaves_no_text_on_sqlite(killed: KilledAfterPurge) -> None:
+    """R2/M10: SIGKILL between a purge's commit and its scrub; the next runtime scrubs (SQLite)."""
+    assert killed.text_stored(), "the kill landed after the scrub: nothing to test"
+    with journaled.open(killed.url, follow=None) as rt:  # opens while the reader still holds
+        assert rt.memory.remember("a fact remembered while the scrub is owed").text
+        killed.release()
+        # Paid in the background while the runtime is open (closing the last connection would
+        # checkpoint too, so only an open runtime shows who scrubbed).
+        wait_for(lambda: not killed.text_stored(), WAIT)
+        wait_for(lambda: not rt.memory.scrub_pending, WAIT)  # recorded just after the scrub
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_the_scrub_a_killed_process_owed_is_reported(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """M10/R2: scrub_pending and `journaled memory scrub` report a purge a killed process owed."""
+    if backend == "sqlite":
+        (tmp_path / "journal").mkdir()
+        url = f"sqlite:///{tmp_path / 'journal' / 'journal.sqlite'}"
+    else:
+        url = request.getfixturevalue("pg_url")
+    killed = KilledAfterPurge(url, tmp_path)
+    runner = CliRunner()
+    try:
+        result = runner.invoke(main, ["--url", url, "memory", "scrub", "--timeout", "0.1"])
+        assert result.exit_code == 1
+        assert "1 purge not yet scrubbed" in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1
+        with journaled.open(url, follow=None) as rt:
+            assert rt.memory.scrub_pending
+            assert killed.text_stored() in (True, None)
+    finally:
+        killed.release()
+    result = runner.invoke(main, ["--url", url, "memory", "scrub"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("scrubbed: no erased text remains")
+    assert killed.text_stored() in (False, None)
+    with journaled.open(url, follow=None) as rt:
+        assert not rt.memory.scrub_pending

@@ -93,6 +93,27 @@ def test_payloads_written_and_forgotten_with_events(journal: Journal) -> None:
     journal.scrub()
 
 
+def test_an_erasure_owes_a_scrub_until_one_succeeds(journal: Journal, journal_url: str) -> None:
+    """M10/R2: each erasure's commit records the scrub it owes; a later scrub pays it."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))], payloads={"a": b"t"})
+    journal.append([Pending(stream="b", version=1, data=remembered("b"))], payloads={"b": b"u"})
+    assert journal.scrub_debt() == 0  # writing owes nothing
+    for stream in ("a", "b"):
+        purged = Pending(stream=stream, version=2, data=FactPurged(at=2, fact_id=stream))
+        journal.append([purged], forget=[stream])
+    assert journal.scrub_debt() == 2
+    if journal_url != "memory://":  # another process's journal sees the same debt
+        other = Journal(parse_url(journal_url), Codec(MEMORY_EVENTS))
+        try:
+            assert other.scrub_debt() == 2
+            other.scrub()
+        finally:
+            other.close()
+    else:
+        journal.scrub()
+    assert journal.scrub_debt() == 0
+
+
 def test_stream_has_positions(journal: Journal) -> None:
     """J1: a stream's events come back with their global positions."""
     journal.append([Pending(stream="x", version=1, data=remembered("x"))])

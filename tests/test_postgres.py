@@ -32,6 +32,7 @@ from journaled.events.journal import (
     DIGEST_TABLE,
     EVENTS_TABLE_POSTGRES,
     PAYLOAD_TABLE,
+    SCRUB_TABLE,
     SNAPSHOT_TABLE,
     Journal,
     migrate,
@@ -179,6 +180,23 @@ def test_reading_a_missing_journal_creates_nothing(pg_url: str) -> None:
     _journal(pg_url, create=False).close()
 
 
+def test_an_older_journal_read_without_migrating_can_still_purge(pg_url: str) -> None:
+    """M10/J6: a journal without the scrub table, opened without migrating, purges; counts none."""
+    _journal(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute(f"DROP TABLE {SCRUB_TABLE}")  # as an older release left it
+    j = _journal(pg_url, create=False)
+    try:
+        j.append([Pending(stream="a", version=1, data=_remembered("a"))], payloads={"a": b"t"})
+        j.append([Pending(stream="a", version=2, data=FactPurged(at=2, fact_id="a"))], forget=["a"])
+        assert j.payloads() == {}
+        assert j.scrub_debt() == 0
+        j.scrub()
+    finally:
+        j.close()
+    assert SCRUB_TABLE not in _tables(pg_url)  # reading created nothing
+
+
 def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
     """J3/J4: six migrations (and six opens) at once on a fresh database all succeed, twice."""
     config = parse_url(pg_url)
@@ -202,7 +220,13 @@ def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
         for t in threads:
             t.join(timeout=60)
         assert errors == []
-    assert _tables(pg_url) == {EVENTS_TABLE_POSTGRES, PAYLOAD_TABLE, SNAPSHOT_TABLE, DIGEST_TABLE}
+    assert _tables(pg_url) == {
+        EVENTS_TABLE_POSTGRES,
+        PAYLOAD_TABLE,
+        SNAPSHOT_TABLE,
+        DIGEST_TABLE,
+        SCRUB_TABLE,
+    }
     j = _journal(pg_url)
     try:
         assert j.append([Pending(stream="a", version=1, data=_remembered("a"))]) == [1]

@@ -57,6 +57,7 @@ from journaled.events.journal._common import (
     APP_NAME,
     EVENTS_TABLE_POSTGRES,
     PAYLOAD_TABLE,
+    SCRUB_TABLE,
     SNAPSHOT_TABLE,
     Row,
     SnapshotRefused,
@@ -187,6 +188,11 @@ class Journal:
             # Reading creates nothing (ADR 0012): a journal of an older release without the
             # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
             self._recorder.chained = _pg_chained(config)
+            # Opened for reading without migrating: a journal of an older release has no scrub
+            # table, and creating one here would break the promise that reading creates nothing.
+            recorder = self._recorder
+            assert isinstance(recorder, _PostgresRecorder)
+            recorder.track_scrub = recorder.has_scrub_table()
         self._closed = False
         self._scrub_lock = threading.Lock()
 
@@ -252,44 +258,59 @@ class Journal:
 
         Each attempt gives way at once to a reader or a writer instead of queueing them behind
         it (no busy wait holding SQLite's write lock, a short lock timeout on PostgreSQL), and
-        attempts are repeated for up to ``wait`` seconds (0: one attempt).
+        attempts are repeated for up to ``wait`` seconds (0: one attempt). Once one succeeds, the
+        erasures committed before it began are recorded as scrubbed (:meth:`scrub_debt`).
 
         Raises:
             PersistenceError: another connection kept reading old data for ``wait`` seconds; the
                 erased bytes may remain until it is done and a later scrub succeeds.
         """
         self._check_open()
-        if self.config.backend == "postgresql":
-            recorder = self._recorder
-            assert isinstance(recorder, _PostgresRecorder)
-            with self._scrub_lock:
-                recorder.erase(wait)
-            return
-        if self.config.backend != "sqlite" or self.config.path is None:
-            return
-        deadline = time.monotonic() + wait
+        # Counted before the attempt: an erasure committed during it may not be covered.
+        erased, _ = self._recorder.select_scrub_marks()
         with self._scrub_lock:
-            # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
-            conn = sqlite3.connect(self.config.path, timeout=0, isolation_level=None)
-            try:
-                conn.execute("PRAGMA secure_delete=ON")
-                while True:
-                    try:
-                        row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                    except sqlite3.OperationalError:  # a writer holds the lock right now
-                        row = (1, 0, 0)
-                    if not row[0]:
-                        return
-                    if time.monotonic() >= deadline:
-                        break
-                    time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
-                raise PersistenceError(
-                    f"could not truncate the write-ahead log of {self.config.path}: another "
-                    "connection keeps reading; erased bytes remain until it closes and the "
-                    "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
-                )
-            finally:
-                conn.close()
+            if self.config.backend == "postgresql":
+                recorder = self._recorder
+                assert isinstance(recorder, _PostgresRecorder)
+                recorder.erase(wait)
+            elif self.config.backend == "sqlite" and self.config.path is not None:
+                self._truncate_wal(self.config.path, wait)
+            self._recorder.mark_scrubbed(erased)
+
+    def scrub_debt(self) -> int:
+        """Return how many committed erasures no scrub has yet removed from the files.
+
+        Kept in the journal's database, in each erasure's own transaction: a process stopped
+        between a purge's commit and its scrub leaves the debt to whichever opens the journal
+        next, here or in another process.
+        """
+        self._check_open()
+        erased, scrubbed = self._recorder.select_scrub_marks()
+        return max(0, erased - scrubbed)
+
+    def _truncate_wal(self, path: str, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
+        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+        try:
+            conn.execute("PRAGMA secure_delete=ON")
+            while True:
+                try:
+                    row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                except sqlite3.OperationalError:  # a writer holds the lock right now
+                    row = (1, 0, 0)
+                if not row[0]:
+                    return
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
+            raise PersistenceError(
+                f"could not truncate the write-ahead log of {path}: another "
+                "connection keeps reading; erased bytes remain until it closes and the "
+                "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
+            )
+        finally:
+            conn.close()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -499,6 +520,7 @@ __all__ = [
     "DIGEST_TABLE",
     "EVENTS_TABLE_POSTGRES",
     "PAYLOAD_TABLE",
+    "SCRUB_TABLE",
     "SNAPSHOT_TABLE",
     "ChainBroken",
     "CorruptEvent",

@@ -15,6 +15,10 @@ from journaled.events.codec import Codec
 
 PAYLOAD_TABLE = "journaled_payloads"
 SNAPSHOT_TABLE = "journaled_snapshots"
+SCRUB_TABLE = "journaled_scrub"
+"""One row (id 1): how many erasures committed (``erased``, counted in their own transaction)
+and how many of them a scrub has since removed from the files (``scrubbed``). A process killed
+between a purge's commit and its scrub leaves ``erased > scrubbed``: the debt outlives it (M10)."""
 Row = tuple[int, str, int, str, bytes]
 """A stored event as read: (position, stream, version, topic, payload)."""
 _ROWS_PER_INSERT = 500  # 9 parameters a row stay far below SQLite's 32,766-variable limit
@@ -30,6 +34,11 @@ _PG_ATTEMPTS = 3  # a read retried on a dropped connection
 
 class SnapshotRefused(Exception):
     """Raised inside a snapshot's transaction to roll it back: an erasure came after its state."""
+
+
+def erases(kwargs: dict[str, Any]) -> bool:
+    """Tell whether an append deletes forgettable data, which leaves bytes to scrub."""
+    return bool(kwargs.get("forget") or kwargs.get("drop_snapshots"))
 
 
 def refused_after(kwargs: dict[str, Any]) -> tuple[int, tuple[str, ...]] | None:

@@ -10,7 +10,7 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
-from journaled.events.journal._common import Row, SnapshotRefused, refused_after
+from journaled.events.journal._common import Row, SnapshotRefused, erases, refused_after
 from journaled.events.journal._digest import DigestRow, chain
 
 
@@ -25,6 +25,8 @@ class _POPORecorder(POPOApplicationRecorder):
         self._payloads: dict[str, bytes] = {}
         self._snapshots: dict[str, tuple[int, bytes]] = {}
         self._digests: list[DigestRow] = []
+        self._erased = 0
+        self._scrubbed = 0
 
     def _insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -56,7 +58,19 @@ class _POPORecorder(POPOApplicationRecorder):
                 for key in [k for k in self._snapshots if k.startswith(dropped)]:
                     del self._snapshots[key]
             self._snapshots.update(kwargs.get("snapshots") or {})
+            if erases(kwargs):
+                self._erased += 1
             return positions
+
+    def select_scrub_marks(self) -> tuple[int, int]:
+        """Return (erasures committed, erasures scrubbed) so far."""
+        with self._database_lock:
+            return self._erased, self._scrubbed
+
+    def mark_scrubbed(self, erased: int) -> None:
+        """Record that the first ``erased`` erasures are scrubbed."""
+        with self._database_lock:
+            self._scrubbed = max(self._scrubbed, erased)
 
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""

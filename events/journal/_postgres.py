@@ -35,9 +35,11 @@ from journaled.events.journal._common import (
     APP_NAME,
     EVENTS_TABLE_POSTGRES,
     PAYLOAD_TABLE,
+    SCRUB_TABLE,
     SNAPSHOT_TABLE,
     Row,
     SnapshotRefused,
+    erases,
     refused_after,
 )
 from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain
@@ -67,6 +69,8 @@ def _pg_ddl() -> list[str]:
         f"CREATE TABLE IF NOT EXISTS public.{DIGEST_TABLE} (position bigint PRIMARY KEY, "
         "first bigint NOT NULL, prev bigint, hashes bytea NOT NULL, entries bytea, "
         "digest bytea NOT NULL)",
+        f"CREATE TABLE IF NOT EXISTS public.{SCRUB_TABLE} (id int PRIMARY KEY CHECK (id = 1), "
+        "erased bigint NOT NULL, scrubbed bigint NOT NULL)",
     ]
 
 
@@ -188,6 +192,10 @@ if _POSTGRES_MISSING is None:
         deadlock on each other's row locks.
         """
 
+        track_scrub = True
+        """Whether the journal has its scrub table (one created by an older release and opened
+        only for reading has not, and then erasures are not counted)."""
+
         datastore: Any
         """The library's :class:`PostgresDatastore`, declared ``Any`` so that code reaching
         through ``Journal._recorder.datastore`` for SQLite's cursors keeps one cursor type; this
@@ -252,6 +260,12 @@ if _POSTGRES_MISSING is None:
                         [v for v, _ in snapshots.values()],
                         [b for _, b in snapshots.values()],
                     ],
+                )
+            if self.track_scrub and erases(kwargs):
+                # The scrub this erasure owes, durable with it: a crash before the scrub leaves it.
+                curs.execute(
+                    f"INSERT INTO public.{SCRUB_TABLE} AS s VALUES (1, 1, 0) "  # noqa: S608
+                    "ON CONFLICT (id) DO UPDATE SET erased = s.erased + 1"
                 )
 
         def insert_events(
@@ -429,6 +443,29 @@ if _POSTGRES_MISSING is None:
                     [list(streams)],
                 )
             return {str(r[0]): bytes(r[1]) for r in rows}
+
+        def has_scrub_table(self) -> bool:
+            """Tell whether the scrub table exists (a journal migrated by this release)."""
+            rows = self._fetch("SELECT to_regclass(%s) IS NOT NULL", [f"public.{SCRUB_TABLE}"])
+            return bool(rows[0][0])
+
+        def select_scrub_marks(self) -> tuple[int, int]:
+            """Return (erasures committed, erasures scrubbed from the files) so far."""
+            if not self.track_scrub:
+                return 0, 0
+            rows = self._fetch(f"SELECT erased, scrubbed FROM public.{SCRUB_TABLE}", [])  # noqa: S608
+            return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+        def mark_scrubbed(self, erased: int) -> None:
+            """Record that the first ``erased`` erasures are scrubbed from the files."""
+            if not self.track_scrub:
+                return
+            with self._store.get_connection() as conn:
+                conn.execute(
+                    f"UPDATE public.{SCRUB_TABLE} "  # noqa: S608
+                    "SET scrubbed = greatest(scrubbed, %s) WHERE id = 1",
+                    [erased],
+                )
 
         def erase(self, wait: float = 1.0) -> None:
             """Rewrite the payload and snapshot tables so deleted rows leave the database files.

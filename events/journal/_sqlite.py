@@ -21,9 +21,11 @@ from eventsourcing.utils import Environment
 from journaled.events.journal._common import (
     _ROWS_PER_INSERT,
     PAYLOAD_TABLE,
+    SCRUB_TABLE,
     SNAPSHOT_TABLE,
     Row,
     SnapshotRefused,
+    erases,
     refused_after,
 )
 from journaled.events.journal._digest import DigestRow, chain
@@ -74,6 +76,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             "(stream TEXT PRIMARY KEY, payload BLOB NOT NULL) WITHOUT ROWID",
             f"CREATE TABLE IF NOT EXISTS {SNAPSHOT_TABLE} "
             "(stream TEXT PRIMARY KEY, version INTEGER NOT NULL, state BLOB NOT NULL)",
+            f"CREATE TABLE IF NOT EXISTS {SCRUB_TABLE} (id INTEGER PRIMARY KEY CHECK (id = 1), "
+            "erased INTEGER NOT NULL, scrubbed INTEGER NOT NULL)",
         ]
 
     def create_table(self) -> None:
@@ -181,6 +185,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 f"INSERT OR REPLACE INTO {SNAPSHOT_TABLE} VALUES (?, ?, ?)",  # noqa: S608
                 [(k, v, b) for k, (v, b) in snapshots.items()],
             )
+        if erases(kwargs):
+            # The scrub this erasure owes, durable with it: a crash before the scrub leaves it.
+            c.execute(
+                f"INSERT INTO {SCRUB_TABLE} VALUES (1, 1, 0) "  # noqa: S608
+                "ON CONFLICT (id) DO UPDATE SET erased = erased + 1"
+            )
         return positions
 
     @staticmethod
@@ -275,6 +285,21 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             upto = int(c.fetchone()[0] or 0)
             c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
             return upto, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
+
+    def select_scrub_marks(self) -> tuple[int, int]:
+        """Return (erasures committed, erasures scrubbed from the files) so far."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT erased, scrubbed FROM {SCRUB_TABLE}")  # noqa: S608
+            row = c.fetchone()
+            return (int(row[0]), int(row[1])) if row is not None else (0, 0)
+
+    def mark_scrubbed(self, erased: int) -> None:
+        """Record that the first ``erased`` erasures are scrubbed from the files."""
+        with self.datastore.transaction(commit=True) as c:
+            c.execute(
+                f"UPDATE {SCRUB_TABLE} SET scrubbed = max(scrubbed, ?) WHERE id = 1",  # noqa: S608
+                [erased],
+            )
 
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
