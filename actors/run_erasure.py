@@ -63,12 +63,14 @@ def purge_run(
             f"run {run_id} is not finished: {', '.join(busy)} is executing in this runtime; "
             "wait for it or cancel it, then purge"
         )
-    for stream in streams:
-        _check_finished(journal, run_id, stream)
+    # The version each stream had when it was seen finished: run.purged goes right after it, so
+    # a resume (or a child run it starts) appended since then makes the purge conflict instead
+    # of succeeding on an executing run whose new child runs it never saw.
+    checked = {stream: _check_finished(journal, run_id, stream) for stream in streams}
     pending: list[Pending] = []
     forget: list[str] = []
     for stream in streams:
-        keys, inline, last = journal.content_keys(stream)
+        keys, inline, _last = journal.content_keys(stream)
         if inline:
             raise RunNotPurgeable(
                 f"run {stream} was recorded by an older release that kept its content inside "
@@ -79,7 +81,7 @@ def purge_run(
             continue
         forget += keys
         purged = RunPurged(at=now, reason=redact(reason), root=run_id, erased=len(keys))
-        pending.append(Pending(stream=stream, version=last + 1, data=purged))
+        pending.append(Pending(stream=stream, version=checked[stream] + 1, data=purged))
     if not pending:
         return 0
     # A run's snapshot holds its content too: replace it with nothing (unreadable, so the next
@@ -115,7 +117,8 @@ def _family(journal: Journal, run_id: str) -> list[str]:
     return family
 
 
-def _check_finished(journal: Journal, run_id: str, stream: str) -> None:
+def _check_finished(journal: Journal, run_id: str, stream: str) -> int:
+    """Raise RunNotPurgeable unless the stream ended its pass; return its last version."""
     events = journal.stream(stream)
     if events and isinstance(events[0].data, OrchestrationStarted):
         finished = fold_orchestration(events).ended is not None
@@ -127,3 +130,4 @@ def _check_finished(journal: Journal, run_id: str, stream: str) -> None:
             f"run {run_id} is not finished: {which} has not ended its pass (it may still be "
             "executing, or have stopped mid-step); resume or cancel it first, then purge"
         )
+    return events[-1].version
