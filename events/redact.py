@@ -53,7 +53,7 @@ import binascii
 import bisect
 import math
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -616,35 +616,69 @@ _SECRET_NAME = re.compile(
 )
 
 
+def _secret_under(key: Any, item: Any) -> bool:
+    """Return whether ``item`` is a scalar stored under a key naming a secret, to hide whole."""
+    return (
+        isinstance(key, str)
+        and isinstance(item, str | int | float)
+        and not isinstance(item, bool)
+        and _SECRET_NAME.fullmatch(key) is not None
+        and (not isinstance(item, str) or (bool(item) and _not_placeholder(item)))
+    )
+
+
 def redact_data(value: Any) -> Any:
     """Return structured run data (msgspec builtins) with every secret replaced (M9).
 
-    Strings are redacted as text; a string or number stored under a key that names a secret
+    Strings are redacted as text, string keys included (a map from tokens to their owners
+    holds its secrets in its keys); a string or number stored under a key that names a secret
     (``{"password": "hunter2"}``, ``{"apiKey": 123}``) is replaced whole, unless it is a
-    placeholder; lists, tuples and dicts are walked. Keys themselves are kept.
+    placeholder; lists, tuples and dicts are walked, without recursion, so data nested as
+    deep as the journal can encode it does not exhaust the stack.
 
     Args:
         value: A step's input or output, an agent's data, an answer: anything journalable.
 
     Returns:
-        The same structure, with new containers only where something was replaced.
+        The same structure in new containers, with the secrets replaced.
     """
-    if isinstance(value, str):
-        return redact(value)
-    if isinstance(value, dict):
-        out: dict[Any, Any] = {}
-        for key, item in value.items():
-            if (
-                isinstance(key, str)
-                and isinstance(item, str | int | float)
-                and not isinstance(item, bool)
-                and _SECRET_NAME.fullmatch(key)
-                and (not isinstance(item, str) or (item and _not_placeholder(item)))
-            ):
-                out[key] = REDACTED
+    if not isinstance(value, dict | list | tuple):
+        return redact(value) if isinstance(value, str) else value
+    # Each frame: the source container, an iterator over it, the copy being built, and the key
+    # (or None for a list) under which the child being walked goes into that copy.
+    stack: list[list[Any]] = [[value, _entries(value), {} if isinstance(value, dict) else [], None]]
+    while True:
+        frame = stack[-1]
+        source, entries, copy = frame[0], frame[1], frame[2]
+        for key, item in entries:
+            if isinstance(source, dict):
+                key = redact(key) if isinstance(key, str) else key  # noqa: PLW2901
+                if _secret_under(key, item):
+                    copy[key] = REDACTED
+                    continue
+            if isinstance(item, dict | list | tuple):
+                frame[3] = key
+                stack.append([item, _entries(item), {} if isinstance(item, dict) else [], None])
+                break
+            leaf = redact(item) if isinstance(item, str) else item
+            if isinstance(source, dict):
+                copy[key] = leaf
             else:
-                out[key] = redact_data(item)
-        return out
-    if isinstance(value, list | tuple):
-        return type(value)(redact_data(item) for item in value)
-    return value
+                copy.append(leaf)
+        else:
+            stack.pop()
+            done = copy if isinstance(source, dict | list) else type(source)(copy)
+            if not stack:
+                return done
+            parent = stack[-1]
+            if isinstance(parent[0], dict):
+                parent[2][parent[3]] = done
+            else:
+                parent[2].append(done)
+
+
+def _entries(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> Iterator[tuple[Any, Any]]:
+    """Iterate a container as ``(key, item)`` pairs; a list's keys are None."""
+    if isinstance(container, dict):
+        return iter(container.items())
+    return ((None, item) for item in container)

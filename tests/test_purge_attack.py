@@ -12,8 +12,9 @@ from typing import Any
 import pytest
 
 import journaled
-from journaled import AgentResult, NeedsInput, Plan, Step
+from journaled import AgentResult, Gap, Gaps, NeedsInput, Plan, Step
 from journaled.events.journal import Journal
+from journaled.events.redact import REDACTED
 from journaled.testing import ManualClock, wait_for
 
 GITHUB = "ghp_" + "R4nd0mT0k3n" * 4
@@ -96,3 +97,55 @@ def test_purge_racing_a_resume_in_another_runtime_leaves_no_child_content(
         assert resumed[0].ok
         assert rt.runs.purge(run_id, reason="erase it") > 0
     assert MARK.encode() not in _bytes_on_disk(sqlite_url)
+
+
+def test_a_secret_used_as_a_dict_key_never_reaches_disk(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9: a secret that is a key of step input or output (a token-to-user map) is redacted."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("owners", lambda data: {f"{GITHUB}out": "alice", "n": 1})
+        result = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="owners", input={f"{GITHUB}in": {"x": 1}})])
+        )
+        assert result.ok
+        assert result.observations[0].output == {REDACTED: "alice", "n": 1}
+    assert GITHUB.encode() not in _bytes_on_disk(sqlite_url)
+
+
+def test_a_secret_in_a_planners_gap_name_never_reaches_disk(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9, R2: the capability names of a planner's gaps are redacted and purged like its reasons."""
+
+    def planner(goal: str, observations: object, clarifications: object) -> Gaps:
+        return Gaps([Gap(kind="tool", name=f"{MARK} deploy with {GITHUB}", reason="none")])
+
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        outcome = rt.orchestrate("ship it", planner)
+        assert outcome.status == "failed"
+        assert GITHUB.encode() not in _bytes_on_disk(sqlite_url)
+        rt.runs.purge(outcome.run_id, reason="erase")
+    assert MARK.encode() not in _bytes_on_disk(sqlite_url)
+
+
+def _nested(depth: int) -> list[Any]:
+    root: list[Any] = []
+    current = root
+    for _ in range(depth):
+        inner: list[Any] = [f"password={GITHUB}"]
+        current.append(inner)
+        current = inner
+    return root
+
+
+def test_deeply_nested_step_data_is_redacted_without_blowing_up(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9: step input and output nested as deep as the journal encodes are redacted, no crash."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("deep", lambda data: _nested(600))
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="deep", input=_nested(600))]))
+        assert result.ok
+        assert not rt.runs.active()
+    assert GITHUB.encode() not in _bytes_on_disk(sqlite_url)
