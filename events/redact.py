@@ -260,6 +260,12 @@ def _discord_id_segment(secret: str) -> bool:
 # RFC 6750 b64token, without a trailing dot so that a sentence's full stop is kept.
 _B64TOKEN = r"[A-Za-z0-9\-._~+/]*[A-Za-z0-9\-_~+/]=*"
 _AUTH_HEADER = r"""\bAuthorization["']?[ \t]*[:=][ \t]*["']?"""
+# The arguments between a command and its password option: up to 200 characters of its line,
+# stopping at the next of these commands, which starts a match of its own. Without the stop, a
+# line repeating "mysql " rescans 200 characters from each one (over a second per megabyte).
+_COMMAND_ARGS = (
+    r"(?:(?!\b(?:sshpass|docker[ \t]+login|redis-cli|mysql|mysqldump|mariadb)\b)[^\n]){0,200}?"
+)
 
 # Order is priority: when matches overlap they are redacted as one, and find_secrets reports the
 # kind of the earliest rule among them, so self-describing token formats come before the
@@ -415,9 +421,9 @@ _RULES: tuple[_Rule, ...] = (
         re.compile(
             r"(?:(?<![A-Za-z0-9-])(?:-u|--user)[ \t]+[\"']?[^\s:\"'$]+:(?P<user>[^\s\"'@]+)"
             r"|\bmachine[ \t]+\S+\s+login[ \t]+\S+\s+password[ \t]+(?P<netrc>\S+)"
-            r"|\b(?:sshpass|docker[ \t]+login|redis-cli)\b[^\n]{0,200}?[ \t]-[pa][ \t]+"
+            rf"|\b(?:sshpass|docker[ \t]+login|redis-cli)\b{_COMMAND_ARGS}[ \t]-[pa][ \t]+"
             r"(?P<flag>[^\s-]\S*)"
-            r"|\b(?:mysql|mysqldump|mariadb)\b[^\n]{0,200}?[ \t]-p(?P<glued>[^\s-]\S*))"
+            rf"|\b(?:mysql|mysqldump|mariadb)\b{_COMMAND_ARGS}[ \t]-p(?P<glued>[^\s-]\S*))"
         ),
         ("user", "netrc", "flag", "glued"),
         _not_placeholder,

@@ -14,7 +14,7 @@ import pytest
 import journaled
 from journaled import AgentResult, Gap, Gaps, NeedsInput, Plan, Step
 from journaled.events.journal import Journal
-from journaled.events.redact import REDACTED
+from journaled.events.redact import _RULES, REDACTED, redact
 from journaled.testing import ManualClock, wait_for
 
 GITHUB = "ghp_" + "R4nd0mT0k3n" * 4
@@ -149,3 +149,17 @@ def test_deeply_nested_step_data_is_redacted_without_blowing_up(
         assert result.ok
         assert not rt.runs.active()
     assert GITHUB.encode() not in _bytes_on_disk(sqlite_url)
+
+
+def test_command_password_scan_stops_at_the_next_command() -> None:
+    """M9: a command's password option is searched only up to the next command on the line.
+
+    Each ``mysql``/``sshpass``/``docker login``/``redis-cli`` used to rescan up to 200
+    characters, past the commands that follow it, so a line repeating ``mysql `` took over a
+    second per megabyte. The match now starts at the command nearest the option, which bounds
+    the scan; what is redacted is unchanged.
+    """
+    [rule] = [r for r in _RULES if r.kind == "command-password"]
+    text = "mysql mysql -ph4rdPa55 && sshpass sshpass -p h4rdPa55 x"
+    assert [m.start() for m in rule.pattern.finditer(text)] == [6, 34]
+    assert redact(text) == f"mysql mysql -p{REDACTED} && sshpass sshpass -p {REDACTED} x"
