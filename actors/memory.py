@@ -362,6 +362,9 @@ class MemoryWriter(pykka.ThreadingActor):
         """Store memory's state at the current position, so the next open folds only the tail."""
         if self._since_snapshot < min_events:
             return False
+        # Fold what other processes appended first: a purge among it must not be undone by a
+        # snapshot of the projection as it was before (R2), even when this runtime does not follow.
+        self._catch_up()
         scopes = dict(
             zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
         )

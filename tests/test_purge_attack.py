@@ -163,3 +163,28 @@ def test_command_password_scan_stops_at_the_next_command() -> None:
     text = "mysql mysql -ph4rdPa55 && sshpass sshpass -p h4rdPa55 x"
     assert [m.start() for m in rule.pattern.finditer(text)] == [6, 34]
     assert redact(text) == f"mysql mysql -p{REDACTED} && sshpass sshpass -p {REDACTED} x"
+
+
+def test_a_runtime_that_did_not_see_a_purge_cannot_snapshot_the_text_back(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """R2: a memory snapshot by a runtime that loaded a fact before another purged it omits it.
+
+    A runtime opened with ``follow=None`` still held the fact; its ``checkpoint()`` (or its close,
+    past 500 events) wrote its stale projection, text included, back into storage.
+    """
+    stale = journaled.open(sqlite_url, clock=clock, follow=None)
+    try:
+        fact = stale.memory.remember(f"{MARK} lives at the old mill")
+        stale.memory.remember("a fact that stays")
+        with journaled.open(sqlite_url, clock=clock) as rt:
+            rt.memory.purge(fact.id, reason="asked to forget")
+        assert MARK.encode() not in _bytes_on_disk(sqlite_url)
+        stale.memory.checkpoint()
+        assert MARK.encode() not in _bytes_on_disk(sqlite_url)
+    finally:
+        stale.close()
+    assert MARK.encode() not in _bytes_on_disk(sqlite_url)
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        assert rt.memory.get(fact.id) is None
+        assert [f.text for f in rt.memory.all()] == ["a fact that stays"]
