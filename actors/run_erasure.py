@@ -48,14 +48,24 @@ def purge_run(
 
     Raises:
         RunNotFound: no such run.
-        RunNotPurgeable: the run or one of its child runs is not finished, or an older release
-            stored its content inside its events; nothing was appended.
+        RunNotPurgeable: the run was started by another run (purge that one), the run or one of
+            its child runs is not finished, or an older release stored its content inside its
+            events; nothing was appended.
         ValueError: the reason is not a non-empty string.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("reason must be a non-empty string saying why the run is purged")
-    if journal.first(run_id) is None:
+    first = journal.first(run_id)
+    if first is None:
         raise RunNotFound(f"no run {run_id!r} in this journal")
+    if isinstance(first.data, RunStarted) and first.data.parent_run is not None:
+        # A pass's plan is a copy of its orchestration's plan-proposed, and a child run feeds
+        # its parent's observation: erasing the child alone would leave its content in storage.
+        root = _root(journal, first.data.parent_run)
+        raise RunNotPurgeable(
+            f"run {run_id} was started by run {first.data.parent_run}, whose events hold its "
+            f"content too; purge its root run {root}, which erases it with the rest"
+        )
     streams = _family(journal, run_id)
     busy = sorted(set(streams) & set(executing))
     if busy:
@@ -96,6 +106,20 @@ def purge_run(
         ) from exc
     journal.scrub()
     return len(forget)
+
+
+def _root(journal: Journal, run_id: str) -> str:
+    """Return the run at the top of the chain of parents that ``run_id`` belongs to."""
+    seen = {run_id}
+    while True:
+        first = journal.first(run_id)
+        if first is None or not isinstance(first.data, RunStarted):
+            return run_id
+        parent = first.data.parent_run
+        if parent is None or parent in seen:
+            return run_id
+        seen.add(parent)
+        run_id = parent
 
 
 def _family(journal: Journal, run_id: str) -> list[str]:

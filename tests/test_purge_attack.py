@@ -188,3 +188,26 @@ def test_a_runtime_that_did_not_see_a_purge_cannot_snapshot_the_text_back(
     with journaled.open(sqlite_url, clock=clock) as rt:
         assert rt.memory.get(fact.id) is None
         assert [f.text for f in rt.memory.all()] == ["a fact that stays"]
+
+
+def test_a_child_run_is_purged_through_its_root(sqlite_url: str, clock: ManualClock) -> None:
+    """R2: purging an orchestration's pass alone is refused: its plan is also the parent's.
+
+    The pass run's goal and step inputs are a copy of the orchestration's ``plan-proposed``
+    (and an agent step's child run feeds its parent's observation), so erasing the child alone
+    returned success while its inputs stayed in storage. The error names the run to purge.
+    """
+
+    def planner(goal: str, observations: object, clarifications: object) -> Plan:
+        return Plan(goal=goal, steps=[Step("x", tool="echo", input=f"{MARK}-in")])
+
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("echo", lambda data: "done")
+        outcome = rt.orchestrate("tidy up", planner)
+        assert outcome.status == "completed"
+        assert outcome.pass_run is not None
+        with pytest.raises(journaled.RunNotPurgeable, match=outcome.run_id):
+            rt.runs.purge(outcome.pass_run, reason="erase")
+        assert MARK.encode() in _bytes_on_disk(sqlite_url)
+        assert rt.runs.purge(outcome.run_id, reason="erase") > 0
+    assert MARK.encode() not in _bytes_on_disk(sqlite_url)
