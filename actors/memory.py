@@ -439,6 +439,9 @@ class MemoryWriter(pykka.ThreadingActor):
         """Store memory's state at the current position, so the next open folds only the tail."""
         if self._since_snapshot < min_events:
             return False
+        # Fold what other processes appended first, even when this runtime does not follow: a
+        # purge among it is then folded before the first try instead of refusing it (R2).
+        self._catch_up()
         key = memory_snapshot_key(self.organization)
         for _ in range(_SNAPSHOT_ATTEMPTS):
             scopes = dict(

@@ -49,14 +49,24 @@ def purge_run(
 
     Raises:
         RunNotFound: no such run.
-        RunNotPurgeable: the run or one of its child runs is not finished, or an older release
-            stored its content inside its events; nothing was appended.
+        RunNotPurgeable: the run was started by another run (purge that one), the run or one of
+            its child runs is not finished, or an older release stored its content inside its
+            events; nothing was appended.
         ValueError: the reason is not a non-empty string.
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("reason must be a non-empty string saying why the run is purged")
-    if journal.first(run_id) is None:
+    first = journal.first(run_id)
+    if first is None:
         raise RunNotFound(f"no run {run_id!r} in this journal")
+    if isinstance(first.data, RunStarted) and first.data.parent_run is not None:
+        # A pass's plan is a copy of its orchestration's plan-proposed, and a child run feeds
+        # its parent's observation: erasing the child alone would leave its content in storage.
+        root = _root(journal, first.data.parent_run)
+        raise RunNotPurgeable(
+            f"run {run_id} was started by run {first.data.parent_run}, whose events hold its "
+            f"content too; purge its root run {root}, which erases it with the rest"
+        )
     streams = _family(journal, run_id)
     busy = sorted(set(streams) & set(executing))
     if busy:
@@ -64,12 +74,14 @@ def purge_run(
             f"run {run_id} is not finished: {', '.join(busy)} is executing in this runtime; "
             "wait for it or cancel it, then purge"
         )
-    for stream in streams:
-        _check_finished(journal, run_id, stream)
+    # The version each stream had when it was seen finished: run.purged goes right after it, so
+    # a resume (or a child run it starts) appended since then makes the purge conflict instead
+    # of succeeding on an executing run whose new child runs it never saw.
+    checked = {stream: _check_finished(journal, run_id, stream) for stream in streams}
     pending: list[Pending] = []
     forget: list[str] = []
     for stream in streams:
-        keys, inline, last = journal.content_keys(stream)
+        keys, inline, _last = journal.content_keys(stream)
         if inline:
             raise RunNotPurgeable(
                 f"run {stream} was recorded by an older release that kept its content inside "
@@ -80,7 +92,7 @@ def purge_run(
             continue
         forget += keys
         purged = RunPurged(at=now, reason=redact(reason), root=run_id, erased=len(keys))
-        pending.append(Pending(stream=stream, version=last + 1, data=purged))
+        pending.append(Pending(stream=stream, version=checked[stream] + 1, data=purged))
     if not pending:
         return 0
     # A run's snapshot holds its content too: replace it with nothing (unreadable, so the next
@@ -94,6 +106,20 @@ def purge_run(
             "nothing was erased, try again"
         ) from exc
     return len(forget)
+
+
+def _root(journal: Journal, run_id: str) -> str:
+    """Return the run at the top of the chain of parents that ``run_id`` belongs to."""
+    seen = {run_id}
+    while True:
+        first = journal.first(run_id)
+        if first is None or not isinstance(first.data, RunStarted):
+            return run_id
+        parent = first.data.parent_run
+        if parent is None or parent in seen:
+            return run_id
+        seen.add(parent)
+        run_id = parent
 
 
 def _family(journal: Journal, run_id: str) -> list[str]:
@@ -115,7 +141,8 @@ def _family(journal: Journal, run_id: str) -> list[str]:
     return family
 
 
-def _check_finished(journal: Journal, run_id: str, stream: str) -> None:
+def _check_finished(journal: Journal, run_id: str, stream: str) -> int:
+    """Raise RunNotPurgeable unless the stream ended its pass; return its last version."""
     events = journal.stream(stream)
     if events and isinstance(events[0].data, OrchestrationStarted):
         finished = fold_orchestration(events).ended is not None
@@ -127,3 +154,4 @@ def _check_finished(journal: Journal, run_id: str, stream: str) -> None:
             f"run {run_id} is not finished: {which} has not ended its pass (it may still be "
             "executing, or have stopped mid-step); resume or cancel it first, then purge"
         )
+    return events[-1].version

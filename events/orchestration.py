@@ -119,8 +119,10 @@ class PlanningFailed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.
     has_content: ClassVar[bool] = True
 
     def map_content(self, f: Callable[[Any], Any]) -> Self:
-        """Apply ``f`` to the reason and each gap's reason."""
-        gaps = tuple(msgspec.structs.replace(g, reason=f(g.reason)) for g in self.gaps)
+        """Apply ``f`` to the reason and each gap's name and reason (a planner writes both)."""
+        gaps = tuple(
+            msgspec.structs.replace(g, name=f(g.name), reason=f(g.reason)) for g in self.gaps
+        )
         return msgspec.structs.replace(self, reason=f(self.reason), gaps=gaps)
 
 
