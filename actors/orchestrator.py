@@ -158,8 +158,15 @@ class Orchestrations:
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
         check_budget("call_budget", call_budget)
+        check_callable("planner", planner)
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
+        used = self._calls_used(state)
+        if call_budget is not None and call_budget < used:
+            raise ValueError(
+                f"call_budget must be at least the {used} model call(s) already used, "
+                f"got {call_budget}"
+            )
         if approve and not state.approval_pending:
             raise RunNotResumable(f"run {run_id} is not waiting for approval (status: {status})")
         given = dict(answers or {})
@@ -182,6 +189,10 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
+        if state.ended is None and pass_state is not None:
+            # Not stopped at a status: either a crash, or another runtime drives it right now.
+            # The pass run's owner tells which; a live one keeps it, and nothing is appended.
+            self._runs.check_free(pass_state.run_id, take_over)
         answered = clarification if state.question is not None else None
         resumed = OrchestrationResumed(
             at=self._clock(),
@@ -241,7 +252,7 @@ class Orchestrations:
         try:
             answer = d.planner(started.goal, observations, list(st.clarifications))
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            return self._fail_planning(st, f"the planner raised {type(exc).__name__}: {exc}")
+            return self._fail_planning(st, f"the planner raised {_describe_error(exc)}")
         if isinstance(answer, Clarify):
             if not isinstance(answer.question, str) or not answer.question.strip():
                 return self._fail_planning(st, "the planner asked to clarify but gave no question")
@@ -251,6 +262,10 @@ class Orchestrations:
                 self._end("waiting_for_clarification", f"waiting for clarification: {question}"),
             ]
         if isinstance(answer, Gaps):
+            if not isinstance(answer.gaps, list | tuple):
+                return self._fail_planning(
+                    st, f"the planner's Gaps.gaps is {type(answer.gaps).__name__}, not a list"
+                )
             gaps = tuple(
                 g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
                 for g in answer.gaps
@@ -361,6 +376,8 @@ class Orchestrations:
             )
             return [self._end("completed", summary)]
         failed = _first_failure(pass_state)
+        if pass_state.run_status == "cancelled":
+            return [self._end("failed", failed)]  # a cancel stops the orchestration (E5)
         if started.mode == "orchestrate" and st.pass_no < started.max_passes:
             if d.planner is None:
                 return [self._end("failed", f"{failed}; not replanned: no planner was given")]
@@ -423,6 +440,16 @@ class Orchestrations:
         if st.budget is None:
             return None
         return max(0, st.budget - self._calls_before(st))
+
+    def _calls_used(self, st: OrchestrationState) -> int:
+        """Return the model calls every pass's run used so far (what a budget cannot undo)."""
+        total = 0
+        for run in st.pass_runs.values():
+            try:
+                total += self._runs.state(run).calls_used
+            except RunNotFound:  # a crash came between pass-started and the run's first event
+                continue
+        return total
 
     def _calls_before(self, st: OrchestrationState) -> int:
         return sum(
@@ -496,6 +523,15 @@ def _first_failure(state: RunState) -> str:
     if state.run_status == "cancelled":
         return "cancelled before every step ran"
     return "failed: not every step succeeded"
+
+
+def _describe_error(exc: Exception) -> str:
+    """Name a planner's exception and its message, even when its ``str()`` raises."""
+    try:
+        text = str(exc)
+    except Exception:  # user code again: an unprintable error still fails planning cleanly
+        text = "(its message could not be read)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _as_stored(plan: Plan) -> Plan:

@@ -164,23 +164,11 @@ class Runs:
         RunOwnedElsewhere unless ``take_over`` is set.
         """
         state = self.state(run_id)
-        with self._lock:
-            if run_id in self._active:
-                raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
+        took_over = self._check_free(run_id, state, take_over)
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             raise RunNotResumable(
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
-        took_over = None
-        if not state.is_finished and state.owner:
-            now = self._clock()
-            if owner_alive(state.owner, state.last_at, now) and not take_over:
-                raise RunOwnedElsewhere(
-                    f"run {run_id} is being executed by another process ({state.owner}, last "
-                    f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
-                    "take_over=True if you know that process is gone"
-                )
-            took_over = state.owner
         budget = check_budget("call_budget", call_budget)
         given = dict(answers or {})
         for step_id, answer in given.items():
@@ -215,6 +203,26 @@ class Runs:
         assert started is not None
         parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
         return self._run(run_id, state, opening, reserve, on_progress, trace, parent)
+
+    def check_free(self, run_id: str, take_over: bool = False) -> None:
+        """Raise unless nobody executes the run now (RunOwnedElsewhere: a live owner has it)."""
+        self._check_free(run_id, self.state(run_id), take_over)
+
+    def _check_free(self, run_id: str, state: RunState, take_over: bool) -> str | None:
+        """Refuse a run executing here or owned by a live process; return the owner taken over."""
+        with self._lock:
+            if run_id in self._active:
+                raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
+        if state.is_finished or not state.owner:
+            return None
+        now = self._clock()
+        if owner_alive(state.owner, state.last_at, now) and not take_over:
+            raise RunOwnedElsewhere(
+                f"run {run_id} is being executed by another process ({state.owner}, last "
+                f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
+                "take_over=True if you know that process is gone"
+            )
+        return state.owner
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
