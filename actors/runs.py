@@ -22,6 +22,7 @@ from journaled.events.codec import topic_of
 from journaled.events.errors import PlanRejected
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
+from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from journaled.events.run_audit import explain_orchestration, explain_run
@@ -350,14 +351,16 @@ class Runs:
                     f"position {position} is before run {run_id} began "
                     f"(its first event is at {first.position})"
                 )
-            passes = [
-                e.data.run
-                for e in self._journal.stream(run_id, upto=position)
-                if isinstance(e.data, PassStarted)
-            ]
-            pass_events = self._journal.stream(passes[-1], upto=position) if passes else []
+            # The current pass's run, never an earlier one: after a replan the failed pass is
+            # history, and the new pass has no run until its pass-started.
+            then = fold_orchestration(self._journal.stream(run_id, upto=position))
+            current = then.current_run
+            pass_events = self._journal.stream(current, upto=position) if current else []
             if not pass_events:
-                raise ValueError(f"run {run_id} had not started executing at position {position}")
+                raise ValueError(
+                    f"run {run_id} had not started executing pass {then.pass_no} "
+                    f"at position {position}"
+                )
             return fold_run(pass_events).result()
         return self.state(run_id, position).result()
 

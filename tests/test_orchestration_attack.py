@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 import journaled
-from journaled import Clarify, Gaps, Observation, Plan, RunNotResumable, Step
+from journaled import Clarify, Gaps, Observation, Plan, RunNotResumable, Step, timeline
 from journaled.testing import ManualClock
 
 GOAL = "ship the release notes"
@@ -226,3 +226,25 @@ def test_a_second_resume_of_a_running_orchestration_is_refused_and_the_first_fin
         done = results["first"]
         assert isinstance(done, journaled.Outcome), repr(done)
         assert done.status == "completed"
+
+
+def test_at_and_the_timeline_show_the_new_pass_once_a_replan_proposed_it(
+    rt: journaled.Runtime,
+) -> None:
+    """O7/R5: after a replan, runs.at and the timeline never show the failed pass as current."""
+    answers = iter([_plan(Step("a", tool="boom")), _plan(Step("b", tool="fetch"))])
+    out = rt.orchestrate(GOAL, lambda *_: next(answers), mode="orchestrate", require_approval=True)
+    again = rt.resume(out.run_id, approve=True)
+    assert isinstance(again, journaled.Outcome)
+    assert again.status == "waiting_for_approval"
+    proposed = [
+        e.position for e in rt.runs.history(out.run_id) if e.kind == "orchestration.plan-proposed"
+    ][-1]
+    assert rt._orchestrations.state(out.run_id, proposed).pass_no == 2
+    with pytest.raises(ValueError, match="pass 2"):
+        rt.runs.at(out.run_id, proposed)
+    page = timeline.build(rt, out.run_id)
+    [frame] = [f for f in page.frames if f.position == proposed]
+    assert frame.plan is not None
+    assert [box.id for wave in page.plans[frame.plan].waves for box in wave] == ["b"]
+    assert frame.state is None
