@@ -151,7 +151,9 @@ class Orchestrations:
         """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4).
 
         Everything the resume changes is journaled first, in one ``orchestration.resumed`` event
-        (R5); the orchestration then carries on from the phase its events left it in.
+        (R5); the orchestration then carries on from the phase its events left it in. An
+        ``orchestrate``-mode orchestration with passes left needs its planner (``planner=``, or
+        the one this runtime was given before): a failed pass is replanned (O2).
         """
         state = self.state(run_id)
         status = state.status
@@ -205,6 +207,15 @@ class Orchestrations:
             answered=tuple(given),
         )
         chosen = planner or self._planners.get(run_id)
+        started = state.started
+        assert started is not None
+        if chosen is None and started.mode == "orchestrate" and state.pass_no < started.max_passes:
+            # A failed pass must be replanned (O2); without the planner that would end the
+            # orchestration failed for good, so refuse now, while nothing is appended.
+            raise RunNotResumable(
+                f"run {run_id}: pass planner=... to resume: if pass {state.pass_no} fails, the "
+                f"planner must plan the next (up to {started.max_passes} passes)"
+            )
         after = state.copy()
         after.fold(resumed)
         if chosen is None and after.phase == "planning" and after.question is None:
@@ -213,6 +224,8 @@ class Orchestrations:
             )
         drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
         self._append(drive, resumed)
+        if planner is not None:
+            self._planners[run_id] = planner  # later resumes in this runtime may omit it
         return self._drive(drive)
 
     # -- the state machine -----------------------------------------------------------------------

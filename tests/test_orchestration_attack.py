@@ -248,3 +248,32 @@ def test_at_and_the_timeline_show_the_new_pass_once_a_replan_proposed_it(
     assert frame.plan is not None
     assert [box.id for wave in page.plans[frame.plan].waves for box in wave] == ["b"]
     assert frame.state is None
+
+
+# -- a resume without the planner ----------------------------------------------------------------
+
+
+def test_a_resume_that_may_have_to_replan_needs_the_planner(sqlite_url: str) -> None:
+    """O2: a resume in a fresh runtime without planner= of an orchestrate-mode orchestration with
+    passes left is refused up front (appends nothing), not run into a terminal failure."""
+    answers = iter([_plan(Step("a", tool="boom")), _plan(Step("b", tool="fetch"))])
+
+    def planner(*_: object) -> Plan:
+        return next(answers)
+
+    with journaled.open(sqlite_url) as first:
+        _register(first)
+        out = first.orchestrate(GOAL, planner, mode="orchestrate", require_approval=True)
+        assert out.status == "waiting_for_approval"
+    with journaled.open(sqlite_url) as fresh:
+        _register(fresh)
+        before = _kinds(fresh, out.run_id)
+        with pytest.raises(RunNotResumable, match="planner"):
+            fresh.resume(out.run_id, approve=True)
+        assert _kinds(fresh, out.run_id) == before
+        replanned = fresh.resume(out.run_id, approve=True, planner=planner)
+        assert isinstance(replanned, journaled.Outcome)
+        assert replanned.status == "waiting_for_approval"  # pass 2's plan, after the replan
+        done = fresh.resume(out.run_id, approve=True)
+        assert isinstance(done, journaled.Outcome)
+        assert (done.status, "in 2 pass(es)" in done.summary) == ("completed", True)
