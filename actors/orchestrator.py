@@ -8,6 +8,7 @@ planning failure is the ``failed`` status with the reason in the summary and in 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -73,6 +74,9 @@ class Orchestrations:
         self._runs = runs
         self._clock = clock
         self._planners: dict[str, Planner] = {}
+        self._lock = threading.Lock()
+        self._driving: set[str] = set()
+        self._cancelled: set[str] = set()
 
     # -- entry points ----------------------------------------------------------------------------
 
@@ -119,6 +123,19 @@ class Orchestrations:
             ),
         )
         return self._drive(drive)
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask an orchestration driven in this runtime to stop before its next step (E5).
+
+        Its pass's run is cancelled by ``Runs.cancel`` (the pass is a child run); this stops the
+        orchestration itself: no plan is settled, no pass started, no replan after the call.
+        Return False when this runtime is not driving it.
+        """
+        with self._lock:
+            if run_id not in self._driving:
+                return False
+            self._cancelled.add(run_id)
+            return True
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
@@ -242,11 +259,28 @@ class Orchestrations:
             "running": self._run_pass,
             "reviewing": self._review,
         }
-        while d.state.ended is None:
-            self._append(d, *handlers[d.state.phase](d))
+        run_id = d.state.run_id
+        with self._lock:
+            self._driving.add(run_id)
+        try:
+            while d.state.ended is None:
+                if d.state.phase != "reviewing" and self._cancel_requested(run_id):
+                    # A pass that ran is still reviewed: how it ended is what happened.
+                    summary = f"cancelled in pass {d.state.pass_no} ({d.state.phase})"
+                    self._append(d, self._end("failed", summary))
+                    break
+                self._append(d, *handlers[d.state.phase](d))
+        finally:
+            with self._lock:
+                self._driving.discard(run_id)
+                self._cancelled.discard(run_id)
         if d.state.status in ("completed", "failed", "dry_run"):
             self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
         return self.outcome(d.state)
+
+    def _cancel_requested(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._cancelled
 
     def _plan(self, d: _Drive) -> list[DomainEvent]:
         """Planning: ask the planner for this pass's plan; journal its plan, question or failure."""

@@ -237,8 +237,9 @@ class Runtime:
         )
 
     def cancel(self, run_id: str) -> bool:
-        """Ask a running run to stop scheduling (E5). Safe from any thread."""
-        return self.runs.cancel(run_id)
+        """Ask a running run or orchestration to stop scheduling (E5). Safe from any thread."""
+        orchestration = self._orchestrations.cancel(run_id)
+        return self.runs.cancel(run_id) or orchestration
 
     def refresh(self) -> int:
         """Fold events other processes appended since; return the position reached."""

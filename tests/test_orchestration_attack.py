@@ -147,6 +147,22 @@ def test_a_cancelled_pass_is_not_replanned(rt: journaled.Runtime) -> None:
     assert "orchestration.replan-decided" not in _kinds(rt, out.run_id)
 
 
+def test_a_cancel_while_the_planner_thinks_stops_the_orchestration(rt: journaled.Runtime) -> None:
+    """E5: rt.cancel(orchestration) while its planner runs is accepted and no pass runs after."""
+    accepted: list[bool] = []
+
+    def planner(*_: object) -> Plan:
+        [run_id] = [r for r in rt.runs.list() if rt._orchestrations.is_orchestration(r)]
+        accepted.append(rt.cancel(run_id))
+        return _plan(Step("a", tool="fetch"))
+
+    out = rt.orchestrate(GOAL, planner)
+    assert accepted == [True]
+    assert out.status == "failed"
+    assert "cancelled" in out.summary
+    assert "orchestration.pass-started" not in _kinds(rt, out.run_id)
+
+
 # -- audit ----------------------------------------------------------------------------------------
 
 
