@@ -15,7 +15,8 @@ from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.errors import RunNotFound, RunNotResumable, RunOwnedElsewhere
+from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
 from journaled.events.base import DomainEvent, Event, Pending
@@ -120,6 +121,7 @@ class Orchestrations:
                 partial=bool(partial),
                 require_approval=bool(require_approval),
                 max_passes=max_passes,
+                owner=this_process(),
             ),
         )
         return self._drive(drive)
@@ -208,6 +210,8 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
+        if state.ended is None:
+            self._check_not_driven(state, take_over)
         if state.ended is None and pass_state is not None:
             # Not stopped at a status: either a crash, or another runtime drives it right now.
             # The pass run's owner tells which; a live one keeps it, and nothing is appended.
@@ -222,6 +226,7 @@ class Orchestrations:
             question=state.question if answered is not None else None,
             answer=answered,
             answered=tuple(given),
+            owner=this_process(),
         )
         chosen = planner or self._planners.get(run_id)
         started = state.started
@@ -277,6 +282,24 @@ class Orchestrations:
         if d.state.status in ("completed", "failed", "dry_run"):
             self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
         return self.outcome(d.state)
+
+    def _check_not_driven(self, state: OrchestrationState, take_over: bool) -> None:
+        """Refuse to take up an orchestration that a live process is driving (one driver, R8).
+
+        It is not stopped at a status, so it crashed or someone drives it now: the owner of its
+        start or last resume tells which. Journals written before owners name none.
+        """
+        run_id = state.run_id
+        with self._lock:
+            if run_id in self._driving:
+                raise RunNotResumable(f"run {run_id} is being orchestrated in this runtime now")
+        now = self._clock()
+        if state.owner and not take_over and owner_alive(state.owner, state.last_at, now):
+            raise RunOwnedElsewhere(
+                f"run {run_id} is being orchestrated by another process ({state.owner}, last "
+                f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
+                "take_over=True if you know that process is gone"
+            )
 
     def _cancel_requested(self, run_id: str) -> bool:
         with self._lock:

@@ -82,6 +82,8 @@ class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     partial: bool = False
     require_approval: bool = False
     max_passes: int = 3
+    owner: str = ""
+    """The process driving it (``host/pid/start-time``); empty in journals before owners."""
 
 
 class PlanProposed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.plan-proposed"):
@@ -197,6 +199,8 @@ class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     """The answer to ``question``."""
     answered: tuple[str, ...] = ()
     """Steps of the current pass given an answer (the answers are in the pass run's events)."""
+    owner: str = ""
+    """The process that took it up and drives it now (``host/pid/start-time``)."""
 
 
 class OrchestrationEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.ended"):

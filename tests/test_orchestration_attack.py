@@ -293,3 +293,31 @@ def test_a_resume_that_may_have_to_replan_needs_the_planner(sqlite_url: str) -> 
         done = fresh.resume(out.run_id, approve=True)
         assert isinstance(done, journaled.Outcome)
         assert (done.status, "in 2 pass(es)" in done.summary) == ("completed", True)
+
+
+def test_a_resume_racing_one_that_just_took_the_orchestration_up_is_refused(
+    shared_url: str,
+) -> None:
+    """R8/R5: a second runtime resuming right after another's orchestration.resumed is refused
+    and appends nothing; the first, which took it up, finishes it (exactly one proceeds)."""
+    planner = _always(_plan(Step("a", tool="fetch")))
+    with journaled.open(shared_url) as first, journaled.open(shared_url) as second:
+        _register(first)
+        _register(second)
+        out = first.orchestrate(GOAL, planner, require_approval=True)
+        refused: list[BaseException] = []
+
+        def race(position: int, state: Any) -> None:
+            if state.resumptions == 1 and state.phase == "settling" and not refused:
+                before = _kinds(second, out.run_id)
+                try:
+                    second.resume(out.run_id, planner=planner)
+                except RunNotResumable as exc:
+                    refused.append(exc)
+                else:
+                    refused.append(AssertionError("the second resume was not refused"))
+                assert _kinds(second, out.run_id) == before
+
+        done = first._orchestrations.resume(out.run_id, approve=True, trace=race)
+        assert [type(e) for e in refused] == [journaled.RunOwnedElsewhere]
+        assert done.status == "completed"
