@@ -203,8 +203,7 @@ def shared_url(request: pytest.FixtureRequest) -> str:
 def test_a_second_resume_of_a_running_orchestration_is_refused_and_the_first_finishes(
     shared_url: str,
 ) -> None:
-    """R8/R5: while one runtime carries a resumed pass, a second resume is refused, appends
-    nothing, and the first still completes (exactly one proceeds)."""
+    """R8/R5: a resume while another runtime runs the pass is refused; the first completes."""
     entered = threading.Event()
     release = threading.Event()
 
@@ -270,8 +269,7 @@ def test_at_and_the_timeline_show_the_new_pass_once_a_replan_proposed_it(
 
 
 def test_a_resume_that_may_have_to_replan_needs_the_planner(sqlite_url: str) -> None:
-    """O2: a resume in a fresh runtime without planner= of an orchestrate-mode orchestration with
-    passes left is refused up front (appends nothing), not run into a terminal failure."""
+    """O2: a resume that may have to replan but has no planner is refused, appending nothing."""
     answers = iter([_plan(Step("a", tool="boom")), _plan(Step("b", tool="fetch"))])
 
     def planner(*_: object) -> Plan:
@@ -298,8 +296,7 @@ def test_a_resume_that_may_have_to_replan_needs_the_planner(sqlite_url: str) -> 
 def test_a_resume_racing_one_that_just_took_the_orchestration_up_is_refused(
     shared_url: str,
 ) -> None:
-    """R8/R5: a second runtime resuming right after another's orchestration.resumed is refused
-    and appends nothing; the first, which took it up, finishes it (exactly one proceeds)."""
+    """R8/R5: a resume racing one that just took the orchestration up is refused; one proceeds."""
     planner = _always(_plan(Step("a", tool="fetch")))
     with journaled.open(shared_url) as first, journaled.open(shared_url) as second:
         _register(first)
