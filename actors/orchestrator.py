@@ -8,13 +8,20 @@ planning failure is the ``failed`` status with the reason in the summary and in 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+    RuntimeClosed,
+)
+from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import (
     Runs,
@@ -83,6 +90,9 @@ class Orchestrations:
         self._runs = runs
         self._clock = clock
         self._planners: dict[str, Planner] = {}
+        self._lock = threading.Lock()
+        self._driving: set[str] = set()
+        self._cancelled: set[str] = set()
 
     # -- entry points ----------------------------------------------------------------------------
 
@@ -127,9 +137,23 @@ class Orchestrations:
                 require_approval=bool(require_approval),
                 max_passes=max_passes,
                 reserve=policy_name(reserve),
+                owner=this_process(),
             ),
         )
         return self._drive(drive)
+
+    def cancel(self, run_id: str) -> bool:
+        """Ask an orchestration driven in this runtime to stop before its next step (E5).
+
+        Its pass's run is cancelled by ``Runs.cancel`` (the pass is a child run); this stops the
+        orchestration itself: no plan is settled, no pass started, no replan after the call.
+        Return False when this runtime is not driving it.
+        """
+        with self._lock:
+            if run_id not in self._driving:
+                return False
+            self._cancelled.add(run_id)
+            return True
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
@@ -162,7 +186,9 @@ class Orchestrations:
         """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4).
 
         Everything the resume changes is journaled first, in one ``orchestration.resumed`` event
-        (R5); the orchestration then carries on from the phase its events left it in.
+        (R5); the orchestration then carries on from the phase its events left it in. An
+        ``orchestrate``-mode orchestration with passes left needs its planner (``planner=``, or
+        the one this runtime was given before): a failed pass is replanned (O2).
         """
         state = self.state(run_id)
         if state.purged is not None:
@@ -171,8 +197,15 @@ class Orchestrations:
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
         check_budget("call_budget", call_budget)
+        check_callable("planner", planner)
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
+        used = self._calls_used(state)
+        if call_budget is not None and call_budget < used:
+            raise ValueError(
+                f"call_budget must be at least the {used} model call(s) already used, "
+                f"got {call_budget}"
+            )
         if approve and not state.approval_pending:
             raise RunNotResumable(f"run {run_id} is not waiting for approval (status: {status})")
         given = dict(answers or {})
@@ -195,6 +228,14 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
+        suspended = pass_state is not None and pass_state.suspended is not None
+        if state.ended is None and not suspended:
+            # A suspended pass was let go by its driver's closing runtime (R3): nobody drives it.
+            self._check_not_driven(state, take_over)
+        if state.ended is None and pass_state is not None:
+            # Not stopped at a status: either a crash, or another runtime drives it right now.
+            # The pass run's owner tells which; a live one keeps it, and nothing is appended.
+            self._runs.check_free(pass_state.run_id, take_over)
         answered = clarification if state.question is not None else None
         resumed = OrchestrationResumed(
             at=self._clock(),
@@ -205,9 +246,19 @@ class Orchestrations:
             question=state.question if answered is not None else None,
             answer=answered,
             answered=tuple(given),
+            owner=this_process(),
         )
         reserve = self._journaled_policy(state, pass_state, reserve)
         chosen = planner or self._planners.get(run_id)
+        started = state.started
+        assert started is not None
+        if chosen is None and started.mode == "orchestrate" and state.pass_no < started.max_passes:
+            # A failed pass must be replanned (O2); without the planner that would end the
+            # orchestration failed for good, so refuse now, while nothing is appended.
+            raise RunNotResumable(
+                f"run {run_id}: pass planner=... to resume: if pass {state.pass_no} fails, the "
+                f"planner must plan the next (up to {started.max_passes} passes)"
+            )
         after = state.copy()
         after.fold(resumed)
         if chosen is None and after.phase == "planning" and after.question is None:
@@ -216,6 +267,8 @@ class Orchestrations:
             )
         drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
         self._append(drive, resumed)
+        if planner is not None:
+            self._planners[run_id] = planner  # later resumes in this runtime may omit it
         return self._drive(drive)
 
     @staticmethod
@@ -257,11 +310,46 @@ class Orchestrations:
             "running": self._run_pass,
             "reviewing": self._review,
         }
-        while d.state.ended is None:
-            self._append(d, *handlers[d.state.phase](d))
+        run_id = d.state.run_id
+        with self._lock:
+            self._driving.add(run_id)
+        try:
+            while d.state.ended is None:
+                if d.state.phase != "reviewing" and self._cancel_requested(run_id):
+                    # A pass that ran is still reviewed: how it ended is what happened.
+                    summary = f"cancelled in pass {d.state.pass_no} ({d.state.phase})"
+                    self._append(d, self._end("failed", summary))
+                    break
+                self._append(d, *handlers[d.state.phase](d))
+        finally:
+            with self._lock:
+                self._driving.discard(run_id)
+                self._cancelled.discard(run_id)
         if d.state.status in ("completed", "failed", "dry_run"):
             self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
         return self.outcome(d.state)
+
+    def _check_not_driven(self, state: OrchestrationState, take_over: bool) -> None:
+        """Refuse to take up an orchestration that a live process is driving (one driver, R8).
+
+        It is not stopped at a status, so it crashed or someone drives it now: the owner of its
+        start or last resume tells which. Journals written before owners name none.
+        """
+        run_id = state.run_id
+        with self._lock:
+            if run_id in self._driving:
+                raise RunNotResumable(f"run {run_id} is being orchestrated in this runtime now")
+        now = self._clock()
+        if state.owner and not take_over and owner_alive(state.owner, state.last_at, now):
+            raise RunOwnedElsewhere(
+                f"run {run_id} is being orchestrated by another process ({state.owner}, last "
+                f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
+                "take_over=True if you know that process is gone"
+            )
+
+    def _cancel_requested(self, run_id: str) -> bool:
+        with self._lock:
+            return run_id in self._cancelled
 
     def _plan(self, d: _Drive) -> list[DomainEvent]:
         """Planning: ask the planner for this pass's plan; journal its plan, question or failure."""
@@ -280,7 +368,7 @@ class Orchestrations:
         try:
             answer = d.planner(started.goal, observations, list(st.clarifications))
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            reason = storable_text(f"the planner raised {type(exc).__name__}: {exc}")
+            reason = storable_text(f"the planner raised {_describe_error(exc)}")
             return self._fail_planning(st, reason)
         if isinstance(answer, Clarify):
             problem = text_problem(answer.question, empty=False)
@@ -292,6 +380,10 @@ class Orchestrations:
                 self._end("waiting_for_clarification", f"waiting for clarification: {question}"),
             ]
         if isinstance(answer, Gaps):
+            if not isinstance(answer.gaps, list | tuple):
+                return self._fail_planning(
+                    st, f"the planner's Gaps.gaps is {type(answer.gaps).__name__}, not a list"
+                )
             gaps = tuple(
                 g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
                 for g in answer.gaps
@@ -409,6 +501,8 @@ class Orchestrations:
             )
             return [self._end("completed", summary)]
         failed = _first_failure(pass_state)
+        if pass_state.run_status == "cancelled":
+            return [self._end("failed", failed)]  # a cancel stops the orchestration (E5)
         if started.mode == "orchestrate" and st.pass_no < started.max_passes:
             if d.planner is None:
                 return [self._end("failed", f"{failed}; not replanned: no planner was given")]
@@ -471,6 +565,16 @@ class Orchestrations:
         if st.budget is None:
             return None
         return max(0, st.budget - self._calls_before(st))
+
+    def _calls_used(self, st: OrchestrationState) -> int:
+        """Return the model calls every pass's run used so far (what a budget cannot undo)."""
+        total = 0
+        for run in st.pass_runs.values():
+            try:
+                total += self._runs.state(run).calls_used
+            except RunNotFound:  # a crash came between pass-started and the run's first event
+                continue
+        return total
 
     def _calls_before(self, st: OrchestrationState) -> int:
         return sum(
@@ -546,6 +650,15 @@ def _first_failure(state: RunState) -> str:
     if state.run_status == "cancelled":
         return "cancelled before every step ran"
     return "failed: not every step succeeded"
+
+
+def _describe_error(exc: Exception) -> str:
+    """Name a planner's exception and its message, even when its ``str()`` raises."""
+    try:
+        text = str(exc)
+    except Exception:  # user code again: an unprintable error still fails planning cleanly
+        text = "(its message could not be read)"
+    return f"{type(exc).__name__}: {text}"
 
 
 def _as_stored(plan: Plan) -> Plan:

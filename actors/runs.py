@@ -33,6 +33,7 @@ from journaled.events.errors import PlanRejected
 from journaled.events.inputs import int_problem, number_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
+from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from journaled.events.run_audit import explain_orchestration, explain_run
@@ -265,20 +266,11 @@ class Runs:
         state = self.state(run_id)
         if state.purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot resume")
+        took_over = self._check_free(run_id, state, take_over, claimed=True)
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             raise RunNotResumable(
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
-        took_over = None
-        if not state.is_finished and state.suspended is None and state.owner:
-            now = self._clock()
-            if owner_alive(state.owner, state.last_at, now) and not take_over:
-                raise RunOwnedElsewhere(
-                    f"run {run_id} is being executed by another process ({state.owner}, last "
-                    f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
-                    "take_over=True if you know that process is gone"
-                )
-            took_over = state.owner
         budget = check_budget("call_budget", call_budget)
         if answers is not None and not isinstance(answers, Mapping):
             raise RunNotResumable(
@@ -351,6 +343,33 @@ class Runs:
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
+
+    def check_free(self, run_id: str, take_over: bool = False) -> None:
+        """Raise unless nobody executes the run now (RunOwnedElsewhere: a live owner has it)."""
+        self._check_free(run_id, self.state(run_id), take_over)
+
+    def _check_free(
+        self, run_id: str, state: RunState, take_over: bool, *, claimed: bool = False
+    ) -> str | None:
+        """Refuse a run executing here or owned by a live process; return the owner taken over.
+
+        ``claimed``: the caller holds this runtime's claim on the run (R8), so its own entry in
+        the active table is not someone else executing it.
+        """
+        if not claimed:
+            with self._lock:
+                if run_id in self._active:
+                    raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
+        if state.is_finished or state.suspended is not None or not state.owner:
+            return None  # a suspended run's owner let it go (R3)
+        now = self._clock()
+        if owner_alive(state.owner, state.last_at, now) and not take_over:
+            raise RunOwnedElsewhere(
+                f"run {run_id} is being executed by another process ({state.owner}, last "
+                f"event {max(0, now - state.last_at) // 1000}s ago); wait for it, or pass "
+                "take_over=True if you know that process is gone"
+            )
+        return state.owner
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
@@ -549,14 +568,16 @@ class Runs:
                     f"position {position} is before run {run_id} began "
                     f"(its first event is at {first.position})"
                 )
-            passes = [
-                e.data.run
-                for e in self._journal.stream(run_id, upto=position)
-                if isinstance(e.data, PassStarted)
-            ]
-            pass_events = self._journal.stream(passes[-1], upto=position) if passes else []
+            # The current pass's run, never an earlier one: after a replan the failed pass is
+            # history, and the new pass has no run until its pass-started.
+            then = fold_orchestration(self._journal.stream(run_id, upto=position))
+            current = then.current_run
+            pass_events = self._journal.stream(current, upto=position) if current else []
             if not pass_events:
-                raise ValueError(f"run {run_id} had not started executing at position {position}")
+                raise ValueError(
+                    f"run {run_id} had not started executing pass {then.pass_no} "
+                    f"at position {position}"
+                )
             return fold_run(pass_events).result()
         return self.state(run_id, position).result()
 

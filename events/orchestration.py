@@ -83,6 +83,8 @@ class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     partial: bool = False
     require_approval: bool = False
     max_passes: int = 3
+    owner: str = ""
+    """The process driving it (``host/pid/start-time``); empty in journals before owners."""
     reserve: str | None = None
     """The ``reserve`` policy as ``module:qualname``, so a resume costs agents the same (R6)."""
 
@@ -245,6 +247,8 @@ class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     """The answer to ``question``."""
     answered: tuple[str, ...] = ()
     """Steps of the current pass given an answer (the answers are in the pass run's events)."""
+    owner: str = ""
+    """The process that took it up and drives it now (``host/pid/start-time``)."""
 
     version: ClassVar[int] = 2  # content in a forgettable payload from its first release
     has_content: ClassVar[bool] = True

@@ -74,6 +74,9 @@ class OrchestrationState:
         self.ended: OrchestrationEnded | None = None
         self.phase: Phase = "planning"
         self.resumptions = 0
+        self.owner = ""
+        """The process that started or last resumed it; empty in journals before owners."""
+        self.last_at = 0
         self.version = 0
         self.position = 0
         self.purged: RunPurged | None = None
@@ -102,9 +105,11 @@ class OrchestrationState:
 
     def fold(self, data: DomainEvent) -> None:
         """Fold one orchestration event."""
+        self.last_at = data.at
         match data:
             case OrchestrationStarted():
                 self.started = data
+                self.owner = data.owner
                 self.run_id = data.run_id
                 self.budget = data.call_budget
                 self.pass_no = 1
@@ -147,6 +152,7 @@ class OrchestrationState:
                     self.phase = "running"  # the pass waits: a resume carries on the same run
             case OrchestrationResumed():
                 self.ended = None
+                self.owner = data.owner
                 self.resumptions = data.resumption
                 if data.budget is not None:
                     self._give_budget(data.budget)

@@ -24,6 +24,7 @@ from journaled.events.orchestration import (
     PlanProposed,
     ReplanDecided,
 )
+from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
@@ -337,8 +338,9 @@ def explain_orchestration(
     """Explain an orchestration and each of its passes, from events alone (O6)."""
     if not events:
         return f"no run {run_id} in this journal"
-    ended = [e.data for e in events if isinstance(e.data, OrchestrationEnded)]
-    status = ended[-1].status.replace("_", " ") if ended else "running"
+    # The fold says whether the last status still holds: a resume after it means running again.
+    last = fold_orchestration(list(events)).ended
+    status = last.status.replace("_", " ") if last is not None else "running"
     lines = [f"orchestration {run_id} — {status}:"]
     lines += _timeline(events, describe_orchestration_event)
     waited_since = {
@@ -350,8 +352,7 @@ def explain_orchestration(
         ],
         "waiting_for_budget": [e.data.at for e in events if isinstance(e.data, BudgetAwaited)],
     }
-    if ended:
-        last = ended[-1]
+    if last is not None:
         since = waited_since.get(last.status) or [e.data.at for e in events if e.data is last]
         lines.append(
             f"now: {last.summary}"

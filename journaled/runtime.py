@@ -309,9 +309,10 @@ class Runtime:
         )
 
     def cancel(self, run_id: str) -> bool:
-        """Ask a running run to stop scheduling (E5). Safe from any thread."""
+        """Ask a running run or orchestration to stop scheduling (E5). Safe from any thread."""
         _check_run_id(run_id)
-        return self.runs.cancel(run_id)
+        orchestration = self._orchestrations.cancel(run_id)
+        return self.runs.cancel(run_id) or orchestration
 
     def refresh(self) -> int:
         """Fold events other processes appended since; return the position reached."""

@@ -28,6 +28,7 @@ from journaled.events.orchestration import (
     PlanApproved,
     PlanningFailed,
     PlanProposed,
+    ReplanDecided,
 )
 from journaled.events.plan_rules import waves
 from journaled.events.plans import ExecuteResult, Plan
@@ -203,14 +204,20 @@ def build(rt: Runtime, run_id: str) -> Page:
     # building the page is linear in the run's events (bar the per-step tables of each frame).
     folds = {s: RunState() for s in (passes if orchestration else [run_id])}
     current = None if orchestration else run_id
+    current_pass = 0
     why = _Why(run_id, orchestration, own, streams, line_ids)
     run_plans: dict[str, int] = {}
     tables: dict[str, _Tables] = {}
     for event in events:
         if event.stream in folds:
             folds[event.stream].apply(event)
-        if orchestration and isinstance(event.data, PassStarted) and event.stream == run_id:
-            current = event.data.run
+        if orchestration and event.stream == run_id:
+            if isinstance(event.data, PassStarted):
+                current, current_pass = event.data.run, event.data.pass_no
+            elif isinstance(event.data, ReplanDecided | PlanProposed) and (
+                event.data.pass_no != current_pass
+            ):
+                current = None  # a new pass is planned: the failed one is history (O7, R5)
         fold = folds[current] if current is not None else None
         if isinstance(event.data, PlanProposed):
             proposed = _intern_plan(event.data.plan, plans, plan_keys)

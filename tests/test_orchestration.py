@@ -544,8 +544,15 @@ def test_clarify_waits_and_the_answer_goes_to_the_planner(
     assert [c[2] for c in planner.calls] == [[], [(question, "acme/notes")]]
     given = resumes(runtime, out.run_id)
     assert given == [
-        OrchestrationResumed(at=given[0].at, resumption=1, question=question, answer="acme/notes")
+        OrchestrationResumed(
+            at=given[0].at,
+            resumption=1,
+            question=question,
+            answer="acme/notes",
+            owner=given[0].owner,
+        )
     ]
+    assert given[0].owner  # the process that took it up (R8)
 
 
 def test_two_questions_accumulate_clarifications(runtime: journaled.Runtime) -> None:
