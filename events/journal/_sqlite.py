@@ -105,6 +105,21 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         finally:
             conn.close()
 
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """Append as the library does; remember the chain's head only once the commit is made.
+
+        A head remembered before the commit would outlive a rollback: another writer could fill
+        the positions given back, and the next append, finding its predicted positions right,
+        would chain to a digest that was never committed (R7).
+        """
+        head: list[tuple[int, bytes]] = []
+        positions = super().insert_events(stored_events, **kwargs, head=head)
+        if head:
+            self._head = head[0]
+        return positions
+
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
@@ -158,7 +173,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if stored_events and self.chained:
             if record is None or record[0] != positions[-1]:
                 record = self._rechain(c, positions, stored_events, payloads, forget)
-            self._head = (record[0], record[5])  # a rolled-back append fails the check above
+            holder: list[tuple[int, bytes]] | None = kwargs.get("head")
+            if holder is not None:  # published by insert_events once committed
+                holder[:] = [(record[0], record[5])]
         if payloads:
             c.executemany(
                 f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608

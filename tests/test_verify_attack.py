@@ -1,0 +1,56 @@
+"""Attacks on tamper evidence (R7): failures mid-append, odd journals, the CLI's exit status."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from test_verify import _pendings
+
+from journaled.cli import main
+from journaled.events.catalog import codec
+from journaled.events.errors import ConcurrencyConflict
+from journaled.events.journal import Journal
+from journaled.events.url import parse_url
+
+
+def _path(url: str) -> str:
+    return url.removeprefix("sqlite:///")
+
+
+def test_a_rolled_back_append_does_not_leave_a_stale_head_behind(sqlite_url: str) -> None:
+    """R7: after an append fails past its digest, another writer's commit still chains."""
+    ours = Journal(parse_url(sqlite_url), codec())
+    theirs = Journal(parse_url(sqlite_url), codec())
+    try:
+        ours.append(_pendings("a", 1), payloads={"mem_a_000000": b"first"})
+        conn = sqlite3.connect(_path(sqlite_url))
+        conn.execute(  # the payload insert fails after the record was computed (a full disk)
+            "CREATE TRIGGER refuse BEFORE INSERT ON journaled_payloads WHEN NEW.stream = 'bad' "
+            "BEGIN SELECT RAISE(ABORT, 'database or disk is full'); END"
+        )
+        conn.commit()
+        conn.close()
+        with pytest.raises(ConcurrencyConflict):
+            ours.append(_pendings("b", 1), payloads={"bad": b"never stored"})
+        theirs.append(_pendings("c", 1))  # takes the position the rollback gave back
+        ours.append(_pendings("d", 1))  # predicts its positions right after the lost append
+        report = ours.verify()
+        assert report.ok, report.problem
+        assert report.events == 3
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_cli_verify_exits_2_when_the_journal_cannot_be_read(tmp_path: Path) -> None:
+    """R7: `journal verify` exits 2, not 1 (tampered), when there is no journal to read."""
+    not_a_journal = tmp_path / "notes.sqlite"
+    not_a_journal.write_text("hello\n")
+    for path in (tmp_path / "missing.sqlite", not_a_journal):
+        result = CliRunner().invoke(main, ["--url", f"sqlite:///{path}", "journal", "verify"])
+        assert result.exit_code == 2, result.output
+        assert result.output.count("\n") == 1
+        assert result.output.startswith("Error: ")
