@@ -5,15 +5,18 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 from test_verify import _pendings
 
+import journaled
 from journaled.cli import main
 from journaled.events.catalog import codec
 from journaled.events.errors import ConcurrencyConflict
 from journaled.events.journal import Journal
 from journaled.events.url import parse_url
+from journaled.runtime import verify
 
 
 def _path(url: str) -> str:
@@ -54,3 +57,32 @@ def test_cli_verify_exits_2_when_the_journal_cannot_be_read(tmp_path: Path) -> N
         assert result.exit_code == 2, result.output
         assert result.output.count("\n") == 1
         assert result.output.startswith("Error: ")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="ADR 0021 leaves snapshots outside the chain, yet memory serves fact texts from its "
+    "snapshot at open: verify would have to check each snapshot against the fold of the events "
+    "it claims to cover (or the chain record the snapshot's digest)",
+)
+def test_a_forged_memory_snapshot_is_either_refused_or_reported(sqlite_url: str) -> None:
+    """R7: a fact text forged in the memory snapshot is not served while verify says ok."""
+    with journaled.open(sqlite_url) as rt:
+        facts = [rt.memory.remember(f"the deploy key rotates on day {i}") for i in range(3)]
+        rt.memory.checkpoint()
+    conn = sqlite3.connect(_path(sqlite_url))
+    key, state = conn.execute("SELECT stream, state FROM journaled_snapshots").fetchone()
+    snapshot = msgspec.msgpack.decode(state)
+    scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+    scope["facts"][facts[0].id]["text"] = "wire the funds to account 666"
+    snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
+    conn.execute(
+        "UPDATE journaled_snapshots SET state = ? WHERE stream = ?",
+        (msgspec.msgpack.encode(snapshot), key),
+    )
+    conn.commit()
+    conn.close()
+    with journaled.open(sqlite_url) as rt:
+        served = sorted(f.text for f in rt.memory.all())
+    journaled_texts = sorted(f.text for f in facts)
+    assert served == journaled_texts or not verify(sqlite_url).ok
