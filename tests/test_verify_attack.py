@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import shutil
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import msgspec
@@ -86,3 +90,38 @@ def test_a_forged_memory_snapshot_is_either_refused_or_reported(sqlite_url: str)
         served = sorted(f.text for f in rt.memory.all())
     journaled_texts = sorted(f.text for f in facts)
     assert served == journaled_texts or not verify(sqlite_url).ok
+
+
+def _without_write_rights() -> list[str]:
+    """Return a command prefix that runs a program unable to write what it does not own."""
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+def test_verify_reads_a_journal_in_a_read_only_directory(tmp_path: Path) -> None:
+    """R7: `journal verify` checks an archived journal whose file and directory are read-only."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    url = f"sqlite:///{archive / 'journal.sqlite'}"
+    with journaled.open(url) as rt:
+        rt.memory.remember("the deploy key rotates on Mondays")
+    assert not list(archive.glob("*-wal"))
+    assert not list(archive.glob("*-shm"))
+    (archive / "journal.sqlite").chmod(0o444)
+    archive.chmod(0o555)
+    try:
+        command = [sys.executable, "-m", "journaled.cli", "--url", url, "journal", "verify"]
+        result = subprocess.run(
+            [*_without_write_rights(), *command],
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=60,
+        )
+    finally:
+        archive.chmod(0o755)
+    assert result.returncode == 0, result.stderr
+    assert "1 events read" in result.stdout

@@ -31,12 +31,14 @@ PostgreSQL needs the ``postgres`` extra (``eventsourcing[postgres]``: psycopg an
 from __future__ import annotations
 
 import contextlib
+import os
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
@@ -104,14 +106,34 @@ class _JournalApp(Application[str]):
         return _MsgspecMapper(self._codec)
 
 
-def _settings(config: JournalConfig) -> dict[str, str]:
+def _sqlite_name(path: str, create: bool) -> str:
+    """Return the name to open a SQLite journal by: immutable where nothing can write it.
+
+    A journal in WAL mode is opened with its ``-shm`` file, which a read-only directory cannot
+    hold; SQLite then refuses even to read it ("attempt to write a readonly database"). With
+    neither ``-wal`` nor ``-shm`` beside it, every committed event is in the file itself, and in
+    a directory nobody may write, no one can append meanwhile: it is read as immutable (R7:
+    `journal verify` on an archived, read-only copy).
+    """
+    file = Path(path)
+    if (
+        create
+        or path.startswith("file:")
+        or os.access(file.parent, os.W_OK)
+        or any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+    ):
+        return path
+    return f"file:{quote(str(file.resolve()))}?immutable=1"
+
+
+def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
     if config.backend == "memory":
         return {"PERSISTENCE_MODULE": get_topic(_POPOFactory)}
     if config.backend == "sqlite":
         assert config.path is not None
         return {
             "PERSISTENCE_MODULE": get_topic(_SQLiteFactory),
-            "SQLITE_DBNAME": config.path,
+            "SQLITE_DBNAME": _sqlite_name(config.path, create),
             "SQLITE_LOCK_TIMEOUT": "30",
             "ORIGINATOR_ID_TYPE": "text",
             "CREATE_TABLE": "y",
@@ -168,7 +190,7 @@ class Journal:
                     "reading must not make an empty journal)"
                 )
         try:
-            self._app = _JournalApp(_settings(config), codec)
+            self._app = _JournalApp(_settings(config, create), codec)
         except PersistenceError as exc:
             error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
             if config.backend == "postgresql":
