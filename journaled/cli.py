@@ -128,9 +128,14 @@ class _Unreadable(click.ClickException):
 
 
 @journal.command("verify")
+@click.option(
+    "--head",
+    default=None,
+    help="Head digest of an earlier check, kept elsewhere: fail unless it is still in the chain.",
+)
 @json_option
 @click.pass_context
-def journal_verify(ctx: click.Context) -> None:
+def journal_verify(ctx: click.Context, head: str | None) -> None:
     """Check the whole journal against its digest chain (R7); exit 1 if anything is wrong.
 
     Exit status 2 (with a one-line error) when the journal cannot be opened or read at all: a
@@ -145,7 +150,7 @@ def journal_verify(ctx: click.Context) -> None:
     or null}.
     """
     try:
-        report = verify_journal(ctx.obj["url"])
+        report = verify_journal(ctx.obj["url"], head)
     except (ValueError, OSError, sqlite3.Error) as exc:
         message = f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc)
         raise _Unreadable(render.one_line(message)) from exc

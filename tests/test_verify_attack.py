@@ -153,3 +153,34 @@ def test_verify_does_not_hold_every_payload_in_memory_at_once(sqlite_url: str) -
         journal.close()
     assert report.ok, report.problem
     assert peak < size * count / 2, f"verify held {peak / 1e6:.0f} MB at its peak"
+
+
+def test_a_kept_head_reveals_a_cut_off_tail_even_after_later_appends(sqlite_url: str) -> None:
+    """R7: a head digest kept from an earlier verify shows the tail was cut, though appended to."""
+    journal = Journal(parse_url(sqlite_url), codec())
+    try:
+        for i in range(3):
+            journal.append(_pendings(f"a{i}", 1))
+        kept = journal.verify().head
+        assert kept is not None
+        journal.append(_pendings("later", 1))
+        assert journal.verify(head=kept).ok  # an honest continuation keeps the kept head
+        kept = journal.verify().head
+        assert kept is not None
+        conn = sqlite3.connect(_path(sqlite_url))
+        conn.execute("DELETE FROM stored_events WHERE rowid = 4")  # the last commit
+        conn.commit()
+        conn.close()
+        journal.append(_pendings("after", 1))  # takes position 4 again, chained to 3
+        assert journal.verify().ok  # the chain alone cannot tell
+        report = journal.verify(head=kept)
+    finally:
+        journal.close()
+    assert report.problem is not None
+    assert report.problem.kind == "removed"
+    assert kept in report.problem.reason
+    result = CliRunner().invoke(
+        main, ["--url", sqlite_url, "journal", "verify", "--head", kept], catch_exceptions=False
+    )
+    assert result.exit_code == 1, result.output
+    assert "(removed)" in result.output

@@ -309,7 +309,7 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def verify(self) -> VerifyReport:
+    def verify(self, head: str | None = None) -> VerifyReport:
         """Read the whole journal and check it against its digest chain (R7).
 
         Every event is read and decoded; from the position where the chain starts (the first
@@ -317,6 +317,11 @@ class Journal:
         predecessor and be in its place, and every payload must match its digest unless it was
         erased through the journal. Reads a consistent view up to the position it starts at;
         appends made meanwhile are left for the next check.
+
+        Args:
+            head: the ``head`` of an earlier report, kept outside the journal: reported as
+                ``removed`` unless it is still one of the chain's digests (a cut-off tail, even
+                one appended to since, or a recomputed chain).
 
         Returns:
             The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
@@ -343,7 +348,7 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests, payloads, lambda row: self._event(row, payloads))
+        return _verify(events, digests, payloads, lambda row: self._event(row, payloads), head)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""
