@@ -184,3 +184,48 @@ def test_a_kept_head_reveals_a_cut_off_tail_even_after_later_appends(sqlite_url:
     )
     assert result.exit_code == 1, result.output
     assert "(removed)" in result.output
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        "chain_digest = 'x'",
+        "chain_hashes = 'x'",
+        "chain_first = 'x'",
+        "chain_prev = 1.5",
+        "originator_version = 'x'",
+    ],
+)
+def test_a_column_rewritten_with_another_type_is_reported_not_raised(
+    sqlite_url: str, change: str
+) -> None:
+    """R7: an event or digest column rewritten as text or real is reported as altered."""
+    journal = Journal(parse_url(sqlite_url), codec())
+    try:
+        for i in range(3):
+            journal.append(_pendings(f"a{i}", 1), payloads={f"mem_a{i}_000000": b"text"})
+    finally:
+        journal.close()
+    conn = sqlite3.connect(_path(sqlite_url))
+    conn.execute(f"UPDATE stored_events SET {change} WHERE rowid = 2")  # noqa: S608
+    conn.commit()
+    conn.close()
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert (report.problem.position, report.problem.kind) == (2, "altered")
+
+
+def test_a_payload_rewritten_as_text_does_not_break_verify(sqlite_url: str) -> None:
+    """R7: verify reads a payload column rewritten as text by its bytes instead of raising."""
+    journal = Journal(parse_url(sqlite_url), codec())
+    try:
+        journal.append(_pendings("a", 1), payloads={"mem_a_000000": b"text"})
+    finally:
+        journal.close()
+    conn = sqlite3.connect(_path(sqlite_url))
+    conn.execute("UPDATE journaled_payloads SET payload = 'other text'")
+    conn.commit()
+    conn.close()
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert (report.problem.position, report.problem.kind) == (1, "payload-altered")

@@ -360,7 +360,7 @@ def _commit(
     last, first, link_prev, hashes, packed, digest = record
     if len(hashes) != HASH_SIZE * (last - first + 1):
         return Problem(
-            position=first,
+            position=first if 0 < first <= last else last,  # its first may be what was changed
             kind="altered",
             reason=f"the digest record of positions {first}-{last} was changed (it holds "
             f"{len(hashes)} bytes of event hashes)",
