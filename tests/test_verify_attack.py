@@ -229,3 +229,23 @@ def test_a_payload_rewritten_as_text_does_not_break_verify(sqlite_url: str) -> N
     report = verify(sqlite_url)
     assert report.problem is not None
     assert (report.problem.position, report.problem.kind) == (1, "payload-altered")
+
+
+def test_verify_on_a_sqlite_file_without_a_journal_changes_nothing(tmp_path: Path) -> None:
+    """R7: `journal verify` on another program's SQLite file exits 2 and adds no table to it."""
+    other = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE notes (body TEXT)")
+    conn.commit()
+    conn.close()
+    result = CliRunner().invoke(main, ["--url", f"sqlite:///{other}", "journal", "verify"])
+    assert result.exit_code == 2, result.output
+    assert "no journal at" in result.output
+    conn = sqlite3.connect(other)
+    try:
+        tables = [row[0] for row in conn.execute("SELECT name FROM sqlite_master")]
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+    finally:
+        conn.close()
+    assert tables == ["notes"]
+    assert mode == "delete"

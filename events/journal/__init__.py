@@ -126,6 +126,25 @@ def _sqlite_name(path: str, create: bool) -> str:
     return f"file:{quote(str(file.resolve()))}?immutable=1"
 
 
+def _holds_journal(path: str) -> bool:
+    """Tell whether a SQLite file holds a journal, reading it without changing it.
+
+    Raises:
+        sqlite3.DatabaseError: the file is not a SQLite database.
+    """
+    name = _sqlite_name(path, create=False)
+    if not name.startswith("file:"):
+        name = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
+    probe = sqlite3.connect(name, uri=True)
+    try:
+        found = probe.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stored_events'"
+        ).fetchone()
+    finally:
+        probe.close()
+    return found is not None
+
+
 def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
     if config.backend == "memory":
         return {"PERSISTENCE_MODULE": get_topic(_POPOFactory)}
@@ -175,7 +194,7 @@ class Journal:
         if config.backend == "sqlite":
             assert config.path is not None
             path = Path(config.path)
-            if not create and not path.exists():
+            if not create and not (path.exists() and _holds_journal(config.path)):
                 raise JournalUrlError(
                     f"no journal at {config.path}: check the URL (nothing was created, because "
                     "reading must not make an empty journal)"
