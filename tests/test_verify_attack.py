@@ -184,6 +184,9 @@ def test_a_kept_head_reveals_a_cut_off_tail_even_after_later_appends(sqlite_url:
     )
     assert result.exit_code == 1, result.output
     assert "(removed)" in result.output
+    typo = CliRunner().invoke(main, ["--url", sqlite_url, "journal", "verify", "--head", kept[1:]])
+    assert typo.exit_code == 2, typo.output  # a mistyped digest is no evidence of tampering
+    assert "head:" in typo.output
 
 
 @pytest.mark.parametrize(

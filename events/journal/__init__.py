@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -342,11 +343,18 @@ class Journal:
                 ``removed`` unless it is still one of the chain's digests (a cut-off tail, even
                 one appended to since, or a recomputed chain).
 
+        Raises:
+            ValueError: ``head`` is not a digest's 64 hex digits.
+
         Returns:
             The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
             position) with its kind and reason.
         """
         self._check_open()
+        if head is not None and not re.fullmatch(r"[0-9a-f]{64}", head):
+            raise ValueError(
+                f"head: expected the 64 lowercase hex digits of a reported digest, got {head!r}"
+            )
         upto, payloads = self._recorder.select_digest_state()
 
         def events() -> Iterator[Row]:
