@@ -121,11 +121,25 @@ def journal_migrate(ctx: click.Context) -> None:
             click.echo(f"journal ready at {rt.journal.url} (position {rt.journal.position()})")
 
 
+class _Unreadable(click.ClickException):
+    """A journal that cannot be opened or read: exit status 2, apart from tampering's 1."""
+
+    exit_code = 2
+
+
 @journal.command("verify")
+@click.option(
+    "--head",
+    default=None,
+    help="Head digest of an earlier check, kept elsewhere: fail unless it is still in the chain.",
+)
 @json_option
 @click.pass_context
-def journal_verify(ctx: click.Context) -> None:
+def journal_verify(ctx: click.Context, head: str | None) -> None:
     """Check the whole journal against its digest chain (R7); exit 1 if anything is wrong.
+
+    Exit status 2 (with a one-line error) when the journal cannot be opened or read at all: a
+    missing file, a file that is not a journal, a server that refuses the connection.
 
     Reports the first position whose event was altered, removed, reordered or cannot be decoded,
     or whose payload was changed or deleted without an erasure. Events written by a release
@@ -136,9 +150,10 @@ def journal_verify(ctx: click.Context) -> None:
     or null}.
     """
     try:
-        report = verify_journal(ctx.obj["url"])
+        report = verify_journal(ctx.obj["url"], head)
     except (ValueError, OSError, sqlite3.Error) as exc:
-        fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+        message = f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc)
+        raise _Unreadable(render.one_line(message)) from exc
     if wants_json(ctx):
         emit(report)
     else:

@@ -62,22 +62,26 @@ class JournalHandle:
         """
         return self._boundary.visible(self._journal.read(after=after, upto=upto))
 
-    def verify(self) -> VerifyReport:
+    def verify(self, head: str | None = None) -> VerifyReport:
         """Check the whole journal against its digest chain; report the first problem (R7).
+
+        ``head``, the head digest of an earlier report kept outside the journal, must still be
+        in the chain: else commits were cut off its end (or it was recomputed).
 
         Returns:
             ``ok``, the events checked, the position the chain starts at (events before it were
             written by an older release: decoded but not chain-checked), the head digest, and the
             first position altered, removed, reordered or undecodable, with the reason.
         """
-        return self._journal.verify()
+        return self._journal.verify(head)
 
 
-def verify(url: str | None = None) -> VerifyReport:
+def verify(url: str | None = None, head: str | None = None) -> VerifyReport:
     """Check a journal's digest chain without starting a runtime (R7).
 
     Opens the journal alone, so a journal whose memory no longer folds (a payload deleted behind
-    its back) can still be checked. Nothing is created: a missing journal is an error.
+    its back) can still be checked. Nothing is created: a missing journal is an error. ``head``:
+    as for :meth:`JournalHandle.verify`.
 
     Raises:
         JournalUrlError: no journal at that URL.
@@ -85,7 +89,7 @@ def verify(url: str | None = None) -> VerifyReport:
     resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
     journal = Journal(parse_url(resolved), codec(), create=False)
     try:
-        return journal.verify()
+        return journal.verify(head)
     finally:
         journal.close()
 

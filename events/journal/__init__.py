@@ -31,12 +31,15 @@ PostgreSQL needs the ``postgres`` extra (``eventsourcing[postgres]``: psycopg an
 from __future__ import annotations
 
 import contextlib
+import os
+import re
 import sqlite3
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
@@ -106,14 +109,60 @@ class _JournalApp(Application[str]):
         return _MsgspecMapper(self._codec)
 
 
-def _settings(config: JournalConfig) -> dict[str, str]:
+def _sqlite_name(path: str, create: bool) -> str:
+    """Return the name to open a SQLite journal by: immutable where nothing can write it.
+
+    A journal in WAL mode is opened with its ``-shm`` file, which a read-only directory cannot
+    hold; SQLite then refuses even to read it ("attempt to write a readonly database"). With
+    neither ``-wal`` nor ``-shm`` beside it, every committed event is in the file itself, and in
+    a directory nobody may write, no one can append meanwhile: it is read as immutable (R7:
+    `journal verify` on an archived, read-only copy).
+    """
+    file = Path(path)
+    if (
+        create
+        or path.startswith("file:")
+        or os.access(file.parent, os.W_OK)
+        or any(Path(f"{path}{suffix}").exists() for suffix in ("-wal", "-shm"))
+    ):
+        return path
+    return f"file:{quote(str(file.resolve()))}?immutable=1"
+
+
+def _unreadable(path: str | None, exc: Exception) -> JournalUnreadable:
+    return JournalUnreadable(
+        f"cannot open the journal at {path}: {exc} (not a journal file, or damaged: restore it "
+        "from a backup or point the URL at another file)"
+    )
+
+
+def _holds_journal(path: str) -> bool:
+    """Tell whether a SQLite file holds a journal, reading it without changing it.
+
+    Raises:
+        sqlite3.DatabaseError: the file is not a SQLite database.
+    """
+    name = _sqlite_name(path, create=False)
+    if not name.startswith("file:"):
+        name = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
+    probe = sqlite3.connect(name, uri=True)
+    try:
+        found = probe.execute(
+            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stored_events'"
+        ).fetchone()
+    finally:
+        probe.close()
+    return found is not None
+
+
+def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
     if config.backend == "memory":
         return {"PERSISTENCE_MODULE": get_topic(_POPOFactory)}
     if config.backend == "sqlite":
         assert config.path is not None
         return {
             "PERSISTENCE_MODULE": get_topic(_SQLiteFactory),
-            "SQLITE_DBNAME": config.path,
+            "SQLITE_DBNAME": _sqlite_name(config.path, create),
             "SQLITE_LOCK_TIMEOUT": "30",
             "ORIGINATOR_ID_TYPE": "text",
             "CREATE_TABLE": "y",
@@ -155,7 +204,11 @@ class Journal:
         if config.backend == "sqlite":
             assert config.path is not None
             path = Path(config.path)
-            if not create and not path.exists():
+            try:
+                holds = path.exists() and _holds_journal(config.path)
+            except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
+                raise _unreadable(config.path, exc) from exc
+            if not create and not holds:
                 raise JournalUrlError(
                     f"no journal at {config.path}: check the URL (nothing was created, because "
                     "reading must not make an empty journal)"
@@ -170,12 +223,9 @@ class Journal:
                     "reading must not make an empty journal)"
                 )
         try:
-            self._app = _JournalApp(_settings(config), codec)
+            self._app = _JournalApp(_settings(config, create), codec)
         except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
-            raise JournalUnreadable(
-                f"cannot open the journal at {config.path}: {exc} (not a journal file, or "
-                "damaged: restore it from a backup or point the URL at another file)"
-            ) from exc
+            raise _unreadable(config.path, exc) from exc
         except PersistenceError as exc:
             error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
             if config.backend == "postgresql":
@@ -314,7 +364,7 @@ class Journal:
 
     # -- reading ---------------------------------------------------------------------------------
 
-    def verify(self) -> VerifyReport:
+    def verify(self, head: str | None = None) -> VerifyReport:
         """Read the whole journal and check it against its digest chain (R7).
 
         Every event is read and decoded; from the position where the chain starts (the first
@@ -323,11 +373,23 @@ class Journal:
         erased through the journal. Reads a consistent view up to the position it starts at;
         appends made meanwhile are left for the next check.
 
+        Args:
+            head: the ``head`` of an earlier report, kept outside the journal: reported as
+                ``removed`` unless it is still one of the chain's digests (a cut-off tail, even
+                one appended to since, or a recomputed chain).
+
+        Raises:
+            ValueError: ``head`` is not a digest's 64 hex digits.
+
         Returns:
             The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
             position) with its kind and reason.
         """
         self._check_open()
+        if head is not None and not re.fullmatch(r"[0-9a-f]{64}", head):
+            raise ValueError(
+                f"head: expected the 64 lowercase hex digits of a reported digest, got {head!r}"
+            )
         upto, payloads = self._recorder.select_digest_state()
 
         def events() -> Iterator[Row]:
@@ -348,7 +410,7 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests, payloads, lambda row: self._event(row, payloads))
+        return _verify(events, digests, payloads, lambda row: self._event(row, payloads), head)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""

@@ -206,12 +206,16 @@ def verify(
     digests: Callable[[], Iterator[DigestRow]],
     payloads: Mapping[str, bytes],
     decode: Callable[[Row], Any],
+    head: str | None = None,
 ) -> VerifyReport:
     """Check events, digest records and payloads read up to one position; report the first problem.
 
     ``events`` and ``digests`` yield rows in position order; they are called again only to name
-    the position that an out-of-place event's content was recorded at.
+    the position that an out-of-place event's content was recorded at. ``head`` is a digest
+    reported by an earlier check: it must still be one of the chain's, else commits that followed
+    it were removed (the tail cut off, then appended to) or the chain was recomputed.
     """
+    anchored = head is None
     latest: dict[str, tuple[int, bytes | None]] = {}
     count = unchained = 0
     start: int | None = None
@@ -241,6 +245,7 @@ def verify(
         if problem is None:
             start = first if start is None else start
             prev, prev_digest = last, digest
+            anchored = anchored or digest.hex() == head
             continue
         _collect(latest, record)
         for later in records:  # a payload erased later must not read as deleted behind its back
@@ -255,6 +260,13 @@ def verify(
     first_problem = min(found, key=lambda p: p.position) if found else None
     if first_problem is None and start == 1:
         first_problem = _foreign_payload(latest, payloads)
+    if first_problem is None and not anchored:
+        first_problem = Problem(
+            position=prev or 0,
+            kind="removed",
+            reason=f"the head digest {head} of an earlier check is not in the chain (which ends "
+            f"at position {prev or 0}): commits were removed from its end, or it was recomputed",
+        )
     return VerifyReport(
         ok=first_problem is None,
         events=count,
@@ -348,7 +360,7 @@ def _commit(
     last, first, link_prev, hashes, packed, digest = record
     if len(hashes) != HASH_SIZE * (last - first + 1):
         return Problem(
-            position=first,
+            position=first if 0 < first <= last else last,  # its first may be what was changed
             kind="altered",
             reason=f"the digest record of positions {first}-{last} was changed (it holds "
             f"{len(hashes)} bytes of event hashes)",

@@ -41,6 +41,15 @@ _CHAIN_COLUMNS = {
 cost one more B-tree page per commit (about a third of a small commit's time), a column nothing."""
 
 
+def _integer(column: str) -> str:
+    """Select an integer column for verification: any other stored type reads as -1 (R7).
+
+    SQLite keeps whatever type a raw ``UPDATE`` writes; -1 is never a valid position or version,
+    so the row is then reported as altered instead of failing the check with a ``TypeError``.
+    """
+    return f"CASE WHEN typeof({column}) IN ('integer', 'null') THEN {column} ELSE -1 END"
+
+
 class _Pool(SQLiteConnectionPool):
     """Connections that erase deleted bytes and commit with the configured durability."""
 
@@ -109,6 +118,21 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         finally:
             conn.close()
 
+    def insert_events(
+        self, stored_events: Sequence[StoredEvent], **kwargs: Any
+    ) -> Sequence[int] | None:
+        """Append as the library does; remember the chain's head only once the commit is made.
+
+        A head remembered before the commit would outlive a rollback: another writer could fill
+        the positions given back, and the next append, finding its predicted positions right,
+        would chain to a digest that was never committed (R7).
+        """
+        head: list[tuple[int, bytes]] = []
+        positions = super().insert_events(stored_events, **kwargs, head=head)
+        if head:
+            self._head = head[0]
+        return positions
+
     def _insert_events(
         self, c: SQLiteCursor, stored_events: Sequence[StoredEvent], **kwargs: Any
     ) -> Sequence[int] | None:
@@ -162,7 +186,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if stored_events and self.chained:
             if record is None or record[0] != positions[-1]:
                 record = self._rechain(c, positions, stored_events, payloads, forget)
-            self._head = (record[0], record[5])  # a rolled-back append fails the check above
+            holder: list[tuple[int, bytes]] | None = kwargs.get("head")
+            if holder is not None:  # published by insert_events once committed
+                holder[:] = [(record[0], record[5])]
         if payloads:
             c.executemany(
                 f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
@@ -239,7 +265,7 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         """Return rows as stored bytes, even when a column was rewritten as invalid text (R7)."""
         with self.datastore.transaction(commit=False) as c:
             c.execute(
-                "SELECT rowid, CAST(originator_id AS BLOB), originator_version, "  # noqa: S608
+                f"SELECT rowid, CAST(originator_id AS BLOB), {_integer('originator_version')}, "  # noqa: S608
                 f"CAST(topic AS BLOB), CAST(state AS BLOB) FROM {self.events_table_name} "
                 "WHERE rowid > ? AND rowid <= ? ORDER BY rowid LIMIT ?",
                 [after, upto, limit],
@@ -261,7 +287,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             return []
         with self.datastore.transaction(commit=False) as c:
             c.execute(
-                f"SELECT rowid, {', '.join(_CHAIN_COLUMNS)} FROM {self.events_table_name} "  # noqa: S608
+                f"SELECT rowid, {_integer('chain_first')}, {_integer('chain_prev')}, "  # noqa: S608
+                "CAST(chain_hashes AS BLOB), CAST(chain_entries AS BLOB), "
+                f"CAST(chain_digest AS BLOB) FROM {self.events_table_name} "
                 "WHERE rowid > ? AND rowid <= ? AND chain_digest IS NOT NULL "
                 "ORDER BY rowid LIMIT ?",
                 [after, upto, limit],
@@ -283,7 +311,7 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         with self.datastore.transaction(commit=False) as c:
             c.execute(f"SELECT max(rowid) FROM {self.events_table_name}")  # noqa: S608
             upto = int(c.fetchone()[0] or 0)
-            c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
+            c.execute(f"SELECT stream, CAST(payload AS BLOB) FROM {PAYLOAD_TABLE}")  # noqa: S608
             return upto, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
 
     def select_scrub_marks(self) -> tuple[int, int]:
