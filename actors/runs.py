@@ -416,16 +416,26 @@ class Runs:
                             f"the executor of run {run_id} stopped unexpectedly"
                         ) from None
         finally:
-            with self._lock:
-                if self._active.get(run_id) is claim:
-                    del self._active[run_id]
-                self._children.pop(run_id, None)
-                if parent is not None:
-                    siblings = self._children.get(parent[0])
-                    if siblings is not None and run_id in siblings:
-                        siblings.remove(run_id)
-                        if not siblings:
-                            del self._children[parent[0]]
+            if not done.done() and executor.is_alive():
+                # Left by an exception (Ctrl-C) while the run still executes: the claim stays
+                # until the run stops, so close() drains and suspends it and no second executor
+                # of it starts in this runtime (R3, R8).
+                done.add_done_callback(lambda _: self._forget(run_id, claim, parent))
+            else:
+                self._forget(run_id, claim, parent)
+
+    def _forget(self, run_id: str, claim: _Claim, parent: tuple[str, str] | None) -> None:
+        """Drop a run that stopped executing: its claim and its place among its parent's."""
+        with self._lock:
+            if self._active.get(run_id) is claim:
+                del self._active[run_id]
+            self._children.pop(run_id, None)
+            if parent is not None:
+                siblings = self._children.get(parent[0])
+                if siblings is not None and run_id in siblings:
+                    siblings.remove(run_id)
+                    if not siblings:
+                        del self._children[parent[0]]
 
     def _child_runner(
         self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any

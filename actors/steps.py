@@ -93,6 +93,8 @@ class AgentContext:
         self._cancel: threading.Event | None = msg.cancel
         self._runner: Callable[..., ExecuteResult] | None = msg.child_runner
         self.child_runs: list[str] = []
+        self._calls = 0
+        self._calls_lock = threading.Lock()
         self.interrupted = False
         """Set when a child run was cut short by the runtime closing: the step has no result
         and runs again on resume, whatever the agent returns (R3)."""
@@ -115,7 +117,11 @@ class AgentContext:
         """
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
-        call = len(self.child_runs) + 1
+        with self._calls_lock:
+            # The ordinal is taken when the call starts, so calls from several threads of the
+            # step get distinct children (R5); a call that fails still uses its ordinal.
+            self._calls += 1
+            call = self._calls
         try:
             result = self._runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
         except RuntimeClosed:
@@ -202,8 +208,11 @@ def _observe_agent(
         output = journalable(result.output, f"the output of agent {step.agent!r}")
         artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
         calls = result.calls_used
-        if calls is not None and (isinstance(calls, bool) or not isinstance(calls, int)):
-            raise ValueError(f"calls_used must be an int, got {calls!r}")
+        if calls is not None and (
+            isinstance(calls, bool) or not isinstance(calls, int) or calls < 0
+        ):
+            # Not a report: the step is charged its reservation (E8), never made free (R6).
+            raise ValueError(f"calls_used must be a non-negative int, got {calls!r}")
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
     data = result.data
@@ -224,7 +233,7 @@ def _observe_agent(
         code=code,
         data=data,
         artifacts=artifacts,
-        calls_used=None if calls is None else max(0, calls),
+        calls_used=calls,
         agent_task_id=task,
     )
     return obs, None
