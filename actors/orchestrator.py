@@ -8,13 +8,19 @@ planning failure is the ``failed`` status with the reason in the summary and in 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 
-from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
+from journaled.actors.errors import (
+    RunNotFound,
+    RunNotResumable,
+    RunOwnedElsewhere,
+    RuntimeClosed,
+)
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
 from journaled.events.base import DomainEvent, Event, Pending
@@ -74,6 +80,9 @@ class Orchestrations:
         self._runs = runs
         self._clock = clock
         self._planners: dict[str, Planner] = {}
+        self._lock = threading.Lock()
+        self._driving: set[str] = set()
+        """Orchestrations an ``orchestrate`` or ``resume`` of this runtime drives now (R8)."""
 
     # -- entry points ----------------------------------------------------------------------------
 
@@ -104,22 +113,44 @@ class Orchestrations:
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
         run_id = new_run_id(self._clock())
-        self._planners[run_id] = planner
-        drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
-        self._append(
-            drive,
-            OrchestrationStarted(
-                at=self._clock(),
-                run_id=run_id,
-                goal=goal,
-                mode=_mode(mode),
-                call_budget=call_budget,
-                partial=bool(partial),
-                require_approval=bool(require_approval),
-                max_passes=max_passes,
-            ),
-        )
-        return self._drive(drive)
+        self._hold(run_id)
+        try:
+            self._planners[run_id] = planner
+            drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
+            self._append(
+                drive,
+                OrchestrationStarted(
+                    at=self._clock(),
+                    run_id=run_id,
+                    goal=goal,
+                    mode=_mode(mode),
+                    call_budget=call_budget,
+                    partial=bool(partial),
+                    require_approval=bool(require_approval),
+                    max_passes=max_passes,
+                ),
+            )
+            return self._drive(drive)
+        finally:
+            self._let_go(run_id)
+
+    def _hold(self, run_id: str) -> None:
+        """Claim an orchestration for one caller of this runtime, or raise RunOwnedElsewhere.
+
+        Taken before its state is read, so a resume never appends beside a drive that is still
+        running in this process (R8); another process is kept out by the stream's versions.
+        """
+        with self._lock:
+            if run_id in self._driving:
+                raise RunOwnedElsewhere(
+                    f"orchestration {run_id} is being driven in this process right now; wait "
+                    "for that orchestrate or resume to return before resuming it"
+                )
+            self._driving.add(run_id)
+
+    def _let_go(self, run_id: str) -> None:
+        with self._lock:
+            self._driving.discard(run_id)
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
@@ -154,6 +185,37 @@ class Orchestrations:
         Everything the resume changes is journaled first, in one ``orchestration.resumed`` event
         (R5); the orchestration then carries on from the phase its events left it in.
         """
+        self._hold(run_id)
+        try:
+            return self._resume(
+                run_id,
+                call_budget,
+                answers,
+                approve,
+                clarification,
+                planner=planner,
+                reserve=reserve,
+                on_progress=on_progress,
+                take_over=take_over,
+                trace=trace,
+            )
+        finally:
+            self._let_go(run_id)
+
+    def _resume(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        approve: bool,
+        clarification: str | None,
+        *,
+        planner: Planner | None,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        take_over: bool,
+        trace: OrchestrationTrace | None,
+    ) -> Outcome:
         state = self.state(run_id)
         if state.purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its goal is gone, it cannot resume")

@@ -216,3 +216,72 @@ def test_an_agent_reporting_negative_calls_is_not_made_free(rt: journaled.Runtim
     assert not obs.ok
     assert obs.code == "agent-failed"
     assert "calls_used must be a non-negative int, got -5" in (obs.error or "")
+
+
+def reserve_three(step: Step, remaining: float) -> float:
+    """A reserve policy importable by name (R6): three model calls per agent step."""
+    return 3
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="R6: an orchestration does not journal its reserve policy (orchestration.started has "
+    "no reserve field); a resume without reserve= estimates and runs its passes with none, so "
+    "agent steps are free at both budget gates",
+)
+def test_a_resumed_orchestration_costs_agent_steps_with_its_policy(sqlite_url: str) -> None:
+    """R6: approving an orchestration without reserve= still costs its agent steps as journaled."""
+    ran: list[int | None] = []
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        ran.append(ctx.reservation)
+        return journaled.AgentResult()
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("x", agent="a")])
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("a", agent)
+        asked = rt.orchestrate(
+            "g", planner, call_budget=2, require_approval=True, reserve=reserve_three
+        )
+        assert asked.status == "waiting_for_approval"
+    with journaled.open(sqlite_url) as again:
+        again.register_agent("a", agent)
+        outcome = again.resume(asked.run_id, approve=True, planner=planner)
+        assert isinstance(outcome, journaled.Outcome)
+        assert outcome.status == "waiting_for_budget"  # x reserves 3 > 2, as before
+        assert ran == []
+
+
+# -- R8: one driver per orchestration in one process --------------------------------------------
+
+
+def test_resuming_an_orchestration_that_runs_here_is_refused_untouched(sqlite_url: str) -> None:
+    """R8: resuming an orchestration driven in this process: RunOwnedElsewhere, nothing appended."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def hold(x: str) -> str:
+        entered.set()
+        release.wait(WAIT)
+        return x
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("h", tool="hold", input="h")])
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("hold", hold)
+        thread, out = _in_thread(rt.orchestrate, "g", planner)
+        try:
+            assert entered.wait(WAIT)
+            orchestration = next(r for r in rt.runs.list() if "orchestration" in rt.runs.why(r))
+            before = len(rt.runs.history(orchestration))
+            with pytest.raises(journaled.RunOwnedElsewhere):
+                rt.resume(orchestration, planner=planner)
+            assert len(rt.runs.history(orchestration)) == before
+        finally:
+            release.set()
+            thread.join(WAIT)
+        assert isinstance(out[0], journaled.Outcome), out
+        assert out[0].status == "completed"
