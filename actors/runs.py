@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import pykka
 
 from journaled.actors.errors import (
     RunNotFound,
@@ -126,6 +128,14 @@ class _Claim:
     """The run's cancel token."""
     opened: threading.Event = field(default_factory=threading.Event)
     """Set once the run's opening events are committed."""
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set once the executor exists (or the claim is dropped): what close() waits for first."""
+
+    def tell(self, message: object) -> None:
+        """Tell the executor, if it exists and has not stopped (it may just have ended)."""
+        if self.executor is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.executor.tell(message)
 
 
 class Runs:
@@ -347,6 +357,7 @@ class Runs:
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
+        claim.ready.set()
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run (and its child runs) to stop scheduling; False if it is not running."""
@@ -358,8 +369,7 @@ class Runs:
         if active is None:
             return False
         active.token.set()
-        if active.executor is not None:
-            active.executor.tell(CancelRun())
+        active.tell(CancelRun())
         return True
 
     def _run(
@@ -399,6 +409,7 @@ class Runs:
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
+        claim.ready.set()
         if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
             self.cancel(run_id)  # a cancel that came before the executor existed
         if closing:
@@ -426,6 +437,7 @@ class Runs:
 
     def _forget(self, run_id: str, claim: _Claim, parent: tuple[str, str] | None) -> None:
         """Drop a run that stopped executing: its claim and its place among its parent's."""
+        claim.ready.set()
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
@@ -471,16 +483,14 @@ class Runs:
             self._drain = (drain, cause)
             claims = list(self._active.values())
         for claim in claims:
-            if claim.executor is not None:
-                claim.executor.tell(Drain(drain=drain, cause=cause))
+            claim.tell(Drain(drain=drain, cause=cause))
         still = self.wait_idle(drain)
         if not still:
             return []
         with self._lock:
             claims = [self._active[r] for r in still if r in self._active]
         for claim in claims:
-            if claim.executor is not None:
-                claim.executor.tell(Suspend())
+            claim.tell(Suspend())
         return self.wait_idle(_STOP_TIMEOUT)
 
     @property
@@ -604,6 +614,8 @@ class Runs:
         with self._lock:
             active = dict(self._active)
         for claim in active.values():
+            # A run claimed just before close() may have no executor yet: wait for it too (R3).
+            claim.ready.wait(max(0.0, deadline - time.monotonic()))
             if claim.executor is not None:
                 claim.executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:

@@ -285,3 +285,90 @@ def test_resuming_an_orchestration_that_runs_here_is_refused_untouched(sqlite_ur
             thread.join(WAIT)
         assert isinstance(out[0], journaled.Outcome), out
         assert out[0].status == "completed"
+
+
+# -- R3: close racing a run that is starting or ending ---------------------------------------------
+
+
+def _waiting_under(thread: threading.Thread, outer: str) -> bool:
+    """Tell whether ``thread`` blocks in a ``wait`` called (at any depth) from ``outer``."""
+    frame = sys._current_frames().get(thread.ident or -1)
+    names: list[str] = []
+    while frame is not None:
+        names.append(frame.f_code.co_name)
+        frame = frame.f_back
+    return any(name == "wait" and outer in names[i + 1 :] for i, name in enumerate(names))
+
+
+def test_close_waits_for_a_run_claimed_just_before_it(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R3: a run whose executor starts while close() begins is drained and suspended, not lost."""
+    from journaled.actors.executor import Executor
+
+    entered = threading.Event()
+    go = threading.Event()
+    start = Executor.start
+
+    def slow_start(*args: Any, **kwargs: Any) -> Any:
+        entered.set()
+        go.wait(WAIT)  # the caller thread is between its claim and its executor
+        return start(*args, **kwargs)
+
+    monkeypatch.setattr(Executor, "start", slow_start)
+    rt = journaled.open(sqlite_url, drain=WAIT)
+    rt.register_tool("t", lambda x: x)
+    runner, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
+    try:
+        assert entered.wait(WAIT)
+        closer, closed = _in_thread(rt.close)
+        wait_for(lambda: not closer.is_alive() or _waiting_under(closer, "wait_idle"), WAIT)
+    finally:
+        go.set()
+        runner.join(WAIT)
+    closer.join(WAIT)
+    assert closed == [None]
+    assert isinstance(out[0], journaled.ExecuteResult), out
+    assert out[0].suspended
+    with journaled.open(sqlite_url) as again:
+        state = again.runs.state(out[0].run_id)
+        assert state.suspended is not None
+        assert state.status == {"a": "pending"}
+
+
+def test_close_and_cancel_while_an_ended_run_is_being_let_go(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R3/E5: close and cancel right after a run's executor stopped neither raise nor half-close."""
+    import pykka
+
+    from journaled.actors import runs
+
+    letting_go = threading.Event()
+    go = threading.Event()
+    forget = runs.Runs._forget
+
+    def slow_forget(self: runs.Runs, *args: Any) -> None:
+        letting_go.set()
+        go.wait(WAIT)  # the caller thread has its result; the claim is still held
+        forget(self, *args)
+
+    monkeypatch.setattr(runs.Runs, "_forget", slow_forget)
+    rt = journaled.open(sqlite_url, drain=WAIT)
+    rt.register_tool("t", lambda x: x)
+    runner, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
+    try:
+        assert letting_go.wait(WAIT)
+        alive = [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]
+        assert "Executor" not in alive  # it has stopped; its claim is not dropped yet
+        (run_id,) = rt.runs.active()
+        rt.cancel(run_id)
+        closer, closed = _in_thread(rt.close)
+        wait_for(lambda: not closer.is_alive() or _waiting_under(closer, "wait_idle"), WAIT)
+    finally:
+        go.set()
+        runner.join(WAIT)
+    closer.join(WAIT)
+    assert closed == [None]
+    assert isinstance(out[0], journaled.ExecuteResult)
+    assert out[0].ok
