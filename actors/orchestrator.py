@@ -24,7 +24,7 @@ from journaled.actors.errors import (
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import Runs, check_budget, check_callable, new_run_id
 from journaled.events.base import DomainEvent, Event, Pending
-from journaled.events.errors import ConcurrencyConflict, PlanRejected
+from journaled.events.errors import ConcurrencyConflict, JournalClosed, PlanRejected
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -131,6 +131,8 @@ class Orchestrations:
                 ),
             )
             return self._drive(drive)
+        except JournalClosed as exc:
+            raise _closed(run_id) from exc
         finally:
             self._let_go(run_id)
 
@@ -199,6 +201,8 @@ class Orchestrations:
                 take_over=take_over,
                 trace=trace,
             )
+        except JournalClosed as exc:
+            raise _closed(run_id) from exc
         finally:
             self._let_go(run_id)
 
@@ -561,6 +565,14 @@ class Orchestrations:
             st.apply(Event(position=position, stream=stream, version=item.version, data=item.data))
             if d.trace is not None:
                 d.trace(position, st.copy())
+
+
+def _closed(run_id: str) -> RuntimeClosed:
+    """Say that the runtime closed under an orchestration, which stays resumable (R3)."""
+    return RuntimeClosed(
+        f"the runtime closed while orchestration {run_id} was being driven; what it decided is "
+        "journaled: resume it in a new runtime"
+    )
 
 
 def _first_failure(state: RunState) -> str:

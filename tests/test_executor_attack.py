@@ -372,3 +372,34 @@ def test_close_and_cancel_while_an_ended_run_is_being_let_go(
     assert closed == [None]
     assert isinstance(out[0], journaled.ExecuteResult)
     assert out[0].ok
+
+
+def test_orchestrate_whose_runtime_closed_while_planning_raises_runtime_closed(
+    sqlite_url: str,
+) -> None:
+    """R3/O5: close() ending while the planner runs: orchestrate raises RuntimeClosed, resumable."""
+    entered = threading.Event()
+    release = threading.Event()
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        if not release.is_set():
+            entered.set()
+            release.wait(WAIT)
+        return Plan(goal=goal, steps=[Step("a", tool="t", input="a")])
+
+    rt = journaled.open(sqlite_url)
+    rt.register_tool("t", lambda x: x)
+    thread, out = _in_thread(rt.orchestrate, "g", planner)
+    try:
+        assert entered.wait(WAIT)
+        rt.close()  # nothing executes: it returns at once, closing the journal
+    finally:
+        release.set()
+        thread.join(WAIT)
+    assert isinstance(out[0], journaled.RuntimeClosed), out
+    with journaled.open(sqlite_url) as again:
+        again.register_tool("t", lambda x: x)
+        (orchestration,) = again.runs.list()
+        outcome = again.resume(orchestration, planner=planner)
+        assert isinstance(outcome, journaled.Outcome)
+        assert outcome.status == "completed"
