@@ -33,7 +33,7 @@ from journaled.actors.runs import (
 )
 from journaled.actors.steps import storable_text
 from journaled.events.base import DomainEvent, Event, Pending
-from journaled.events.errors import ConcurrencyConflict, PlanRejected
+from journaled.events.errors import ConcurrencyConflict, JournalClosed, PlanRejected
 from journaled.events.inputs import text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
@@ -82,6 +82,11 @@ class _Drive:
     trace: OrchestrationTrace | None = None
 
 
+_IN_PROCESS_LOCK = threading.Lock()
+_DRIVEN_IN_PROCESS: set[str] = set()
+"""Orchestrations an ``orchestrate`` or ``resume`` of any runtime in this process drives now."""
+
+
 class Orchestrations:
     """Start and resume orchestrations over the runs of one runtime."""
 
@@ -92,6 +97,7 @@ class Orchestrations:
         self._planners: dict[str, Planner] = {}
         self._lock = threading.Lock()
         self._driving: set[str] = set()
+        """Orchestrations an ``orchestrate`` or ``resume`` of this runtime drives now (R8)."""
         self._cancelled: set[str] = set()
 
     # -- entry points ----------------------------------------------------------------------------
@@ -123,24 +129,53 @@ class Orchestrations:
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
         run_id = new_run_id(self._clock())
-        self._planners[run_id] = planner
-        drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
-        self._append(
-            drive,
-            OrchestrationStarted(
-                at=self._clock(),
-                run_id=run_id,
-                goal=goal,
-                mode=_mode(mode),
-                call_budget=call_budget,
-                partial=bool(partial),
-                require_approval=bool(require_approval),
-                max_passes=max_passes,
-                reserve=policy_name(reserve),
-                owner=this_process(),
-            ),
-        )
-        return self._drive(drive)
+        self._hold(run_id)
+        try:
+            self._planners[run_id] = planner
+            drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
+            self._append(
+                drive,
+                OrchestrationStarted(
+                    at=self._clock(),
+                    run_id=run_id,
+                    goal=goal,
+                    mode=_mode(mode),
+                    call_budget=call_budget,
+                    partial=bool(partial),
+                    require_approval=bool(require_approval),
+                    max_passes=max_passes,
+                    reserve=policy_name(reserve),
+                    owner=this_process(),
+                ),
+            )
+            return self._drive(drive)
+        except JournalClosed as exc:
+            raise _closed(run_id) from exc
+        finally:
+            self._let_go(run_id)
+
+    def _hold(self, run_id: str) -> None:
+        """Claim an orchestration for one caller in this process, or raise RunOwnedElsewhere.
+
+        Taken before its state is read, so a resume never appends beside a drive that is still
+        running in this process (R8), from this runtime or another one; another process is kept
+        out by the owner check and the stream's versions.
+        """
+        with _IN_PROCESS_LOCK:
+            if run_id in _DRIVEN_IN_PROCESS:
+                raise RunOwnedElsewhere(
+                    f"orchestration {run_id} is being driven in this process right now; wait "
+                    "for that orchestrate or resume to return before resuming it"
+                )
+            _DRIVEN_IN_PROCESS.add(run_id)
+        with self._lock:
+            self._driving.add(run_id)
+
+    def _let_go(self, run_id: str) -> None:
+        with self._lock:
+            self._driving.discard(run_id)
+        with _IN_PROCESS_LOCK:
+            _DRIVEN_IN_PROCESS.discard(run_id)
 
     def cancel(self, run_id: str) -> bool:
         """Ask an orchestration driven in this runtime to stop before its next step (E5).
@@ -190,6 +225,39 @@ class Orchestrations:
         ``orchestrate``-mode orchestration with passes left needs its planner (``planner=``, or
         the one this runtime was given before): a failed pass is replanned (O2).
         """
+        self._hold(run_id)
+        try:
+            return self._resume(
+                run_id,
+                call_budget,
+                answers,
+                approve,
+                clarification,
+                planner=planner,
+                reserve=reserve,
+                on_progress=on_progress,
+                take_over=take_over,
+                trace=trace,
+            )
+        except JournalClosed as exc:
+            raise _closed(run_id) from exc
+        finally:
+            self._let_go(run_id)
+
+    def _resume(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        approve: bool,
+        clarification: str | None,
+        *,
+        planner: Planner | None,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        take_over: bool,
+        trace: OrchestrationTrace | None,
+    ) -> Outcome:
         state = self.state(run_id)
         if state.purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its goal is gone, it cannot resume")
@@ -310,9 +378,7 @@ class Orchestrations:
             "running": self._run_pass,
             "reviewing": self._review,
         }
-        run_id = d.state.run_id
-        with self._lock:
-            self._driving.add(run_id)
+        run_id = d.state.run_id  # held by the caller for this runtime (see _hold)
         try:
             while d.state.ended is None:
                 if d.state.phase != "reviewing" and self._cancel_requested(run_id):
@@ -323,7 +389,6 @@ class Orchestrations:
                 self._append(d, *handlers[d.state.phase](d))
         finally:
             with self._lock:
-                self._driving.discard(run_id)
                 self._cancelled.discard(run_id)
         if d.state.status in ("completed", "failed", "dry_run"):
             self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
@@ -336,9 +401,8 @@ class Orchestrations:
         start or last resume tells which. Journals written before owners name none.
         """
         run_id = state.run_id
-        with self._lock:
-            if run_id in self._driving:
-                raise RunNotResumable(f"run {run_id} is being orchestrated in this runtime now")
+        if state.owner == this_process():
+            return  # every drive in this process holds it (_hold): none does, so it was let go
         now = self._clock()
         if state.owner and not take_over and owner_alive(state.owner, state.last_at, now):
             raise RunOwnedElsewhere(
@@ -641,6 +705,14 @@ class Orchestrations:
             st.apply(Event(position=position, stream=stream, version=item.version, data=item.data))
             if d.trace is not None:
                 d.trace(position, st.copy())
+
+
+def _closed(run_id: str) -> RuntimeClosed:
+    """Say that the runtime closed under an orchestration, which stays resumable (R3)."""
+    return RuntimeClosed(
+        f"the runtime closed while orchestration {run_id} was being driven; what it decided is "
+        "journaled: resume it in a new runtime"
+    )
 
 
 def _first_failure(state: RunState) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sys
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+import pykka
 
 from journaled.actors.errors import (
     RunNotFound,
@@ -133,6 +135,14 @@ class _Claim:
     """The run's cancel token."""
     opened: threading.Event = field(default_factory=threading.Event)
     """Set once the run's opening events are committed."""
+    ready: threading.Event = field(default_factory=threading.Event)
+    """Set once the executor exists (or the claim is dropped): what close() waits for first."""
+
+    def tell(self, message: object) -> None:
+        """Tell the executor, if it exists and has not stopped (it may just have ended)."""
+        if self.executor is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                self.executor.tell(message)
 
 
 class Runs:
@@ -343,6 +353,7 @@ class Runs:
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
+        claim.ready.set()
 
     def check_free(self, run_id: str, take_over: bool = False) -> None:
         """Raise unless nobody executes the run now (RunOwnedElsewhere: a live owner has it)."""
@@ -381,8 +392,7 @@ class Runs:
         if active is None:
             return False
         active.token.set()
-        if active.executor is not None:
-            active.executor.tell(CancelRun())
+        active.tell(CancelRun())
         return True
 
     def _run(
@@ -422,6 +432,7 @@ class Runs:
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
                 parent_active = self._active.get(parent[0])
+        claim.ready.set()
         if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
             self.cancel(run_id)  # a cancel that came before the executor existed
         if closing:
@@ -439,16 +450,27 @@ class Runs:
                             f"the executor of run {run_id} stopped unexpectedly"
                         ) from None
         finally:
-            with self._lock:
-                if self._active.get(run_id) is claim:
-                    del self._active[run_id]
-                self._children.pop(run_id, None)
-                if parent is not None:
-                    siblings = self._children.get(parent[0])
-                    if siblings is not None and run_id in siblings:
-                        siblings.remove(run_id)
-                        if not siblings:
-                            del self._children[parent[0]]
+            if not done.done() and executor.is_alive():
+                # Left by an exception (Ctrl-C) while the run still executes: the claim stays
+                # until the run stops, so close() drains and suspends it and no second executor
+                # of it starts in this runtime (R3, R8).
+                done.add_done_callback(lambda _: self._forget(run_id, claim, parent))
+            else:
+                self._forget(run_id, claim, parent)
+
+    def _forget(self, run_id: str, claim: _Claim, parent: tuple[str, str] | None) -> None:
+        """Drop a run that stopped executing: its claim and its place among its parent's."""
+        claim.ready.set()
+        with self._lock:
+            if self._active.get(run_id) is claim:
+                del self._active[run_id]
+            self._children.pop(run_id, None)
+            if parent is not None:
+                siblings = self._children.get(parent[0])
+                if siblings is not None and run_id in siblings:
+                    siblings.remove(run_id)
+                    if not siblings:
+                        del self._children[parent[0]]
 
     def _child_runner(
         self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
@@ -484,16 +506,14 @@ class Runs:
             self._drain = (drain, cause)
             claims = list(self._active.values())
         for claim in claims:
-            if claim.executor is not None:
-                claim.executor.tell(Drain(drain=drain, cause=cause))
+            claim.tell(Drain(drain=drain, cause=cause))
         still = self.wait_idle(drain)
         if not still:
             return []
         with self._lock:
             claims = [self._active[r] for r in still if r in self._active]
         for claim in claims:
-            if claim.executor is not None:
-                claim.executor.tell(Suspend())
+            claim.tell(Suspend())
         return self.wait_idle(_STOP_TIMEOUT)
 
     @property
@@ -620,6 +640,8 @@ class Runs:
         with self._lock:
             active = dict(self._active)
         for claim in active.values():
+            # A run claimed just before close() may have no executor yet: wait for it too (R3).
+            claim.ready.wait(max(0.0, deadline - time.monotonic()))
             if claim.executor is not None:
                 claim.executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:

@@ -94,6 +94,8 @@ class AgentContext:
         self._cancel: threading.Event | None = msg.cancel
         self._runner: Callable[..., ExecuteResult] | None = msg.child_runner
         self.child_runs: list[str] = []
+        self._calls = 0
+        self._calls_lock = threading.Lock()
         self.interrupted = False
         """Set when a child run was cut short by the runtime closing: the step has no result
         and runs again on resume, whatever the agent returns (R3)."""
@@ -116,7 +118,11 @@ class AgentContext:
         """
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
-        call = len(self.child_runs) + 1
+        with self._calls_lock:
+            # The ordinal is taken when the call starts, so calls from several threads of the
+            # step get distinct children (R5); a call that fails still uses its ordinal.
+            self._calls += 1
+            call = self._calls
         try:
             result = self._runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
         except RuntimeClosed:
@@ -218,8 +224,9 @@ def _observe_agent(
         output = journalable(result.output, f"the output of agent {step.agent!r}")
         artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
         calls = result.calls_used
-        problem = None if calls is None else int_problem(calls)
+        problem = None if calls is None else int_problem(calls, low=0)
         if problem:
+            # Not a report: the step is charged its reservation (E8), never made free (R6).
             raise ValueError(f"calls_used {problem}")
         problem = None if result.error is None else text_problem(result.error)
         if problem:
@@ -244,7 +251,7 @@ def _observe_agent(
         code=code,
         data=data,
         artifacts=artifacts,
-        calls_used=None if calls is None else max(0, calls),
+        calls_used=calls,
         agent_task_id=task,
     )
     return obs, None

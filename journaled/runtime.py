@@ -163,6 +163,8 @@ class Runtime:
         self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
         self._closed = False
         self._close_lock = threading.Lock()
+        self._close_done = threading.Event()
+        """Set once the first close() has finished: later callers wait for it (R3)."""
         _OPEN.add(self)
 
     # -- registration ----------------------------------------------------------------------------
@@ -340,21 +342,29 @@ class Runtime:
     def _close(self, drain: float | None, cause: str) -> None:
         wait = self._drain if drain is None else _check_drain(drain)
         with self._close_lock:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
-        _OPEN.discard(self)
-        still = self.runs.close(wait, cause)
-        if still:
-            log.warning("closing with run(s) %s still executing", ", ".join(still))
+        if not first:
+            # Another thread is closing: return once it has, so that whoever returns from
+            # close() finds the runs suspended and the journal closed (R3). That close is
+            # bounded (drain, then the stop timeouts), whatever its steps do.
+            self._close_done.wait()
+            return
         try:
-            if self._journal.config.backend != "memory":
-                self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
-        except Exception as exc:  # a cache: a read-only or full journal still closes cleanly
-            log.warning("memory snapshot not saved on close (only a cache): %s", exc)
-            log.debug("why the memory snapshot was not saved", exc_info=True)
+            _OPEN.discard(self)
+            still = self.runs.close(wait, cause)
+            if still:
+                log.warning("closing with run(s) %s still executing", ", ".join(still))
+            try:
+                if self._journal.config.backend != "memory":
+                    self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
+            except Exception as exc:  # a cache: a read-only or full journal still closes cleanly
+                log.warning("memory snapshot not saved on close (only a cache): %s", exc)
+                log.debug("why the memory snapshot was not saved", exc_info=True)
+            finally:
+                self._stop()
         finally:
-            self._stop()
+            self._close_done.set()
 
     def _stop(self) -> None:
         try:
