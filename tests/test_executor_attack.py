@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from threads import in_thread
 
 import journaled
 from journaled import Plan, Step
@@ -24,21 +25,6 @@ from journaled.testing import wait_for
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 20.0
 """Upper bound of every wait: a test that needs it has failed."""
-
-
-def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
-    """Run ``fn`` in a thread; the list receives its result or the exception it raised."""
-    out: list[Any] = []
-
-    def target() -> None:
-        try:
-            out.append(fn(*args, **kwargs))
-        except BaseException as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
 
 
 # -- R3: Ctrl-C in the thread that executes -------------------------------------------------------
@@ -123,10 +109,10 @@ def test_a_second_close_returns_only_once_the_runtime_is_closed(sqlite_url: str)
 
     rt = journaled.open(sqlite_url, drain=WAIT)
     rt.register_tool("hold", hold)
-    runner, result = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="hold")]))
+    runner, result = in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="hold")]))
     try:
         assert entered.wait(WAIT)
-        first, _ = _in_thread(rt.close)
+        first, _ = in_thread(rt.close)
         wait_for(lambda: rt.runs.closing, WAIT)
         seen: list[list[str]] = []
 
@@ -266,7 +252,7 @@ def test_resuming_an_orchestration_that_runs_here_is_refused_untouched(sqlite_ur
 
     with journaled.open(sqlite_url) as rt:
         rt.register_tool("hold", hold)
-        thread, out = _in_thread(rt.orchestrate, "g", planner)
+        thread, out = in_thread(rt.orchestrate, "g", planner)
         try:
             assert entered.wait(WAIT)
             orchestration = next(r for r in rt.runs.list() if "orchestration" in rt.runs.why(r))
@@ -312,10 +298,10 @@ def test_close_waits_for_a_run_claimed_just_before_it(
     monkeypatch.setattr(Executor, "start", slow_start)
     rt = journaled.open(sqlite_url, drain=WAIT)
     rt.register_tool("t", lambda x: x)
-    runner, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
+    runner, out = in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
     try:
         assert entered.wait(WAIT)
-        closer, closed = _in_thread(rt.close)
+        closer, closed = in_thread(rt.close)
         wait_for(lambda: not closer.is_alive() or _waiting_under(closer, "wait_idle"), WAIT)
     finally:
         go.set()
@@ -350,14 +336,14 @@ def test_close_and_cancel_while_an_ended_run_is_being_let_go(
     monkeypatch.setattr(runs.Runs, "_forget", slow_forget)
     rt = journaled.open(sqlite_url, drain=WAIT)
     rt.register_tool("t", lambda x: x)
-    runner, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
+    runner, out = in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="t")]))
     try:
         assert letting_go.wait(WAIT)
         alive = [r.actor_class.__name__ for r in pykka.ActorRegistry.get_all()]
         assert "Executor" not in alive  # it has stopped; its claim is not dropped yet
         (run_id,) = rt.runs.active()
         rt.cancel(run_id)
-        closer, closed = _in_thread(rt.close)
+        closer, closed = in_thread(rt.close)
         wait_for(lambda: not closer.is_alive() or _waiting_under(closer, "wait_idle"), WAIT)
     finally:
         go.set()
@@ -383,7 +369,7 @@ def test_orchestrate_whose_runtime_closed_while_planning_raises_runtime_closed(
 
     rt = journaled.open(sqlite_url)
     rt.register_tool("t", lambda x: x)
-    thread, out = _in_thread(rt.orchestrate, "g", planner)
+    thread, out = in_thread(rt.orchestrate, "g", planner)
     try:
         assert entered.wait(WAIT)
         rt.close()  # nothing executes: it returns at once, closing the journal

@@ -19,6 +19,7 @@ from typing import Any
 import pykka
 import pytest
 from crash import kill_when_in_flight
+from threads import in_thread
 
 import journaled
 from journaled import Plan, Step
@@ -41,21 +42,6 @@ def _reader(rt: journaled.Runtime, url: str) -> Iterator[journaled.Runtime]:
         yield other
 
 
-def _in_thread(fn: Any, *args: Any, **kwargs: Any) -> tuple[threading.Thread, list[Any]]:
-    """Run ``fn`` in a thread; the list receives its result or the exception it raised."""
-    out: list[Any] = []
-
-    def target() -> None:
-        try:
-            out.append(fn(*args, **kwargs))
-        except BaseException as exc:
-            out.append(exc)
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    return thread, out
-
-
 # -- R4: a result is journaled as soon as its step finishes ---------------------------------------
 
 
@@ -68,7 +54,7 @@ def test_a_result_is_journaled_while_its_sibling_still_runs(
         rt.register_tool("slow", lambda _: release.wait(WAIT) and "slow")
         rt.register_tool("fast", lambda _: "fast")
         plan = Plan(goal="g", steps=[Step("slow", tool="slow"), Step("fast", tool="fast")])
-        thread, out = _in_thread(rt.execute, plan, max_parallel_steps=2)
+        thread, out = in_thread(rt.execute, plan, max_parallel_steps=2)
         try:
             wait_for(lambda: bool(rt.runs.active()), WAIT)
             (run_id,) = rt.runs.active()
@@ -189,7 +175,7 @@ def _race_two_resumes(journal_url: str) -> None:
             barrier.wait(WAIT)
             return rt.resume(run_id, call_budget=1)
 
-        threads = [_in_thread(resume) for _ in range(2)]
+        threads = [in_thread(resume) for _ in range(2)]
         try:
             assert entered.wait(WAIT)
             wait_for(lambda: any(out for _, out in threads), WAIT)
@@ -245,10 +231,10 @@ def test_close_drains_the_step_in_flight_then_suspends(journal_url: str) -> None
             Step("b", tool="hold", input="b", depends_on=["a"]),
         ],
     )
-    thread, out = _in_thread(rt.execute, plan)
+    thread, out = in_thread(rt.execute, plan)
     assert entered.wait(WAIT)
     (run_id,) = rt.runs.active()
-    closer, closed = _in_thread(rt.close, drain=WAIT)
+    closer, closed = in_thread(rt.close, drain=WAIT)
     wait_for(lambda: rt.runs.closing, WAIT)
     with pytest.raises(journaled.RuntimeClosed):
         rt.execute(Plan(goal="late", steps=[Step("x", tool="hold", input="x")]))
@@ -290,7 +276,7 @@ def test_close_suspends_a_step_that_outlives_the_drain(journal_url: str) -> None
 
     rt = journaled.open(journal_url, drain=0.2)
     rt.register_tool("stuck", stuck)
-    thread, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="stuck")]))
+    thread, out = in_thread(rt.execute, Plan(goal="g", steps=[Step("a", tool="stuck")]))
     try:
         assert entered.wait(WAIT)
         (run_id,) = rt.runs.active()
@@ -439,7 +425,7 @@ def test_a_child_suspended_by_close_is_resumed_with_its_parent(sqlite_url: str) 
     rt = journaled.open(sqlite_url, drain=0.2)
     rt.register_tool("work", work)
     rt.register_agent("boss", agent)
-    thread, out = _in_thread(rt.execute, Plan(goal="g", steps=[Step("s", agent="boss")]))
+    thread, out = in_thread(rt.execute, Plan(goal="g", steps=[Step("s", agent="boss")]))
     try:
         assert entered.wait(WAIT)
         rt.close()
@@ -580,7 +566,7 @@ def test_close_suspends_an_orchestration_pass_and_it_resumes(sqlite_url: str) ->
 
     rt = journaled.open(sqlite_url, drain=0.2)
     rt.register_tool("work", work)
-    thread, out = _in_thread(rt.orchestrate, "g", planner)
+    thread, out = in_thread(rt.orchestrate, "g", planner)
     try:
         assert entered.wait(WAIT)
         rt.close()
@@ -616,7 +602,7 @@ def test_a_suspension_and_an_overrun_rebuild_to_the_live_state(sqlite_url: str) 
         goal="g",
         steps=[Step("x", agent="greedy"), Step("y", tool="stuck", depends_on=["x"])],
     )
-    thread, out = _in_thread(
+    thread, out = in_thread(
         rt.runs.execute,
         plan,
         call_budget=10,
