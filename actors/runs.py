@@ -38,6 +38,7 @@ from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
+from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
 from journaled.events.run_messages import Begin, CancelRun, Drain, Suspend
 from journaled.events.run_state import RunState, fold_run
@@ -65,6 +66,34 @@ def child_run_id(parent_run: str, step_id: str, call: int) -> str:
     if len(stamp) != 12 or not all(c in "0123456789abcdef" for c in stamp):
         stamp = digest[12:24]
     return f"{RUN_PREFIX}{stamp}_{digest[:12]}"
+
+
+def _child_plan_change(plan: Plan, first: Plan) -> str | None:
+    """Say how a re-run's child plan differs from the one its first attempt started, or None.
+
+    Compared as the journal holds them: step ids, targets, dependencies and inputs (normalised
+    and redacted as they were when stored); the goal's wording may vary between attempts.
+    """
+    try:
+        steps = [
+            (
+                s.id,
+                s.kind,
+                s.target,
+                sorted(s.depends_on),
+                redact_data(journalable(s.input, "input")),
+            )
+            for s in plan.steps
+        ]
+    except (ValueError, AttributeError, TypeError) as exc:
+        return f"its steps cannot be stored: {exc}"
+    before = [(s.id, s.kind, s.target, sorted(s.depends_on), s.input) for s in first.steps]
+    if [s[:4] for s in steps] != [s[:4] for s in before]:
+        return f"steps {[s[0] for s in before]} then, {[s[0] for s in steps]} now"
+    for now, then in zip(steps, before, strict=True):
+        if msgspec.json.encode(now[4]) != msgspec.json.encode(then[4]):
+            return f"step {now[0]!r} has another input"
+    return None
 
 
 def policy_name(reserve: Reserve | None) -> str | None:
@@ -484,6 +513,16 @@ class Runs:
         if self._journal.first(run_id) is None:
             return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
         state = self.state(run_id)
+        changed = _child_plan_change(plan, state.plan())
+        if changed is not None:
+            # Answering with the first plan's child would be silently wrong, and starting another
+            # would leave the first behind (R5): the step fails, saying so.
+            raise PlanRejected(
+                None,
+                f"ctx.execute call {call} of step {parent[1]!r} passed another plan than on its "
+                f"first attempt, which started child run {run_id} ({changed}); a step must pass "
+                "the same child plans, in the same order, every time it runs",
+            )
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             return state.result()
         return self.resume(

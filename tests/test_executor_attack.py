@@ -160,12 +160,6 @@ def test_two_concurrent_child_runs_of_one_step_both_run(journal_url: str) -> Non
         assert len(rt.runs.list()) == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="R5/ADR 0020: a child is found again by its call ordinal alone; a re-run whose n-th "
-    "ctx.execute passes another plan gets the first plan's child back (result or resume) "
-    "without any check that the plans agree",
-)
 def test_a_rerun_step_with_another_child_plan_never_gets_the_first_plans_result(
     sqlite_url: str,
 ) -> None:
@@ -187,6 +181,11 @@ def test_a_rerun_step_with_another_child_plan_never_gets_the_first_plans_result(
         done = rt.resume(first.run_id, answers={"s": "yes"})
         assert isinstance(done, journaled.ExecuteResult)
         assert done.observations[-1].output != ["alpha"]
+        assert not done.observations[-1].ok
+        assert "passed another plan than on its first attempt" in (
+            done.observations[-1].error or ""
+        )
+        assert len(rt.runs.list()) == 2  # the parent and the one child: none started twice
 
 
 # -- R6: accounting -------------------------------------------------------------------------------
