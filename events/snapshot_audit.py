@@ -11,7 +11,7 @@ blanked by its purge) is not checked: nothing is served from it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -20,11 +20,12 @@ from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.inverted_index import IndexSnapshot
 from journaled.events.journal import Journal, Problem, VerifyReport
-from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
+from journaled.events.memory import MEMORY_EVENTS, Fact, FactPurged, FactRemembered
 from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
+    PURGED_TEXT,
     SCOPE_SNAPSHOT_DECODER,
     MemorySnapshot,
     MemoryState,
@@ -251,6 +252,43 @@ def _batches(journal: Journal, upto: int) -> Iterator[_Batch]:
 def _texts(journal: Journal, events: Sequence[Event]) -> dict[str, bytes]:
     ids = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]
     return journal.payloads(ids) if ids else {}
+
+
+class _FactsOnly(msgspec.Struct):
+    """The part of a scope snapshot that holds what memory serves: facts and erased ids."""
+
+    facts: dict[str, Fact]
+    erased: list[str]
+
+
+_FACTS_ONLY_DECODER = msgspec.msgpack.Decoder(_FactsOnly)
+
+
+def unbacked_text(
+    snapshot: MemorySnapshot, payloads: Callable[[list[str]], Mapping[str, bytes]]
+) -> str | None:
+    """Say which fact of a memory snapshot has a text its payload does not hold, or None.
+
+    The cheap check an open makes before serving a snapshot (R7): every fact text must be the
+    payload the journal keeps for that fact (covered by the digest chain), and a fact whose text
+    was erased must have no payload left. It reads the payloads, not the events; the full
+    comparison with the events' fold is :func:`verify`'s.
+    """
+    for physical in sorted(snapshot.scopes):
+        try:
+            held = _FACTS_ONLY_DECODER.decode(snapshot.scopes[physical])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return f"scope {physical} cannot be read ({exc})"
+        stored = payloads(list(held.facts))
+        erased = set(held.erased)
+        for fact_id, fact in held.facts.items():
+            raw = stored.get(fact_id)
+            if fact_id in erased:
+                if raw is not None or fact.text != PURGED_TEXT:
+                    return f"fact {fact_id} is marked erased but has a text"
+            elif raw is None or raw != fact.text.encode("utf-8"):
+                return f"the text of fact {fact_id} is not the one the journal holds"
+    return None
 
 
 # -- runs ----------------------------------------------------------------------------------------

@@ -208,3 +208,24 @@ def test_journal_verify_exits_1_naming_the_forged_snapshot(
     assert result.exit_code == 1, result.output
     assert f"FAILED at position {position} (snapshot-altered)" in result.output
     assert f"snapshot {key} at position {position}" in result.output
+
+
+def test_open_folds_the_events_when_a_snapshot_text_is_forged(
+    sqlite_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """R7: an open never serves a fact text its payload does not hold; it folds the events."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        facts = [rt.memory.remember(f"the deploy key rotates on day {i}") for i in range(3)]
+        assert rt.memory.checkpoint()
+    with caplog.at_level("WARNING", logger="journaled.memory"), journaled.open(sqlite_url) as rt:
+        assert sorted(f.text for f in rt.memory.all()) == sorted(f.text for f in facts)
+    assert not [r for r in caplog.records if "does not match the journal" in r.message]
+    key, _ = _edit_memory_snapshot(sqlite_url, _retext)
+    with caplog.at_level("WARNING", logger="journaled.memory"), journaled.open(sqlite_url) as rt:
+        served = sorted(f.text for f in rt.memory.all())
+        found = rt.memory.search("funds account")
+    assert served == sorted(f.text for f in facts)
+    assert found == []
+    warned = [r.message for r in caplog.records if "does not match the journal" in r.message]
+    assert len(warned) == 1
+    assert key in warned[0]
