@@ -70,6 +70,7 @@ from journaled.events.messages import (
     WithKey,
 )
 from journaled.events.redact import redact, redact_report
+from journaled.events.snapshot_audit import unbacked_text
 from journaled.events.tenancy import belongs_elsewhere
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
@@ -505,6 +506,16 @@ class MemoryWriter(pykka.ThreadingActor):
             or set(snapshot.scopes) != set(self.scopes)
             or snapshot.position > self.journal.position()
         ):
+            return
+        unbacked = unbacked_text(snapshot, self.journal.payloads)
+        if unbacked is not None:
+            # Snapshots are outside the digest chain (ADR 0021); payloads are inside it. Never
+            # serve a text the journal does not hold: fold the events instead (R7).
+            log.warning(
+                "memory snapshot %s does not match the journal (%s): folding its events instead",
+                memory_snapshot_key(self.organization),
+                unbacked,
+            )
             return
         ask_all(
             list(self.scopes.values()),

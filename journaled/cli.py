@@ -142,12 +142,13 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
     missing file, a file that is not a journal, a server that refuses the connection.
 
     Reports the first position whose event was altered, removed, reordered or cannot be decoded,
-    or whose payload was changed or deleted without an erasure. Events written by a release
+    or whose payload was changed or deleted without an erasure; then compares every snapshot
+    with the fold of the events it claims to cover (snapshot-altered). Events written by a release
     without digests come before the chain's start: they are decoded, not chain-checked, and the
     output says where the chain starts. Opens the journal alone (no runtime), creates nothing.
 
     JSON: {ok, events, chained_from, unchained, payloads, head, problem: {position, kind, reason}
-    or null}.
+    or null, snapshots}.
     """
     try:
         report = verify_journal(ctx.obj["url"], head)

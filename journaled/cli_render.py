@@ -276,7 +276,10 @@ def verify_lines(report: journaled.VerifyReport) -> list[str]:
         )
     else:
         chain = f"chain covers every event from position {report.chained_from}"
-    lines = [f"{report.events} events read, {report.payloads} payloads checked; {chain}"]
+    lines = [
+        f"{report.events} events read, {report.payloads} payloads checked, "
+        f"{report.snapshots} snapshots checked against their events; {chain}"
+    ]
     if report.problem is not None:
         problem = report.problem
         lines.append(

@@ -26,6 +26,7 @@ from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
@@ -71,9 +72,10 @@ class JournalHandle:
         Returns:
             ``ok``, the events checked, the position the chain starts at (events before it were
             written by an older release: decoded but not chain-checked), the head digest, and the
-            first position altered, removed, reordered or undecodable, with the reason.
+            first position altered, removed, reordered or undecodable, with the reason; then
+            each snapshot is compared with the fold of its events (``snapshot-altered``).
         """
-        return self._journal.verify(head)
+        return verify_snapshots(self._journal, head)
 
 
 def verify(url: str | None = None, head: str | None = None) -> VerifyReport:
@@ -89,7 +91,7 @@ def verify(url: str | None = None, head: str | None = None) -> VerifyReport:
     resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
     journal = Journal(parse_url(resolved), codec(), create=False)
     try:
-        return journal.verify(head)
+        return verify_snapshots(journal, head)
     finally:
         journal.close()
 

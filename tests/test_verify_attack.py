@@ -64,12 +64,6 @@ def test_cli_verify_exits_2_when_the_journal_cannot_be_read(tmp_path: Path) -> N
         assert result.output.startswith("Error: ")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ADR 0021 leaves snapshots outside the chain, yet memory serves fact texts from its "
-    "snapshot at open: verify would have to check each snapshot against the fold of the events "
-    "it claims to cover (or the chain record the snapshot's digest)",
-)
 def test_a_forged_memory_snapshot_is_either_refused_or_reported(sqlite_url: str) -> None:
     """R7: a fact text forged in the memory snapshot is not served while verify says ok."""
     with journaled.open(sqlite_url) as rt:

@@ -505,6 +505,11 @@ class Journal:
         self._check_open()
         return self._recorder.select_snapshot(stream)
 
+    def snapshots(self) -> list[tuple[str, int, bytes]]:
+        """Return every snapshot as (key, version or position, state), in key order."""
+        self._check_open()
+        return self._recorder.select_snapshots()
+
     def first(self, stream: str) -> Event | None:
         """Return the first event of a stream, or None if the stream is empty."""
         events = self.stream(stream, limit=1)

@@ -148,7 +148,9 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
     """The first thing wrong in a journal: where, what kind, and why.
 
     ``kind`` is one of ``altered``, ``removed``, ``reordered``, ``inserted``, ``undecodable``,
-    ``payload-altered``, ``payload-removed``, ``payload-restored``, ``payload-inserted``.
+    ``payload-altered``, ``payload-removed``, ``payload-restored``, ``payload-inserted``, and
+    ``snapshot-altered`` (a snapshot that differs from the fold of its events, see
+    :mod:`journaled.events.snapshot_audit`).
     """
 
     position: int
@@ -170,6 +172,8 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
             truncation of the journal's tail, or a chain recomputed after an edit, which the
             chain alone cannot.
         problem: the first problem found (lowest position), or None.
+        snapshots: snapshots compared with the fold of their events (0 when the journal itself
+            failed, or when only the chain was checked).
     """
 
     ok: bool
@@ -179,6 +183,7 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
     payloads: int
     head: str | None
     problem: Problem | None = None
+    snapshots: int = 0
 
 
 class _Peek:

@@ -72,6 +72,11 @@ class _POPORecorder(POPOApplicationRecorder):
         with self._database_lock:
             self._scrubbed = max(self._scrubbed, erased)
 
+    def select_snapshots(self) -> list[tuple[str, int, bytes]]:
+        """Return every snapshot as (key, version, state), in key order (R7 checks them)."""
+        with self._database_lock:
+            return [(k, v, b) for k, (v, b) in sorted(self._snapshots.items())]
+
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
         with self._database_lock:

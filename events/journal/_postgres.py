@@ -378,6 +378,14 @@ if _POSTGRES_MISSING is None:
                     time.sleep(0.2 * attempt)
             raise AssertionError("unreachable")  # pragma: no cover
 
+        def select_snapshots(self) -> list[tuple[str, int, bytes]]:
+            """Return every snapshot as (key, version, state), in key order (R7 checks them)."""
+            rows = self._fetch(
+                f"SELECT stream, version, state FROM public.{SNAPSHOT_TABLE} ORDER BY stream",  # noqa: S608
+                [],
+            )
+            return [(str(r[0]), int(r[1]), bytes(r[2])) for r in rows]
+
         def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
             """Return a stream's snapshot (version, state), if one was written."""
             rows = self._fetch(

@@ -329,6 +329,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 [erased],
             )
 
+    def select_snapshots(self) -> list[tuple[str, int, bytes]]:
+        """Return every snapshot as (key, version, state), in key order (R7 checks them)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(f"SELECT stream, version, state FROM {SNAPSHOT_TABLE} ORDER BY stream")  # noqa: S608
+            return [(str(r[0]), int(r[1]), bytes(r[2])) for r in c.fetchall()]
+
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
         with self.datastore.transaction(commit=False) as c:

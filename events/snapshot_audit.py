@@ -1,0 +1,321 @@
+"""Check the journal's snapshots against the events they claim to fold (R7).
+
+Snapshots are caches outside the digest chain (ADR 0021), yet memory serves fact texts from its
+snapshot at open and a run resumes from its own. Each snapshot is therefore compared with the
+fold of the journal's events up to the snapshot's position (memory) or version (a run), using the
+same pure projections a cold open uses; a difference is reported as ``snapshot-altered``.
+
+A snapshot the runtime would ignore anyway (unreadable, of another schema, or a run's snapshot
+blanked by its purge) is not checked: nothing is served from it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from journaled.events.base import Event
+from journaled.events.catalog import NOT_MEMORY
+from journaled.events.inverted_index import IndexSnapshot
+from journaled.events.journal import Journal, Problem, VerifyReport
+from journaled.events.memory import MEMORY_EVENTS, Fact, FactPurged, FactRemembered
+from journaled.events.memory_state import (
+    MEMORY_SNAPSHOT_DECODER,
+    MEMORY_SNAPSHOT_PREFIX,
+    MEMORY_SNAPSHOT_SCHEMA,
+    PURGED_TEXT,
+    SCOPE_SNAPSHOT_DECODER,
+    MemorySnapshot,
+    MemoryState,
+    ScopeSnapshot,
+)
+from journaled.events.run_state import SNAPSHOT_SCHEMA, RunSnapshot, fold_run
+
+SNAPSHOT_ALTERED = "snapshot-altered"
+_BATCH = 2000
+_RUN_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(RunSnapshot)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def verify(journal: Journal, head: str | None = None) -> VerifyReport:
+    """Check the digest chain, then, if it holds, every snapshot against its events (R7).
+
+    A journal whose chain fails is reported as it is: its snapshots would be compared with events
+    already known to be wrong.
+    """
+    report = journal.verify(head)
+    if not report.ok:
+        return report
+    checked, problems = check_snapshots(journal)
+    first = min(problems, key=lambda p: p.position) if problems else None
+    return msgspec.structs.replace(report, ok=first is None, snapshots=checked, problem=first)
+
+
+def check_snapshots(journal: Journal) -> tuple[int, list[Problem]]:
+    """Compare every usable snapshot with the fold of its events.
+
+    Returns:
+        (snapshots checked, one ``snapshot-altered`` problem per snapshot that differs).
+    """
+    stored = journal.snapshots()
+    end = journal.position()
+    memory: list[tuple[str, MemorySnapshot]] = []
+    problems: list[tuple[str, Problem]] = []
+    checked = 0
+    for key, _, state in stored:
+        if key.startswith(MEMORY_SNAPSHOT_PREFIX):
+            snap = _memory_snapshot(state)
+            if snap is None:
+                continue
+            checked += 1
+            if snap.position > end:
+                problems.append(
+                    _altered(
+                        key,
+                        end,
+                        f"it claims position {snap.position}, past the journal's end ({end})",
+                    )
+                )
+            else:
+                memory.append((key, snap))
+        else:
+            checked += _check_run(journal, key, state, problems)
+    problems += _check_memory(journal, memory)
+    # A snapshot replaced or dropped while it was checked (a purge drops memory's in the same
+    # transaction that erases a text) is no evidence of anything: only report unchanged ones.
+    before = {key: (version, state) for key, version, state in stored}
+    now = {key: (version, state) for key, version, state in journal.snapshots()}
+    return checked, [p for key, p in problems if now.get(key) == before[key]]
+
+
+def _altered(key: str, position: int, why: str) -> tuple[str, Problem]:
+    problem = Problem(
+        position=position,
+        kind=SNAPSHOT_ALTERED,
+        reason=f"snapshot {key} at position {position} does not match the journal's events: {why}",
+    )
+    return key, problem
+
+
+# -- memory --------------------------------------------------------------------------------------
+
+
+def _memory_snapshot(state: bytes) -> MemorySnapshot | None:
+    """Decode a memory snapshot as an open would use it, or None where an open ignores it."""
+    try:
+        snap = MEMORY_SNAPSHOT_DECODER.decode(state)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    return snap if snap.schema == MEMORY_SNAPSHOT_SCHEMA else None
+
+
+class _MemoryFold:
+    """Memory as one snapshot's writer would have folded it: its organization, its scopes."""
+
+    def __init__(self, key: str, snap: MemorySnapshot) -> None:
+        self.key = key
+        self.snap = snap
+        self.state = MemoryState(sorted(snap.scopes), snap.organization)
+        self.versions: dict[str, int] = {}
+        self.purged: set[str] = set()
+
+    def apply(self, event: Event, texts: dict[str, bytes]) -> None:
+        if isinstance(event.data, MEMORY_EVENTS):
+            self.versions[event.stream] = event.version
+            if isinstance(event.data, FactPurged):
+                self.purged.add(event.data.fact_id)
+        self.state.apply(event, texts)
+
+    def difference(self) -> str | None:
+        """Say what the snapshot holds that the fold does not, or None when they agree."""
+        snap = self.snap
+        if snap.versions != self.versions:
+            return f"stream versions differ{_first_key(snap.versions, self.versions)}"
+        if snap.route != self.state.route:
+            return f"the route of facts to scopes differs{_first_key(snap.route, self.state.route)}"
+        if set(snap.purged) != self.purged:
+            return "the set of purged facts differs"
+        for physical in sorted(snap.scopes):
+            try:
+                held = SCOPE_SNAPSHOT_DECODER.decode(snap.scopes[physical])
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                return f"scope {physical} cannot be read ({exc})"
+            folded = SCOPE_SNAPSHOT_DECODER.decode(
+                _ENCODER.encode(self.state.scopes[physical].export())
+            )
+            why = _scope_difference(held, folded)
+            if why is not None:
+                return f"scope {physical}: {why}"
+        return None
+
+
+def _first_key(held: dict[str, Any], folded: dict[str, Any]) -> str:
+    keys = sorted(k for k in held.keys() | folded.keys() if held.get(k) != folded.get(k))
+    return f" (first at {keys[0]!r})" if keys else ""
+
+
+def _scope_difference(held: ScopeSnapshot, folded: ScopeSnapshot) -> str | None:
+    """Compare two scope snapshots by content (ids, not the index's internal numbering)."""
+    ids = sorted(held.facts.keys() | folded.facts.keys())
+    for fact_id in ids:
+        a, b = held.facts.get(fact_id), folded.facts.get(fact_id)
+        if a == b:
+            continue
+        if a is None or b is None:
+            where = "the snapshot" if a is not None else "the events"
+            return f"fact {fact_id} exists only in {where}"
+        fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
+        return f"fact {fact_id} differs in {', '.join(fields)}"
+    checks: Sequence[tuple[str, object, object]] = (
+        ("superseder expiries", held.superseder_until, folded.superseder_until),
+        ("supersession listings", held.listed_by, folded.listed_by),
+        ("conflict keys", held.by_key, folded.by_key),
+        ("erased texts", set(held.erased), set(folded.erased)),
+        ("conditional facts", set(held.conditional), set(folded.conditional)),
+        ("search groups", held.plain_group, folded.plain_group),
+        ("search totals", _groups(held), _groups(folded)),
+        ("search index", _index(held.index), _index(folded.index)),
+    )
+    for name, a_part, b_part in checks:
+        if a_part != b_part:
+            return f"its {name} differ"
+    return None
+
+
+def _groups(snap: ScopeSnapshot) -> dict[tuple[str, str | None], tuple[int, int]]:
+    return {(scope, domain): (n, length) for scope, domain, n, length in snap.groups}
+
+
+def _index(index: IndexSnapshot) -> tuple[object, ...]:
+    """Return an index's content keyed by document id, not by its internal document numbers."""
+
+    def name(number: int) -> str:
+        return index.names[number] if 0 <= number < len(index.names) else f"#{number}"
+
+    per_doc: dict[str, dict[str, int]] = {}
+    for term, posting in index.postings.items():
+        for number, tf in posting.items():
+            per_doc.setdefault(name(number), {})[term] = tf
+    lengths = {name(number): length for number, length in index.dl.items()}
+    return per_doc, lengths, index.lengths, index.terms
+
+
+def _check_memory(
+    journal: Journal, snapshots: list[tuple[str, MemorySnapshot]]
+) -> list[tuple[str, Problem]]:
+    """Fold memory's events once, comparing each snapshot when the fold reaches its position."""
+    if not snapshots:
+        return []
+    pending = sorted((_MemoryFold(k, s) for k, s in snapshots), key=lambda f: f.snap.position)
+    problems: list[tuple[str, Problem]] = []
+    active: list[_MemoryFold] = []
+    upto = pending[-1].snap.position
+
+    def settle(position: int) -> None:
+        """Compare and retire every snapshot whose position the fold has reached."""
+        while pending and pending[0].snap.position <= position:
+            done = pending.pop(0)
+            active.remove(done)
+            why = done.difference()
+            if why is not None:
+                problems.append(_altered(done.key, done.snap.position, why))
+
+    active.extend(pending)
+    for batch in _batches(journal, upto):
+        for event in batch.events:
+            settle(event.position - 1)
+            for fold in active:
+                fold.apply(event, batch.texts)
+    settle(upto)
+    return problems
+
+
+class _Batch(msgspec.Struct):
+    events: list[Event]
+    texts: dict[str, bytes]
+
+
+def _batches(journal: Journal, upto: int) -> Iterator[_Batch]:
+    """Yield memory's events up to a position in batches, with the texts they remember."""
+    batch: list[Event] = []
+    for event in journal.read(after=0, upto=upto, skip_prefixes=NOT_MEMORY):
+        batch.append(event)
+        if len(batch) >= _BATCH:
+            yield _Batch(batch, _texts(journal, batch))
+            batch = []
+    if batch:
+        yield _Batch(batch, _texts(journal, batch))
+
+
+def _texts(journal: Journal, events: Sequence[Event]) -> dict[str, bytes]:
+    ids = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]
+    return journal.payloads(ids) if ids else {}
+
+
+class _FactsOnly(msgspec.Struct):
+    """The part of a scope snapshot that holds what memory serves: facts and erased ids."""
+
+    facts: dict[str, Fact]
+    erased: list[str]
+
+
+_FACTS_ONLY_DECODER = msgspec.msgpack.Decoder(_FactsOnly)
+
+
+def unbacked_text(
+    snapshot: MemorySnapshot, payloads: Callable[[list[str]], Mapping[str, bytes]]
+) -> str | None:
+    """Say which fact of a memory snapshot has a text its payload does not hold, or None.
+
+    The cheap check an open makes before serving a snapshot (R7): every fact text must be the
+    payload the journal keeps for that fact (covered by the digest chain), and a fact whose text
+    was erased must have no payload left. It reads the payloads, not the events; the full
+    comparison with the events' fold is :func:`verify`'s.
+    """
+    for physical in sorted(snapshot.scopes):
+        try:
+            held = _FACTS_ONLY_DECODER.decode(snapshot.scopes[physical])
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            return f"scope {physical} cannot be read ({exc})"
+        stored = payloads(list(held.facts))
+        erased = set(held.erased)
+        for fact_id, fact in held.facts.items():
+            raw = stored.get(fact_id)
+            if fact_id in erased:
+                if raw is not None or fact.text != PURGED_TEXT:
+                    return f"fact {fact_id} is marked erased but has a text"
+            elif raw is None or raw != fact.text.encode("utf-8"):
+                return f"the text of fact {fact_id} is not the one the journal holds"
+    return None
+
+
+# -- runs ----------------------------------------------------------------------------------------
+
+
+def _check_run(
+    journal: Journal, key: str, state: bytes, problems: list[tuple[str, Problem]]
+) -> int:
+    """Compare a run's snapshot with the fold of its stream up to the snapshot's version."""
+    try:
+        held = _RUN_SNAPSHOT_DECODER.decode(state)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return 0  # blanked by a purge, or unreadable: a resume folds the events instead
+    if held.schema != SNAPSHOT_SCHEMA:
+        return 0
+    events = [e for e in journal.stream(key) if e.version <= held.version]
+    position = events[-1].position if events else 0
+    if len(events) != held.version:
+        why = f"it claims version {held.version}, the stream has {len(events)} events"
+        problems.append(_altered(key, position, why))
+        return 1
+    folded = fold_run(events)
+    if folded.started is None:
+        problems.append(_altered(key, position, "its stream does not start a run"))
+        return 1
+    again = _RUN_SNAPSHOT_DECODER.decode(folded.snapshot())
+    if again != held:
+        fields = [f for f in held.__struct_fields__ if getattr(held, f) != getattr(again, f)]
+        problems.append(_altered(key, position, f"it differs in {', '.join(fields)}"))
+    return 1
