@@ -1,8 +1,9 @@
 """The ``journaled`` command line: the demo, memory, runs and the journal, for people and scripts.
 
 Every command takes the global ``--url`` and ``--json`` (``--json`` is accepted after the command
-too). Reading commands never create a journal; only ``memory remember`` (and ``demo``) write. Bad
-input is one line on stderr and exit code 1, with nothing written. JSON shapes are documented in
+too). Reading commands never create a journal; only ``memory remember``, ``runs purge``,
+``memory scrub`` (and ``demo``) write. Bad input is one line on stderr and exit code 1, with
+nothing written. JSON shapes are documented in
 each command's ``--help`` and defined in :mod:`journaled.cli_render`.
 """
 
