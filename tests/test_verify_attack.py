@@ -122,13 +122,6 @@ def test_verify_reads_a_journal_in_a_read_only_directory(tmp_path: Path) -> None
     assert "1 events read" in result.stdout
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="select_digest_state reads every payload's bytes into one dict (one consistent view, "
-    "and decoding a content event needs its payload), so verify's memory grows with the "
-    "journal's payload bytes: 40 payloads of 10 MB peak at 445 MB RSS; hashing payloads in the "
-    "snapshot and fetching them per page of events would bound it",
-)
 def test_verify_does_not_hold_every_payload_in_memory_at_once(sqlite_url: str) -> None:
     """R7: verify reads the whole journal without keeping all payload bytes in memory at once."""
     journal = Journal(parse_url(sqlite_url), codec())

@@ -36,6 +36,7 @@ import re
 import sqlite3
 import threading
 import time
+from collections import deque
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -391,11 +392,21 @@ class Journal:
                 f"head: expected the 64 lowercase hex digits of a reported digest, got {head!r}"
             )
         upto, payloads = self._recorder.select_digest_state()
+        # A content event decodes with its payload: each page's payloads are fetched with it and
+        # kept for a few pages (a commit's events may span pages), never all at once.
+        content: dict[str, bytes] = {}
+        pages: deque[list[str]] = deque()
 
         def events() -> Iterator[Row]:
             start = 0
             while True:
                 rows = self._recorder.select_raw(start, upto, 1000)
+                keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
+                content.update(self._recorder.select_payloads(keys) if keys else {})
+                pages.append(keys)
+                while len(pages) > 3:
+                    for key in pages.popleft():
+                        content.pop(key, None)
                 yield from rows
                 if len(rows) < 1000:
                     return
@@ -410,7 +421,7 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests, payloads, lambda row: self._event(row, payloads), head)
+        return _verify(events, digests, payloads, lambda row: self._event(row, content), head)
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""

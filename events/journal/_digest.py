@@ -216,9 +216,11 @@ def verify(
     """Check events, digest records and payloads read up to one position; report the first problem.
 
     ``events`` and ``digests`` yield rows in position order; they are called again only to name
-    the position that an out-of-place event's content was recorded at. ``head`` is a digest
-    reported by an earlier check: it must still be one of the chain's, else commits that followed
-    it were removed (the tail cut off, then appended to) or the chain was recomputed.
+    the position that an out-of-place event's content was recorded at. ``payloads`` maps each
+    payload's key to its :func:`payload_hash`, read in the same view as the last position.
+    ``head`` is a digest reported by an earlier check: it must still be one of the chain's, else
+    commits that followed it were removed (the tail cut off, then appended to) or the chain was
+    recomputed.
     """
     anchored = head is None
     latest: dict[str, tuple[int, bytes | None]] = {}
@@ -468,7 +470,7 @@ def _check_payloads(
                     "without an erasure through the journal",
                 )
             )
-        elif payload_hash(key, payload) != digest:
+        elif payload != digest:
             found.append(
                 Problem(
                     position=position,

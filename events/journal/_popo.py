@@ -11,7 +11,7 @@ from eventsourcing.persistence import (
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
 from journaled.events.journal._common import Row, SnapshotRefused, erases, refused_after
-from journaled.events.journal._digest import DigestRow, chain
+from journaled.events.journal._digest import DigestRow, chain, payload_hash
 
 
 class _POPORecorder(POPOApplicationRecorder):
@@ -117,7 +117,8 @@ class _POPORecorder(POPOApplicationRecorder):
     def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
         """Return, at one instant, the last position and the payloads (R7)."""
         with self._database_lock:
-            return len(self._stored_events), dict(self._payloads)
+            hashes = {key: payload_hash(key, payload) for key, payload in self._payloads.items()}
+            return len(self._stored_events), hashes
 
     def select_stream(
         self, stream: str, after_version: int, upto: int | None, limit: int | None

@@ -42,7 +42,7 @@ from journaled.events.journal._common import (
     erases,
     refused_after,
 )
-from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain
+from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain, payload_hash
 from journaled.events.url import JournalConfig
 
 
@@ -359,8 +359,14 @@ if _POSTGRES_MISSING is None:
                     curs.execute(f"SELECT max(position) FROM public.{DIGEST_TABLE}")  # noqa: S608
                     found = curs.fetchone()
                     upto = max(upto, int(found[0] or 0) if found else 0)
-                curs.execute(f"SELECT stream, payload FROM public.{PAYLOAD_TABLE}")  # noqa: S608
-                return upto, {str(r[0]): bytes(r[1]) for r in curs.fetchall()}
+                hashes: dict[str, bytes] = {}
+                # A server-side cursor in the same snapshot: payloads are hashed as they stream in,
+                # so a journal of large payloads is checked without holding their bytes.
+                with conn.cursor(name="journaled_verify_payloads", row_factory=tuple_row) as rows:
+                    rows.execute(f"SELECT stream, payload FROM public.{PAYLOAD_TABLE}")  # noqa: S608
+                    for key, payload in rows:
+                        hashes[str(key)] = payload_hash(str(key), bytes(payload))
+                return upto, hashes
 
         def _fetch(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
             """Run one read on a pooled connection, retried if the connection was dropped."""

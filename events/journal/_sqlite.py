@@ -28,7 +28,7 @@ from journaled.events.journal._common import (
     erases,
     refused_after,
 )
-from journaled.events.journal._digest import DigestRow, chain
+from journaled.events.journal._digest import DigestRow, chain, payload_hash
 
 _CHAIN_COLUMNS = {
     "chain_first": "INTEGER",
@@ -307,12 +307,19 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             ]
 
     def select_digest_state(self) -> tuple[int, dict[str, bytes]]:
-        """Return, from one snapshot, the last position and the payloads (R7)."""
+        """Return, from one snapshot, the last position and each payload's hash (R7).
+
+        Payloads are hashed one row at a time, so a journal of large payloads is checked without
+        holding their bytes.
+        """
         with self.datastore.transaction(commit=False) as c:
             c.execute(f"SELECT max(rowid) FROM {self.events_table_name}")  # noqa: S608
             upto = int(c.fetchone()[0] or 0)
             c.execute(f"SELECT stream, CAST(payload AS BLOB) FROM {PAYLOAD_TABLE}")  # noqa: S608
-            return upto, {str(r[0]): bytes(r[1]) for r in c.fetchall()}
+            hashes: dict[str, bytes] = {}
+            while row := c.fetchone():
+                hashes[str(row[0])] = payload_hash(str(row[0]), bytes(row[1]))
+            return upto, hashes
 
     def select_scrub_marks(self) -> tuple[int, int]:
         """Return (erasures committed, erasures scrubbed from the files) so far."""
