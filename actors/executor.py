@@ -16,14 +16,14 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Future
 from typing import Any
 
 import pykka
 
+from journaled.actors.directory import failure
 from journaled.actors.ownership import HEARTBEAT_SECONDS
 from journaled.actors.run_recorder import Progress, RunRecorder, Trace
-from journaled.actors.steps import ACTOR_FOR_KIND, Registry, missing
+from journaled.actors.steps import Services, StepWorker, missing
 from journaled.events.base import DomainEvent
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import (
@@ -48,6 +48,7 @@ from journaled.events.run_messages import (
     CancelRun,
     Drain,
     Heartbeat,
+    RunEnded,
     RunStep,
     StepDeadline,
     StepDone,
@@ -88,27 +89,32 @@ class Executor(pykka.ThreadingActor):
         self,
         *,
         journal: Journal,
-        registry: Registry,
+        services: Services,
         state: RunState,
         opening: list[DomainEvent],
-        done: Future[ExecuteResult],
+        reply_to: str,
+        correlation: str,
         clock: Callable[[], int],
         cancel: threading.Event,
         reserve: Reserve | None = None,
         on_progress: Progress | None = None,
-        child_runner: Callable[..., ExecuteResult] | None = None,
         trace: Trace | None = None,
         opened: threading.Event | None = None,
     ) -> None:
         super().__init__()
         self.journal = journal
-        self.registry = registry
+        self.services = services
+        self.registry = services.registry
         self.state = state
         self.clock = clock
-        self.done = done
+        self.reply_to = reply_to
+        self.correlation = correlation
+        self.address = services.directory.address("executor", correlation)
+        self._result: ExecuteResult | None = None
+        self._error: BaseException | None = None
+        self._answered = False
         self.cancel_token = cancel
         self.reserve = reserve
-        self.child_runner = child_runner
         self._opening = opening
         self.recorder = RunRecorder(
             journal, state, on_progress=on_progress, trace=trace, opened=opened
@@ -120,7 +126,7 @@ class Executor(pykka.ThreadingActor):
         self._in_batch = False
         self._wave_index = 0
         self._waves: list[list[Step]] = []
-        self._idle: dict[str, list[Any]] = {}
+        self._idle: list[Any] = []
         self._workers: list[Any] = []
         self._running_per_key: dict[tuple[str, str], int] = {}
         self._finished = False
@@ -129,7 +135,8 @@ class Executor(pykka.ThreadingActor):
         self._cancel_early = False
         self._reservations: dict[str, int | None] = {}
         """Each runnable agent's reservation, fixed when its wave was costed; None: unbounded."""
-        self._step_tokens: dict[str, threading.Event] = {}
+        self._step_tokens: dict[str, Any] = {}
+        """Each step in flight's :class:`StepToken` (kept in ``services.cancellations``)."""
         self._reserve_errors: dict[str, str] = {}
         self._draining = False
         """The runtime is closing: start nothing more, suspend once nothing is in flight (R3)."""
@@ -191,16 +198,47 @@ class Executor(pykka.ThreadingActor):
             self.recorder.flush()
         self._arm_heartbeat()
 
+    def on_start(self) -> None:
+        """Take this executor's address, where step workers tell it how their steps went."""
+        self.services.directory.register(self.address, self.actor_ref)
+
     def on_stop(self) -> None:
-        """Stop the heartbeat timer."""
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
+        """Answer whoever waits for the run (see :meth:`_settle`)."""
+        self._settle()
 
     def on_failure(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
-        """Report a crash of the executor to whoever waits for the run, and stop the workers."""
-        if not self.done.done() and isinstance(exc_value, BaseException):
-            self.done.set_exception(exc_value)
+        """Answer whoever waits for the run with the error that stopped the executor.
+
+        pykka calls this instead of ``on_stop`` when a told message raised; the actor is
+        already unregistered and marked stopped.
+        """
+        if isinstance(exc_value, BaseException):
+            self._error = exc_value
+        self._settle()
+
+    def _settle(self) -> None:
+        """Stop the heartbeat and the workers, free the address, answer the run's starter once.
+
+        Runs when pykka has already unregistered the actor, so whoever the answer wakes finds it
+        stopped; an executor that stops without a result (it crashed, or was stopped from
+        outside) answers with the error.
+        """
+        if self._answered:
+            return
+        self._answered = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+        self.services.directory.unregister(self.address, self.actor_ref)
         self._stop_workers()
+        reply: object
+        if self._result is not None:
+            reply = RunEnded(correlation=self.correlation, result=self._result)
+        else:
+            error = self._error or RuntimeError(
+                f"the executor of run {self.state.run_id} stopped before the run did"
+            )
+            reply = failure(self.correlation, error)
+        self.services.directory.tell(self.reply_to, reply)
 
     # -- scheduling ------------------------------------------------------------------------------
 
@@ -360,7 +398,9 @@ class Executor(pykka.ThreadingActor):
         key = cap_key(step)
         self._running_per_key[key] = self._running_per_key.get(key, 0) + 1
         reserved = self._reservations.get(step.id, 0)
-        token = threading.Event()  # this step's: set by a cancel of the run or by its deadline
+        # This attempt's token: set by a cancel of the run or by its deadline; the worker finds
+        # it by (run, step, attempt), so the message holds no live object (A4).
+        token = self.services.cancellations.open(self.state.run_id, step.id, attempt)
         if self.cancel_token.is_set():
             token.set()
         self._step_tokens[step.id] = token
@@ -371,9 +411,7 @@ class Executor(pykka.ThreadingActor):
                 attempt=attempt,
                 reservation=reserved,
                 answer=self.state.answers.get(step.id),
-                cancel=token,
-                reply_to=self.actor_ref,
-                child_runner=self.child_runner,
+                reply_to=self.address,
             )
         )
 
@@ -382,8 +420,7 @@ class Executor(pykka.ThreadingActor):
         dispatch, self._to_dispatch = self._to_dispatch, []
         timeout = self._started().step_timeout
         for msg in dispatch:
-            kind = msg.step.kind or "tool"
-            worker = self._worker(kind)
+            worker = self._worker()
             timer = None
             if timeout is not None:
                 timer = threading.Timer(
@@ -404,7 +441,8 @@ class Executor(pykka.ThreadingActor):
         if timer is not None:
             timer.cancel()
         step = self.state.steps[msg.step_id]
-        self._idle.setdefault(step.kind or "tool", []).append(worker)
+        self._step_tokens.pop(msg.step_id, None)
+        self._idle.append(worker)
         self._release(step)
         if msg.interrupted:
             # The runtime is closing under it (a child run was suspended): no result; the step
@@ -614,18 +652,15 @@ class Executor(pykka.ThreadingActor):
         state = self.state
         self.recorder.flush(snapshot=True)
         self._finished = True
-        self._stop_workers()
-        if not self.done.done():
-            self.done.set_result(state.result())
-        self.stop()
+        self._result = state.result()
+        self.stop()  # on_stop stops the workers and answers
 
     # -- workers ---------------------------------------------------------------------------------
 
-    def _worker(self, kind: str) -> Any:
-        idle = self._idle.setdefault(kind, [])
-        if idle:
-            return idle.pop()
-        worker = ACTOR_FOR_KIND[kind].start(self.registry)
+    def _worker(self) -> Any:
+        if self._idle:
+            return self._idle.pop()
+        worker = StepWorker.start(self.services)
         self._workers.append(worker)
         return worker
 

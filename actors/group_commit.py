@@ -9,24 +9,24 @@ group again on the caught-up state.
 
 from __future__ import annotations
 
-import contextlib
 import random
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
 
 from journaled.events.base import DomainEvent
 from journaled.events.errors import ConcurrencyConflict
 from journaled.events.memory import Fact
 from journaled.events.messages import Remember
 
-__all__ = ["answer", "commit_remembers"]
+__all__ = ["Answer", "commit_remembers"]
 
 GROUP_ATTEMPTS = 3
 """Conflicting attempts at storing a group together before its remembers are stored one by one."""
 
 Decide = Callable[[Remember], tuple[list[tuple[str, DomainEvent]], str, Fact]]
 """Decide one remember against the stored state: (its events by stream, its text, its fact)."""
+Answer = Callable[[Remember, Fact | None, Exception | None], None]
+"""Tell a remember's asker its fact, or the error that kept it from being stored."""
 Append = Callable[[list[tuple[str, DomainEvent]], dict[str, bytes]], None]
 """Append events and fact texts in one transaction, then fold them. Raises only when nothing was
 stored: once the transaction commits, a failing fold is the writer's to repair (it rebuilds its
@@ -40,6 +40,7 @@ def commit_remembers(
     append: Append,
     catch_up: Callable[[], None],
     attempts: int,
+    answer: Answer,
 ) -> None:
     """Decide every remember of the group, append them in one transaction, answer each caller.
 
@@ -57,7 +58,7 @@ def commit_remembers(
             try:
                 events, text, fact = decide(message)
             except Exception as exc:  # invalid, or a scope actor failed: this caller only
-                answer(message.reply, error=exc)
+                answer(message, None, exc)
                 continue
             decided.append((message, fact))
             staged += events
@@ -73,35 +74,32 @@ def commit_remembers(
             try:
                 catch_up()
             except Exception as exc:
-                _fail(pending, exc)
+                _fail(pending, exc, answer)
                 return
             continue
         except Exception as exc:
-            _fail(pending, exc)
+            _fail(pending, exc, answer)
             return
         for message, fact in decided:
-            answer(message.reply, fact)
+            answer(message, fact, None)
         return
     if len(pending) > 1:
         # A key other processes keep claiming must not hold up (or fail) the rest of the group:
         # each remember gets the retries it would have had alone.
         for message in pending:
             commit_remembers(
-                [message], decide=decide, append=append, catch_up=catch_up, attempts=attempts
+                [message],
+                decide=decide,
+                append=append,
+                catch_up=catch_up,
+                attempts=attempts,
+                answer=answer,
             )
         return
-    _fail(pending, ConcurrencyConflict([], f"gave up after {attempts} conflicting attempts"))
+    error = ConcurrencyConflict([], f"gave up after {attempts} conflicting attempts")
+    _fail(pending, error, answer)
 
 
-def _fail(group: Sequence[Remember], error: Exception) -> None:
+def _fail(group: Sequence[Remember], error: Exception, answer: Answer) -> None:
     for message in group:
-        answer(message.reply, error=error)
-
-
-def answer(reply: Future[Fact], fact: Fact | None = None, error: Exception | None = None) -> None:
-    """Complete a caller's reply, unless it already is (a caller may have given up on it)."""
-    with contextlib.suppress(InvalidStateError):
-        if error is not None:
-            reply.set_exception(error)
-        else:
-            reply.set_result(fact)  # type: ignore[arg-type]
+        answer(message, None, error)

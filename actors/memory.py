@@ -16,15 +16,16 @@ import logging
 import random
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
+from journaled.actors.directory import Directory, failure
 from journaled.actors.errors import ActorsError
-from journaled.actors.group_commit import answer, commit_remembers
+from journaled.actors.group_commit import commit_remembers
 from journaled.actors.remember_rules import validate_remember
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
@@ -37,6 +38,7 @@ from journaled.events.memory import (
     ConflictKeyClaimed,
     Fact,
     FactDeleted,
+    FactEvent,
     FactPurged,
     FactRelinked,
     FactRemembered,
@@ -65,6 +67,7 @@ from journaled.events.messages import (
     LinksAnswer,
     Purge,
     Remember,
+    Remembered,
     RestoreScope,
     SaveSnapshot,
     WithKey,
@@ -105,8 +108,10 @@ class MemoryWriter(pykka.ThreadingActor):
         scopes: dict[str, Any],
         clock: Clock,
         organization: str | None,
+        directory: Directory,
     ) -> None:
         super().__init__()
+        self.directory = directory
         self.journal = journal
         self.scopes = scopes
         self.clock = clock
@@ -134,13 +139,13 @@ class MemoryWriter(pykka.ThreadingActor):
         """Dispatch one command; a remember with a reply joins the group being committed."""
         if self._stale:
             self._rebuild()
-        if isinstance(message, Remember) and message.reply is not None:
+        if isinstance(message, Remember) and message.reply_to is not None:
             try:
                 if self._stale:
                     raise ActorsError("memory is behind the journal and could not be rebuilt yet")
                 self._join_group(message)
             except Exception as exc:  # told, not asked: an escaping error would stop the writer
-                answer(message.reply, error=exc)
+                self._answer(message, None, exc)
             return None
         self._commit_group()  # whatever else comes is decided against stored remembers
         if self._stale and isinstance(message, Remember | Delete | Purge):
@@ -206,7 +211,18 @@ class MemoryWriter(pykka.ThreadingActor):
                 append=lambda staged, payloads: self._append(staged, payloads=payloads),
                 catch_up=self._catch_up,
                 attempts=_RETRIES,
+                answer=self._answer,
             )
+
+    def _answer(self, message: Remember, fact: Fact | None, error: Exception | None) -> None:
+        """Tell a remember's asker its stored fact or its error, by address (A4)."""
+        correlation = message.correlation or ""
+        reply = failure(correlation, error) if error is not None else None
+        if reply is None:
+            assert fact is not None
+            self.directory.tell(message.reply_to, Remembered(correlation=correlation, fact=fact))
+        else:
+            self.directory.tell(message.reply_to, reply)
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
         for attempt in range(_RETRIES):
@@ -613,7 +629,8 @@ class MemoryWriter(pykka.ThreadingActor):
                 for e in scoped
                 if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
             }
-            self.scopes[physical].tell(Apply(events=tuple(scoped), texts=wanted_texts))
+            about_facts = tuple(cast(FactEvent, e.data) for e in scoped)
+            self.scopes[physical].tell(Apply(events=about_facts, texts=wanted_texts))
         self._queue_auto_snapshot()
 
     def _track_hidden(self, data: DomainEvent) -> None:

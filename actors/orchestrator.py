@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ from journaled.actors.errors import (
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import (
+    RunHandle,
     Runs,
     check_budget,
     check_callable,
@@ -203,6 +205,19 @@ class Orchestrations:
         if position is not None:
             events = [e for e in events if e.position <= position]
         return fold_orchestration(events)
+
+    def resume_start(self, run_id: str, *args: Any, **options: Any) -> RunHandle[Any]:
+        """Start resuming an orchestration in a thread of its own; return its handle (A2)."""
+        done: Future[Outcome] = Future()
+
+        def drive() -> None:
+            try:
+                done.set_result(self.resume(run_id, *args, **options))
+            except BaseException as exc:
+                done.set_exception(exc)
+
+        threading.Thread(target=drive, name=f"journaled-resume-{run_id}", daemon=True).start()
+        return RunHandle(run_id, done, self.cancel, self._runs.current)
 
     def resume(
         self,

@@ -9,6 +9,7 @@ after the append (E12).
 
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
 import time
@@ -29,10 +30,26 @@ log = logging.getLogger("journaled.executor")
 SNAPSHOT_EVERY = 2000
 """Events between two snapshots of a long-running run."""
 
-Progress = Callable[[str, list[Observation], int, list[str]], None]
-"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12)."""
+Progress = Callable[..., None]
+"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12); a callable that also takes
+a ``run_id`` keyword (or ``**kwargs``) is given the run's id (A2)."""
 Trace = Callable[[int, ExecuteResult], None]
 """Test hook: called with (position, state) after each event is appended."""
+
+
+def wants_run_id(on_progress: Progress | None) -> bool:
+    """Tell whether an ``on_progress`` callable takes a ``run_id`` keyword (A2)."""
+    if on_progress is None:
+        return False
+    try:
+        parameters = inspect.signature(on_progress).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: the four arguments only
+        return False
+    return any(
+        p.kind is inspect.Parameter.VAR_KEYWORD
+        or (p.name == "run_id" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        for p in parameters
+    )
 
 
 class RunRecorder:
@@ -53,6 +70,7 @@ class RunRecorder:
         self.journal = journal
         self.state = state
         self.on_progress = on_progress
+        self._progress_run_id = wants_run_id(on_progress)
         self.trace = trace
         self.opened = opened
         """Set once the run's opening events are committed (the run is readable from then)."""
@@ -124,6 +142,9 @@ class RunRecorder:
         if self.on_progress is not None:
             for note in notes:
                 try:
-                    self.on_progress(*note)
+                    if self._progress_run_id:
+                        self.on_progress(*note, run_id=self.state.run_id)
+                    else:
+                        self.on_progress(*note)
                 except Exception:
                     log.exception("on_progress raised at %s; the run goes on", note[0])

@@ -10,13 +10,13 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import msgspec
 import pykka
 
+from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
@@ -28,7 +28,7 @@ from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.scrubber import Scrubber
-from journaled.actors.steps import Registry, journalable
+from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent, Event
 from journaled.events.codec import topics_of
 from journaled.events.errors import PlanRejected
@@ -40,7 +40,7 @@ from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
 from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
-from journaled.events.run_messages import Begin, CancelRun, Drain, Suspend
+from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
 
@@ -174,6 +174,55 @@ class _Claim:
                 self.executor.tell(message)
 
 
+R = TypeVar("R")
+
+
+class RunHandle(Generic[R]):
+    """A run that was started and not waited for: its id at once, its result when it stops (A2).
+
+    The result is an :class:`ExecuteResult` for a run of ``execute`` and an ``Outcome`` for an
+    orchestration. Waiting is never polling: the executor's answer completes :attr:`future`.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        future: Future[R],
+        cancel: Callable[[str], bool],
+        state: Callable[[str], Any],
+    ) -> None:
+        self.run_id = run_id
+        self.future = future
+        """Completed with the result (or the error) when the run stops executing."""
+        self._cancel = cancel
+        self._state = state
+
+    def result(self, timeout: float | None = None) -> R:
+        """Wait for the run to stop (completed, failed, waiting, suspended, ...); return its result.
+
+        Raises:
+            TimeoutError: it did not stop within ``timeout`` seconds (it goes on executing).
+        """
+        return self.future.result(timeout)
+
+    def done(self) -> bool:
+        """Tell whether the run stopped executing."""
+        return self.future.done()
+
+    def cancel(self) -> bool:
+        """Ask the run to stop scheduling (E5); False when it is not executing any more."""
+        return self._cancel(self.run_id)
+
+    def state(self) -> ExecuteResult:
+        """Return the run as the journal holds it now (for an orchestration: its current pass)."""
+        state: ExecuteResult = self._state(self.run_id)
+        return state
+
+    def __repr__(self) -> str:
+        status = "done" if self.future.done() else "executing"
+        return f"<RunHandle {self.run_id} {status}>"
+
+
 class Runs:
     """``rt.runs`` and the run operations of a runtime. Safe to use from any thread."""
 
@@ -184,7 +233,11 @@ class Runs:
         clock: Callable[[], int],
         agents_enabled: bool,
         scrubber: Scrubber | None = None,
+        services: Services | None = None,
     ) -> None:
+        self._services = services if services is not None else Services(registry, Directory())
+        self._services.child_runner = self._child_runner
+        self._inbox = Inbox(self._services.directory, "runs")
         self._journal = journal
         self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
         self._registry = registry
@@ -200,7 +253,11 @@ class Runs:
 
     # -- execution -------------------------------------------------------------------------------
 
-    def execute(
+    def execute(self, plan: Plan, *args: Any, **options: Any) -> ExecuteResult:
+        """Validate and execute a plan as a new journaled run (E1-E13); wait for it to stop."""
+        return self.start(plan, *args, **options).result()
+
+    def start(
         self,
         plan: Plan,
         call_budget: int | None = None,
@@ -214,8 +271,11 @@ class Runs:
         trace: Trace | None = None,
         run_id: str | None = None,
         call: int | None = None,
-    ) -> ExecuteResult:
-        """Validate and execute a plan as a new journaled run (E1-E13)."""
+    ) -> RunHandle[ExecuteResult]:
+        """Validate a plan and start executing it as a new journaled run (E1-E13, A2).
+
+        Returns once the run's opening events are committed, so its id can be read at once.
+        """
         self.validate(plan)
         budget = check_budget("call_budget", call_budget)
         problem = int_problem(max_parallel_steps, low=1, high=MAX_PARALLEL)
@@ -246,7 +306,9 @@ class Runs:
             parent_call=call if parent else None,
             reserve=policy_name(reserve),
         )
-        return self._run(run_id, claim, RunState(), [started], reserve, on_progress, trace, parent)
+        return self._start(
+            run_id, claim, RunState(), [started], reserve, on_progress, trace, parent
+        )
 
     def validate(self, plan: Plan) -> None:
         """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
@@ -263,7 +325,11 @@ class Runs:
             except ValueError as exc:
                 raise PlanRejected(step.id, str(exc)) from exc
 
-    def resume(
+    def resume(self, run_id: str, *args: Any, **options: Any) -> ExecuteResult:
+        """Rebuild a run from the journal alone and carry on (E14); wait for it to stop."""
+        return self.resume_start(run_id, *args, **options).result()
+
+    def resume_start(
         self,
         run_id: str,
         call_budget: int | None = None,
@@ -273,8 +339,8 @@ class Runs:
         on_progress: Progress | None = None,
         trace: Trace | None = None,
         take_over: bool = False,
-    ) -> ExecuteResult:
-        """Rebuild a run from the journal alone and carry on (E14).
+    ) -> RunHandle[ExecuteResult]:
+        """Rebuild a run from the journal alone and start carrying it on (E14, A2).
 
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
@@ -290,7 +356,7 @@ class Runs:
         started = state.started
         assert started is not None
         parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
-        return self._run(run_id, claim, state, opening, reserve, on_progress, trace, parent)
+        return self._start(run_id, claim, state, opening, reserve, on_progress, trace, parent)
 
     def _reopen(
         self,
@@ -424,7 +490,7 @@ class Runs:
         active.tell(CancelRun())
         return True
 
-    def _run(
+    def _start(
         self,
         run_id: str,
         claim: _Claim,
@@ -434,26 +500,45 @@ class Runs:
         on_progress: Progress | None,
         trace: Trace | None,
         parent: tuple[str, str] | None,
-    ) -> ExecuteResult:
-        done: Future[ExecuteResult] = Future()
+    ) -> RunHandle[ExecuteResult]:
+        """Start the run's executor; return once its opening events are committed (or it ended).
+
+        The executor answers :class:`RunEnded` (or a failure) at this runtime's ``runs`` address
+        when it stops; that reply completes the handle and releases the claim.
+        """
+        correlation, reply = self._inbox.expect(f"{run_id}.{os.urandom(4).hex()}")
         try:
             executor = Executor.start(
                 journal=self._journal,
-                registry=self._registry,
+                services=self._services,
                 state=state,
                 opening=opening,
-                done=done,
+                reply_to=self._inbox.address,
+                correlation=correlation,
                 clock=self._clock,
                 cancel=claim.token,
                 reserve=reserve,
                 on_progress=on_progress,
-                child_runner=self._child_runner,
                 trace=trace,
                 opened=claim.opened,
             )
         except BaseException:
+            self._inbox.forget(correlation)
             self._release(run_id, claim)
             raise
+        done: Future[ExecuteResult] = Future()
+
+        def settle(answer: Future[Any]) -> None:
+            self._forget(run_id, claim, parent)
+            claim.opened.set()  # whoever waits for the opening (below) waits no more
+            error = answer.exception()
+            if error is not None:
+                done.set_exception(error)
+            else:
+                ended: RunEnded = answer.result()
+                done.set_result(ended.result)
+
+        reply.add_done_callback(settle)
         parent_active = None
         with self._lock:
             claim.executor = executor
@@ -466,26 +551,14 @@ class Runs:
             self.cancel(run_id)  # a cancel that came before the executor existed
         if closing:
             executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
-        try:
-            executor.tell(Begin())
-            while True:
-                try:
-                    result = done.result(timeout=0.5)
-                    executor.actor_stopped.wait(_STOP_TIMEOUT)  # it stops right after answering
-                    return result
-                except FutureTimeout:
-                    if not executor.is_alive() and not done.done():
-                        raise RuntimeError(
-                            f"the executor of run {run_id} stopped unexpectedly"
-                        ) from None
-        finally:
-            if not done.done() and executor.is_alive():
-                # Left by an exception (Ctrl-C) while the run still executes: the claim stays
-                # until the run stops, so close() drains and suspends it and no second executor
-                # of it starts in this runtime (R3, R8).
-                done.add_done_callback(lambda _: self._forget(run_id, claim, parent))
-            else:
-                self._forget(run_id, claim, parent)
+        executor.tell(Begin())
+        handle: RunHandle[ExecuteResult] = RunHandle(run_id, done, self.cancel, self.current)
+        # Return once the opening events are in the journal, so that the id can be read at once;
+        # a run that ends before (it failed to append) has nothing more to wait for.
+        claim.opened.wait()
+        if done.done() and done.exception() is not None:
+            done.result()  # the run could not even begin: raise its error here
+        return handle
 
     def _forget(self, run_id: str, claim: _Claim, parent: tuple[str, str] | None) -> None:
         """Drop a run that stopped executing: its claim and its place among its parent's."""
@@ -611,6 +684,10 @@ class Runs:
         for event in self._journal.stream(run_id, after_version=state.version):
             state.apply(event)
         return state
+
+    def current(self, run_id: str) -> ExecuteResult:
+        """Return a run (an orchestration: its current pass) as the journal holds it now."""
+        return self.at(run_id, self._journal.position())
 
     def at(self, run_id: str, position: int) -> ExecuteResult:
         """Return the run exactly as it was at a journal position (O7).

@@ -12,6 +12,7 @@ import pykka
 
 from journaled.actors.asking import ask
 from journaled.actors.clock import Clock
+from journaled.actors.directory import Directory
 from journaled.actors.errors import ActorTimeout
 from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
@@ -34,8 +35,10 @@ class MemoryActors:
         clock: Clock,
         organization: str | None,
         follow: float | None = None,
+        directory: Directory | None = None,
     ) -> None:
         self._journal = journal
+        self.directory = directory if directory is not None else Directory()
         self.scrubber = Scrubber(journal)
         self._stop_following = threading.Event()
         self._follower: threading.Thread | None = None
@@ -47,7 +50,9 @@ class MemoryActors:
         try:
             for name in physical:
                 self.scopes[name] = ScopeActor.start(name)
-            self.writer = MemoryWriter.start(journal, self.scopes, clock, organization)
+            self.writer = MemoryWriter.start(
+                journal, self.scopes, clock, organization, self.directory
+            )
             self._known = int(ask(self.writer, CatchUp(initial=True)))
         except BaseException:
             self.stop()

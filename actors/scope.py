@@ -42,8 +42,7 @@ class ScopeActor(pykka.ThreadingActor):
         state = self.state
         match message:
             case Apply(events=events, texts=texts):
-                for event in events:
-                    data = event.data
+                for data in events:
                     text = texts.get(data.fact_id) if isinstance(data, FactRemembered) else None
                     state.apply(data, text)
                 return None

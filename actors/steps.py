@@ -1,25 +1,32 @@
-"""Step-kind actors: one actor kind per step kind (skill, tool, agent), and what each does.
+"""The step worker: the actor that runs one step of any kind (skill, tool, agent) at a time.
 
-A step actor runs user code in its own thread, so a busy step never blocks the executor: it is told
-a :class:`RunStep` and tells back a :class:`StepDone`. An exception in user code becomes a failed
-observation (E11). An output that cannot be journaled (not msgspec-encodable, or larger than
-:data:`MAX_OUTPUT_BYTES`) fails its own step rather than the run.
+A worker runs user code in its own thread, so a busy step never blocks the executor: it is told a
+:class:`RunStep` and tells a :class:`StepDone` back to the executor's address. An exception in user
+code becomes a failed observation (E11). An output that cannot be journaled (not msgspec-encodable,
+or larger than :data:`MAX_OUTPUT_BYTES`) fails its own step rather than the run. ``async def``
+functions run on the runtime's event loop (:mod:`journaled.actors.loop`) while the worker waits.
 
-The behaviour (:func:`run_callable`, :func:`run_agent`) is plain functions, kept apart from pykka
-so it can run on other actor systems.
+There is one worker kind, not one per step kind (ADR 0027): what differs between skills, tools and
+agents is how they are called (:func:`run_callable`, :func:`run_agent`) and costed
+(:mod:`journaled.events.plan_rules`), all of it plain functions kept apart from pykka so they can
+run on other actor systems.
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import inspect
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 import pykka
 
+from journaled.actors.directory import Directory
 from journaled.actors.errors import RuntimeClosed
+from journaled.actors.loop import Cancellations, LoopRunner, StepToken
 from journaled.events.inputs import int_problem, text_problem
 from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
 from journaled.events.run_messages import RunStep, StepDone
@@ -85,14 +92,19 @@ class AgentContext:
         answer: the human answer given on resume, or None (E10).
     """
 
-    def __init__(self, msg: RunStep) -> None:
+    def __init__(
+        self,
+        msg: RunStep,
+        token: StepToken | None = None,
+        child_runner: Callable[..., ExecuteResult] | None = None,
+    ) -> None:
         self.run_id = msg.run_id
         self.step_id = msg.step.id
         self.attempt = msg.attempt
         self.reservation = msg.reservation
         self.answer = msg.answer
-        self._cancel: threading.Event | None = msg.cancel
-        self._runner: Callable[..., ExecuteResult] | None = msg.child_runner
+        self._cancel = token
+        self._runner = child_runner
         self.child_runs: list[str] = []
         self._calls = 0
         self._calls_lock = threading.Lock()
@@ -118,6 +130,11 @@ class AgentContext:
         """
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
+        if _in_event_loop():
+            raise RuntimeError(
+                "ctx.execute() blocks until the child run ends: in an async agent, "
+                "use `await ctx.execute_async(plan)`"
+            )
         with self._calls_lock:
             # The ordinal is taken when the call starts, so calls from several threads of the
             # step get distinct children (R5); a call that fails still uses its ordinal.
@@ -136,6 +153,21 @@ class AgentContext:
                 "this step runs again when its run is resumed"
             )
         return result
+
+    async def execute_async(self, plan: Plan, **options: Any) -> ExecuteResult:
+        """Run a child plan like :meth:`execute`, from an async agent, without blocking its loop."""
+        return await asyncio.to_thread(self._execute_in_thread, plan, options)
+
+    def _execute_in_thread(self, plan: Plan, options: dict[str, Any]) -> ExecuteResult:
+        return self.execute(plan, **options)
+
+
+def _in_event_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
 
 
 def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
@@ -166,10 +198,35 @@ def storable_text(text: str, limit: int = 4096) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def run_callable(kind: str, step: Step, fn: Callable[[Any], Any]) -> Observation:
+def call_user(
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    loop: LoopRunner | None,
+    token: StepToken | None,
+) -> Any:
+    """Call user code; a coroutine (``async def``, or an awaitable returned) runs on ``loop`` (A1).
+
+    Raises:
+        StepCancelled: the coroutine's task was cancelled (run cancelled or deadline passed).
+    """
+    result = fn(*args)
+    if inspect.isawaitable(result):
+        if loop is None:
+            raise RuntimeError("an async step needs an event loop, and this worker has none")
+        return loop.run(result, token)
+    return result
+
+
+def run_callable(
+    kind: str,
+    step: Step,
+    fn: Callable[[Any], Any],
+    loop: LoopRunner | None = None,
+    token: StepToken | None = None,
+) -> Observation:
     """Run a skill or tool function and observe the outcome (E11)."""
     try:
-        output = fn(step.input)
+        output = call_user(fn, (step.input,), loop, token)
         stored = journalable(output, f"the output of {kind} {step.target!r}")
     except Exception as exc:
         return Observation(
@@ -179,26 +236,36 @@ def run_callable(kind: str, step: Step, fn: Callable[[Any], Any]) -> Observation
 
 
 def run_agent(
-    step: Step, fn: Callable[[Step, AgentContext], Any], msg: RunStep
+    step: Step,
+    fn: Callable[[Step, AgentContext], Any],
+    msg: RunStep,
+    *,
+    token: StepToken | None = None,
+    child_runner: Callable[..., ExecuteResult] | None = None,
+    loop: LoopRunner | None = None,
 ) -> tuple[Observation, str | None]:
     """Run an agent function; return its observation and, if it waits, its question (E9, E10).
 
     Raises:
         RuntimeClosed: a child run was cut short by the runtime closing (R3): no result.
     """
-    ctx = AgentContext(msg)
-    obs, question = _observe_agent(step, fn, ctx)
+    ctx = AgentContext(msg, token, child_runner)
+    obs, question = _observe_agent(step, fn, ctx, loop, token)
     if ctx.interrupted:
         raise RuntimeClosed(f"step {step.id!r} was interrupted by the runtime closing")
     return obs, question
 
 
 def _observe_agent(
-    step: Step, fn: Callable[[Step, AgentContext], Any], ctx: AgentContext
+    step: Step,
+    fn: Callable[[Step, AgentContext], Any],
+    ctx: AgentContext,
+    loop: LoopRunner | None,
+    token: StepToken | None,
 ) -> tuple[Observation, str | None]:
     base: dict[str, Any] = {"step_id": step.id, "agent": step.agent}
     try:
-        result = fn(step, ctx)
+        result = call_user(fn, (step, ctx), loop, token)
     except NeedsInput as need:
         task = ctx.child_runs[-1] if ctx.child_runs else None
         problem = text_problem(need.question, empty=False)
@@ -257,45 +324,68 @@ def _observe_agent(
     return obs, None
 
 
-class StepActor(pykka.ThreadingActor):
-    """Run steps of one kind, one at a time, in this actor's thread."""
+@dataclass
+class Services:
+    """What every step worker of a runtime shares: given at construction, never in messages."""
 
-    kind = "step"
+    registry: Registry
+    directory: Directory
+    cancellations: Cancellations = field(default_factory=Cancellations)
+    loop: LoopRunner = field(default_factory=LoopRunner)
+    child_runner: Callable[..., ExecuteResult] | None = None
+    """Runs a child plan for ``ctx.execute`` (agent steps)."""
+
+
+class StepWorker(pykka.ThreadingActor):
+    """Run steps of any kind, one at a time, in this actor's thread."""
+
     use_daemon_thread = True
     """User code may hang forever; it must not keep the interpreter alive once the run is over."""
 
-    def __init__(self, registry: Registry) -> None:
+    def __init__(self, services: Services) -> None:
         super().__init__()
-        self.registry = registry
+        self.services = services
 
     def on_receive(self, message: object) -> object:
         """Run the step and tell the executor how it went."""
         if not isinstance(message, RunStep):
-            raise TypeError(f"{self.kind} actor got an unknown message {type(message).__name__}")
+            raise TypeError(f"step worker got an unknown message {type(message).__name__}")
+        services = self.services
         step = message.step
-        fn = self.registry.lookup(step)
+        fn = services.registry.lookup(step)
+        token = services.cancellations.open(message.run_id, step.id, message.attempt)
         question = None
         interrupted = False
-        if fn is None:
-            obs = missing(step)
-        elif step.agent is not None:
-            try:
-                obs, question = run_agent(step, fn, message)
-            except RuntimeClosed as exc:
-                obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))
-                interrupted = True
-        else:
-            obs = run_callable(self.kind, step, fn)
+        try:
+            if fn is None:
+                obs = missing(step)
+            elif step.agent is not None:
+                try:
+                    obs, question = run_agent(
+                        step,
+                        fn,
+                        message,
+                        token=token,
+                        child_runner=services.child_runner,
+                        loop=services.loop,
+                    )
+                except RuntimeClosed as exc:
+                    obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))
+                    interrupted = True
+            else:
+                obs = run_callable(step.kind or "tool", step, fn, services.loop, token)
+        finally:
+            services.cancellations.close(message.run_id, step.id, message.attempt)
         done = StepDone(
+            run_id=message.run_id,
             step_id=step.id,
             attempt=message.attempt,
             observation=obs,
             question=question,
             interrupted=interrupted,
         )
-        # If the run ended without this step (it timed out), nobody waits for the answer.
-        with contextlib.suppress(pykka.ActorDeadError):
-            message.reply_to.tell(done)
+        # If the run ended without this step (it timed out), nobody is at that address any more.
+        services.directory.tell(message.reply_to, done)
         return None
 
 
@@ -317,28 +407,3 @@ def missing(step: Step) -> Observation:
         skill=step.skill,
         tool=step.tool,
     )
-
-
-class SkillActor(StepActor):
-    """Runs skill steps (each costs one model call)."""
-
-    kind = "skill"
-
-
-class ToolActor(StepActor):
-    """Runs tool steps (free of model calls)."""
-
-    kind = "tool"
-
-
-class AgentActor(StepActor):
-    """Runs agent steps: sub-agents with a reservation, a cancel token and child runs."""
-
-    kind = "agent"
-
-
-ACTOR_FOR_KIND: dict[str, type[StepActor]] = {
-    "skill": SkillActor,
-    "tool": ToolActor,
-    "agent": AgentActor,
-}

@@ -160,3 +160,14 @@ FACT_EVENTS: tuple[type[DomainEvent], ...] = (
     FactPurged,
 )
 MEMORY_EVENTS: tuple[type[DomainEvent], ...] = (*FACT_EVENTS, ConflictKeyClaimed)
+
+FactEvent = (
+    FactRemembered
+    | FactSuperseded
+    | FactUnlinked
+    | FactRelinked
+    | FactRestored
+    | FactDeleted
+    | FactPurged
+)
+"""Any event about one fact: a tagged union, so that a message holding one decodes to its type."""

@@ -1,22 +1,40 @@
-"""Requests the memory actors exchange (imperative, frozen, never stored).
+"""Requests the memory actors exchange (imperative, frozen, never stored), and the replies.
 
 Only the memory writer turns requests into events, so each stream has one writer in a process and a
 version conflict in the journal always means another process wrote first.
+
+Every message is data (SPEC A4, ADR 0024): no future, callable, lock or actor reference. A request
+answered later names its asker by address (``reply_to``) and a ``correlation`` id, and the answer is
+a reply message carrying that id back.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from journaled.events.base import Event
-from journaled.events.memory import Fact
+from journaled.events.memory import Fact, FactEvent
 from journaled.events.memory_state import Query
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every actor message."""
+
+
+class Failure(Message, frozen=True, kw_only=True, tag="reply.failure"):
+    """A request failed: the error's class name, its text, and the field it names, if any."""
+
+    correlation: str
+    error: str
+    """The exception's class name, e.g. ``InvalidFact``."""
+    message: str
+    field: str | None = None
+
+
+class Remembered(Message, frozen=True, kw_only=True, tag="memory.remembered"):
+    """A remember was stored: the fact as stored (M2)."""
+
+    correlation: str
+    fact: Fact
 
 
 # -- to the memory writer ------------------------------------------------------------------------
@@ -33,10 +51,11 @@ class Remember(Message, frozen=True, kw_only=True, tag="memory.remember"):
     source: str | None = None
     valid_from: int | None = None
     valid_until: int | None = None
-    reply: Any = None
-    """A ``concurrent.futures.Future`` the writer completes once the fact is stored; with one,
-    remembers that arrive together are stored in one transaction (group commit). Without one
-    the fact is the answer to an ask."""
+    reply_to: str | None = None
+    """The asker's address: the writer tells it :class:`Remembered` (or :class:`Failure`) once
+    the fact is stored. With one, remembers that arrive together are stored in one transaction
+    (group commit); without one the fact is the answer to an ask."""
+    correlation: str | None = None
 
 
 class Delete(Message, frozen=True, kw_only=True, tag="memory.delete"):
@@ -74,7 +93,7 @@ class Deletion(msgspec.Struct, frozen=True, kw_only=True):
 class Apply(Message, frozen=True, kw_only=True, tag="memory.apply"):
     """Fold journal events about facts of the receiving scope, with the texts of remembered ones."""
 
-    events: tuple[Event, ...]
+    events: tuple[FactEvent, ...]
     texts: dict[str, str] = {}
 
 

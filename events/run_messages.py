@@ -1,12 +1,15 @@
-"""Requests the executor and the step actors exchange (never stored)."""
+"""Requests the executor and the step actors exchange (never stored), and their replies.
+
+Every message is data (SPEC A4, ADR 0024): the executor is reached by its address, a step's cancel
+token stays in the process (the step worker finds it by run, step and attempt), and user code is
+looked up by the step's kind and name.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 import msgspec
 
-from journaled.events.plans import Observation, Step
+from journaled.events.plans import ExecuteResult, Observation, Step
 
 
 class RunMessage(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,18 +46,14 @@ class RunStep(RunMessage, frozen=True, kw_only=True, tag="run.run-step"):
     reservation: int | None = 0
     """Model calls reserved for an agent step (E6); None: unbounded (no call budget)."""
     answer: str | None = None
-    cancel: Any = None
-    """This step's cancel token (a ``threading.Event``), set when the run is cancelled or the
-    step times out; running user code can check it through ``ctx.cancelled()``."""
-    reply_to: Any = None
-    """The executor's actor ref."""
-    child_runner: Any = None
-    """Runs a child plan for ``ctx.execute`` (agent steps)."""
+    reply_to: str
+    """The executor's address: the worker tells it :class:`StepDone` there."""
 
 
 class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
     """A step actor finished a step (well or not)."""
 
+    run_id: str
     step_id: str
     attempt: int
     observation: Observation
@@ -74,3 +73,10 @@ class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline
 
 class Heartbeat(RunMessage, frozen=True, kw_only=True, tag="run.heartbeat-tick"):
     """Time to show the run's owner is alive, if it appended nothing for a while."""
+
+
+class RunEnded(RunMessage, frozen=True, kw_only=True, tag="run.ended"):
+    """An executor stopped: the run's result at this stop (finished, waiting, suspended, ...)."""
+
+    correlation: str
+    result: ExecuteResult

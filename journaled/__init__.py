@@ -13,7 +13,7 @@ from journaled.actors.errors import (
     RunOwnedElsewhere,
     RuntimeClosed,
 )
-from journaled.actors.runs import Runs
+from journaled.actors.runs import RunHandle, Runs
 from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.errors import (
     ActorsError,
@@ -88,6 +88,7 @@ __all__ = [
     "PlanRejected",
     "Problem",
     "RunDiff",
+    "RunHandle",
     "RunNotFound",
     "RunNotPurgeable",
     "RunNotResumable",

@@ -8,7 +8,10 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol
 
+import msgspec
+
 from journaled.actors.asking import ask, ask_all, await_reply
+from journaled.actors.directory import Directory, Inbox
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -34,6 +37,7 @@ from journaled.events.messages import (
     Get,
     Purge,
     Remember,
+    Remembered,
     SaveSnapshot,
     SearchScore,
     SearchStats,
@@ -194,7 +198,9 @@ class Memory:
         embedder: Embedder | None,
         organization: str | None,
         scrubber: Scrubber | None = None,
+        inbox: Inbox | None = None,
     ) -> None:
+        self._inbox = inbox if inbox is not None else Inbox(Directory(), "memory")
         self._journal = journal
         self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
         self._writer = writer
@@ -222,21 +228,34 @@ class Memory:
             InvalidFact: the text, confidence, scope or validity window cannot be stored.
             OrganizationNotConfigured: ``scope="organization"`` without an organization.
         """
-        reply: Future[Fact] = Future()
-        self._writer.tell(
-            Remember(
-                text=text,
-                scope=scope,
-                domain=domain,
-                confidence=confidence,
-                conflict_key=conflict_key,
-                source=source,
-                valid_from=valid_from,
-                valid_until=valid_until,
-                reply=reply,
-            )
+        request = Remember(
+            text=text,
+            scope=scope,
+            domain=domain,
+            confidence=confidence,
+            conflict_key=conflict_key,
+            source=source,
+            valid_from=valid_from,
+            valid_until=valid_until,
         )
-        return await_reply(self._writer, reply, "Remember")
+        correlation, reply = self.request_remember(request)
+        try:
+            answer: Remembered = await_reply(self._writer, reply, "Remember")
+        finally:
+            self._inbox.forget(correlation)
+        return answer.fact
+
+    def request_remember(self, request: Remember) -> tuple[str, Future[Remembered]]:
+        """Tell the writer a remember, addressed to reply here; return (correlation, future).
+
+        The future completes with :class:`Remembered` (or the error) once the fact is stored;
+        the caller waits on it however suits it (a thread, an event loop).
+        """
+        correlation, reply = self._inbox.expect()
+        self._writer.tell(
+            msgspec.structs.replace(request, reply_to=self._inbox.address, correlation=correlation)
+        )
+        return correlation, reply
 
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""

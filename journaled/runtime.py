@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import logging
 import os
@@ -12,12 +13,14 @@ from types import TracebackType
 from typing import Any
 
 from journaled.actors.clock import Clock, system_clock
+from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
+from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator import Orchestrations, Planner
 from journaled.actors.run_recorder import Progress
-from journaled.actors.runs import Runs
+from journaled.actors.runs import RunHandle, Runs
 from journaled.actors.runtime import MemoryActors
-from journaled.actors.steps import AgentContext, Registry
+from journaled.actors.steps import AgentContext, Registry, Services
 from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import codec
@@ -110,7 +113,13 @@ class Runtime:
         create: bool = True,
         follow: float | None = 0.2,
         drain: float = DRAIN,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
+        """Open the journal and start the actors; see :func:`open`.
+
+        ``loop``: the event loop ``async def`` skills, tools and agents run on (the asyncio
+        runtime passes its own); None: a loop this runtime owns, started on first use.
+        """
         self._drain = _check_drain(drain)
         resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
         config = parse_url(resolved)
@@ -142,8 +151,9 @@ class Runtime:
                     f"follow must be a positive number of seconds or None, got {follow!r}"
                 )
             following = follow if config.backend != "memory" else None
+            self._directory = Directory()
             self._actors = MemoryActors(
-                self._journal, clock or system_clock, organization, following
+                self._journal, clock or system_clock, organization, following, self._directory
             )
         except BaseException:
             self._journal.close()
@@ -157,10 +167,17 @@ class Runtime:
             embedder,
             organization,
             self._actors.scrubber,
+            Inbox(self._directory, "memory"),
         )
         self._registry = Registry(agents_enabled=agents)
+        self._services = Services(self._registry, self._directory, loop=LoopRunner(loop))
         self.runs = Runs(
-            self._journal, self._registry, clock or system_clock, agents, self._actors.scrubber
+            self._journal,
+            self._registry,
+            clock or system_clock,
+            agents,
+            self._actors.scrubber,
+            self._services,
         )
         self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
         self._closed = False
@@ -203,6 +220,39 @@ class Runtime:
             ValueError: a bad budget, parallelism, limit or timeout.
         """
         return self.runs.execute(
+            plan,
+            call_budget,
+            max_parallel_steps,
+            limits,
+            reserve,
+            on_progress,
+            step_timeout=step_timeout,
+        )
+
+    def start(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+    ) -> RunHandle[ExecuteResult]:
+        """Start executing a plan as a journaled run and return its handle at once (A2).
+
+        Same arguments and rules as :meth:`execute`. The handle's ``run_id`` can be read in the
+        journal as soon as this returns; ``handle.result(timeout)`` waits for the run to stop,
+        ``handle.cancel()`` cancels it, ``handle.state()`` reads it as it is now.
+
+        Raises:
+            PlanRejected: the plan is malformed (nothing was appended).
+            ValueError: a bad budget, parallelism, limit or timeout.
+            RuntimeClosed: the runtime is closing.
+        """
+        self._check_open()
+        return self.runs.start(
             plan,
             call_budget,
             max_parallel_steps,
@@ -271,6 +321,36 @@ class Runtime:
         planner's question (or the one waiting step). ``take_over`` resumes an unfinished run
         even though its owner looks alive (use it only when you know that process is gone).
         """
+        return self.resume_start(
+            run_id,
+            call_budget,
+            answers,
+            approve,
+            clarification,
+            planner=planner,
+            reserve=reserve,
+            on_progress=on_progress,
+            take_over=take_over,
+        ).result()
+
+    def resume_start(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: dict[str, str] | None = None,
+        approve: bool = False,
+        clarification: str | None = None,
+        *,
+        planner: Planner | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        take_over: bool = False,
+    ) -> RunHandle[ExecuteResult | Outcome]:
+        """Start resuming a run like :meth:`resume` and return its handle at once (A2).
+
+        Everything :meth:`resume` refuses is refused here, before anything is appended; the
+        handle's result is what :meth:`resume` would have returned.
+        """
         self._check_open()
         _check_run_id(run_id)
         if clarification is not None:
@@ -291,7 +371,7 @@ class Runtime:
         if self._journal.first(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
-            return self._orchestrations.resume(
+            return self._orchestrations.resume_start(
                 run_id,
                 call_budget,
                 answers,
@@ -307,7 +387,7 @@ class Runtime:
                 f"run {run_id} was started by execute(): it has no plan approval or planner "
                 "question; pass answers= for waiting steps"
             )
-        return self.runs.resume(
+        handle: RunHandle[ExecuteResult | Outcome] = self.runs.resume_start(  # type: ignore[assignment]
             run_id,
             call_budget,
             answers,
@@ -315,6 +395,7 @@ class Runtime:
             on_progress=on_progress,
             take_over=take_over,
         )
+        return handle
 
     def cancel(self, run_id: str) -> bool:
         """Ask a running run or orchestration to stop scheduling (E5). Safe from any thread."""
@@ -372,6 +453,7 @@ class Runtime:
         try:
             self._actors.stop()
         finally:
+            self._services.loop.close()
             self._journal.close()
 
     def __enter__(self) -> Runtime:

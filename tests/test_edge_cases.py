@@ -173,7 +173,7 @@ def test_a_timed_out_agent_is_told_to_stop(rt: journaled.Runtime) -> None:
     assert saw.wait(WAIT)
     wait_for(
         lambda: (
-            not [r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "AgentActor"]
+            not [r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "StepWorker"]
         ),
         WAIT,
     )

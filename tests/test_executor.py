@@ -11,7 +11,7 @@ import pytest
 
 import journaled
 from journaled import AgentResult, Limits, NeedsInput, Plan, Step
-from journaled.actors.steps import ToolActor
+from journaled.actors.steps import StepWorker
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import fold_calls, step_calls
 from journaled.testing import ManualClock, wait_for
@@ -663,7 +663,7 @@ def test_hanging_tool_times_out_alone(runtime: journaled.Runtime) -> None:
         result = runtime.execute(plan, step_timeout=0.2)
     finally:
         release.set()
-    wait_for(lambda: not pykka.ActorRegistry.get_by_class(ToolActor))  # the abandoned worker ends
+    wait_for(lambda: not pykka.ActorRegistry.get_by_class(StepWorker))  # the abandoned worker ends
     obs = {o.step_id: o for o in result.observations}
     assert obs["h"].error == "timed out after 0.2s"
     assert statuses(result) == {"h": "failed", "e": "succeeded", "n": "succeeded"}

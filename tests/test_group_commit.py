@@ -11,7 +11,6 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -271,7 +270,7 @@ def test_a_conflict_key_that_is_no_string_is_refused_and_the_writer_lives(
 
 
 def _message(text: str, key: str | None = None) -> Remember:
-    return Remember(text=text, conflict_key=key, reply=Future())
+    return Remember(text=text, conflict_key=key, reply_to="caller", correlation=text)
 
 
 def test_a_key_other_processes_keep_claiming_does_not_fail_the_rest_of_its_group() -> None:
@@ -288,9 +287,22 @@ def test_a_key_other_processes_keep_claiming_does_not_fail_the_rest_of_its_group
         if "mem_hot" in payloads:
             raise ConcurrencyConflict([], "another process claimed the key first")
 
-    commit_remembers([hot, *calm], decide=decide, append=append, catch_up=lambda: None, attempts=5)
-    assert [m.reply.result(0).text for m in calm] == ["a", "b"]
-    with pytest.raises(ConcurrencyConflict, match="gave up after 5"):
-        hot.reply.result(0)
+    answers: dict[str, Fact | Exception] = {}
+
+    def answer(message: Remember, fact: Fact | None, error: Exception | None) -> None:
+        assert message.correlation is not None
+        answers[message.correlation] = error if error is not None else fact  # type: ignore[assignment]
+
+    commit_remembers(
+        [hot, *calm],
+        decide=decide,
+        append=append,
+        catch_up=lambda: None,
+        attempts=5,
+        answer=answer,
+    )
+    assert [answers[m.text].text for m in calm] == ["a", "b"]  # type: ignore[union-attr]
+    assert isinstance(answers["hot"], ConcurrencyConflict)
+    assert "gave up after 5" in str(answers["hot"])
     assert appended[:GROUP_ATTEMPTS] == [["mem_a", "mem_b", "mem_hot"]] * GROUP_ATTEMPTS
     assert appended[GROUP_ATTEMPTS:] == [["mem_hot"]] * 5 + [["mem_a"], ["mem_b"]]

@@ -1,0 +1,161 @@
+"""Where ``async def`` skills, tools and agents run: an event loop, and the tokens that cancel them.
+
+A step worker is a thread; user code written as a coroutine runs on an event loop instead and the
+worker waits for it (SPEC A1, ADR 0025). The asyncio runtime runs it on the application's own loop,
+so a step can use clients bound to that loop; the synchronous runtime owns a loop in one daemon
+thread, started the first time an async step runs. Cancelling the run, or the step's deadline,
+sets the step's :class:`StepToken`, which cancels the step's task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable
+from concurrent.futures import CancelledError, Future
+from typing import Any, TypeVar
+
+__all__ = ["Cancellations", "LoopRunner", "StepCancelled", "StepToken"]
+
+T = TypeVar("T")
+
+
+class StepCancelled(Exception):
+    """An async step's task was cancelled: its run was cancelled or its deadline passed."""
+
+
+class StepToken:
+    """One step attempt's cancellation, set by a cancel of its run or by its deadline."""
+
+    def __init__(self) -> None:
+        self._event = threading.Event()
+        self._hooks: list[Callable[[], Any]] = []
+        self._lock = threading.Lock()
+
+    def is_set(self) -> bool:
+        """Tell whether the step was asked to stop."""
+        return self._event.is_set()
+
+    def set(self) -> None:
+        """Ask the step to stop: user code sees ``ctx.cancelled()``; an async step is cancelled."""
+        with self._lock:
+            if self._event.is_set():
+                return
+            self._event.set()
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+    def on_set(self, hook: Callable[[], Any]) -> None:
+        """Call ``hook`` when the token is set (at once if it is)."""
+        with self._lock:
+            if not self._event.is_set():
+                self._hooks.append(hook)
+                return
+        hook()
+
+
+class Cancellations:
+    """The tokens of the step attempts running in one runtime, by (run, step, attempt).
+
+    Only the key travels in messages; the executor sets a token, the worker running that attempt
+    reads it.
+    """
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, str, int], StepToken] = {}
+        self._lock = threading.Lock()
+
+    def open(self, run_id: str, step_id: str, attempt: int) -> StepToken:
+        """Return the token of a step attempt, making it if needed."""
+        key = (run_id, step_id, attempt)
+        with self._lock:
+            token = self._tokens.get(key)
+            if token is None:
+                token = self._tokens[key] = StepToken()
+            return token
+
+    def close(self, run_id: str, step_id: str, attempt: int) -> None:
+        """Forget a step attempt's token (it ended)."""
+        with self._lock:
+            self._tokens.pop((run_id, step_id, attempt), None)
+
+
+class LoopRunner:
+    """Run coroutines of user code on one event loop, from worker threads.
+
+    Args:
+        loop: the loop to run them on (the asyncio runtime's); None: a loop of its own, in a
+            daemon thread started on first use and stopped by :meth:`close`.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self._loop = loop
+        self._own = loop is None
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def _running_loop(self) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                ready = threading.Event()
+
+                def serve() -> None:
+                    asyncio.set_event_loop(loop)
+                    loop.call_soon(ready.set)
+                    loop.run_forever()
+                    loop.close()
+
+                self._thread = threading.Thread(target=serve, name="journaled-steps-loop")
+                self._thread.daemon = True
+                self._thread.start()
+                ready.wait()
+                self._loop = loop
+            return self._loop
+
+    def run(self, awaitable: Awaitable[T], token: StepToken | None = None) -> T:
+        """Run ``awaitable`` on the loop and wait for it from this (worker) thread.
+
+        Raises:
+            StepCancelled: the token was set and the task cancelled.
+            RuntimeError: called from the loop's own thread (it would wait for itself).
+        """
+        loop = self._running_loop()
+        with contextlib.suppress(RuntimeError):
+            if asyncio.get_running_loop() is loop:
+                _close(awaitable)
+                raise RuntimeError(
+                    "a step's coroutine cannot be awaited from its own event loop's thread"
+                )
+        future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), loop)
+        if token is not None:
+            token.on_set(future.cancel)
+        try:
+            return future.result()
+        except (CancelledError, asyncio.CancelledError):
+            raise StepCancelled(
+                "cancelled: the run was cancelled or the step's deadline passed"
+            ) from None
+
+    def close(self) -> None:
+        """Stop the loop this runner owns (the tasks still on it are abandoned)."""
+        with self._lock:
+            loop, thread = self._loop, self._thread
+            if not self._own or loop is None or thread is None:
+                return
+            self._loop = None
+            self._thread = None
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5.0)
+
+
+async def _as_coroutine(awaitable: Awaitable[T]) -> T:
+    return await awaitable
+
+
+def _close(awaitable: Awaitable[Any]) -> None:
+    close = getattr(awaitable, "close", None)
+    if callable(close):
+        close()
