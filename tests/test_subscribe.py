@@ -159,6 +159,13 @@ def test_another_organizations_facts_are_never_delivered(journal_url: str) -> No
 # -- waiting: threads and asyncio ------------------------------------------------------------
 
 
+@pytest.fixture
+def no_safety_net(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every wait last an hour unless woken: only a real wake-up can end it in time."""
+    monkeypatch.setattr(subscriptions_module, "_SLICE", 3600.0)
+
+
+@pytest.mark.usefixtures("no_safety_net")
 def test_close_unblocks_an_iterator_waiting_in_another_thread(two: journaled.Runtime) -> None:
     """A3: close() from another thread ends a `for event in sub` that is waiting for appends."""
     sub = two.journal.subscribe(after=two.journal.position())
@@ -179,6 +186,7 @@ async def _lag_probe(stop: asyncio.Event, lags: list[float]) -> None:
         lags.append(time.monotonic() - start - 0.005)
 
 
+@pytest.mark.usefixtures("no_safety_net")
 def test_async_waits_never_block_the_loop_and_cancel_cleanly(two: journaled.Runtime) -> None:
     """A3: awaiting a subscription leaves the loop free; a cancelled wait loses no event."""
 
@@ -225,6 +233,7 @@ def test_async_waits_never_block_the_loop_and_cancel_cleanly(two: journaled.Runt
 
 
 @SHARED
+@pytest.mark.usefixtures("no_safety_net")
 def test_appends_of_another_process_are_delivered_live(journal_url: str) -> None:
     """A3: a subscriber waiting in this process receives what another process appends, in order."""
     with journaled.open(journal_url) as rt, rt.journal.subscribe() as sub:
@@ -232,12 +241,17 @@ def test_appends_of_another_process_are_delivered_live(journal_url: str) -> None
         appender = threading.Thread(
             target=_remember_elsewhere, args=(journal_url, "from afar 1", "from afar 2")
         )
+        started = time.monotonic()
         appender.start()
         got = _take(sub, 2)
+        # Woken by the appends: a wait nothing wakes lasts its whole timeout (WAIT), then reads.
+        assert time.monotonic() - started < WAIT
         appender.join()
+        logged = rt.journal.read()
+        wait_for(lambda: rt.memory.get(got[1].stream) is not None, timeout=WAIT)
         texts = [rt.memory.get(e.stream) for e in got]
+    assert [e.position for e in got] == [e.position for e in logged]
     assert [f.text for f in texts if f is not None] == ["from afar 1", "from afar 2"]
-    assert got[0].position < got[1].position
 
 
 # -- named subscriptions -----------------------------------------------------------------------
