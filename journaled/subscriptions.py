@@ -188,7 +188,9 @@ class Subscription:
             JournalClosed: the runtime was closed.
         """
         if timeout is not None and (
-            isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout < 0
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not timeout >= 0  # NaN too
         ):
             raise InvalidArgument("timeout", f"must be a non-negative number, got {timeout!r}")
         if self._ready(timeout, self._generation):

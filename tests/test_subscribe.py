@@ -135,6 +135,11 @@ def test_bad_arguments_are_errors_naming_them_and_store_nothing(two: journaled.R
             two.journal.subscribe(name=name)  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match=r"^after "):
         two.journal.subscribe(after=-1)
+    with two.journal.subscribe() as sub:
+        for timeout in (-1, float("nan"), "1"):
+            with pytest.raises(InvalidArgument, match=r"^timeout "):
+                sub.poll(timeout)  # type: ignore[arg-type]
+        assert sub.position == 0
     assert two.journal.subscriptions() == []
 
 
