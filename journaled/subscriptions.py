@@ -15,12 +15,12 @@ event loop never blocks, and cancelling the awaiting task leaves nothing half-co
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import difflib
 import threading
 import time
 from collections import deque
 from collections.abc import Iterable
-from concurrent.futures import ThreadPoolExecutor
 from itertools import islice
 from types import TracebackType
 from typing import TYPE_CHECKING, Self
@@ -302,10 +302,10 @@ class Subscription:
 class AsyncSubscription:
     """A :class:`Subscription` for asyncio: ``async for``, ``await poll()``, ``await ack()``.
 
-    Waits and database reads run in a thread of the subscription's own, never on the event loop;
-    cancelling the task that awaits ``poll`` (or iterates) cancels the wait, and no event is lost
-    by it. Build it with ``await AsyncSubscription.open(rt.journal, ...)`` on a running loop
-    (the plain constructor reads the stored position, which blocks briefly).
+    Waits and database reads run in a daemon thread, never on the event loop; cancelling the
+    task that awaits ``poll`` (or iterates) cancels the wait, and no event is lost by it. Build
+    it with ``await AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain
+    constructor reads the stored position, which blocks briefly).
     """
 
     def __init__(
@@ -317,7 +317,6 @@ class AsyncSubscription:
     ) -> None:
         """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`."""
         self._sync = Subscription(journal, after, topics, name)
-        self._thread = ThreadPoolExecutor(1, thread_name_prefix="journaled-subscription")
 
     @classmethod
     async def open(
@@ -346,14 +345,30 @@ class AsyncSubscription:
         return self._sync.acked
 
     async def poll(self, timeout: float | None = None) -> Event | None:
-        """Return the next event, waiting up to ``timeout`` seconds (None: until closed)."""
+        """Return the next event, waiting up to ``timeout`` seconds (None: until closed).
+
+        An event already read is returned at once; otherwise a daemon thread reads and waits
+        (a daemon, so that a subscription never closed cannot hold the interpreter at exit).
+        """
         sync = self._sync
-        if sync.closed:
-            return None
+        event = sync._take()
+        if event is not None or sync.closed:
+            return event
         generation = sync._generation
         loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+
+        def wait() -> None:
+            try:
+                ready = sync._ready(timeout, generation)
+            except BaseException as exc:  # handed to the awaiting task
+                _settle(loop, done, False, exc)
+            else:
+                _settle(loop, done, ready, None)
+
+        threading.Thread(target=wait, name="journaled-subscription", daemon=True).start()
         try:
-            ready = await loop.run_in_executor(self._thread, sync._ready, timeout, generation)
+            ready = await done
         except asyncio.CancelledError:
             sync._interrupt()
             raise
@@ -366,7 +381,6 @@ class AsyncSubscription:
     async def aclose(self) -> None:
         """Stop delivering; a task waiting in ``poll`` returns None. Idempotent."""
         self._sync.close()
-        self._thread.shutdown(wait=False)
 
     def __aiter__(self) -> Self:
         return self
@@ -387,3 +401,23 @@ class AsyncSubscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    done: asyncio.Future[bool],
+    ready: bool,
+    error: BaseException | None,
+) -> None:
+    """Hand a wait's outcome to the loop, unless its task gave up or the loop is gone."""
+
+    def settle() -> None:
+        if done.done():  # cancelled meanwhile: what was read stays buffered
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(ready)
+
+    with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+        loop.call_soon_threadsafe(settle)

@@ -199,6 +199,11 @@ def test_async_waits_never_block_the_loop_and_cancel_cleanly(two: journaled.Runt
         stop = asyncio.Event()
         lags: list[float] = []
         probe = asyncio.create_task(_lag_probe(stop, lags))
+        async with await AsyncSubscription.open(
+            two.journal, topics=["memory.fact-remembered"]
+        ) as past:
+            caught_up = [await past.poll(WAIT) for _ in range(2)]
+        assert [e.position for e in caught_up if e is not None] == [1, 2]
         sub = await AsyncSubscription.open(two.journal, after=two.journal.position())
         quiet = await sub.poll(1.0)  # nothing is appended: a full second's wait
         waiting = asyncio.create_task(sub.poll(None))
