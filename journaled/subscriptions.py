@@ -260,10 +260,10 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             while True:
-                if self._buffer:
-                    return True
                 if self._closed or self._generation != generation:
                     return False
+                if self._buffer:
+                    return True
                 mark = self._journal.append_mark()  # before reading: no append slips between
                 if self._fill():
                     continue
@@ -351,8 +351,10 @@ class AsyncSubscription:
         (a daemon, so that a subscription never closed cannot hold the interpreter at exit).
         """
         sync = self._sync
+        if sync.closed:
+            return None
         event = sync._take()
-        if event is not None or sync.closed:
+        if event is not None:
             return event
         generation = sync._generation
         loop = asyncio.get_running_loop()
