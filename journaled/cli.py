@@ -23,7 +23,6 @@ from types import FrameType
 import click
 from rich.console import Console
 
-import journaled
 from journaled import cli_render as render
 from journaled import demo as demo_story
 from journaled.cli_common import (
@@ -40,6 +39,7 @@ from journaled.cli_memory import memory
 from journaled.cli_runs import runs
 from journaled.events.base import Event
 from journaled.runtime import verify as verify_journal
+from journaled.subscriptions import Subscription
 from journaled.timeline import write as write_timeline
 
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."
@@ -169,7 +169,18 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new events until Ctrl-C.")
 @click.option("--after", type=int, default=None, help="Start after this position (default: tail).")
 @click.option("--limit", default=20, show_default=True, help="Most events to print at first.")
-@click.option("--interval", default=1.0, show_default=True, help="Seconds between polls.")
+@click.option(
+    "--name",
+    default=None,
+    help="With --follow: a named subscription; resume after its last printed event, and "
+    "acknowledge each event once printed.",
+)
+@click.option(
+    "--interval",
+    default=0.25,
+    show_default=True,
+    help="Longest wait between checks for Ctrl-C (new events print as soon as appended).",
+)
 @click.option("--until", type=int, default=None, hidden=True, help="Stop after this position.")
 @click.option("--max-seconds", type=float, default=None, hidden=True, help="Stop after this.")
 @json_option
@@ -179,6 +190,7 @@ def journal_tail(
     follow: bool,
     after: int | None,
     limit: int,
+    name: str | None,
     interval: float,
     until: int | None,
     max_seconds: float | None,
@@ -186,8 +198,14 @@ def journal_tail(
     """Print the global log, one line per event: #position  time  stream  description.
 
     Without --after, the last --limit events; with it, the first --limit events after that
-    position. --follow then polls every --interval seconds and prints every new event (none is
-    skipped) until Ctrl-C.
+    position. --follow then subscribes to the journal (A3) and prints every new event as it is
+    appended, by this or any other process (none is skipped), until Ctrl-C, which exits with
+    status 0.
+
+    --follow --name NAME is a durable consumer: it prints every event after the position NAME
+    last acknowledged (or after --after, if larger), with no --limit, and acknowledges each
+    event in the journal's database once printed; stopped and started again, it goes on where
+    it stopped. `journal subscriptions` lists the names (ADR 0026).
 
     JSON: one object per line (JSON Lines): {position, stream, version, kind, at, time,
     description, data}.
@@ -196,6 +214,8 @@ def journal_tail(
         fail(f"--limit must be at least 1, got {limit}")
     if interval <= 0:
         fail(f"--interval must be a positive number of seconds, got {interval}")
+    if name is not None and not follow:
+        fail("--name needs --follow: a named subscription follows the journal")
     as_json = wants_json(ctx)
     with open_runtime(ctx) as rt, _stop_signals() as stop:
 
@@ -212,6 +232,11 @@ def journal_tail(
                 stop.set()
 
         end = rt.journal.position()
+        if name is not None:
+            start = 0 if after is None else check_position(rt, after, "--after")
+            with call(lambda: rt.journal.subscribe(after=start, name=name)) as sub:
+                _follow(sub, interval, until, max_seconds, stop, show, ack=True)
+            return
         if after is None:
             backlog = render.last_events(rt, end, limit)
         else:
@@ -224,7 +249,26 @@ def journal_tail(
                 return
         if follow:
             cursor = backlog[-1].position if backlog else (end if after is None else after)
-            _follow(rt, cursor, interval, until, max_seconds, stop, show)
+            with rt.journal.subscribe(after=cursor) as sub:
+                _follow(sub, interval, until, max_seconds, stop, show)
+
+
+@journal.command("subscriptions")
+@json_option
+@click.pass_context
+def journal_subscriptions(ctx: click.Context) -> None:
+    """List the named subscriptions and the position each acknowledged last (A3).
+
+    JSON: [{name, position}].
+    """
+    with open_runtime(ctx) as rt:
+        stored = rt.journal.subscriptions()
+        if wants_json(ctx):
+            emit(stored)
+        elif not stored:
+            click.echo("no named subscriptions")
+        for s in [] if wants_json(ctx) else stored:
+            click.echo(f"{render.safe(s.name)}  #{s.position}")
 
 
 @contextmanager
@@ -247,26 +291,34 @@ def _stop_signals() -> Iterator[threading.Event]:
 
 
 def _follow(
-    rt: journaled.Runtime,
-    last: int,
+    sub: Subscription,
     interval: float,
     until: int | None,
     max_seconds: float | None,
     stop: threading.Event,
     show: Callable[[Event], None],
+    *,
+    ack: bool = False,
 ) -> None:
-    """Poll for events after ``last`` and show them until ``stop``, ``until`` or the deadline."""
+    """Show the subscription's events until ``stop``, ``until`` or the deadline.
+
+    Each wait lasts at most ``interval``, so a stop (Ctrl-C) is seen within it; an event is shown
+    as soon as the subscription delivers it. With ``ack``, each is acknowledged once shown: a
+    consumer stopped between the two shows that event again next time (at-least-once).
+    """
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
-    while not stop.is_set() and (until is None or last < until):
-        for event in rt.journal.read(after=last, upto=until):
-            show(event)
-            last = event.position
-            if stop.is_set():
-                return
+    while not stop.is_set() and (until is None or sub.position < until):
         wait = interval if deadline is None else min(interval, deadline - time.monotonic())
         if wait <= 0:
             return
-        stop.wait(wait)
+        event = sub.poll(wait)
+        if event is None:
+            continue
+        if until is not None and event.position > until:
+            return
+        show(event)
+        if ack:
+            sub.ack(event.position)
 
 
 if __name__ == "__main__":  # pragma: no cover

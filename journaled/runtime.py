@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -33,6 +33,7 @@ from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
+from journaled.subscriptions import StoredSubscription, Subscription, check_name
 
 ENV_URL = "JOURNALED_URL"
 DRAIN = 10.0
@@ -79,6 +80,37 @@ class JournalHandle:
             each snapshot is compared with the fold of its events (``snapshot-altered``).
         """
         return verify_snapshots(self._journal, head)
+
+    def subscribe(
+        self,
+        after: int = 0,
+        topics: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> Subscription:
+        """Follow the journal: events after ``after``, then each new one, in order (A3).
+
+        Catches up in bounded pages, then waits for appends by this process and others, on
+        every backend. ``topics`` keeps only events of those tags (``"run.started"``,
+        ``"memory.fact-remembered"``: :attr:`Event.kind`), filtered by the database. Another
+        organization's fact events are never delivered (R1). A ``name`` keeps the acknowledged
+        position in the journal's database: the subscription starts after the larger of it and
+        ``after``, and ``sub.ack(position)`` stores it (at-least-once, ADR 0026).
+
+        Raises:
+            InvalidArgument: a negative ``after``, an unknown tag, a bad name.
+        """
+        return Subscription(self, after, topics, name)
+
+    def subscriptions(self) -> list[StoredSubscription]:
+        """Return every named subscription with its acknowledged position, by name (A3)."""
+        return [StoredSubscription(name=n, position=p) for n, p in self._journal.subscriptions()]
+
+    def unsubscribe(self, name: str) -> bool:
+        """Drop a named subscription's stored position; tell whether one was stored (A3).
+
+        Subscribing by that name again starts from the ``after`` it is given.
+        """
+        return self._journal.forget_subscription(check_name(name))
 
 
 def verify(url: str | None = None, head: str | None = None) -> VerifyReport:

@@ -34,6 +34,7 @@ from journaled.events.journal import (
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
+    SUBSCRIPTION_TABLE,
     Journal,
     migrate,
 )
@@ -226,6 +227,7 @@ def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
         SNAPSHOT_TABLE,
         DIGEST_TABLE,
         SCRUB_TABLE,
+        SUBSCRIPTION_TABLE,
     }
     j = _journal(pg_url)
     try:

@@ -21,6 +21,9 @@ two things the library lacks:
   (SQLite: in its last event row; elsewhere: a digest table); :meth:`Journal.verify` checks the
   whole journal against them;
 - SQLite: one multi-row INSERT per append, and ``synchronous=NORMAL`` unless ``durability=full``;
+- named subscriptions' positions (A3, ADR 0026) in a table of their own beside the log, which no
+  digest covers and no purge or scrub touches; :meth:`Journal.wait_for_appends` with a mark wakes
+  on appends of this process at once and of other processes within a few milliseconds;
 - PostgreSQL: tables created by :func:`migrate` (idempotent, serialised by an advisory lock), never
   by the library's racy automatic DDL. Positions are the library's notification ids: they increase
   in commit order but have gaps (a failed insert consumes ids), so readers page by the last id.
@@ -31,13 +34,14 @@ PostgreSQL needs the ``postgres`` extra (``eventsourcing[postgres]``: psycopg an
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import re
 import sqlite3
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
@@ -63,6 +67,7 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
+    SUBSCRIPTION_TABLE,
     Row,
     SnapshotRefused,
     _MsgspecMapper,
@@ -84,12 +89,25 @@ from journaled.events.journal._postgres import (
     _pg_exists,
     _require_postgres,
     migrate,
+    migrate_subscriptions,
 )
 from journaled.events.journal._sqlite import _SQLiteFactory, _SQLiteRecorder
 from journaled.events.url import JournalConfig
 
 if _POSTGRES_MISSING is None:
     from journaled.events.journal._postgres import _PostgresFactory, _PostgresRecorder
+
+log = logging.getLogger("journaled")
+
+
+_SQLITE_PROBE = 0.002
+"""Seconds between two looks at a SQLite file's ``data_version`` while someone waits for appends:
+a look costs a few microseconds (it reads the shared-memory index, no page), so another process's
+append is seen within about this long (ADR 0026)."""
+_PG_PROBE = 0.25
+"""Seconds a PostgreSQL listener waits for a notification before checking it is still wanted."""
+_WATCH_IDLE = 1.0
+"""Seconds a watcher thread lingers with nobody waiting before it ends."""
 
 
 class _JournalApp(Application[str]):
@@ -246,6 +264,18 @@ class Journal:
             recorder.track_scrub = recorder.has_scrub_table()
         self._closed = False
         self._scrub_lock = threading.Lock()
+        self._appended = threading.Condition()
+        self._appends = 0
+        """Bumped on every append by this process and every change another process commits
+        (seen by the watcher), and by :meth:`wake`: what :meth:`append_mark` returns."""
+        self._waiters = 0
+        self._watcher: threading.Thread | None = None
+        self._subscription_table = create and config.backend != "sqlite"
+        if create and config.backend == "sqlite":
+            # Created on open like the other tables; a read-only open creates nothing (the
+            # first acknowledgement of a named subscription does then, ADR 0026).
+            with contextlib.suppress(sqlite3.Error, PersistenceError):
+                self._create_subscription_table()
 
     # -- writing ---------------------------------------------------------------------------------
 
@@ -298,6 +328,8 @@ class Journal:
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
+        if events:
+            self._bump()
         return list(positions or [])
 
     def scrub(self, wait: float = 1.0) -> None:
@@ -531,14 +563,93 @@ class Journal:
         self._check_open()
         return self._recorder.select_payloads(streams)
 
-    def wait_for_appends(self, timeout: float) -> None:
-        """Wait up to ``timeout`` seconds, returning early when another process appends.
+    # -- named subscriptions (A3) -----------------------------------------------------------------
 
-        On PostgreSQL this listens to the channel the library notifies on every append (one
-        dedicated connection, opened on first use); elsewhere it simply waits. Callers poll the
-        position afterwards either way, so a lost notification costs at most one timeout.
+    def subscriptions(self, name: str | None = None) -> list[tuple[str, int]]:
+        """Return (name, acknowledged position) of every named subscription, or of one, by name.
+
+        A journal of an older release, opened for reading, has no table yet: none is stored.
         """
         self._check_open()
+        if not self._has_subscription_table():
+            return []
+        return self._recorder.select_subscriptions(name)
+
+    def acknowledge(self, name: str, position: int) -> int:
+        """Store a named subscription's position; a position behind the stored one is ignored.
+
+        Creates the table first if this journal lacks it (one of an older release).
+
+        Returns:
+            The stored position after the call (never smaller than before).
+        """
+        self._check_open()
+        self._ensure_subscription_table()
+        return self._recorder.advance_subscription(name, position)
+
+    def forget_subscription(self, name: str) -> bool:
+        """Drop a named subscription's stored position; tell whether one was stored."""
+        self._check_open()
+        if not self._has_subscription_table():
+            return False
+        return self._recorder.delete_subscription(name)
+
+    def _has_subscription_table(self) -> bool:
+        if not self._subscription_table:
+            self._subscription_table = self._recorder.has_subscription_table()
+        return self._subscription_table
+
+    def _ensure_subscription_table(self) -> None:
+        if self._has_subscription_table():
+            return
+        self._create_subscription_table()
+
+    def _create_subscription_table(self) -> None:
+        recorder = self._recorder
+        if isinstance(recorder, _SQLiteRecorder | _POPORecorder):
+            recorder.create_subscription_table()
+        else:
+            migrate_subscriptions(self.config)
+        self._subscription_table = True
+
+    # -- waiting for appends ---------------------------------------------------------------------
+
+    def append_mark(self) -> int:
+        """Return a number that changes once events may have been appended since.
+
+        Take it *before* reading, then pass it to :meth:`wait_for_appends` as ``since``: an
+        append between the read and the wait is then never missed.
+        """
+        with self._appended:
+            return self._appends
+
+    def wake(self) -> None:
+        """Wake every :meth:`wait_for_appends` waiting with a mark (a subscription closing)."""
+        self._bump()
+
+    def _bump(self) -> None:
+        with self._appended:
+            self._appends += 1
+            self._appended.notify_all()
+
+    def wait_for_appends(self, timeout: float, *, since: int | None = None) -> None:
+        """Wait up to ``timeout`` seconds, returning early when another process appends.
+
+        Without ``since``, on PostgreSQL this listens to the channel the library notifies on
+        every append (one dedicated connection, opened on first use); elsewhere it simply waits.
+        Callers poll the position afterwards either way, so a lost notification costs at most
+        one timeout.
+
+        With ``since`` (a mark from :meth:`append_mark`), it returns as soon as the mark has
+        moved: at once for an append by this process, and for another process's append within
+        about :data:`_SQLITE_PROBE` on SQLite (a watcher thread compares the file's
+        ``data_version``) or on its NOTIFY on PostgreSQL. Other commits (snapshots,
+        acknowledgements) may wake it too: callers read, and wait again if nothing is new.
+        """
+        self._check_open()
+        if since is not None:
+            self._wait_marked(timeout, since)
+            return
         if self.config.backend != "postgresql":
             time.sleep(timeout)
             return
@@ -556,6 +667,86 @@ class Journal:
                 self._drop_listener()  # the poll remains the safety net; retry next time
                 time.sleep(timeout)
 
+    def _wait_marked(self, timeout: float, since: int) -> None:
+        with self._appended:
+            if self._appends != since:
+                return
+            self._waiters += 1
+            try:
+                if self.config.backend != "memory" and self._watcher is None:
+                    self._watcher = threading.Thread(
+                        target=self._watch, name="journaled-append-watcher", daemon=True
+                    )
+                    self._watcher.start()
+                self._appended.wait_for(
+                    lambda: self._appends != since or self._closed, timeout=timeout
+                )
+            finally:
+                self._waiters -= 1
+
+    def _watch(self) -> None:
+        """Bump the append mark on every change another process commits, while anyone waits.
+
+        Ends after :data:`_WATCH_IDLE` seconds with nobody waiting (or at close); the next wait
+        starts it again. Its first look is bumped too: a change committed before it began
+        looking might otherwise go unseen by a waiter whose mark was taken before it.
+        """
+        idle_since: float | None = None
+        try:
+            with self._watch_source() as changed:
+                self._bump()
+                while not self._closed:
+                    with self._appended:
+                        if self._waiters:
+                            idle_since = None
+                        elif idle_since is None:
+                            idle_since = time.monotonic()
+                        elif time.monotonic() - idle_since > _WATCH_IDLE:
+                            self._watcher = None
+                            return
+                    if changed():
+                        self._bump()
+        except Exception:  # the waiters' timeouts remain the safety net
+            log.debug("watching the journal for appends failed", exc_info=True)
+        with self._appended:
+            if self._watcher is threading.current_thread():
+                self._watcher = None
+
+    @contextlib.contextmanager
+    def _watch_source(self) -> Iterator[Callable[[], bool]]:
+        """Yield a probe that waits a little and tells whether another process committed."""
+        if self.config.backend == "postgresql":
+            conn = _pg_connect(self.config)
+            try:
+                conn.autocommit = True
+                channel = getattr(self._recorder, "channel_name", "")
+                conn.execute(f'LISTEN "{channel}"')
+
+                def notified() -> bool:
+                    return any(True for _ in conn.notifies(timeout=_PG_PROBE, stop_after=1))
+
+                yield notified
+            finally:
+                conn.close()
+            return
+        assert self.config.path is not None
+        name = _sqlite_name(self.config.path, create=False)
+        watch = sqlite3.connect(name, uri=name.startswith("file:"), isolation_level=None)
+        try:
+            seen = watch.execute("PRAGMA data_version").fetchone()[0]
+
+            def committed() -> bool:
+                nonlocal seen
+                time.sleep(_SQLITE_PROBE)
+                now = watch.execute("PRAGMA data_version").fetchone()[0]
+                moved: bool = now != seen
+                seen = now
+                return moved
+
+            yield committed
+        finally:
+            watch.close()
+
     def _drop_listener(self) -> None:
         listener, self._listener = self._listener, None
         if listener is not None:
@@ -566,8 +757,12 @@ class Journal:
         """Close the journal's connections. Idempotent."""
         if not self._closed:
             self._closed = True
+            self._bump()  # waiters with a mark return; the watcher ends
             with self._listen_lock:
                 self._drop_listener()
+            watcher = self._watcher
+            if watcher is not None and watcher is not threading.current_thread():
+                watcher.join(1.0)
             self._app.close()
 
     def _events(self, rows: Sequence[Row]) -> list[Event]:
@@ -600,6 +795,7 @@ __all__ = [
     "PAYLOAD_TABLE",
     "SCRUB_TABLE",
     "SNAPSHOT_TABLE",
+    "SUBSCRIPTION_TABLE",
     "ChainBroken",
     "CorruptEvent",
     "Journal",

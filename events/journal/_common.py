@@ -16,6 +16,9 @@ from journaled.events.codec import Codec
 PAYLOAD_TABLE = "journaled_payloads"
 SNAPSHOT_TABLE = "journaled_snapshots"
 SCRUB_TABLE = "journaled_scrub"
+SUBSCRIPTION_TABLE = "journaled_subscriptions"
+"""One row per named subscription: the last position its consumer acknowledged (A3, ADR 0026).
+Not part of the log: no digest covers it, and verify, purge and scrub never read it."""
 """One row (id 1): how many erasures committed (``erased``, counted in their own transaction)
 and how many of them a scrub has since removed from the files (``scrubbed``). A process killed
 between a purge's commit and its scrub leaves ``erased > scrubbed``: the debt outlives it (M10)."""

@@ -27,6 +27,7 @@ class _POPORecorder(POPOApplicationRecorder):
         self._digests: list[DigestRow] = []
         self._erased = 0
         self._scrubbed = 0
+        self._subscriptions: dict[str, int] = {}
 
     def _insert_events(
         self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -71,6 +72,32 @@ class _POPORecorder(POPOApplicationRecorder):
         """Record that the first ``erased`` erasures are scrubbed."""
         with self._database_lock:
             self._scrubbed = max(self._scrubbed, erased)
+
+    def create_subscription_table(self) -> None:
+        """Nothing to create: the positions live in a dict (A3)."""
+
+    def has_subscription_table(self) -> bool:
+        """Tell whether named subscriptions can be stored: always."""
+        return True
+
+    def select_subscriptions(self, name: str | None = None) -> list[tuple[str, int]]:
+        """Return (name, acknowledged position) of one named subscription or all, by name."""
+        with self._database_lock:
+            return sorted(
+                (n, p) for n, p in self._subscriptions.items() if name is None or n == name
+            )
+
+    def advance_subscription(self, name: str, position: int) -> int:
+        """Store a subscription's position unless it is behind the stored one; return the stored."""
+        with self._database_lock:
+            stored = max(self._subscriptions.get(name, position), position)
+            self._subscriptions[name] = stored
+            return stored
+
+    def delete_subscription(self, name: str) -> bool:
+        """Forget a named subscription's position; tell whether there was one."""
+        with self._database_lock:
+            return self._subscriptions.pop(name, None) is not None
 
     def select_snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version, state), in key order (R7 checks them)."""

@@ -37,6 +37,7 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
+    SUBSCRIPTION_TABLE,
     Row,
     SnapshotRefused,
     erases,
@@ -71,7 +72,14 @@ def _pg_ddl() -> list[str]:
         "digest bytea NOT NULL)",
         f"CREATE TABLE IF NOT EXISTS public.{SCRUB_TABLE} (id int PRIMARY KEY CHECK (id = 1), "
         "erased bigint NOT NULL, scrubbed bigint NOT NULL)",
+        _SUBSCRIPTION_DDL,
     ]
+
+
+_SUBSCRIPTION_DDL = (
+    f"CREATE TABLE IF NOT EXISTS public.{SUBSCRIPTION_TABLE} "
+    "(name text PRIMARY KEY, position bigint NOT NULL)"
+)
 
 
 _SCRUB_LOCK_TIMEOUT = "200ms"
@@ -155,6 +163,16 @@ def migrate(config: JournalConfig) -> None:
                 f"cannot create the journal's tables in {config.url}: "
                 f"{_hide(str(exc).strip(), config)}"
             ) from None
+
+
+def migrate_subscriptions(config: JournalConfig) -> None:
+    """Create the named subscriptions' table alone (A3): a journal opened without migrating.
+
+    Serialised with :func:`migrate` by the same advisory lock.
+    """
+    with _pg_connect(config) as conn, conn.transaction():
+        conn.execute("SELECT pg_advisory_xact_lock(%s)", [_PG_MIGRATE_LOCK])
+        conn.execute(_SUBSCRIPTION_DDL)
 
 
 def _pg_chained(config: JournalConfig) -> bool:
@@ -457,6 +475,43 @@ if _POSTGRES_MISSING is None:
                     [list(streams)],
                 )
             return {str(r[0]): bytes(r[1]) for r in rows}
+
+        def has_subscription_table(self) -> bool:
+            """Tell whether the named subscriptions' table exists (older journals lack it)."""
+            rows = self._fetch(
+                "SELECT to_regclass(%s) IS NOT NULL", [f"public.{SUBSCRIPTION_TABLE}"]
+            )
+            return bool(rows[0][0])
+
+        def select_subscriptions(self, name: str | None = None) -> list[tuple[str, int]]:
+            """Return (name, acknowledged position) of one named subscription or all, by name."""
+            query = f"SELECT name, position FROM public.{SUBSCRIPTION_TABLE}"  # noqa: S608
+            params: list[Any] = []
+            if name is not None:
+                query += " WHERE name = %s"
+                params.append(name)
+            return [(str(r[0]), int(r[1])) for r in self._fetch(query + " ORDER BY name", params)]
+
+        def advance_subscription(self, name: str, position: int) -> int:
+            """Store a subscription's position unless behind the stored one; return the stored."""
+            with self._store.get_connection() as conn:
+                row = conn.execute(
+                    f"INSERT INTO public.{SUBSCRIPTION_TABLE} AS s VALUES (%s, %s) "  # noqa: S608
+                    "ON CONFLICT (name) DO UPDATE SET position = greatest(s.position, "
+                    "EXCLUDED.position) RETURNING position",
+                    [name, position],
+                ).fetchone()
+                assert row is not None
+                return int(row[0] if isinstance(row, tuple) else row["position"])
+
+        def delete_subscription(self, name: str) -> bool:
+            """Forget a named subscription's position; tell whether there was one."""
+            with self._store.get_connection() as conn:
+                found = conn.execute(
+                    f"DELETE FROM public.{SUBSCRIPTION_TABLE} WHERE name = %s",  # noqa: S608
+                    [name],
+                )
+                return int(found.rowcount) > 0
 
         def has_scrub_table(self) -> bool:
             """Tell whether the scrub table exists (a journal migrated by this release)."""

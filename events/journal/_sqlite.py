@@ -23,6 +23,7 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
+    SUBSCRIPTION_TABLE,
     Row,
     SnapshotRefused,
     erases,
@@ -400,6 +401,55 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         with self.datastore.transaction(commit=False) as c:
             c.execute(sql, params)
             return [tuple(row) for row in c.fetchall()]
+
+    def create_subscription_table(self) -> None:
+        """Create the named subscriptions' table if missing (A3; older journals lack it)."""
+        with self.datastore.transaction(commit=True) as c:
+            c.execute(
+                f"CREATE TABLE IF NOT EXISTS {SUBSCRIPTION_TABLE} "
+                "(name TEXT PRIMARY KEY, position INTEGER NOT NULL) WITHOUT ROWID"
+            )
+
+    def has_subscription_table(self) -> bool:
+        """Tell whether the named subscriptions' table exists."""
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?",
+                [SUBSCRIPTION_TABLE],
+            )
+            return c.fetchone() is not None
+
+    def select_subscriptions(self, name: str | None = None) -> list[tuple[str, int]]:
+        """Return (name, acknowledged position) of one named subscription or all, by name."""
+        sql = f"SELECT name, position FROM {SUBSCRIPTION_TABLE}"  # noqa: S608
+        params: list[Any] = []
+        if name is not None:
+            sql += " WHERE name = ?"
+            params.append(name)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(sql + " ORDER BY name", params)
+            return [(str(r[0]), int(r[1])) for r in c.fetchall()]
+
+    def advance_subscription(self, name: str, position: int) -> int:
+        """Store a subscription's position unless it is behind the stored one; return the stored."""
+        with self.datastore.transaction(commit=True) as c:
+            c.execute(
+                f"INSERT INTO {SUBSCRIPTION_TABLE} VALUES (?, ?) "  # noqa: S608
+                "ON CONFLICT (name) DO UPDATE SET position = max(position, excluded.position)",
+                [name, position],
+            )
+            c.execute(
+                f"SELECT position FROM {SUBSCRIPTION_TABLE} WHERE name = ?",  # noqa: S608
+                [name],
+            )
+            return int(c.fetchone()[0])
+
+    def delete_subscription(self, name: str) -> bool:
+        """Forget a named subscription's position; tell whether there was one."""
+        with self.datastore.transaction(commit=True) as c:
+            c.execute(f"DELETE FROM {SUBSCRIPTION_TABLE} WHERE name = ?", [name])  # noqa: S608
+            c.execute("SELECT changes()")
+            return int(c.fetchone()[0]) > 0
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""

@@ -1,0 +1,425 @@
+"""Journal subscriptions: catch up on the log, then follow new appends, in order (A3, ADR 0026).
+
+``rt.journal.subscribe(after=0, topics=None, name=None)`` returns a :class:`Subscription`: it reads
+the journal in bounded pages from ``after``, then waits for appends by this process and others
+(:meth:`Journal.wait_for_appends` with a mark: an in-process condition, a watcher of the SQLite
+file's ``data_version``, PostgreSQL's NOTIFY) and yields them as they come. A *named* subscription
+keeps the position its consumer acknowledged in the journal's database, so a consumer that
+restarts resumes after its last ``ack``: delivery is at-least-once (an event handled but not yet
+acknowledged when the consumer died comes again).
+
+:class:`AsyncSubscription` is the same for asyncio: its waits run in a thread of its own, so the
+event loop never blocks, and cancelling the awaiting task leaves nothing half-consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from itertools import islice
+from types import TracebackType
+from typing import TYPE_CHECKING, Self
+
+import msgspec
+
+from journaled.errors import InvalidArgument
+from journaled.events.base import Event
+from journaled.events.catalog import STORED_EVENTS
+from journaled.events.codec import tag_of, topics_of
+from journaled.events.inputs import int_problem, text_problem
+
+if TYPE_CHECKING:
+    from journaled.events.journal import Journal
+    from journaled.events.tenancy import Boundary
+    from journaled.runtime import JournalHandle
+
+__all__ = [
+    "MAX_NAME_BYTES",
+    "PAGE",
+    "AsyncSubscription",
+    "StoredSubscription",
+    "Subscription",
+    "check_name",
+    "stored_topics",
+]
+
+PAGE = 500
+"""Most events read from the database at once: catching up holds at most one page in memory."""
+MAX_NAME_BYTES = 200
+"""Longest subscription name, in UTF-8 bytes."""
+_SLICE = 1.0
+"""Longest single wait: appends whose wake-up was lost are found by reading again after it."""
+
+
+class StoredSubscription(msgspec.Struct, frozen=True, kw_only=True):
+    """A named subscription as the journal's database keeps it."""
+
+    name: str
+    """The subscription's name."""
+    position: int
+    """The last position its consumer acknowledged: a restarted consumer resumes after it."""
+
+
+def check_name(name: object) -> str:
+    """Return a valid subscription name, or raise naming what is wrong with it.
+
+    Raises:
+        InvalidArgument: not a string; empty or blank; longer than :data:`MAX_NAME_BYTES`; holds
+            a character that is not printable (a control character, a newline).
+    """
+    problem = text_problem(name, limit=MAX_NAME_BYTES, empty=False)
+    if problem:
+        raise InvalidArgument("name", problem)
+    assert isinstance(name, str)
+    bad = next((c for c in name if not c.isprintable()), None)
+    if bad is not None:
+        raise InvalidArgument(
+            "name", f"holds the unprintable character {bad!r}: use letters, digits and punctuation"
+        )
+    return name
+
+
+_TOPICS = {tag_of(cls): tuple(topics_of(cls)) for cls in STORED_EVENTS}
+
+
+def stored_topics(tags: object) -> tuple[str, ...] | None:
+    """Return the stored topics of event tags (every version of each), None for every event.
+
+    A single string is one tag.
+
+    Raises:
+        InvalidArgument: ``tags`` is not a list of strings, is empty, or names an unknown tag.
+    """
+    if tags is None:
+        return None
+    if isinstance(tags, str):
+        tags = [tags]
+    if not isinstance(tags, Iterable) or isinstance(tags, bytes | dict):
+        raise InvalidArgument("topics", f"must be a list of event tags, got {type(tags).__name__}")
+    wanted = list(tags)
+    if not wanted:
+        raise InvalidArgument("topics", "is empty: pass None to receive every event")
+    topics: list[str] = []
+    for tag in wanted:
+        if not isinstance(tag, str):
+            raise InvalidArgument("topics", f"must hold event tags (str), got {type(tag).__name__}")
+        if tag not in _TOPICS:
+            near = difflib.get_close_matches(tag, _TOPICS, n=3)
+            hint = (
+                f"did you mean {', '.join(map(repr, near))}?" if near else "see `journaled schema`"
+            )
+            raise InvalidArgument("topics", f"names an unknown event tag {tag!r}: {hint}")
+        topics += _TOPICS[tag]
+    return tuple(dict.fromkeys(topics))
+
+
+class Subscription:
+    """Events of one journal in journal order: those after a position, then each new one.
+
+    Iterate it (``for event in sub``: ends when closed), or ``poll(timeout)``. ``ack(position)``
+    acknowledges everything delivered up to ``position``; a named subscription stores it in the
+    journal's database. ``close()`` may be called from any thread and unblocks a consumer waiting
+    in another. One consumer thread at a time.
+    """
+
+    def __init__(
+        self,
+        journal: JournalHandle,
+        after: int = 0,
+        topics: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Subscribe to ``journal`` (an ``rt.journal``); see :meth:`JournalHandle.subscribe`.
+
+        Raises:
+            InvalidArgument: a bad ``after``, ``topics`` or ``name`` (nothing was stored).
+        """
+        problem = int_problem(after, low=0)
+        if problem:
+            raise InvalidArgument("after", problem)
+        self.name = None if name is None else check_name(name)
+        self._topics = stored_topics(topics)
+        self.topics: tuple[str, ...] | None = (
+            None if topics is None else tuple([topics] if isinstance(topics, str) else topics)
+        )
+        # The door's own handle: the subscription reads through its boundary (R1).
+        self._journal: Journal = journal._journal
+        self._boundary: Boundary = journal._boundary
+        start = after
+        if self.name is not None:
+            # Registered at once (listed by rt.journal.subscriptions()); a larger explicit
+            # `after` skips ahead for good, a smaller one never rewinds (ADR 0026).
+            start = self._journal.acknowledge(self.name, after)
+        self._acked = start
+        self._position = start
+        self._cursor = start
+        self._buffer: deque[Event] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._generation = 0
+
+    @property
+    def position(self) -> int:
+        """Return the position of the last event delivered (the start before any)."""
+        return self._position
+
+    @property
+    def acked(self) -> int:
+        """Return the last acknowledged position (for a named one: as stored)."""
+        return self._acked
+
+    @property
+    def closed(self) -> bool:
+        """Tell whether :meth:`close` was called."""
+        return self._closed
+
+    def poll(self, timeout: float | None = None) -> Event | None:
+        """Return the next event, waiting up to ``timeout`` seconds (None: until closed).
+
+        Returns None when the time is up or the subscription is closed.
+
+        Raises:
+            CorruptEvent: an event cannot be decoded (J5); its position is in the error.
+            JournalClosed: the runtime was closed.
+        """
+        if timeout is not None and (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not timeout >= 0  # NaN too
+        ):
+            raise InvalidArgument("timeout", f"must be a non-negative number, got {timeout!r}")
+        if self._ready(timeout, self._generation):
+            return self._take()
+        return None
+
+    def ack(self, position: int) -> None:
+        """Acknowledge every event delivered up to ``position`` (A3).
+
+        A named subscription stores it in the journal's database before returning; a restarted
+        consumer resumes after it. A position at or before the last acknowledged one is ignored
+        (acknowledgements only move forward).
+
+        Raises:
+            InvalidArgument: ``position`` is not an int, or is past the last delivered event
+                (acknowledging what was never delivered would lose it).
+        """
+        problem = int_problem(position, low=0)
+        if problem:
+            raise InvalidArgument("position", problem)
+        if position > self._position:
+            raise InvalidArgument(
+                "position",
+                f"{position} was never delivered by this subscription (the last delivered is "
+                f"{self._position}): acknowledge only events you have received",
+            )
+        if position <= self._acked:
+            return
+        if self.name is None:
+            self._acked = position
+        else:
+            self._acked = self._journal.acknowledge(self.name, position)
+
+    def close(self) -> None:
+        """Stop delivering: a consumer waiting in another thread returns. Idempotent."""
+        self._closed = True
+        self._journal.wake()
+
+    def __iter__(self) -> Self:
+        return self
+
+    def __next__(self) -> Event:
+        event = self.poll(None)
+        if event is None:
+            raise StopIteration
+        return event
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- the machinery, shared with AsyncSubscription --------------------------------------------
+
+    def _ready(self, timeout: float | None, generation: int) -> bool:
+        """Wait until an event is buffered (True), or the time is up, or closed/interrupted.
+
+        Never takes an event: whoever waits in a thread that is given up on (a cancelled task)
+        leaves what it read in the buffer for the next call.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            while True:
+                if self._closed or self._generation != generation:
+                    return False
+                if self._buffer:
+                    return True
+                mark = self._journal.append_mark()  # before reading: no append slips between
+                if self._fill():
+                    continue
+                left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
+                if left <= 0:
+                    return False
+                self._journal.wait_for_appends(left, since=mark)
+
+    def _fill(self) -> bool:
+        """Read one page after the cursor; tell whether anything was read (even if hidden)."""
+        page = list(
+            islice(
+                self._journal.read(after=self._cursor, page=PAGE, topics=self._topics or ()), PAGE
+            )
+        )
+        if not page:
+            return False
+        self._cursor = page[-1].position
+        self._buffer.extend(self._boundary.visible(page))
+        return True
+
+    def _take(self) -> Event | None:
+        try:
+            event = self._buffer.popleft()
+        except IndexError:
+            return None
+        self._position = event.position
+        return event
+
+    def _interrupt(self) -> None:
+        """End the wait of a thread whose caller gave up (its task was cancelled)."""
+        self._generation += 1
+        self._journal.wake()
+
+
+class AsyncSubscription:
+    """A :class:`Subscription` for asyncio: ``async for``, ``await poll()``, ``await ack()``.
+
+    Waits and database reads run in a daemon thread, never on the event loop; cancelling the
+    task that awaits ``poll`` (or iterates) cancels the wait, and no event is lost by it. Build
+    it with ``await AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain
+    constructor reads the stored position, which blocks briefly).
+    """
+
+    def __init__(
+        self,
+        journal: JournalHandle,
+        after: int = 0,
+        topics: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> None:
+        """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`."""
+        self._sync = Subscription(journal, after, topics, name)
+
+    @classmethod
+    async def open(
+        cls,
+        journal: JournalHandle,
+        after: int = 0,
+        topics: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> AsyncSubscription:
+        """Subscribe without blocking the loop (the stored position is read in a thread)."""
+        return await asyncio.to_thread(cls, journal, after, topics, name)
+
+    @property
+    def name(self) -> str | None:
+        """Return the subscription's name (None: not stored)."""
+        return self._sync.name
+
+    @property
+    def position(self) -> int:
+        """Return the position of the last event delivered (the start before any)."""
+        return self._sync.position
+
+    @property
+    def acked(self) -> int:
+        """Return the last acknowledged position."""
+        return self._sync.acked
+
+    async def poll(self, timeout: float | None = None) -> Event | None:
+        """Return the next event, waiting up to ``timeout`` seconds (None: until closed).
+
+        An event already read is returned at once; otherwise a daemon thread reads and waits
+        (a daemon, so that a subscription never closed cannot hold the interpreter at exit).
+        """
+        sync = self._sync
+        if sync.closed:
+            return None
+        event = sync._take()
+        if event is not None:
+            return event
+        generation = sync._generation
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[bool] = loop.create_future()
+
+        def wait() -> None:
+            try:
+                ready = sync._ready(timeout, generation)
+            except BaseException as exc:  # handed to the awaiting task
+                _settle(loop, done, False, exc)
+            else:
+                _settle(loop, done, ready, None)
+
+        threading.Thread(target=wait, name="journaled-subscription", daemon=True).start()
+        try:
+            ready = await done
+        except asyncio.CancelledError:
+            sync._interrupt()
+            raise
+        return sync._take() if ready else None
+
+    async def ack(self, position: int) -> None:
+        """Acknowledge every event delivered up to ``position`` (stored for a named one)."""
+        await asyncio.to_thread(self._sync.ack, position)
+
+    async def aclose(self) -> None:
+        """Stop delivering; a task waiting in ``poll`` returns None. Idempotent."""
+        self._sync.close()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Event:
+        event = await self.poll(None)
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _settle(
+    loop: asyncio.AbstractEventLoop,
+    done: asyncio.Future[bool],
+    ready: bool,
+    error: BaseException | None,
+) -> None:
+    """Hand a wait's outcome to the loop, unless its task gave up or the loop is gone."""
+
+    def settle() -> None:
+        if done.done():  # cancelled meanwhile: what was read stays buffered
+            return
+        if error is not None:
+            done.set_exception(error)
+        else:
+            done.set_result(ready)
+
+    with contextlib.suppress(RuntimeError):  # the loop was closed meanwhile
+        loop.call_soon_threadsafe(settle)
