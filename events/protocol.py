@@ -150,17 +150,21 @@ def _check_message(value: object) -> None:
         )
 
 
-def _unencodable(value: msgspec.Struct, encoder: msgspec.json.Encoder) -> str:
-    """Name the first field of ``value`` that cannot be encoded, and what it holds."""
+def _unencodable(value: msgspec.Struct, encoder: msgspec.json.Encoder) -> list[str]:
+    """Name each field of ``value`` that cannot be encoded, with the type of what it holds."""
+    found: list[str] = []
     for name in value.__struct_fields__:
         field = getattr(value, name)
         try:
             encoder.encode(field)
         except (TypeError, ValueError):
             if isinstance(field, msgspec.Struct):
-                return f"{name}.{_unencodable(field, encoder)}"
-            return f"{name}, a {type(field).__qualname__},"
-    return "?"
+                found.extend(f"{name}.{inner}" for inner in _unencodable(field, encoder))
+            else:
+                kind = type(field)
+                owner = "" if kind.__module__ == "builtins" else f"{kind.__module__}."
+                found.append(f"{name} ({owner}{kind.__qualname__})")
+    return found
 
 
 def _encode(value: AnyMessage | Envelope, encode: Any) -> bytes:
@@ -169,10 +173,10 @@ def _encode(value: AnyMessage | Envelope, encode: Any) -> bytes:
     try:
         data: bytes = encode(value)
     except (TypeError, ValueError) as exc:
-        where = _unencodable(value, _JSON)
+        where = ", ".join(_unencodable(value, _JSON)) or "?"
         raise ProtocolError(
-            f"cannot encode {message_tag(type(message))}: field {where} cannot cross a process "
-            f"({exc}); send an address or an id instead"
+            f"cannot encode {message_tag(type(message))}: {exc}; live objects cannot cross a "
+            f"process, in {where}: send an address or an id instead"
         ) from exc
     return data
 
