@@ -83,7 +83,7 @@ def test_schema_lists_every_event_with_tag_and_version_and_every_message() -> No
 def test_schema_table_names_every_tag_without_opening_a_journal(tmp_path: Any) -> None:
     """A4: `schema` without --json prints a table row per event and message; no journal made."""
     url = f"sqlite:///{tmp_path / 'absent.sqlite'}"
-    result = CliRunner().invoke(main, ["--url", url, "schema"], terminal_width=200)
+    result = CliRunner().invoke(main, ["--url", url, "schema"])
     assert result.exit_code == 0, result.output
     for tag in [cls.__struct_config__.tag for cls in (*STORED_EVENTS, *MESSAGE_TYPES)]:
         assert f"{tag} " in result.output
