@@ -10,7 +10,8 @@ callers can catch either::
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
     │   └── UnknownEventType                 a stored topic this release does not know
-    └── PlanRejected (ValueError)            a plan that cannot run, naming the step
+    ├── PlanRejected (ValueError)            a plan that cannot run, naming the step
+    └── ProtocolError (ValueError)           a message that cannot be encoded or decoded (A4)
 """
 
 from __future__ import annotations
@@ -69,3 +70,7 @@ class PlanRejected(EventsError, ValueError):
         self.reason = reason
         where = f"step {step_id!r}: " if step_id is not None else ""
         super().__init__(f"plan rejected: {where}{reason}")
+
+
+class ProtocolError(EventsError, ValueError):
+    """A message that cannot cross the wire: it names the message's tag or msgspec's path (A4)."""

@@ -1,4 +1,4 @@
-"""The ``journaled`` command line: the demo, memory, runs and the journal, for people and scripts.
+"""The ``journaled`` command line: the demo, memory, runs, the journal and the schema.
 
 Every command takes the global ``--url`` and ``--json`` (``--json`` is accepted after the command
 too). Reading commands never create a journal; only ``memory remember``, ``runs purge``,
@@ -37,6 +37,7 @@ from journaled.cli_common import (
 )
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
+from journaled.cli_schema import schema
 from journaled.events.base import Event
 from journaled.runtime import verify as verify_journal
 from journaled.subscriptions import Subscription
@@ -57,6 +58,7 @@ def main(ctx: click.Context, url: str | None, as_json: bool) -> None:
 
 main.add_command(memory)
 main.add_command(runs)
+main.add_command(schema)
 
 
 @main.command()
