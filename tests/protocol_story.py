@@ -15,7 +15,7 @@ import pykka
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
-from journaled.actors.steps import ToolActor
+from journaled.actors.steps import StepWorker
 from journaled.testing import wait_for
 
 WAIT = 30.0
@@ -76,7 +76,7 @@ def _timeout(rt: journaled.Runtime) -> None:
     finally:
         release.set()
     assert result.observations[0].error == "timed out after 0.2s"
-    wait_for(lambda: not pykka.ActorRegistry.get_by_class(ToolActor))
+    wait_for(lambda: not pykka.ActorRegistry.get_by_class(StepWorker))
 
 
 def _hold(rt: journaled.Runtime, name: str) -> tuple[threading.Event, threading.Event]:

@@ -70,11 +70,14 @@ class Recorder:
         self._lock = threading.Lock()
 
     def wrap(self, send: Callable[..., Any]) -> Callable[..., Any]:
-        def recording(ref: object, message: object, *args: Any, **kwargs: Any) -> Any:
+        def recording(ref: object, *args: Any, **kwargs: Any) -> Any:
+            # The message is the last positional argument: ``ref.tell(message)``,
+            # ``ref.ask(message, block=False)``, ``directory.tell(address, message)``.
+            message = args[-1] if args else kwargs.get("message")
             if not type(message).__module__.startswith("pykka"):
                 with self._lock:
                     self.messages.append(message)
-            return send(ref, message, *args, **kwargs)
+            return send(ref, *args, **kwargs)
 
         return recording
 
@@ -144,9 +147,6 @@ def round_trip_problems(message: object) -> list[str]:
     return problems
 
 
-@pytest.mark.xfail(
-    strict=True, reason="live objects in messages until the wire-safe protocol lands"
-)
 def test_every_message_sent_is_catalogued_and_round_trips(recorded: Recorder) -> None:
     """A4: each message sent in the story is catalogued and equal after JSON and msgpack."""
     problems: dict[str, None] = {}
@@ -256,7 +256,8 @@ def test_bad_input_is_a_protocol_error_naming_the_tag_or_path(data: bytes, words
 
 def test_a_live_object_is_refused_naming_its_field() -> None:
     """A4: encoding a message that holds a live object names the message's tag and the field."""
-    held = Remember(text="x", reply=threading.Event())
+    # msgspec does not validate on construction: a caller can still put anything in a field.
+    held = Remember(text="x", reply_to=threading.Event())  # type: ignore[arg-type]
     for encode in (protocol.encode_json, protocol.encode_msgpack):
-        with pytest.raises(ProtocolError, match=r"memory\.remember.*reply \(threading\.Event\)"):
+        with pytest.raises(ProtocolError, match=r"memory\.remember.*reply_to \(threading\.Event\)"):
             encode(held)
