@@ -145,7 +145,9 @@ class Inbox:
             pending, self._pending = self._pending, {}
         for future in pending.values():
             with contextlib.suppress(InvalidStateError):
-                future.set_exception(pykka.ActorDeadError("the runtime closed before answering"))
+                future.set_exception(
+                    actor_errors.RuntimeClosed("the runtime closed before answering")
+                )
 
 
 def failure(correlation: str, exc: BaseException) -> Failure:

@@ -95,6 +95,8 @@ class LoopRunner:
         self._own = loop is None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._running: set[Future[Any]] = set()
+        """The tasks of steps running now: closing the runner cancels them."""
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         with self._lock:
@@ -130,25 +132,38 @@ class LoopRunner:
                     "a step's coroutine cannot be awaited from its own event loop's thread"
                 )
         future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), loop)
+        with self._lock:
+            self._running.add(future)
         if token is not None:
             token.on_set(future.cancel)
         try:
             return future.result()
         except (CancelledError, asyncio.CancelledError):
             raise StepCancelled(
-                "cancelled: the run was cancelled or the step's deadline passed"
+                "cancelled: the run was cancelled, the step's deadline passed or the runtime closed"
             ) from None
+        finally:
+            with self._lock:
+                self._running.discard(future)
 
     def close(self) -> None:
-        """Stop the loop this runner owns (the tasks still on it are abandoned)."""
+        """Cancel the step tasks still running, and stop the loop this runner owns.
+
+        The runtime closes it after its runs were drained and suspended (R3): a task still
+        running belongs to a step whose result is no longer wanted, and its worker must not wait
+        for a loop that stops.
+        """
         with self._lock:
+            running, self._running = list(self._running), set()
             loop, thread = self._loop, self._thread
-            if not self._own or loop is None or thread is None:
-                return
-            self._loop = None
-            self._thread = None
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5.0)
+            if self._own:
+                self._loop = None
+                self._thread = None
+        for future in running:
+            future.cancel()
+        if self._own and loop is not None and thread is not None:
+            loop.call_soon_threadsafe(loop.stop)
+            thread.join(5.0)
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

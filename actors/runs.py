@@ -628,6 +628,10 @@ class Runs:
             claim.tell(Suspend())
         return self.wait_idle(_STOP_TIMEOUT)
 
+    def close_inbox(self) -> None:
+        """Fail every run still awaited here: the runtime is closed (its executors stopped)."""
+        self._inbox.close()
+
     @property
     def closing(self) -> bool:
         """Tell whether :meth:`close` was called: no run starts any more (R3)."""

@@ -245,6 +245,10 @@ class Memory:
             self._inbox.forget(correlation)
         return answer.fact
 
+    def close_inbox(self) -> None:
+        """Fail every remember still awaiting its answer: the runtime is closed."""
+        self._inbox.close()
+
     def request_remember(self, request: Remember) -> tuple[str, Future[Remembered]]:
         """Tell the writer a remember, addressed to reply here; return (correlation, future).
 

@@ -486,6 +486,8 @@ class Runtime:
             self._actors.stop()
         finally:
             self._services.loop.close()
+            self.memory.close_inbox()
+            self.runs.close_inbox()
             self._journal.close()
 
     def __enter__(self) -> Runtime:

@@ -84,3 +84,13 @@ def test_an_executor_stopped_from_outside_still_answers_its_run(sqlite_url: str)
         with pytest.raises(RuntimeError, match="stopped before the run did"):
             handle.result(timeout=WAIT)
         release.set()
+
+
+def test_closing_an_inbox_fails_the_replies_still_awaited() -> None:
+    """A4/R3: nobody waits forever on a closed runtime: awaited replies fail with RuntimeClosed."""
+    directory = Directory()
+    inbox = Inbox(directory, "caller")
+    _, future = inbox.expect()
+    inbox.close()
+    with pytest.raises(journaled.RuntimeClosed):
+        future.result(0)
