@@ -253,9 +253,35 @@ class Runs:
 
     # -- execution -------------------------------------------------------------------------------
 
-    def execute(self, plan: Plan, *args: Any, **options: Any) -> ExecuteResult:
+    def execute(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+        parent: tuple[str, str] | None = None,
+        trace: Trace | None = None,
+        run_id: str | None = None,
+        call: int | None = None,
+    ) -> ExecuteResult:
         """Validate and execute a plan as a new journaled run (E1-E13); wait for it to stop."""
-        return self.start(plan, *args, **options).result()
+        return self.start(
+            plan,
+            call_budget,
+            max_parallel_steps,
+            limits,
+            reserve,
+            on_progress,
+            step_timeout=step_timeout,
+            parent=parent,
+            trace=trace,
+            run_id=run_id,
+            call=call,
+        ).result()
 
     def start(
         self,
@@ -325,9 +351,27 @@ class Runs:
             except ValueError as exc:
                 raise PlanRejected(step.id, str(exc)) from exc
 
-    def resume(self, run_id: str, *args: Any, **options: Any) -> ExecuteResult:
+    def resume(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: Mapping[str, str] | None = None,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        trace: Trace | None = None,
+        take_over: bool = False,
+    ) -> ExecuteResult:
         """Rebuild a run from the journal alone and carry on (E14); wait for it to stop."""
-        return self.resume_start(run_id, *args, **options).result()
+        return self.resume_start(
+            run_id,
+            call_budget,
+            answers,
+            reserve=reserve,
+            on_progress=on_progress,
+            trace=trace,
+            take_over=take_over,
+        ).result()
 
     def resume_start(
         self,
