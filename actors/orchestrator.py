@@ -14,9 +14,8 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -112,8 +111,8 @@ class Orchestrations:
         self._driving: set[str] = set()
         """Orchestrations an ``orchestrate`` or ``resume`` of this runtime drives now (R8)."""
         self._cancelled: set[str] = set()
-        self._actors: dict[str, Any] = {}
-        """run id -> the orchestrator actor driving it now."""
+        self._actors: dict[str, tuple[Any, Future[Outcome]]] = {}
+        """run id -> the orchestrator actor driving it now, and the future its answer completes."""
         self._directory = runs.directory
         self._inbox = Inbox(self._directory, "orchestrations")
 
@@ -220,10 +219,10 @@ class Orchestrations:
             if run_id not in self._driving:
                 return False
             self._cancelled.add(run_id)
-            actor = self._actors.get(run_id)
-        if actor is not None:
+            driven = self._actors.get(run_id)
+        if driven is not None:
             with contextlib.suppress(pykka.ActorDeadError):
-                actor.tell(CancelOrchestration())  # wakes it while it waits for the planner
+                driven[0].tell(CancelOrchestration())  # wakes it while it waits for the planner
         return True
 
     def is_orchestration(self, run_id: str) -> bool:
@@ -320,7 +319,7 @@ class Orchestrations:
             done.set_result(stopped.outcome)
 
         with self._lock:
-            self._actors[run_id] = actor
+            self._actors[run_id] = (actor, done)
         reply.add_done_callback(settle)
         actor.tell(BeginOrchestration())
         if self.cancel_requested(run_id):
@@ -335,15 +334,13 @@ class Orchestrations:
         ``timeout`` seconds.
         """
         with self._lock:
-            actors = dict(self._actors)
-        for actor in actors.values():
+            driven = dict(self._actors)
+        for actor, _ in driven.values():
             with contextlib.suppress(pykka.ActorDeadError):
                 actor.tell(DrainOrchestration())
-        deadline = time.monotonic() + timeout
-        for actor in actors.values():
-            actor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
-        with self._lock:
-            return sorted(r for r, a in self._actors.items() if a.is_alive())
+        # Their answers, not their threads: whoever waits on a handle is woken when close returns.
+        wait([done for _, done in driven.values()], timeout)
+        return sorted(r for r, (_, done) in driven.items() if not done.done())
 
     def _resume(
         self,
