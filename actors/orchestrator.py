@@ -579,6 +579,10 @@ class Orchestrations:
                 )
         return None if handle is None else (run_id, handle.future)
 
+    def cancel_pass(self, run_id: str) -> None:
+        """Cancel a pass's run (E5)."""
+        self._runs.cancel(run_id)
+
     def pass_ended(self, d: _Drive, run_id: str) -> list[DomainEvent]:
         """Running, once the pass's run stopped: journal how it ended (E14, R3)."""
         st = d.state

@@ -311,6 +311,10 @@ class Orchestrator(pykka.ThreadingActor):
             directory.tell(address, reply)
 
         future.add_done_callback(told)
+        if self.o.cancel_requested(self.run_id):
+            # A cancel that came between the check before the pass and the pass's start
+            # found no child run to cancel: cancel it now (E5).
+            self.o.cancel_pass(run_id)
 
     def _append(self, *events: Any) -> None:
         self.o.append(self.d, *events)
