@@ -1,27 +1,34 @@
 """Orchestration: plan, approve, fit the budget, execute passes, replan (SPEC section 3).
 
-The orchestrator runs in the caller's thread and is the single writer of the orchestration's
-stream; each pass executes on the executor actor as a child run (``actors.runs``). Planner code is
-user code: whatever it raises or returns, ``orchestrate`` answers with an :class:`Outcome` — a
-planning failure is the ``failed`` status with the reason in the summary and in the journal.
+:class:`Orchestrations` checks and journals what a caller asks (start, resume, cancel) and holds
+the decisions of the state machine (ADR 0022); an :class:`~journaled.actors.orchestrator_actor.
+Orchestrator` actor per orchestration being driven is the single writer of its stream and applies
+them, never blocking (ADR 0029): the planner runs in a worker, each pass as a child run on the
+executor (``actors.runs``). Planner code is user code: whatever it raises or returns, the
+orchestration answers with an :class:`Outcome` — a planning failure is the ``failed`` status with
+the reason in the summary and in the journal.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
+import pykka
 
+from journaled.actors.directory import Inbox
 from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
     RuntimeClosed,
 )
+from journaled.actors.orchestrator_actor import Orchestrator
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import (
@@ -33,19 +40,15 @@ from journaled.actors.runs import (
     new_run_id,
     policy_name,
 )
-from journaled.actors.steps import storable_text
 from journaled.events.base import DomainEvent, Event, Pending
-from journaled.events.errors import ConcurrencyConflict, JournalClosed, PlanRejected
-from journaled.events.inputs import text_problem
+from journaled.events.errors import ConcurrencyConflict, JournalClosed
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ApprovalRequested,
     Budget,
     BudgetAwaited,
     ClarificationRequested,
-    Clarify,
     Gap,
-    Gaps,
     Mode,
     OrchestrationEnded,
     OrchestrationResumed,
@@ -58,7 +61,14 @@ from journaled.events.orchestration import (
     PlanProposed,
     ReplanDecided,
 )
-from journaled.events.orchestration_state import OrchestrationState, Phase, fold_orchestration
+from journaled.events.orchestration_messages import (
+    BeginOrchestration,
+    CancelOrchestration,
+    DrainOrchestration,
+    OrchestrationStopped,
+    PlannerAnswered,
+)
+from journaled.events.orchestration_state import OrchestrationState, fold_orchestration
 from journaled.events.plan_rules import Reserve, fold_calls
 from journaled.events.plans import ExecuteResult, Observation, Plan
 from journaled.events.redact import redact_data
@@ -101,10 +111,18 @@ class Orchestrations:
         self._driving: set[str] = set()
         """Orchestrations an ``orchestrate`` or ``resume`` of this runtime drives now (R8)."""
         self._cancelled: set[str] = set()
+        self._actors: dict[str, tuple[Any, Future[Outcome]]] = {}
+        """run id -> the orchestrator actor driving it now, and the future its answer completes."""
+        self._directory = runs.directory
+        self._inbox = Inbox(self._directory, "orchestrations")
 
     # -- entry points ----------------------------------------------------------------------------
 
-    def orchestrate(
+    def orchestrate(self, *args: Any, **options: Any) -> Outcome:
+        """Plan toward a goal and run it; wait for it to stop (O1-O5). See :meth:`start`."""
+        return self.start(*args, **options).result()
+
+    def start(
         self,
         goal: str,
         planner: Planner,
@@ -117,8 +135,13 @@ class Orchestrations:
         on_progress: Progress | None = None,
         max_passes: int = 3,
         trace: OrchestrationTrace | None = None,
-    ) -> Outcome:
-        """Plan toward a goal and run it under the budget and approval policy (O1-O5)."""
+    ) -> RunHandle[Outcome]:
+        """Start planning toward a goal and running it; return its handle at once (O1-O5, A2).
+
+        Everything it refuses is refused here, before anything is appended; the orchestration's
+        ``orchestration.started`` is committed when this returns. The planner and the passes run
+        on the orchestrator actor and its workers, never in the caller's thread.
+        """
         if not isinstance(goal, str) or not goal.strip():
             raise ValueError("goal must be a non-empty string")
         if not callable(planner):
@@ -130,12 +153,14 @@ class Orchestrations:
             raise ValueError(f"max_passes must be an int >= 1, got {max_passes!r}")
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
+        if self._runs.closing:
+            raise RuntimeClosed("the runtime is closed: open a new one with journaled.open()")
         run_id = new_run_id(self._clock())
         self._hold(run_id)
         try:
             self._planners[run_id] = planner
             drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
-            self._append(
+            self.append(
                 drive,
                 OrchestrationStarted(
                     at=self._clock(),
@@ -150,11 +175,13 @@ class Orchestrations:
                     owner=this_process(),
                 ),
             )
-            return self._drive(drive)
         except JournalClosed as exc:
-            raise _closed(run_id) from exc
-        finally:
             self._let_go(run_id)
+            raise _closed(run_id) from exc
+        except BaseException:
+            self._let_go(run_id)
+            raise
+        return self._spawn(drive)
 
     def _hold(self, run_id: str) -> None:
         """Claim an orchestration for one caller in this process, or raise RunOwnedElsewhere.
@@ -176,6 +203,8 @@ class Orchestrations:
     def _let_go(self, run_id: str) -> None:
         with self._lock:
             self._driving.discard(run_id)
+            self._cancelled.discard(run_id)
+            self._actors.pop(run_id, None)
         with _IN_PROCESS_LOCK:
             _DRIVEN_IN_PROCESS.discard(run_id)
 
@@ -190,7 +219,11 @@ class Orchestrations:
             if run_id not in self._driving:
                 return False
             self._cancelled.add(run_id)
-            return True
+            driven = self._actors.get(run_id)
+        if driven is not None:
+            with contextlib.suppress(pykka.ActorDeadError):
+                driven[0].tell(CancelOrchestration())  # wakes it while it waits for the planner
+        return True
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
@@ -206,20 +239,11 @@ class Orchestrations:
             events = [e for e in events if e.position <= position]
         return fold_orchestration(events)
 
-    def resume_start(self, run_id: str, *args: Any, **options: Any) -> RunHandle[Any]:
-        """Start resuming an orchestration in a thread of its own; return its handle (A2)."""
-        done: Future[Outcome] = Future()
+    def resume(self, run_id: str, *args: Any, **options: Any) -> Outcome:
+        """Take an orchestration up again and wait for it to stop. See :meth:`resume_start`."""
+        return self.resume_start(run_id, *args, **options).result()
 
-        def drive() -> None:
-            try:
-                done.set_result(self.resume(run_id, *args, **options))
-            except BaseException as exc:
-                done.set_exception(exc)
-
-        threading.Thread(target=drive, name=f"journaled-resume-{run_id}", daemon=True).start()
-        return RunHandle(run_id, done, self.cancel, self._runs.current)
-
-    def resume(
+    def resume_start(
         self,
         run_id: str,
         call_budget: int | None = None,
@@ -232,17 +256,20 @@ class Orchestrations:
         on_progress: Progress | None = None,
         take_over: bool = False,
         trace: OrchestrationTrace | None = None,
-    ) -> Outcome:
-        """Take an orchestration up again: approve, clarify, answer or raise the budget (O3, O4).
+    ) -> RunHandle[Outcome]:
+        """Take an orchestration up again: approve, clarify, answer, raise the budget (O3, O4, A2).
 
         Everything the resume changes is journaled first, in one ``orchestration.resumed`` event
-        (R5); the orchestration then carries on from the phase its events left it in. An
-        ``orchestrate``-mode orchestration with passes left needs its planner (``planner=``, or
-        the one this runtime was given before): a failed pass is replanned (O2).
+        (R5), before this returns; the orchestrator actor then carries on from the phase its
+        events left it in. An ``orchestrate``-mode orchestration with passes left needs its
+        planner (``planner=``, or the one this runtime was given before): a failed pass is
+        replanned (O2). Whatever it refuses is refused here, with nothing appended.
         """
+        if self._runs.closing:
+            raise RuntimeClosed("the runtime is closed: open a new one with journaled.open()")
         self._hold(run_id)
         try:
-            return self._resume(
+            drive = self._resume(
                 run_id,
                 call_budget,
                 answers,
@@ -255,9 +282,65 @@ class Orchestrations:
                 trace=trace,
             )
         except JournalClosed as exc:
-            raise _closed(run_id) from exc
-        finally:
             self._let_go(run_id)
+            raise _closed(run_id) from exc
+        except BaseException:
+            self._let_go(run_id)
+            raise
+        return self._spawn(drive)
+
+    def _spawn(self, drive: _Drive) -> RunHandle[Outcome]:
+        """Start the orchestrator actor of a held orchestration; return its handle (A4)."""
+        run_id = drive.state.run_id
+        correlation, reply = self._inbox.expect(f"{run_id}.{os.urandom(4).hex()}")
+        try:
+            actor = Orchestrator.start(
+                orchestrations=self,
+                drive=drive,
+                directory=self._directory,
+                reply_to=self._inbox.address,
+                correlation=correlation,
+            )
+        except BaseException:
+            self._inbox.forget(correlation)
+            self._let_go(run_id)
+            raise
+        done: Future[Outcome] = Future()
+
+        def settle(answer: Future[Any]) -> None:
+            self._let_go(run_id)
+            error = answer.exception()
+            if error is not None:
+                done.set_exception(error)
+                return
+            stopped: OrchestrationStopped = answer.result()
+            if stopped.outcome.status in ("completed", "failed", "dry_run"):
+                self._planners.pop(run_id, None)  # finished: nothing will ask it again
+            done.set_result(stopped.outcome)
+
+        with self._lock:
+            self._actors[run_id] = (actor, done)
+        reply.add_done_callback(settle)
+        actor.tell(BeginOrchestration())
+        if self.cancel_requested(run_id):
+            actor.tell(CancelOrchestration())
+        return RunHandle(run_id, done, self.cancel, self._runs.current)
+
+    def close(self, timeout: float) -> list[str]:
+        """Tell every orchestrator the runtime is closing; wait for them to stop (R3).
+
+        A pass in flight was suspended by the runs' close; a planner call in flight is not waited
+        for (it is asked again on resume). Return the orchestrations still driven after
+        ``timeout`` seconds.
+        """
+        with self._lock:
+            driven = dict(self._actors)
+        for actor, _ in driven.values():
+            with contextlib.suppress(pykka.ActorDeadError):
+                actor.tell(DrainOrchestration())
+        # Their answers, not their threads: whoever waits on a handle is woken when close returns.
+        wait([done for _, done in driven.values()], timeout)
+        return sorted(r for r, (_, done) in driven.items() if not done.done())
 
     def _resume(
         self,
@@ -272,7 +355,7 @@ class Orchestrations:
         on_progress: Progress | None,
         take_over: bool,
         trace: OrchestrationTrace | None,
-    ) -> Outcome:
+    ) -> _Drive:
         state = self.state(run_id)
         if state.purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its goal is gone, it cannot resume")
@@ -349,10 +432,10 @@ class Orchestrations:
                 f"run {run_id}: pass planner=... to resume, the planner must be asked again"
             )
         drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
-        self._append(drive, resumed)
+        self.append(drive, resumed)
         if planner is not None:
             self._planners[run_id] = planner  # later resumes in this runtime may omit it
-        return self._drive(drive)
+        return drive
 
     @staticmethod
     def _journaled_policy(
@@ -381,34 +464,6 @@ class Orchestrations:
 
     # -- the state machine -----------------------------------------------------------------------
 
-    def _drive(self, d: _Drive) -> Outcome:
-        """Decide from the phase, append the decision, fold it; until the orchestration stops.
-
-        The state is never changed here: each handler only decides (calling the planner or
-        running a pass where the phase says so) and returns the events of its decision.
-        """
-        handlers: dict[Phase, Callable[[_Drive], list[DomainEvent]]] = {
-            "planning": self._plan,
-            "settling": self._settle,
-            "running": self._run_pass,
-            "reviewing": self._review,
-        }
-        run_id = d.state.run_id  # held by the caller for this runtime (see _hold)
-        try:
-            while d.state.ended is None:
-                if d.state.phase != "reviewing" and self._cancel_requested(run_id):
-                    # A pass that ran is still reviewed: how it ended is what happened.
-                    summary = f"cancelled in pass {d.state.pass_no} ({d.state.phase})"
-                    self._append(d, self._end("failed", summary))
-                    break
-                self._append(d, *handlers[d.state.phase](d))
-        finally:
-            with self._lock:
-                self._cancelled.discard(run_id)
-        if d.state.status in ("completed", "failed", "dry_run"):
-            self._planners.pop(d.state.run_id, None)  # finished: nothing will ask it again
-        return self.outcome(d.state)
-
     def _check_not_driven(self, state: OrchestrationState, take_over: bool) -> None:
         """Refuse to take up an orchestration that a live process is driving (one driver, R8).
 
@@ -426,82 +481,61 @@ class Orchestrations:
                 "take_over=True if you know that process is gone"
             )
 
-    def _cancel_requested(self, run_id: str) -> bool:
+    def cancel_requested(self, run_id: str) -> bool:
+        """Tell whether ``cancel`` was asked for an orchestration driven here."""
         with self._lock:
             return run_id in self._cancelled
 
-    def _plan(self, d: _Drive) -> list[DomainEvent]:
-        """Planning: ask the planner for this pass's plan; journal its plan, question or failure."""
+    def before_planning(self, d: _Drive) -> list[DomainEvent]:
+        """Planning, before the planner: end waiting for a question's answer; else ask it ([])."""
         st = d.state
-        started = st.started
-        assert started is not None
         if st.question is not None:
             return [
-                self._end("waiting_for_clarification", f"waiting for clarification: {st.question}")
+                self.end("waiting_for_clarification", f"waiting for clarification: {st.question}")
             ]
         if d.planner is None:
             raise RunNotResumable(
                 f"run {st.run_id}: pass planner=... to resume, the planner must be asked again"
             )
-        observations = self._observations(st)
-        try:
-            answer = d.planner(started.goal, observations, list(st.clarifications))
-        except Exception as exc:  # user code: a planner failure is an outcome, not a crash
-            reason = storable_text(f"the planner raised {_describe_error(exc)}")
-            return self._fail_planning(st, reason)
-        if isinstance(answer, Clarify):
-            problem = text_problem(answer.question, empty=False)
-            if problem:
-                return self._fail_planning(st, f"the planner's clarifying question {problem}")
-            question = str(answer.question)
+        return []
+
+    def planned(self, d: _Drive, answer: PlannerAnswered) -> list[DomainEvent]:
+        """Planning, after the planner: journal its plan, its question or why planning failed."""
+        st = d.state
+        if answer.failure is not None:
+            return self._fail_planning(st, answer.failure, answer.gaps)
+        if answer.question is not None:
             return [
-                ClarificationRequested(at=self._clock(), question=question),
-                self._end("waiting_for_clarification", f"waiting for clarification: {question}"),
+                ClarificationRequested(at=self._clock(), question=answer.question),
+                self.end(
+                    "waiting_for_clarification", f"waiting for clarification: {answer.question}"
+                ),
             ]
-        if isinstance(answer, Gaps):
-            if not isinstance(answer.gaps, list | tuple):
-                return self._fail_planning(
-                    st, f"the planner's Gaps.gaps is {type(answer.gaps).__name__}, not a list"
-                )
-            gaps = tuple(
-                g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
-                for g in answer.gaps
-            )
-            names = ", ".join(f"{g.kind} {g.name!r}" for g in gaps) or "unspecified"
-            return self._fail_planning(st, f"missing capabilities: {names}", gaps)
-        if not isinstance(answer, Plan):
-            return self._fail_planning(
-                st, f"the planner returned {type(answer).__name__}, not a Plan, Clarify or Gaps"
-            )
-        try:
-            self._runs.validate(answer)
-        except PlanRejected as exc:
-            return self._fail_planning(st, f"the planner's plan is invalid: {exc}")
-        return [PlanProposed(at=self._clock(), pass_no=st.pass_no, plan=_as_stored(answer))]
+        if answer.plan is None:
+            return self._fail_planning(st, "the planner's answer held no plan")
+        return [PlanProposed(at=self._clock(), pass_no=st.pass_no, plan=answer.plan)]
 
     def _fail_planning(
         self, st: OrchestrationState, reason: str, gaps: tuple[Gap, ...] = ()
     ) -> list[DomainEvent]:
         return [
             PlanningFailed(at=self._clock(), pass_no=st.pass_no, reason=reason, gaps=gaps),
-            self._end("failed", f"planning failed: {reason}"),
+            self.end("failed", f"planning failed: {reason}"),
         ]
 
-    def _settle(self, d: _Drive) -> list[DomainEvent]:
+    def settle(self, d: _Drive) -> list[DomainEvent]:
         """Settling: end a dry run, wait for approval or budget, else start the pass (O3-O5)."""
         st = d.state
         started = st.started
         assert started is not None
         plan = st.plans[st.pass_no]
         if started.mode == "plan":
-            return [
-                self._end("dry_run", f"dry run: planned {len(plan.steps)} step(s); nothing ran")
-            ]
+            return [self.end("dry_run", f"dry run: planned {len(plan.steps)} step(s); nothing ran")]
         if started.require_approval and st.pass_no not in st.approved:
             asked = st.approval_pending
             return [
                 *([] if asked else [ApprovalRequested(at=self._clock(), pass_no=st.pass_no)]),
-                self._end(
+                self.end(
                     "waiting_for_approval", f"waiting for approval of a {len(plan.steps)}-step plan"
                 ),
             ]
@@ -513,25 +547,45 @@ class Orchestrations:
         run = new_run_id(self._clock())
         return [PassStarted(at=self._clock(), pass_no=st.pass_no, run=run)]
 
-    def _run_pass(self, d: _Drive) -> list[DomainEvent]:
-        """Running: execute the pass's run, or carry it on; journal how it ended (E14, O5)."""
+    def start_pass(self, d: _Drive) -> tuple[str, Future[ExecuteResult]] | None:
+        """Running: start the pass's run, or carry it on; None when it already stopped (E14, O5).
+
+        Returns the run id and the future its handle completes when the run stops executing.
+        """
         st = d.state
         run_id = st.pass_runs[st.pass_no]
+        answers, d.answers = d.answers, {}  # answers are for the run that waited, never later
+        handle: RunHandle[ExecuteResult] | None = None
         try:
             status = self._runs.state(run_id).run_status
         except RunNotFound:  # a crash came between pass-started and the run's first event
-            self._execute(d, st.plans[st.pass_no], run_id, self._pass_budget(st))
+            handle = self._runs.start(
+                st.plans[st.pass_no],
+                call_budget=self._pass_budget(st),
+                reserve=d.reserve,
+                on_progress=d.on_progress,
+                parent=(st.run_id, f"pass-{st.pass_no}"),
+                run_id=run_id,
+            )
         else:
             if status not in ("completed", "failed", "cancelled"):
-                self._runs.resume(
+                handle = self._runs.resume_start(
                     run_id,
                     call_budget=self._pass_budget(st),
-                    answers=d.answers or None,
+                    answers=answers or None,
                     reserve=d.reserve,
                     on_progress=d.on_progress,
                     take_over=d.take_over,
                 )
-        d.answers = {}  # answers are for the run that waited, never for a later pass
+        return None if handle is None else (run_id, handle.future)
+
+    def cancel_pass(self, run_id: str) -> None:
+        """Cancel a pass's run (E5)."""
+        self._runs.cancel(run_id)
+
+    def pass_ended(self, d: _Drive, run_id: str) -> list[DomainEvent]:
+        """Running, once the pass's run stopped: journal how it ended (E14, R3)."""
+        st = d.state
         pass_state = self._runs.state(run_id)
         if pass_state.suspended is not None:
             # The runtime is closing (R3): the pass was suspended and the orchestration stays
@@ -550,7 +604,7 @@ class Orchestrations:
             )
         ]
 
-    def _review(self, d: _Drive) -> list[DomainEvent]:
+    def review(self, d: _Drive) -> list[DomainEvent]:
         """Reviewing: wait for budget or an answer, complete, replan, or fail (O1-O4)."""
         st = d.state
         started = st.started
@@ -567,7 +621,7 @@ class Orchestrations:
             step_id = pass_state.waiting[0]
             question = pass_state.questions.get(step_id, "")
             return [
-                self._end(
+                self.end(
                     "waiting_for_clarification",
                     f"waiting for an answer to step {step_id!r}: {question}",
                 )
@@ -578,13 +632,13 @@ class Orchestrations:
                 f"completed {len(pass_state.order)} step(s) in {st.pass_no} pass(es) "
                 f"using {calls} model call(s)"
             )
-            return [self._end("completed", summary)]
+            return [self.end("completed", summary)]
         failed = _first_failure(pass_state)
         if pass_state.run_status == "cancelled":
-            return [self._end("failed", failed)]  # a cancel stops the orchestration (E5)
+            return [self.end("failed", failed)]  # a cancel stops the orchestration (E5)
         if started.mode == "orchestrate" and st.pass_no < started.max_passes:
             if d.planner is None:
-                return [self._end("failed", f"{failed}; not replanned: no planner was given")]
+                return [self.end("failed", f"{failed}; not replanned: no planner was given")]
             return [
                 ReplanDecided(
                     at=self._clock(),
@@ -593,7 +647,7 @@ class Orchestrations:
                     max_passes=started.max_passes,
                 )
             ]
-        return [self._end("failed", failed)]
+        return [self.end("failed", failed)]
 
     def _await_budget(
         self,
@@ -620,23 +674,13 @@ class Orchestrations:
                 partial=pass_state is not None,
                 used=used,
             ),
-            self._end(
+            self.end(
                 "waiting_for_budget",
                 f"waiting for budget: the remaining steps need {estimate} model call(s); "
                 f"{used} of {total} used — resume with a call_budget of at least "
                 f"{used + estimate}",
             ),
         ]
-
-    def _execute(self, d: _Drive, plan: Plan, run_id: str, budget: int | None) -> ExecuteResult:
-        return self._runs.execute(
-            plan,
-            call_budget=budget,
-            reserve=d.reserve,
-            on_progress=d.on_progress,
-            parent=(d.state.run_id, f"pass-{d.state.pass_no}"),
-            run_id=run_id,
-        )
 
     # -- helpers ---------------------------------------------------------------------------------
 
@@ -669,7 +713,7 @@ class Orchestrations:
         except RunNotFound:
             return None
 
-    def _observations(self, st: OrchestrationState) -> list[Observation]:
+    def observations(self, st: OrchestrationState) -> list[Observation]:
         out: list[Observation] = []
         for _, run in sorted(st.pass_runs.items()):
             try:
@@ -687,7 +731,7 @@ class Orchestrations:
             run_id=st.run_id,
             status=ended.status if ended is not None else "failed",
             plan=plan,
-            observations=self._observations(st),
+            observations=self.observations(st),
             summary=ended.summary if ended is not None else "running",
             budget=st.waiting_budget
             if ended is not None and ended.status == "waiting_for_budget"
@@ -696,10 +740,33 @@ class Orchestrations:
             pass_run=st.current_run,
         )
 
-    def _end(self, status: OutcomeStatus, summary: str) -> OrchestrationEnded:
+    def finish(self, d: _Drive) -> Outcome:
+        """Return the outcome of an orchestration that stopped at a status."""
+        return self.outcome(d.state)
+
+    def validate(self, plan: Plan) -> None:
+        """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
+        self._runs.validate(plan)
+
+    @property
+    def closing(self) -> bool:
+        """Tell whether the runtime is closing: nothing more is decided (R3)."""
+        return self._runs.closing
+
+    def now(self) -> int:
+        """Return the runtime clock's time (epoch ms)."""
+        return self._clock()
+
+    @staticmethod
+    def closed_error(run_id: str) -> RuntimeClosed:
+        """Say that the runtime closed under an orchestration, which stays resumable (R3)."""
+        return _closed(run_id)
+
+    def end(self, status: OutcomeStatus, summary: str) -> OrchestrationEnded:
+        """Return the event that stops the orchestration at a status."""
         return OrchestrationEnded(at=self._clock(), status=status, summary=summary)
 
-    def _append(self, d: _Drive, *events: DomainEvent) -> None:
+    def append(self, d: _Drive, *events: DomainEvent) -> None:
         """Append one decision's events atomically, then fold each (the only state change)."""
         # M9: redacted before it is applied or journaled
         events = tuple(e.map_content(redact_data) if e.has_content else e for e in events)
@@ -737,20 +804,6 @@ def _first_failure(state: RunState) -> str:
     if state.run_status == "cancelled":
         return "cancelled before every step ran"
     return "failed: not every step succeeded"
-
-
-def _describe_error(exc: Exception) -> str:
-    """Name a planner's exception and its message, even when its ``str()`` raises."""
-    try:
-        text = str(exc)
-    except Exception:  # user code again: an unprintable error still fails planning cleanly
-        text = "(its message could not be read)"
-    return f"{type(exc).__name__}: {text}"
-
-
-def _as_stored(plan: Plan) -> Plan:
-    """Return the plan as the journal gives it back (lists, not tuples): live equals replay."""
-    return msgspec.msgpack.decode(msgspec.msgpack.encode(plan), type=Plan)
 
 
 def _mode(mode: str) -> Mode:

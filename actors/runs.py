@@ -677,6 +677,11 @@ class Runs:
         self._inbox.close()
 
     @property
+    def directory(self) -> Directory:
+        """Return the runtime's directory of addresses (ADR 0024)."""
+        return self._services.directory
+
+    @property
     def closing(self) -> bool:
         """Tell whether :meth:`close` was called: no run starts any more (R3)."""
         return self._closing

@@ -43,7 +43,7 @@ from journaled.events.orchestration import (
     ReplanDecided,
 )
 from journaled.events.plans import Plan
-from journaled.events.runs import RunPurged
+from journaled.events.runs import RunHeartbeat, RunPurged
 
 Phase = Literal["planning", "settling", "running", "reviewing"]
 """What the orchestrator does next: ask the planner; approve and cost the plan, then start the
@@ -173,6 +173,8 @@ class OrchestrationState:
                 self._clarify(data.question, data.answer)
             case RunPurged():
                 self.purged = data
+            case RunHeartbeat():
+                pass  # the orchestrator was alive then (ADR 0029): last_at is all it changes
             case _:
                 raise TypeError(f"an orchestration cannot fold {type(data).__qualname__}")
 

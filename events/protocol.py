@@ -25,6 +25,7 @@ from journaled.events.base import DomainEvent
 from journaled.events.catalog import STORED_EVENTS
 from journaled.events.errors import ProtocolError
 from journaled.events.messages import Message
+from journaled.events.orchestration_messages import OrchestrationMessage
 from journaled.events.run_messages import RunMessage
 
 __all__ = [
@@ -45,12 +46,13 @@ __all__ = [
     "message_tag",
 ]
 
-MESSAGE_BASES: tuple[type[msgspec.Struct], ...] = (Message, RunMessage)
+MESSAGE_BASES: tuple[type[msgspec.Struct], ...] = (Message, RunMessage, OrchestrationMessage)
 """The abstract bases of actor messages: a new family of messages adds its base here."""
 
 MESSAGE_MODULES: tuple[str, ...] = (
     "journaled.events.messages",
     "journaled.events.run_messages",
+    "journaled.events.orchestration_messages",
 )
 """Every module that defines message types. Importing them all here makes discovery complete;
 a test fails when a message type is defined in a module missing from this tuple."""

@@ -41,6 +41,8 @@ DRAIN = 10.0
 log = logging.getLogger("journaled")
 SNAPSHOT_MIN_EVENTS = 500
 """On close, memory is snapshotted when at least this many events were folded since the last."""
+_ORCHESTRATOR_STOP_SECONDS = 5.0
+"""How long close() waits for orchestrators to stop once the runs are suspended (R3)."""
 ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
 
 
@@ -307,7 +309,7 @@ class Runtime:
         on_progress: Progress | None = None,
         max_passes: int = 3,
     ) -> Outcome:
-        """Plan toward a goal and run it under the budget and approval policy (O1-O5).
+        """Plan toward a goal and run it under the budget and approval policy; wait (O1-O5).
 
         The planner is ``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``.
         A planner failure is a ``failed`` outcome, never an exception out of here.
@@ -316,11 +318,46 @@ class Runtime:
             RuntimeClosed: the runtime is closing (or closed while a pass ran: that pass was
                 suspended and the orchestration can be resumed in a new runtime).
         """
+        return self.orchestrate_start(
+            goal,
+            planner,
+            mode,
+            call_budget,
+            partial,
+            require_approval,
+            reserve=reserve,
+            on_progress=on_progress,
+            max_passes=max_passes,
+        ).result()
+
+    def orchestrate_start(
+        self,
+        goal: str,
+        planner: Planner,
+        mode: str = "execute",
+        call_budget: int | None = None,
+        partial: bool = False,
+        require_approval: bool = False,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        max_passes: int = 3,
+    ) -> RunHandle[Outcome]:
+        """Start an orchestration like :meth:`orchestrate`; return its handle at once (A2, A4).
+
+        Everything :meth:`orchestrate` refuses is refused here, before anything is appended. The
+        planner and the passes run on the orchestration's actor, never in the caller's thread;
+        ``handle.result(timeout)`` waits for its :class:`Outcome`, ``handle.cancel()`` cancels it.
+
+        Raises:
+            RuntimeClosed: the runtime is closing (the handle raises it too when the runtime
+                closes while the orchestration is driven; it can be resumed in a new runtime).
+        """
         self._check_open()
         problem = text_problem(goal, empty=False)
         if problem:
             raise InvalidArgument("goal", problem)
-        return self._orchestrations.orchestrate(
+        return self._orchestrations.start(
             goal,
             planner,
             mode,
@@ -403,7 +440,7 @@ class Runtime:
         if self._journal.first(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
-            return self._orchestrations.resume_start(
+            orchestration: RunHandle[Any] = self._orchestrations.resume_start(
                 run_id,
                 call_budget,
                 answers,
@@ -414,6 +451,7 @@ class Runtime:
                 on_progress=on_progress,
                 take_over=take_over,
             )
+            return orchestration
         if approve or clarification is not None:
             raise RunNotResumable(
                 f"run {run_id} was started by execute(): it has no plan approval or planner "
@@ -470,6 +508,9 @@ class Runtime:
             still = self.runs.close(wait, cause)
             if still:
                 log.warning("closing with run(s) %s still executing", ", ".join(still))
+            still = self._orchestrations.close(_ORCHESTRATOR_STOP_SECONDS)
+            if still:
+                log.warning("closing with orchestration(s) %s still driven", ", ".join(still))
             try:
                 if self._journal.config.backend != "memory":
                     self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)

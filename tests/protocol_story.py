@@ -2,8 +2,9 @@
 
 Memory: conflict keys and a supersession, a search, a delete and a purge. Runs: a plan with a
 tool, a skill, an agent that waits and is answered and an agent that runs a child plan through
-``ctx.execute``; a step timeout; a cancel; an orchestration; a run purge; and a close that drains
-a run in flight and suspends it.
+``ctx.execute``; a step timeout; a cancel; an orchestration, and one cancelled while its planner
+thinks; a run purge; and a close that drains a run in flight and suspends it, and stops an
+orchestration whose planner thinks.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import pykka
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
+from journaled.actors.orchestrator_actor import PlannerWorker
 from journaled.actors.steps import StepWorker
 from journaled.testing import wait_for
 
@@ -105,9 +107,28 @@ def _cancel(rt: journaled.Runtime) -> None:
     assert [o.step_id for o in results[0].observations if o.ok] == ["a"]
 
 
+def _thinking_planner() -> tuple[threading.Event, threading.Event, Any]:
+    """Return (thinking, release, planner): the planner blocks until released."""
+    thinking, release = threading.Event(), threading.Event()
+
+    def planner(goal: str, observations: list[Any], clarifications: list[Any]) -> Plan:
+        thinking.set()
+        release.wait(WAIT)
+        return _planner(goal, observations, clarifications)
+
+    return thinking, release, planner
+
+
 def _orchestrate(rt: journaled.Runtime) -> None:
     outcome = rt.orchestrate("summarize the notes", _planner)
     assert outcome.status == "completed", outcome
+    thinking, release, planner = _thinking_planner()
+    handle = rt.orchestrate_start("summarize them again", planner)
+    assert thinking.wait(WAIT)
+    assert handle.cancel()
+    assert handle.result(WAIT).status == "failed"
+    release.set()
+    wait_for(lambda: not pykka.ActorRegistry.get_by_class(PlannerWorker))
 
 
 def _close_with_drain(rt: journaled.Runtime) -> None:
@@ -118,9 +139,16 @@ def _close_with_drain(rt: journaled.Runtime) -> None:
     thread = threading.Thread(target=lambda: rt.execute(plan))
     thread.start()
     assert inside.wait(WAIT)
+    thinking, planned, planner = _thinking_planner()
+    handle = rt.orchestrate_start("summarize the notes once more", planner)
+    assert thinking.wait(WAIT)
     threading.Timer(0.2, release.set).start()
     rt.close()
     thread.join(WAIT)
+    assert handle.done()
+    assert isinstance(handle.future.exception(), journaled.RuntimeClosed)
+    planned.set()
+    wait_for(lambda: not pykka.ActorRegistry.get_by_class(PlannerWorker))
 
 
 def tell(url: str) -> None:

@@ -47,8 +47,16 @@ CORE_TAGS = {
     "run.step-deadline",
     "run.cancel",
     "run.drain",
+    "orchestration.begin",
+    "orchestration.ask-planner",
+    "orchestration.planner-answered",
+    "orchestration.pass-stopped",
+    "orchestration.stopped",
+    "orchestration.cancel",
+    "orchestration.drain",
 }
-"""Message types the story sends for certain: memory, runs, a timeout, a cancel, a drain."""
+"""Message types the story sends for certain: memory, runs, a timeout, a cancel, a drain, and
+orchestrations (their planner, their passes, a cancel and a drain while the planner thinks)."""
 
 
 def mailbox_classes() -> list[type]:
