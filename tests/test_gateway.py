@@ -373,3 +373,20 @@ def test_closing_the_runtime_stops_the_gateway(journal_url: str) -> None:
     assert rt._directory.lookup(address) is not None
     rt.close()
     assert rt._directory.lookup(address) is None
+
+
+def test_the_foreign_actor_example_runs() -> None:
+    """A4/X3: examples/foreign_actor.py, a user's pykka actor, drives journaled by messages."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "examples" / "foreign_actor.py")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].endswith(": releases ship on Fridays")
+    assert lines[1] == "search found: ['releases ship on Fridays']"
+    assert lines[-1] == "run ended ok=True: v2.0 is out, SHIP IT"
