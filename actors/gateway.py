@@ -295,6 +295,28 @@ def _field_error(field: str, text: str) -> ProtocolError:
     return error
 
 
+class _Guarded:
+    """A foreign mailbox whose errors are logged and dropped, never raised into our actors.
+
+    Replies are told from the gateway's, the memory writer's and the executors' threads: a
+    transport that fails (a closed pipe) must not stop any of them. The reply is lost, as one
+    to an address nobody holds (at most once).
+    """
+
+    def __init__(self, address: str, mailbox: Mailbox) -> None:
+        self.address = address
+        self.mailbox = mailbox
+
+    def tell(self, message: Any) -> None:
+        """Hand the message on; log and drop it if the foreign side fails."""
+        try:
+            self.mailbox.tell(message)
+        except pykka.ActorDeadError:
+            raise  # the directory frees the address of a stopped actor
+        except Exception:
+            log.exception("reply to %s dropped: its mailbox failed", self.address)
+
+
 class _BytesMailbox:
     """A mailbox that hands each message, encoded in an envelope, to a transport's function."""
 
@@ -328,7 +350,7 @@ class ProtocolDoor:
         Raises:
             ValueError: the address is taken.
         """
-        self._directory.register(address, mailbox)
+        self._directory.register(address, _Guarded(address, mailbox))
 
     def register_bytes(
         self, address: str, send: Callable[[bytes], Any], wire: Wire = "msgpack"
@@ -340,11 +362,13 @@ class ProtocolDoor:
         """
         if wire not in ("msgpack", "json"):
             raise ValueError(f"wire must be 'msgpack' or 'json', got {wire!r}")
-        self._directory.register(address, _BytesMailbox(address, send, wire))
+        self._directory.register(address, _Guarded(address, _BytesMailbox(address, send, wire)))
 
     def unregister(self, address: str) -> None:
-        """Free an address: replies to it are dropped from now on."""
-        self._directory.unregister(address)
+        """Free an address registered here: replies to it are dropped from now on."""
+        box = self._directory.lookup(address)
+        if isinstance(box, _Guarded):
+            self._directory.unregister(address, box)
 
     def send(self, message: GatewayRequest) -> None:
         """Send a request to the gateway, checked as if it had come over the wire.
@@ -370,13 +394,18 @@ class ProtocolDoor:
     def deliver(self, data: bytes | str, wire: Wire = "msgpack") -> bool:
         """Decode an envelope from a transport and route its message to its address.
 
+        Only the gateway and mailboxes registered through this door can be addressed: the
+        runtime's internal actors are not reachable from outside (ADR 0030).
+
         Returns:
-            False when nobody holds the envelope's address (the message is dropped).
+            False when the address was freed meanwhile (the message is dropped).
 
         Raises:
             ProtocolError: the data is not an envelope of the protocol (bad bytes, unknown tag,
-                a field of the wrong type). When the data still names ``reply_to`` and
-                ``correlation``, the asker is also told a ``reply.failure`` naming the field.
+                a field of the wrong type), or it is addressed elsewhere than the gateway or a
+                registered mailbox, or it brings the gateway something other than a request.
+                When undecodable data still names ``reply_to`` and ``correlation``, the asker
+                is also told a ``reply.failure`` naming the field.
         """
         if wire not in ("msgpack", "json"):
             raise ValueError(f"wire must be 'msgpack' or 'json', got {wire!r}")
@@ -390,7 +419,23 @@ class ProtocolDoor:
         except ProtocolError as exc:
             self._answer_malformed(data, wire, exc)
             raise
+        if not self._public(envelope.to):
+            raise ProtocolError(
+                f"{envelope.to!r} is not an address of the protocol: send requests to "
+                f"{self.address!r} (or to an address registered through rt.protocol)"
+            )
+        if envelope.to == self.address and not isinstance(envelope.message, GatewayRequest):
+            raise ProtocolError(
+                f"the gateway answers requests only, not {type(envelope.message).__name__}: "
+                "see docs/protocol.md"
+            )
         return self._directory.tell(envelope.to, envelope.message)
+
+    def _public(self, address: str) -> bool:
+        """Tell whether a transport may address ``address``: the gateway or a foreign mailbox."""
+        if address == self.address:
+            return True
+        return isinstance(self._directory.lookup(address), _Guarded)
 
     def _answer_malformed(self, data: bytes | str, wire: Wire, exc: ProtocolError) -> None:
         try:

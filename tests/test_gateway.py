@@ -390,3 +390,52 @@ def test_the_foreign_actor_example_runs() -> None:
     assert lines[0].endswith(": releases ship on Fridays")
     assert lines[1] == "search found: ['releases ship on Fridays']"
     assert lines[-1] == "run ended ok=True: v2.0 is out, SHIP IT"
+
+
+def test_only_the_gateway_and_registered_mailboxes_can_be_addressed(
+    runtime: journaled.Runtime, foreign: Foreign
+) -> None:
+    """A4: deliver refuses internal actors' addresses and non-requests to the gateway."""
+    internal = [
+        a
+        for a in runtime._directory.addresses()
+        if a.startswith(runtime._directory.name) and a != runtime.protocol.address
+    ]
+    assert internal
+    forged = protocol.Envelope(
+        to=internal[0], message=Failure(correlation="c", error="E", message="m")
+    )
+    with pytest.raises(ProtocolError, match="not an address of the protocol"):
+        runtime.protocol.deliver(protocol.encode_msgpack(forged))
+    reply = protocol.Envelope(
+        to=runtime.protocol.address, message=Failure(correlation="c", error="E", message="m")
+    )
+    with pytest.raises(ProtocolError, match="requests only"):
+        runtime.protocol.deliver(protocol.encode_msgpack(reply))
+    # A registered foreign mailbox can be addressed (two systems talking through one runtime).
+    note = protocol.Envelope(
+        to=foreign.address, message=Failure(correlation="n", error="E", message="m")
+    )
+    assert runtime.protocol.deliver(protocol.encode_msgpack(note)) is True
+    assert foreign.wait("n")[0].error == "E"
+
+
+def test_a_failing_transport_loses_its_reply_but_stops_nothing(
+    runtime: journaled.Runtime, foreign: Foreign
+) -> None:
+    """A4: a sink that raises (a closed pipe) drops its replies; gateway and writer live on."""
+
+    def broken(data: bytes) -> None:
+        raise BrokenPipeError("the other side went away")
+
+    runtime.protocol.register_bytes("gone/1", broken)
+    for request in (
+        RememberRequest(reply_to="gone/1", correlation="r", text="told to nobody"),
+        JournalPosition(reply_to="gone/1", correlation="p"),
+    ):
+        runtime.protocol.send(request)
+    # Both the writer (remember) and the gateway (position) answered the broken sink, and live.
+    fact = foreign.ask(RememberRequest, "r2", text="still remembered")
+    assert fact.fact.text == "still remembered"
+    assert foreign.ask(JournalPosition, "p2").position == runtime.journal.position()
+    assert {f.text for f in runtime.memory.all()} == {"told to nobody", "still remembered"}
