@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any, Literal, Protocol
@@ -82,6 +83,8 @@ GATEWAY = "gateway"
 MAX_PAGE = 1000
 """The most journal positions one ``gateway.journal-read`` covers."""
 STOP_TIMEOUT = 10.0
+REMEMBERED_STARTS = 1024
+"""How many recent run starts the gateway recognises when they are sent again (ADR 0030)."""
 
 Wire = Literal["msgpack", "json"]
 """The encodings a transport may speak: both carry the same tagged union."""
@@ -153,6 +156,8 @@ class Gateway(pykka.ThreadingActor):
         self._door = door
         self._writer = writer
         self._directory = directory
+        self._starts: OrderedDict[tuple[str, str], tuple[str, Future[Any]]] = OrderedDict()
+        """Recent starts by (reply_to, correlation): a resent start is answered, not re-run."""
 
     def on_receive(self, message: object) -> object:
         """Answer one request; any error becomes a ``reply.failure`` to the asker."""
@@ -216,6 +221,10 @@ class Gateway(pykka.ThreadingActor):
                 position = events[-1].position if events else 0
                 return EventsReply(correlation=corr, events=events, position=position)
             case StartRun():
+                key = (request.reply_to, corr)
+                if key in self._starts:
+                    self._follow(request, *self._starts[key])
+                    return None
                 handle = door.start(
                     request.plan,
                     request.call_budget,
@@ -223,6 +232,9 @@ class Gateway(pykka.ThreadingActor):
                     request.limits,
                     step_timeout=request.step_timeout,
                 )
+                self._starts[key] = (handle.run_id, handle.future)
+                if len(self._starts) > REMEMBERED_STARTS:
+                    self._starts.popitem(last=False)
                 self._follow(request, handle.run_id, handle.future)
                 return None
             case ResumeRun():

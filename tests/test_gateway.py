@@ -439,3 +439,21 @@ def test_a_failing_transport_loses_its_reply_but_stops_nothing(
     assert fact.fact.text == "still remembered"
     assert foreign.ask(JournalPosition, "p2").position == runtime.journal.position()
     assert {f.text for f in runtime.memory.all()} == {"told to nobody", "still remembered"}
+
+
+def test_a_start_sent_again_is_answered_again_not_run_twice(
+    runtime: journaled.Runtime, foreign: Foreign
+) -> None:
+    """A4: a resent run start (same reply_to and correlation) gets the same run id; one run."""
+    runtime.register_tool("echo", lambda x: x)
+    plan = Plan(goal="once", steps=[Step("a", tool="echo", input=1)])
+    foreign.send(StartRun, "s1", plan=plan)
+    first = foreign.wait("s1", 2)
+    foreign.send(StartRun, "s1", plan=plan)
+    again = foreign.wait("s1", 4)[2:]
+    assert [tag(m) for m in again] == ["gateway.run-started", "run.ended"]
+    assert again[0].run_id == first[0].run_id
+    assert again[1].result == first[1].result
+    assert foreign.ask(ListRuns, "l1").run_ids == [first[0].run_id]
+    foreign.send(StartRun, "s2", plan=plan)
+    assert foreign.wait("s2")[0].run_id != first[0].run_id
