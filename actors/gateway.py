@@ -71,6 +71,7 @@ from journaled.events.protocol import (
     decode_msgpack,
     encode_json,
     encode_msgpack,
+    message_tag,
 )
 from journaled.events.run_messages import RunEnded
 
@@ -142,6 +143,11 @@ def protocol_failure(correlation: str, exc: ProtocolError) -> Failure:
     return Failure(correlation=correlation, error="ProtocolError", message=str(exc), field=field)
 
 
+def foreign(directory: Directory, address: str) -> bool:
+    """Tell whether ``address`` names a mailbox registered through ``rt.protocol``."""
+    return isinstance(directory.lookup(address), _Guarded)
+
+
 def _entry(event: Event) -> JournalEntry:
     return JournalEntry(
         position=event.position, stream=event.stream, version=event.version, data=event.data
@@ -164,6 +170,15 @@ class Gateway(pykka.ThreadingActor):
         if not isinstance(message, GatewayRequest):
             # Nobody to answer: a reply or an internal message sent here by mistake.
             log.warning("gateway dropped %s: not a gateway request", type(message).__name__)
+            return None
+        if not foreign(self._directory, message.reply_to):
+            # Answers go only to mailboxes registered through rt.protocol: a reply_to naming one
+            # of our own actors (the writer, an executor) would feed it messages it never expects.
+            log.warning(
+                "gateway dropped %s: reply_to %r is not registered through rt.protocol",
+                message_tag(type(message)),
+                message.reply_to,
+            )
             return None
         try:
             reply = self._answer(message)
@@ -398,7 +413,10 @@ class ProtocolDoor:
             checked = decode_msgpack(encode_msgpack(message))
         except ProtocolError as exc:
             if isinstance(message.reply_to, str) and isinstance(message.correlation, str):
-                self._directory.tell(message.reply_to, protocol_failure(message.correlation, exc))
+                if foreign(self._directory, message.reply_to):
+                    self._directory.tell(
+                        message.reply_to, protocol_failure(message.correlation, exc)
+                    )
                 return
             raise
         self._gateway.tell(checked)
@@ -445,9 +463,7 @@ class ProtocolDoor:
 
     def _public(self, address: str) -> bool:
         """Tell whether a transport may address ``address``: the gateway or a foreign mailbox."""
-        if address == self.address:
-            return True
-        return isinstance(self._directory.lookup(address), _Guarded)
+        return address == self.address or foreign(self._directory, address)
 
     def _answer_malformed(self, data: bytes | str, wire: Wire, exc: ProtocolError) -> None:
         try:
@@ -462,7 +478,11 @@ class ProtocolDoor:
         if not isinstance(message, dict):
             return
         reply_to, corr = message.get("reply_to"), message.get("correlation")
-        if isinstance(reply_to, str) and isinstance(corr, str):
+        if (
+            isinstance(reply_to, str)
+            and isinstance(corr, str)
+            and foreign(self._directory, reply_to)
+        ):
             self._directory.tell(reply_to, protocol_failure(corr, exc))
 
     def close(self) -> None:

@@ -457,3 +457,38 @@ def test_a_start_sent_again_is_answered_again_not_run_twice(
     assert foreign.ask(ListRuns, "l1").run_ids == [first[0].run_id]
     foreign.send(StartRun, "s2", plan=plan)
     assert foreign.wait("s2")[0].run_id != first[0].run_id
+
+
+def test_a_request_naming_an_internal_reply_address_is_dropped(
+    runtime: journaled.Runtime, foreign: Foreign
+) -> None:
+    """A4: answers go only to mailboxes registered through rt.protocol, never to our actors."""
+    seen: list[Any] = []
+    internal = runtime._directory.address("runs")
+    original = runtime._directory.lookup(internal)
+    assert original is not None
+
+    class Spy:
+        def tell(self, message: Any) -> None:
+            seen.append(message)
+
+    # Stand in for the internal mailbox to see whether the gateway tells it anything.
+    runtime._directory.unregister(internal)
+    runtime._directory.register(internal, Spy())
+    try:
+        for request in (
+            JournalPosition(reply_to=internal, correlation="x"),
+            RememberRequest(reply_to=internal, correlation="y", text="never stored"),
+        ):
+            runtime.protocol.deliver(
+                protocol.encode_msgpack(
+                    protocol.Envelope(to=runtime.protocol.address, message=request)
+                )
+            )
+        # The gateway serves in order: once this is answered, the two before it were handled.
+        assert foreign.ask(JournalPosition, "after").position == runtime.journal.position()
+    finally:
+        runtime._directory.unregister(internal)
+        runtime._directory.register(internal, original)
+    assert seen == []
+    assert runtime.memory.all() == []
