@@ -24,6 +24,7 @@ import msgspec
 from journaled.events.base import DomainEvent
 from journaled.events.catalog import STORED_EVENTS
 from journaled.events.errors import ProtocolError
+from journaled.events.gateway_messages import GatewayReply, GatewayRequest
 from journaled.events.messages import Message
 from journaled.events.orchestration_messages import OrchestrationMessage
 from journaled.events.run_messages import RunMessage
@@ -46,13 +47,20 @@ __all__ = [
     "message_tag",
 ]
 
-MESSAGE_BASES: tuple[type[msgspec.Struct], ...] = (Message, RunMessage, OrchestrationMessage)
+MESSAGE_BASES: tuple[type[msgspec.Struct], ...] = (
+    Message,
+    RunMessage,
+    OrchestrationMessage,
+    GatewayRequest,
+    GatewayReply,
+)
 """The abstract bases of actor messages: a new family of messages adds its base here."""
 
 MESSAGE_MODULES: tuple[str, ...] = (
     "journaled.events.messages",
     "journaled.events.run_messages",
     "journaled.events.orchestration_messages",
+    "journaled.events.gateway_messages",
 )
 """Every module that defines message types. Importing them all here makes discovery complete;
 a test fails when a message type is defined in a module missing from this tuple."""

@@ -15,6 +15,7 @@ from typing import Any
 from journaled.actors.clock import Clock, system_clock
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
+from journaled.actors.gateway import ProtocolDoor
 from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator import Orchestrations, Planner
 from journaled.actors.run_recorder import Progress
@@ -214,6 +215,8 @@ class Runtime:
             self._services,
         )
         self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
+        self.protocol = ProtocolDoor(self, self._actors.writer, self._directory)
+        """The door for other actor systems and processes: requests by message (A4, ADR 0030)."""
         self._closed = False
         self._close_lock = threading.Lock()
         self._close_done = threading.Event()
@@ -505,6 +508,8 @@ class Runtime:
             return
         try:
             _OPEN.discard(self)
+            # No foreign request is served from here on; runs it started still answer run.ended.
+            self.protocol.close()
             still = self.runs.close(wait, cause)
             if still:
                 log.warning("closing with run(s) %s still executing", ", ".join(still))
