@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import weakref
 from types import TracebackType
 from typing import Any, cast
 
@@ -40,9 +41,12 @@ class _Loop:
 
     def __init__(self) -> None:
         self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="facade-loop")
+        self.thread = threading.Thread(target=_serve, args=(self.loop,), name="facade-loop")
         self.thread.daemon = True
         self.thread.start()
+        # Handles outlive the runtime's close (their result can still be awaited), so the loop
+        # stops only once nothing refers to it any more.
+        weakref.finalize(self, self.loop.call_soon_threadsafe, self.loop.stop)
 
     def call(self, awaitable: Any) -> Any:
         async def run() -> Any:
@@ -53,7 +57,11 @@ class _Loop:
     def stop(self) -> None:
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
-        self.loop.close()
+
+
+def _serve(loop: asyncio.AbstractEventLoop) -> None:
+    loop.run_forever()
+    loop.close()
 
 
 class _Proxy:
@@ -104,13 +112,12 @@ class SyncFacade(_Proxy):
         super().__init__(runtime, loop)
 
     def close(self, drain: float | None = None) -> None:
-        """Close the async runtime, then stop the loop's thread. Idempotent."""
-        if self._loop.loop.is_closed():
-            return
-        try:
-            self._loop.call(self._target.close(drain))
-        finally:
-            self._loop.stop()
+        """Close the async runtime. Idempotent.
+
+        The loop goes on until the facade and its handles are gone (the application's loop
+        outlives a runtime too).
+        """
+        self._loop.call(self._target.close(drain))
 
     def __enter__(self) -> SyncFacade:
         return self
