@@ -29,7 +29,6 @@ from journaled.actors.clock import Clock
 from journaled.actors.orchestrator import Planner
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs
-from journaled.actors.steps import AgentContext
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
 from journaled.events.journal import VerifyReport
@@ -37,10 +36,10 @@ from journaled.events.memory import Fact, FactRemembered
 from journaled.events.messages import Deletion, Remember, Remembered
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
-from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, RunDiff, Step
+from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff
 from journaled.events.run_state import RunState
 from journaled.memory import Embedder, Memory, MemoryView
-from journaled.runtime import DRAIN, JournalHandle, Runtime
+from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
 from journaled.subscriptions import AsyncSubscription, StoredSubscription
 
 __all__ = [
@@ -427,7 +426,7 @@ class AsyncRuntime:
         """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
         self._sync.register_tool(name, fn)
 
-    def register_agent(self, name: str, fn: Callable[[Step, AgentContext], AgentResult]) -> None:
+    def register_agent(self, name: str, fn: AgentFunction) -> None:
         """Register an agent: ``fn(step, ctx)``, sync or ``async def``; raise NeedsInput to wait."""
         self._sync.register_agent(name, fn)
 
