@@ -393,7 +393,8 @@ class AsyncJournal:
         name: str | None = None,
     ) -> AsyncSubscription:
         """Follow the journal as an async iterator (A3): ``async for e in await ...subscribe()``."""
-        return await AsyncSubscription.open(self._journal, after, topics, name)
+        # Built in the pool: the constructor reads a named subscription's stored position.
+        return await self._pool.run(AsyncSubscription, self._journal, after, topics, name)
 
     async def subscriptions(self) -> list[StoredSubscription]:
         """Return every named subscription with its acknowledged position (A3)."""
