@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import threading
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -64,13 +65,47 @@ R = TypeVar("R")
 class _Pool:
     """The bounded thread pool one asyncio runtime runs its blocking calls in."""
 
-    def __init__(self, workers: int) -> None:
+    def __init__(self, workers: int, loop: asyncio.AbstractEventLoop) -> None:
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="journaled-aio")
+        self.loop = loop
+        """The loop the runtime was opened on: its ``async def`` steps run there."""
+
+    def check_loop(self) -> None:
+        """Refuse a call from another event loop than the one the runtime was opened on.
+
+        Raises:
+            RuntimeError: the running loop is another one (its async steps would run on a loop
+                that may be stopped: open one runtime per loop).
+        """
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError(
+                "this journaled.aio runtime was opened on another event loop: open it in the "
+                "loop that uses it (e.g. inside the coroutine given to asyncio.run)"
+            )
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile."""
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, functools.partial(fn, *args, **kwargs))
+        self.check_loop()
+        call = functools.partial(fn, *args, **kwargs)
+        return await self.loop.run_in_executor(self.executor, call)
+
+    async def run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a call that lasts as long as a run (an orchestration) in a thread of its own.
+
+        Not in the pool: a few long calls would hold every worker and starve short ones (and a
+        planner that awaits memory through the loop would wait for a worker forever).
+        """
+        self.check_loop()
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to the awaiting task
+                done.set_exception(exc)
+
+        threading.Thread(target=run, name="journaled-aio-orchestrate", daemon=True).start()
+        return await asyncio.wrap_future(done)
 
 
 class AsyncRunHandle(Generic[R]):
@@ -493,8 +528,8 @@ class AsyncRuntime:
         on_progress: Progress | None = None,
         max_passes: int = 3,
     ) -> Outcome:
-        """Plan toward a goal and run it (O1-O5); the planner is called from a pool thread."""
-        return await self._pool.run(
+        """Plan toward a goal and run it (O1-O5); the planner is called from a thread."""
+        return await self._pool.run_long(
             self._sync.orchestrate,
             goal,
             planner,
@@ -601,7 +636,7 @@ class _Opening:
 
     async def _open(self) -> AsyncRuntime:
         loop = asyncio.get_running_loop()
-        pool = _Pool(self._workers)
+        pool = _Pool(self._workers, loop)
         try:
             # Opening replays the journal: in the pool, never on the loop.
             runtime = await pool.run(Runtime, self._url, loop=loop, **self._options)

@@ -306,3 +306,42 @@ def test_loop_is_not_blocked_by_a_long_run_and_searches(sqlite_url: str) -> None
     assert lag.max < LAG_BOUND
     assert searches > 0
     assert len(lag.samples) > 10
+
+
+def test_orchestrations_do_not_starve_the_pool(sqlite_url: str) -> None:
+    """A1: orchestrations hold no pool worker: with 1 worker, two run while planners search."""
+
+    async def main() -> list[str]:
+        loop = asyncio.get_running_loop()
+        async with journaled.aio.open(sqlite_url, workers=1) as rt:
+            rt.register_tool("echo", lambda x: x)
+            await rt.memory.remember("tea at five")
+
+            def planner(goal: str, observations: list[Any], clarifications: list[Any]) -> Plan:
+                # A planner that reads memory through the loop: it needs the one worker.
+                found = asyncio.run_coroutine_threadsafe(rt.memory.search("tea"), loop)
+                text = found.result(WAIT)[0].text
+                return Plan(goal=goal, steps=[Step("a", tool="echo", input=text)])
+
+            outcomes = await asyncio.wait_for(
+                asyncio.gather(rt.orchestrate("one", planner), rt.orchestrate("two", planner)),
+                WAIT,
+            )
+            return [o.status for o in outcomes]
+
+    assert asyncio.run(main()) == ["completed", "completed"]
+
+
+def test_a_runtime_refuses_another_event_loop(sqlite_url: str) -> None:
+    """A1: a runtime used from another loop than the one it was opened on says so at once."""
+
+    async def opened() -> AsyncRuntime:
+        return await journaled.aio.open(sqlite_url)
+
+    rt = asyncio.run(opened())
+    try:
+        with pytest.raises(RuntimeError, match="opened on another event loop"):
+            asyncio.run(rt.memory.get("x"))
+    finally:
+        rt._sync.close()
+        rt._pool.executor.shutdown()
