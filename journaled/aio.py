@@ -27,6 +27,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 
 from journaled.actors.asking import ASK_TIMEOUT
 from journaled.actors.clock import Clock
+from journaled.actors.errors import RuntimeClosed
 from journaled.actors.orchestrator import Planner
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs
@@ -69,6 +70,7 @@ class _Pool:
         self.executor = ThreadPoolExecutor(workers, thread_name_prefix="journaled-aio")
         self.loop = loop
         """The loop the runtime was opened on: its ``async def`` steps run there."""
+        self.closed = False
 
     def check_loop(self) -> None:
         """Refuse a call from another event loop than the one the runtime was opened on.
@@ -84,10 +86,21 @@ class _Pool:
             )
 
     async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile."""
+        """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile.
+
+        Raises:
+            RuntimeClosed: the runtime was closed (its pool with it).
+        """
         self.check_loop()
+        if self.closed:
+            raise RuntimeClosed("the runtime is closed: open a new one with journaled.aio.open()")
         call = functools.partial(fn, *args, **kwargs)
         return await self.loop.run_in_executor(self.executor, call)
+
+    def shutdown(self) -> None:
+        """Refuse further calls; the workers end (nothing is left running once close returned)."""
+        self.closed = True
+        self.executor.shutdown(wait=False)
 
     async def run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
         """Run a call that lasts as long as a run (an orchestration) in a thread of its own.
@@ -451,6 +464,7 @@ class AsyncRuntime:
         self.memory = AsyncMemory(runtime.memory, pool)
         self.runs = AsyncRuns(runtime.runs, pool)
         self.journal = AsyncJournal(runtime.journal, pool)
+        self._closing: asyncio.Future[None] | None = None
 
     # -- registration: plain methods ---------------------------------------------------------------
 
@@ -606,12 +620,19 @@ class AsyncRuntime:
         return await self._pool.run(self._sync.refresh)
 
     async def close(self, drain: float | None = None) -> None:
-        """Drain, suspend what is unfinished, close the journal (R3), then the pool. Idempotent."""
+        """Drain, suspend what is unfinished, close the journal (R3), then the pool. Idempotent.
+
+        A second call waits for the first; cancelling the awaiting task does not stop the close.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(drain))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, drain: float | None) -> None:
         try:
             await self._pool.run(self._sync.close, drain)
         finally:
-            # Nothing is left in the pool once close returned: do not wait on the loop's thread.
-            self._pool.executor.shutdown(wait=False)
+            self._pool.shutdown()
 
     async def __aenter__(self) -> AsyncRuntime:
         return self
@@ -641,7 +662,7 @@ class _Opening:
             # Opening replays the journal: in the pool, never on the loop.
             runtime = await pool.run(Runtime, self._url, loop=loop, **self._options)
         except BaseException:
-            pool.executor.shutdown(wait=False)
+            pool.shutdown()
             raise
         return AsyncRuntime(runtime, pool)
 

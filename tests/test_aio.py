@@ -344,4 +344,17 @@ def test_a_runtime_refuses_another_event_loop(sqlite_url: str) -> None:
             asyncio.run(rt.memory.get("x"))
     finally:
         rt._sync.close()
-        rt._pool.executor.shutdown()
+        rt._pool.shutdown()
+
+
+def test_close_is_idempotent_and_later_calls_say_closed(sqlite_url: str) -> None:
+    """A1, R3: close twice (at once and after) is fine; a call after close raises RuntimeClosed."""
+
+    async def main() -> None:
+        rt = await journaled.aio.open(sqlite_url)
+        await asyncio.gather(rt.close(), rt.close(drain=0))
+        await rt.close()
+        with pytest.raises(journaled.RuntimeClosed):
+            await rt.memory.search("tea")
+
+    asyncio.run(main())
