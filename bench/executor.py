@@ -18,6 +18,12 @@ exits non-zero only when it crashes.
    copy's snapshot of the run deleted first, so the whole stream is folded).
 4. time travel: ``rt.runs.at(run_id, position)`` at the middle of that stream (always a fold of
    the stream's prefix: snapshots hold only the latest state).
+5. asyncio (A1): the chain of 1 through ``journaled.aio`` (``await rt.execute``) against the sync
+   runtime's ``rt.execute``, interleaved in the same run on twin SQLite files (target <= 1.2x),
+   with the event loop's lag during the async runs (a probe task sleeping 1 ms; target: max
+   < 10 ms). Informative: one ``await rt.memory.search`` through the runtime's own thread pool
+   against the same call through the loop's default executor (``asyncio.to_thread``) and a plain
+   sync call.
 
 Write floor: eventsourcing's stock SQLite recorder (``InfrastructureFactory.construct`` with
 PERSISTENCE_MODULE=eventsourcing.sqlite, text originator ids) inserting the very rows the executor
@@ -38,6 +44,7 @@ Run ``python bench/executor.py`` (full sizes) or ``python bench/executor.py --qu
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import math
 import shutil
@@ -58,6 +65,7 @@ from report import Row, header, print_table, set_synchronous
 import journaled
 from journaled.events.codec import topic_of
 from journaled.events.runs import RUN_EVENTS
+from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
@@ -323,6 +331,74 @@ def bench_resume(tmp: Path, durability: str, samples: int) -> list[Row]:
     ]  # fmt: skip
 
 
+def bench_aio(tmp: Path, n: int, repeats: int) -> list[Row]:
+    """Time the chain through the asyncio runtime against the sync one; measure the loop's lag."""
+    steps = chain(n)
+    plan = journaled.Plan(goal="bench", steps=steps)
+    sync_path, aio_path = tmp / "aio-sync.sqlite", tmp / "aio-aio.sqlite"
+    best_sync, best_aio = math.inf, math.inf
+    lags: list[float] = []
+    search: dict[str, float] = {}
+
+    async def run_aio() -> None:
+        nonlocal best_sync, best_aio
+        async with journaled.aio.open(f"sqlite:///{aio_path}") as art:
+            art.register_tool("noop", lambda x: None)
+            await art.execute(journaled.Plan(goal="warm", steps=chain(20, "warm")))
+            with journaled.open(f"sqlite:///{sync_path}") as srt:
+                srt.register_tool("noop", lambda x: None)
+                srt.execute(journaled.Plan(goal="warm", steps=chain(20, "warm")))
+                for _ in range(repeats):
+                    # The sync run blocks this loop on purpose: nothing else is awaited meanwhile.
+                    best_sync = min(best_sync, _time(lambda: srt.execute(plan)))
+                    async with LoopLag() as lag:
+                        start = time.perf_counter()
+                        await art.execute(plan)
+                        best_aio = min(best_aio, time.perf_counter() - start)
+                    lags.extend(lag.samples)
+            for i in range(200):
+                await art.memory.remember(f"fact {i} about tea and biscuits")
+            search.update(await _search_paths(art))
+
+    asyncio.run(run_aio())
+    ratio = best_aio / best_sync
+    ordered = sorted(lags)
+
+    def pct(p: float) -> float:
+        return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)] if ordered else 0.0
+
+    worst = ordered[-1] if ordered else 0.0
+    pool, default, plain = search["pool"], search["default"], search["sync"]
+    return [
+        Row(f"aio chain {n} per step (await rt.execute)", _us(best_aio / n),
+            f"{_us(best_sync / n)} (sync rt.execute)", f"{ratio:.2f}x", "<= 1.2x", ratio <= 1.2),
+        Row(f"  loop lag during it, p50 / p99 ({len(lags):,} probes)",
+            f"{_ms(pct(50))} / {_ms(pct(99))}", "", "", "-", None),
+        Row("  loop lag during it, max", _ms(worst), "", "", "< 10 ms", worst < 0.010),
+        Row("aio memory.search, runtime's own pool", _us(pool), f"{_us(plain)} (sync call)",
+            f"{pool / plain:.1f}x", "-", None),
+        Row("  same through the loop's default executor", _us(default), _us(pool),
+            f"{default / pool:.2f}x", "-", None),
+    ]  # fmt: skip
+
+
+async def _search_paths(art: journaled.aio.AsyncRuntime) -> dict[str, float]:
+    """Return the best seconds of one memory search by each path (own pool, default, sync)."""
+    sync_memory = art._sync.memory
+    best = {"pool": math.inf, "default": math.inf, "sync": math.inf}
+    for _ in range(200):
+        start = time.perf_counter()
+        await art.memory.search("tea biscuits")
+        best["pool"] = min(best["pool"], time.perf_counter() - start)
+        start = time.perf_counter()
+        await asyncio.to_thread(sync_memory.search, "tea biscuits")
+        best["default"] = min(best["default"], time.perf_counter() - start)
+        start = time.perf_counter()
+        sync_memory.search("tea biscuits")
+        best["sync"] = min(best["sync"], time.perf_counter() - start)
+    return best
+
+
 def main() -> None:
     """Run every measurement and print the table."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
@@ -339,6 +415,7 @@ def main() -> None:
             rows += bench_steps(tmp, durability, "waves 10x20 p=2", wide, 3 * repeats)
         for durability in DURABILITIES:
             rows += bench_resume(tmp, durability, samples)
+        rows += bench_aio(tmp, n_chain, 2 * repeats + 1)
     print_table(rows)
 
 

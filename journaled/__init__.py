@@ -6,6 +6,9 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from journaled.actors.errors import (
     RunNotFound,
     RunNotPurgeable,
@@ -50,6 +53,17 @@ from journaled.events.plans import (
 )
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import JournalHandle, Runtime, open
+
+if TYPE_CHECKING:
+    from journaled import aio
+
+
+def __getattr__(name: str) -> Any:
+    # journaled.aio (asyncio runtime, A1) loads on first use: a sync program never imports it.
+    if name == "aio":
+        return importlib.import_module("journaled.aio")
+    raise AttributeError(f"module 'journaled' has no attribute {name!r}")
+
 
 __all__ = [
     "ActorTimeout",
@@ -101,5 +115,6 @@ __all__ = [
     "Step",
     "UnknownEventType",
     "VerifyReport",
+    "aio",
     "open",
 ]

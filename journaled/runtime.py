@@ -8,7 +8,7 @@ import logging
 import os
 import threading
 import weakref
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
@@ -36,6 +36,8 @@ from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
 from journaled.subscriptions import StoredSubscription, Subscription, check_name
 
+AgentFunction = Callable[[Step, AgentContext], AgentResult | Awaitable[AgentResult]]
+"""An agent: ``fn(step, ctx) -> AgentResult``, or an ``async def`` returning one (A1)."""
 ENV_URL = "JOURNALED_URL"
 DRAIN = 10.0
 """Default seconds close() waits for steps in flight before suspending their runs (R3)."""
@@ -233,7 +235,7 @@ class Runtime:
         """Register a tool: ``fn(input) -> output``; raising fails the step; costs no model call."""
         self._registry.register("tool", name, fn)
 
-    def register_agent(self, name: str, fn: Callable[[Step, AgentContext], AgentResult]) -> None:
+    def register_agent(self, name: str, fn: AgentFunction) -> None:
         """Register an agent: ``fn(step, ctx) -> AgentResult``; raise NeedsInput to wait."""
         self._registry.register("agent", name, fn)
 

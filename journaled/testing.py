@@ -6,6 +6,9 @@ own tests use them too.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -122,3 +125,50 @@ class ScriptedModel:
             if key.lower() in lowered:
                 return reply
         return self.default
+
+
+class LoopLag:
+    """Measure how late an event loop wakes up: a probe task sleeps ``interval`` s in a loop.
+
+    ``async with LoopLag() as lag:`` around the work; then ``lag.max``, ``lag.percentile(99)``
+    (seconds). Each sample is the wake-up's overshoot beyond the sleep asked for: a call that
+    blocks the loop for 200 ms shows as a sample of about 200 ms.
+    """
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.samples: list[float] = []
+        self._task: asyncio.Task[None] | None = None
+        self._since = time.perf_counter()
+
+    async def _probe(self) -> None:
+        while True:
+            self._since = time.perf_counter()
+            await asyncio.sleep(self.interval)
+            self.samples.append(max(0.0, time.perf_counter() - self._since - self.interval))
+
+    async def __aenter__(self) -> LoopLag:
+        self._task = asyncio.get_running_loop().create_task(self._probe())
+        await asyncio.sleep(0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # The sleep in progress counts too: a loop blocked until now shows as one long sample.
+        self.samples.append(max(0.0, time.perf_counter() - self._since - self.interval))
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    @property
+    def max(self) -> float:
+        """Return the largest overshoot seen (0.0 before any sample)."""
+        return max(self.samples, default=0.0)
+
+    def percentile(self, p: float) -> float:
+        """Return the ``p``-th percentile overshoot (nearest rank; 0.0 before any sample)."""
+        if not self.samples:
+            return 0.0
+        ordered = sorted(self.samples)
+        rank = max(1, math.ceil(p / 100 * len(ordered)))
+        return ordered[rank - 1]

@@ -9,6 +9,7 @@ from pathlib import Path
 import pg
 import pykka
 import pytest
+from aio_facade import open_runtime
 from required import unavailable
 
 import journaled
@@ -99,7 +100,14 @@ def clock() -> ManualClock:
 
 
 @pytest.fixture
-def rt(journal_url: str, clock: ManualClock) -> Iterator[journaled.Runtime]:
+def flavour() -> str:
+    """Name the runtime the ``rt`` fixtures open: ``sync``; a module that also runs its tests
+    through the asyncio runtime overrides this with ``params=aio_facade.FLAVOURS`` (A1)."""
+    return "sync"
+
+
+@pytest.fixture
+def rt(journal_url: str, clock: ManualClock, flavour: str) -> Iterator[journaled.Runtime]:
     """Yield an open runtime on each backend, closed after the test."""
-    with journaled.open(journal_url, clock=clock) as runtime:
+    with open_runtime(flavour, journal_url, clock=clock) as runtime:
         yield runtime

@@ -8,6 +8,7 @@ from typing import Any
 
 import pykka
 import pytest
+from aio_facade import FLAVOURS, open_runtime
 
 import journaled
 from journaled import AgentResult, Limits, NeedsInput, Plan, Step
@@ -19,10 +20,17 @@ from journaled.testing import ManualClock, wait_for
 WAIT = 10.0
 
 
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    """Run the runtime fixture's tests on the sync and the asyncio runtime (A1)."""
+    param: str = request.param
+    return param
+
+
 @pytest.fixture
-def runtime(journal_url: str, clock: ManualClock) -> Iterator[journaled.Runtime]:
+def runtime(journal_url: str, clock: ManualClock, flavour: str) -> Iterator[journaled.Runtime]:
     """Yield a runtime with a few ready-made tools and skills."""
-    with journaled.open(journal_url, clock=clock) as rt:
+    with open_runtime(flavour, journal_url, clock=clock) as rt:
         rt.register_tool("echo", lambda x: x)
         rt.register_skill("think", lambda x: f"thought about {x}")
         yield rt

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+from aio_facade import FLAVOURS, open_runtime
 
 import journaled
 from journaled import Plan, Step
@@ -14,9 +15,16 @@ from journaled.testing import ManualClock
 WAIT = 10.0
 
 
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    """Run the runtime fixture's tests on the sync and the asyncio runtime (A1)."""
+    param: str = request.param
+    return param
+
+
 @pytest.fixture
-def runtime(journal_url: str, clock: ManualClock) -> Iterator[journaled.Runtime]:
-    with journaled.open(journal_url, clock=clock) as rt:
+def runtime(journal_url: str, clock: ManualClock, flavour: str) -> Iterator[journaled.Runtime]:
+    with open_runtime(flavour, journal_url, clock=clock) as rt:
         yield rt
 
 

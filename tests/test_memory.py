@@ -5,11 +5,19 @@ from __future__ import annotations
 import math
 
 import pytest
+from aio_facade import FLAVOURS
 
 import journaled
 from journaled.testing import KeywordEmbedder, ManualClock, ScriptedEmbedder
 
 # -- M1 scopes -------------------------------------------------------------------------------------
+
+
+@pytest.fixture(params=FLAVOURS)
+def flavour(request: pytest.FixtureRequest) -> str:
+    """Run the runtime fixture's tests on the sync and the asyncio runtime (A1)."""
+    param: str = request.param
+    return param
 
 
 def test_default_scope_is_project(rt: journaled.Runtime) -> None:

@@ -1,0 +1,716 @@
+"""``journaled.aio``: the runtime for asyncio programs (SPEC A1, ADR 0025).
+
+``async with journaled.aio.open(url) as rt`` (or ``rt = await journaled.aio.open(url)``) opens the
+same runtime as :func:`journaled.open` and exposes each of its public methods as a coroutine:
+``await rt.memory.remember(...)``, ``await rt.execute(plan)``, ``await rt.runs.why(run_id)``,
+``async for event in await rt.journal.subscribe()``. None of them blocks the event loop:
+
+- waiting for a run or a remember awaits the future its actor completes
+  (``asyncio.wrap_future``): no thread is held while a run executes;
+- every other call (a search, a journal read, opening and closing) runs in a bounded thread pool
+  this runtime owns, not the loop's default executor, which the application sizes for itself.
+
+``async def`` skills, tools and agents run on the loop the runtime was opened on, so they may use
+clients bound to it; a step that blocks that loop stalls the application (sync steps still run on
+worker threads). Registration stays plain methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import threading
+from collections.abc import Callable, Generator, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from types import TracebackType
+from typing import Any, Generic, ParamSpec, TypeVar
+
+from journaled.actors.asking import ASK_TIMEOUT
+from journaled.actors.clock import Clock
+from journaled.actors.errors import RuntimeClosed
+from journaled.actors.orchestrator import Planner
+from journaled.actors.run_recorder import Progress
+from journaled.actors.runs import RunHandle, Runs
+from journaled.errors import ConfigurationError
+from journaled.events.base import Event
+from journaled.events.journal import VerifyReport
+from journaled.events.memory import Fact, FactRemembered
+from journaled.events.messages import Deletion, Remember, Remembered
+from journaled.events.orchestration import Outcome
+from journaled.events.plan_rules import Reserve
+from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff
+from journaled.events.run_state import RunState
+from journaled.memory import Embedder, Memory, MemoryView
+from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
+from journaled.subscriptions import AsyncSubscription, StoredSubscription
+
+__all__ = [
+    "WORKERS",
+    "AsyncJournal",
+    "AsyncMemory",
+    "AsyncMemoryView",
+    "AsyncRunHandle",
+    "AsyncRuns",
+    "AsyncRuntime",
+    "open",
+]
+
+WORKERS = 8
+"""Default size of the thread pool an asyncio runtime runs its blocking calls in."""
+
+P = ParamSpec("P")
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+class _Pool:
+    """The bounded thread pool one asyncio runtime runs its blocking calls in."""
+
+    def __init__(self, workers: int, loop: asyncio.AbstractEventLoop) -> None:
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="journaled-aio")
+        self.loop = loop
+        """The loop the runtime was opened on: its ``async def`` steps run there."""
+        self.closed = False
+
+    def check_loop(self) -> None:
+        """Refuse a call from another event loop than the one the runtime was opened on.
+
+        Raises:
+            RuntimeError: the running loop is another one (its async steps would run on a loop
+                that may be stopped: open one runtime per loop).
+        """
+        if asyncio.get_running_loop() is not self.loop:
+            raise RuntimeError(
+                "this journaled.aio runtime was opened on another event loop: open it in the "
+                "loop that uses it (e.g. inside the coroutine given to asyncio.run)"
+            )
+
+    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile.
+
+        Raises:
+            RuntimeClosed: the runtime was closed (its pool with it).
+        """
+        self.check_loop()
+        if self.closed:
+            raise RuntimeClosed("the runtime is closed: open a new one with journaled.aio.open()")
+        call = functools.partial(fn, *args, **kwargs)
+        return await self.loop.run_in_executor(self.executor, call)
+
+    def shutdown(self) -> None:
+        """Refuse further calls; the workers end (nothing is left running once close returned)."""
+        self.closed = True
+        self.executor.shutdown(wait=False)
+
+    async def run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run a call that lasts as long as a run (an orchestration) in a thread of its own.
+
+        Not in the pool: a few long calls would hold every worker and starve short ones (and a
+        planner that awaits memory through the loop would wait for a worker forever).
+        """
+        self.check_loop()
+        done: Future[T] = Future()
+
+        def run() -> None:
+            try:
+                done.set_result(fn(*args, **kwargs))
+            except BaseException as exc:  # handed to the awaiting task
+                done.set_exception(exc)
+
+        threading.Thread(target=run, name="journaled-aio-orchestrate", daemon=True).start()
+        return await asyncio.wrap_future(done)
+
+
+class AsyncRunHandle(Generic[R]):
+    """A started run for asyncio (A2): ``await handle`` or ``await handle.result(timeout)``.
+
+    Waiting awaits the future the run's executor completes: no thread waits for the run.
+    """
+
+    def __init__(self, handle: RunHandle[R], pool: _Pool) -> None:
+        self._handle = handle
+        self._pool = pool
+        self.run_id = handle.run_id
+        self.future: Future[R] = handle.future
+        """Completed with the result (or the error) when the run stops executing."""
+
+    async def result(self, timeout: float | None = None) -> R:
+        """Wait for the run to stop and return its result (see :meth:`RunHandle.result`).
+
+        Cancelling the awaiting task, or the timeout, stops the wait only: the run goes on.
+
+        Raises:
+            TimeoutError: it did not stop within ``timeout`` seconds.
+        """
+        waited = asyncio.shield(asyncio.wrap_future(self.future))
+        return await asyncio.wait_for(waited, timeout)
+
+    def done(self) -> bool:
+        """Tell whether the run stopped executing."""
+        return self._handle.done()
+
+    async def cancel(self) -> bool:
+        """Ask the run to stop scheduling (E5); False when it is not executing any more."""
+        return await self._pool.run(self._handle.cancel)
+
+    async def state(self) -> ExecuteResult:
+        """Return the run as the journal holds it now."""
+        return await self._pool.run(self._handle.state)
+
+    def __await__(self) -> Generator[Any, None, R]:
+        return self.result().__await__()
+
+    def __repr__(self) -> str:
+        status = "done" if self.future.done() else "executing"
+        return f"<AsyncRunHandle {self.run_id} {status}>"
+
+
+class AsyncMemoryView:
+    """:class:`MemoryView` whose methods are coroutines: memory as of one journal position."""
+
+    def __init__(self, view: MemoryView, pool: _Pool) -> None:
+        self._view = view
+        self._pool = pool
+        self.position = view.position
+        """The journal position this view reflects."""
+
+    async def get(self, fact_id: str) -> Fact | None:
+        """Return the fact as it was then, or None."""
+        return await self._pool.run(self._view.get, fact_id)
+
+    async def all(self) -> list[Fact]:
+        """Return every fact stored then."""
+        return await self._pool.run(self._view.all)
+
+    async def search(self, query: str, **options: Any) -> list[Fact]:
+        """Search as the store would have then (see :meth:`MemoryView.search`)."""
+        return await self._pool.run(self._view.search, query, **options)
+
+    async def search_semantic(self, query: str, **options: Any) -> list[Fact]:
+        """Rank semantically as the store would have then (M7)."""
+        return await self._pool.run(self._view.search_semantic, query, **options)
+
+
+class AsyncMemory:
+    """``rt.memory`` for asyncio: every method of :class:`journaled.Memory` as a coroutine."""
+
+    def __init__(self, memory: Memory, pool: _Pool) -> None:
+        self._memory = memory
+        self._pool = pool
+
+    async def remember(
+        self,
+        text: str,
+        scope: str = "project",
+        domain: str | None = None,
+        confidence: float | None = None,
+        conflict_key: str | None = None,
+        source: str | None = None,
+        valid_from: int | None = None,
+        valid_until: int | None = None,
+    ) -> Fact:
+        """Store a fact (M2, M3) and await the writer's reply; no thread waits for it."""
+        request = Remember(
+            text=text,
+            scope=scope,
+            domain=domain,
+            confidence=confidence,
+            conflict_key=conflict_key,
+            source=source,
+            valid_from=valid_from,
+            valid_until=valid_until,
+        )
+        correlation, reply = self._memory.request_remember(request)
+        try:
+            answer: Remembered = await asyncio.wait_for(asyncio.wrap_future(reply), ASK_TIMEOUT)
+        finally:
+            self._memory._inbox.forget(correlation)
+        return answer.fact
+
+    def request_remember(self, request: Remember) -> tuple[str, Future[Remembered]]:
+        """Tell the writer a remember and return (correlation, future) at once (no wait)."""
+        return self._memory.request_remember(request)
+
+    async def get(self, fact_id: str) -> Fact | None:
+        """Return a fact from any traversed scope, or None (M4)."""
+        return await self._pool.run(self._memory.get, fact_id)
+
+    async def all(self) -> list[Fact]:
+        """Return every stored fact across scopes (M4)."""
+        return await self._pool.run(self._memory.all)
+
+    async def search(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Rank the filtered candidates by BM25 (M5, M6)."""
+        return await self._pool.run(
+            self._memory.search, query, scopes, domains, min_confidence, limit, now
+        )
+
+    async def search_semantic(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Rank by cosine similarity, falling back to BM25 (M7); the embedder runs in the pool."""
+        return await self._pool.run(
+            self._memory.search_semantic, query, scopes, domains, min_confidence, limit, now
+        )
+
+    async def delete(self, fact_id: str) -> Deletion:
+        """Delete a fact and heal the supersession chain around it (M8)."""
+        return await self._pool.run(self._memory.delete, fact_id)
+
+    async def purge(self, fact_id: str, reason: str | None = None) -> bool:
+        """Delete a fact and erase its text from the journal (M10)."""
+        return await self._pool.run(self._memory.purge, fact_id, reason)
+
+    async def scrub(self, timeout: float = 10.0) -> None:
+        """Remove erased texts' bytes from the journal's files now (see :meth:`Memory.scrub`)."""
+        await self._pool.run(self._memory.scrub, timeout)
+
+    async def scrub_pending(self) -> bool:
+        """Tell whether bytes of an erased text may still be in the journal's files.
+
+        A coroutine method here (``await rt.memory.scrub_pending()``), where the sync runtime has
+        a property: it reads the journal.
+        """
+        return await self._pool.run(lambda: self._memory.scrub_pending)
+
+    async def history(self, fact_id: str) -> list[Event]:
+        """Return the events of a fact's life, oldest first (M11)."""
+        return await self._pool.run(self._memory.history, fact_id)
+
+    async def why(self, fact_id: str) -> str:
+        """Explain a fact's life in plain words from its events (M11)."""
+        return await self._pool.run(self._memory.why, fact_id)
+
+    async def as_of(self, position: int | None = None, at: int | None = None) -> AsyncMemoryView:
+        """View the store as it was at a journal position or a time (M12)."""
+        view = await self._pool.run(self._memory.as_of, position, at)
+        return AsyncMemoryView(view, self._pool)
+
+    async def checkpoint(self) -> bool:
+        """Snapshot the memory projection now (see :meth:`Memory.checkpoint`)."""
+        return await self._pool.run(self._memory.checkpoint)
+
+    async def remembered(self, fact_id: str) -> FactRemembered | None:
+        """Return the event that remembered a fact (even after delete), or None."""
+        return await self._pool.run(self._memory.remembered, fact_id)
+
+
+class AsyncRuns:
+    """``rt.runs`` for asyncio: every method of :class:`journaled.Runs` as a coroutine."""
+
+    def __init__(self, runs: Runs, pool: _Pool) -> None:
+        self._runs = runs
+        self._pool = pool
+
+    async def execute(self, plan: Plan, *args: Any, **options: Any) -> ExecuteResult:
+        """Execute a plan as a new run (E1-E13) and await its result."""
+        return await (await self.start(plan, *args, **options))
+
+    async def start(self, plan: Plan, *args: Any, **options: Any) -> AsyncRunHandle[ExecuteResult]:
+        """Start a run (A2); returns once its opening events are committed."""
+        handle = await self._pool.run(self._runs.start, plan, *args, **options)
+        return AsyncRunHandle(handle, self._pool)
+
+    async def validate(self, plan: Plan) -> None:
+        """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
+        await self._pool.run(self._runs.validate, plan)
+
+    async def resume(self, run_id: str, *args: Any, **options: Any) -> ExecuteResult:
+        """Rebuild a run of ``execute`` from the journal and carry on (E14); await its result."""
+        return await (await self.resume_start(run_id, *args, **options))
+
+    async def resume_start(
+        self, run_id: str, *args: Any, **options: Any
+    ) -> AsyncRunHandle[ExecuteResult]:
+        """Start resuming a run of ``execute`` and return its handle (A2)."""
+        handle = await self._pool.run(self._runs.resume_start, run_id, *args, **options)
+        return AsyncRunHandle(handle, self._pool)
+
+    async def check_free(self, run_id: str, take_over: bool = False) -> None:
+        """Raise RunOwnedElsewhere when another live process owns the run (R8)."""
+        await self._pool.run(self._runs.check_free, run_id, take_over)
+
+    async def cancel(self, run_id: str) -> bool:
+        """Ask a run to stop scheduling (E5)."""
+        return await self._pool.run(self._runs.cancel, run_id)
+
+    async def close(self, drain: float, cause: str = "close") -> list[str]:
+        """Stop starting runs, drain, suspend the rest (the runtime's close does this)."""
+        return await self._pool.run(self._runs.close, drain, cause)
+
+    @property
+    def closing(self) -> bool:
+        """Tell whether the runtime is closing (no run starts any more)."""
+        return self._runs.closing
+
+    async def purge(self, run_id: str, reason: str) -> int:
+        """Erase a finished run's data from the journal (see :meth:`Runs.purge`)."""
+        return await self._pool.run(self._runs.purge, run_id, reason)
+
+    async def history(self, run_id: str) -> list[Event]:
+        """Return a run's events, oldest first."""
+        return await self._pool.run(self._runs.history, run_id)
+
+    async def state(self, run_id: str, position: int | None = None) -> RunState:
+        """Return a run's folded state, now or at a journal position."""
+        return await self._pool.run(self._runs.state, run_id, position)
+
+    async def current(self, run_id: str) -> ExecuteResult:
+        """Return the run as the journal holds it now."""
+        return await self._pool.run(self._runs.current, run_id)
+
+    async def at(self, run_id: str, position: int) -> ExecuteResult:
+        """Return the run as it was at a journal position."""
+        return await self._pool.run(self._runs.at, run_id, position)
+
+    async def diff(self, run_id: str, a: int, b: int) -> RunDiff:
+        """Return what changed in a run between two journal positions."""
+        return await self._pool.run(self._runs.diff, run_id, a, b)
+
+    async def position_at(self, run_id: str, at: int) -> int:
+        """Return the journal position of a run as of a time."""
+        return await self._pool.run(self._runs.position_at, run_id, at)
+
+    async def at_time(self, run_id: str, at: int) -> ExecuteResult:
+        """Return the run as it was at a time."""
+        return await self._pool.run(self._runs.at_time, run_id, at)
+
+    async def why(self, run_id: str) -> str:
+        """Explain a run in plain words from its events."""
+        return await self._pool.run(self._runs.why, run_id)
+
+    async def wait_idle(self, timeout: float) -> list[str]:
+        """Wait up to ``timeout`` s for this runtime's runs to stop; return those still running."""
+        return await self._pool.run(self._runs.wait_idle, timeout)
+
+    async def active(self) -> list[str]:
+        """Return the runs this runtime is executing."""
+        return await self._pool.run(self._runs.active)
+
+    async def cancel_all(self) -> list[str]:
+        """Cancel every run this runtime is executing; return their ids."""
+        return await self._pool.run(self._runs.cancel_all)
+
+    async def list(self) -> list[str]:
+        """Return every run id in the journal."""
+        return await self._pool.run(self._runs.list)
+
+
+class AsyncJournal:
+    """``rt.journal`` for asyncio: reads, verification and subscriptions as coroutines."""
+
+    def __init__(self, journal: JournalHandle, pool: _Pool) -> None:
+        self._journal = journal
+        self._pool = pool
+
+    @property
+    def url(self) -> str:
+        """Return the journal URL (password masked)."""
+        return self._journal.url
+
+    async def position(self) -> int:
+        """Return the global position of the last event (J1)."""
+        return await self._pool.run(self._journal.position)
+
+    async def read(self, after: int = 0, upto: int | None = None) -> list[Event]:
+        """Return events after ``after`` up to ``upto`` in journal order (J1)."""
+        return await self._pool.run(self._journal.read, after, upto)
+
+    async def verify(self, head: str | None = None) -> VerifyReport:
+        """Check the whole journal against its digest chain (R7)."""
+        return await self._pool.run(self._journal.verify, head)
+
+    async def subscribe(
+        self,
+        after: int = 0,
+        topics: Iterable[str] | str | None = None,
+        name: str | None = None,
+    ) -> AsyncSubscription:
+        """Follow the journal as an async iterator (A3): ``async for e in await ...subscribe()``."""
+        # Built in the pool: the constructor reads a named subscription's stored position.
+        return await self._pool.run(AsyncSubscription, self._journal, after, topics, name)
+
+    async def subscriptions(self) -> list[StoredSubscription]:
+        """Return every named subscription with its acknowledged position (A3)."""
+        return await self._pool.run(self._journal.subscriptions)
+
+    async def unsubscribe(self, name: str) -> bool:
+        """Drop a named subscription's stored position (A3)."""
+        return await self._pool.run(self._journal.unsubscribe, name)
+
+
+class AsyncRuntime:
+    """A journaled runtime for asyncio: the sync :class:`Runtime`'s methods as coroutines."""
+
+    def __init__(self, runtime: Runtime, pool: _Pool) -> None:
+        self._sync = runtime
+        self._pool = pool
+        self.organization = runtime.organization
+        self.agents = runtime.agents
+        self.memory = AsyncMemory(runtime.memory, pool)
+        self.runs = AsyncRuns(runtime.runs, pool)
+        self.journal = AsyncJournal(runtime.journal, pool)
+        self._closing: asyncio.Future[None] | None = None
+
+    # -- registration: plain methods ---------------------------------------------------------------
+
+    def register_skill(self, name: str, fn: Callable[[Any], Any]) -> None:
+        """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
+        self._sync.register_skill(name, fn)
+
+    def register_tool(self, name: str, fn: Callable[[Any], Any]) -> None:
+        """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
+        self._sync.register_tool(name, fn)
+
+    def register_agent(self, name: str, fn: AgentFunction) -> None:
+        """Register an agent: ``fn(step, ctx)``, sync or ``async def``; raise NeedsInput to wait."""
+        self._sync.register_agent(name, fn)
+
+    # -- runs --------------------------------------------------------------------------------------
+
+    async def execute(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+    ) -> ExecuteResult:
+        """Execute a plan as a journaled run and await its result (E1-E13)."""
+        handle = await self.start(
+            plan,
+            call_budget,
+            max_parallel_steps,
+            limits,
+            reserve,
+            on_progress,
+            step_timeout=step_timeout,
+        )
+        return await handle.result()
+
+    async def start(
+        self,
+        plan: Plan,
+        call_budget: int | None = None,
+        max_parallel_steps: int = 2,
+        limits: Limits | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        *,
+        step_timeout: float | None = None,
+    ) -> AsyncRunHandle[ExecuteResult]:
+        """Start a run and return its handle once its opening events are committed (A2)."""
+        handle = await self._pool.run(
+            self._sync.start,
+            plan,
+            call_budget,
+            max_parallel_steps,
+            limits,
+            reserve,
+            on_progress,
+            step_timeout=step_timeout,
+        )
+        return AsyncRunHandle(handle, self._pool)
+
+    async def orchestrate(
+        self,
+        goal: str,
+        planner: Planner,
+        mode: str = "execute",
+        call_budget: int | None = None,
+        partial: bool = False,
+        require_approval: bool = False,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        max_passes: int = 3,
+    ) -> Outcome:
+        """Plan toward a goal and run it (O1-O5); the planner is called from a thread."""
+        return await self._pool.run_long(
+            self._sync.orchestrate,
+            goal,
+            planner,
+            mode,
+            call_budget,
+            partial,
+            require_approval,
+            reserve=reserve,
+            on_progress=on_progress,
+            max_passes=max_passes,
+        )
+
+    async def resume(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: dict[str, str] | None = None,
+        approve: bool = False,
+        clarification: str | None = None,
+        *,
+        planner: Planner | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        take_over: bool = False,
+    ) -> ExecuteResult | Outcome:
+        """Rebuild a run from the journal and carry on (E14, O3, O4); await its result."""
+        handle = await self.resume_start(
+            run_id,
+            call_budget,
+            answers,
+            approve,
+            clarification,
+            planner=planner,
+            reserve=reserve,
+            on_progress=on_progress,
+            take_over=take_over,
+        )
+        return await handle.result()
+
+    async def resume_start(
+        self,
+        run_id: str,
+        call_budget: int | None = None,
+        answers: dict[str, str] | None = None,
+        approve: bool = False,
+        clarification: str | None = None,
+        *,
+        planner: Planner | None = None,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        take_over: bool = False,
+    ) -> AsyncRunHandle[ExecuteResult | Outcome]:
+        """Start resuming a run like :meth:`resume` and return its handle (A2)."""
+        handle = await self._pool.run(
+            self._sync.resume_start,
+            run_id,
+            call_budget,
+            answers,
+            approve,
+            clarification,
+            planner=planner,
+            reserve=reserve,
+            on_progress=on_progress,
+            take_over=take_over,
+        )
+        return AsyncRunHandle(handle, self._pool)
+
+    async def cancel(self, run_id: str) -> bool:
+        """Ask a running run or orchestration to stop scheduling (E5)."""
+        return await self._pool.run(self._sync.cancel, run_id)
+
+    async def refresh(self) -> int:
+        """Fold events other processes appended since; return the position reached."""
+        return await self._pool.run(self._sync.refresh)
+
+    async def close(self, drain: float | None = None) -> None:
+        """Drain, suspend what is unfinished, close the journal (R3), then the pool. Idempotent.
+
+        A second call waits for the first; cancelling the awaiting task does not stop the close.
+        """
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._close(drain))
+        await asyncio.shield(self._closing)
+
+    async def _close(self, drain: float | None) -> None:
+        try:
+            await self._pool.run(self._sync.close, drain)
+        finally:
+            self._pool.shutdown()
+
+    async def __aenter__(self) -> AsyncRuntime:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+
+class _Opening:
+    """What :func:`open` returns: ``await`` it, or use it as ``async with``."""
+
+    def __init__(self, url: str | None, workers: int, options: dict[str, Any]) -> None:
+        self._url = url
+        self._workers = workers
+        self._options = options
+        self._runtime: AsyncRuntime | None = None
+
+    async def _open(self) -> AsyncRuntime:
+        loop = asyncio.get_running_loop()
+        pool = _Pool(self._workers, loop)
+        try:
+            # Opening replays the journal: in the pool, never on the loop.
+            runtime = await pool.run(Runtime, self._url, loop=loop, **self._options)
+        except BaseException:
+            pool.shutdown()
+            raise
+        return AsyncRuntime(runtime, pool)
+
+    def __await__(self) -> Generator[Any, None, AsyncRuntime]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> AsyncRuntime:
+        self._runtime = await self._open()
+        return self._runtime
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if self._runtime is not None:
+            await self._runtime.close()
+
+
+def open(
+    url: str | None = None,
+    *,
+    organization: str | None = None,
+    clock: Clock | None = None,
+    embedder: Embedder | None = None,
+    agents: bool = True,
+    follow: float | None = 0.2,
+    drain: float = DRAIN,
+    workers: int = WORKERS,
+) -> _Opening:
+    """Open an asyncio runtime over the journal at ``url``: ``await`` it or ``async with`` it.
+
+    Takes the keywords of :func:`journaled.open`, plus ``workers``: the size of the thread pool
+    the runtime's blocking calls run in (default 8). ``async def`` steps run on the loop that
+    opens it.
+
+    Raises:
+        ConfigurationError: a bad keyword (raised when awaited).
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigurationError(f"workers must be a positive int, got {workers!r}")
+    options: dict[str, Any] = {
+        "organization": organization,
+        "clock": clock,
+        "embedder": embedder,
+        "agents": agents,
+        "follow": follow,
+        "drain": drain,
+    }
+    return _Opening(url, workers, options)
