@@ -21,7 +21,7 @@ from typing import Any
 
 import pykka
 
-from journaled.actors.directory import Inbox
+from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import (
     RunNotFound,
     RunNotResumable,
@@ -102,7 +102,9 @@ _DRIVEN_IN_PROCESS: set[str] = set()
 class Orchestrations:
     """Start and resume orchestrations over the runs of one runtime."""
 
-    def __init__(self, journal: Journal, runs: Runs, clock: Callable[[], int]) -> None:
+    def __init__(
+        self, journal: Journal, runs: Runs, clock: Callable[[], int], directory: Directory
+    ) -> None:
         self._journal = journal
         self._runs = runs
         self._clock = clock
@@ -113,7 +115,7 @@ class Orchestrations:
         self._cancelled: set[str] = set()
         self._actors: dict[str, tuple[Any, Future[Outcome]]] = {}
         """run id -> the orchestrator actor driving it now, and the future its answer completes."""
-        self._directory = runs.directory
+        self._directory = directory
         self._inbox = Inbox(self._directory, "orchestrations")
 
     # -- entry points ----------------------------------------------------------------------------

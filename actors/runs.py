@@ -672,14 +672,9 @@ class Runs:
             claim.tell(Suspend())
         return self.wait_idle(_STOP_TIMEOUT)
 
-    def close_inbox(self) -> None:
+    def _close_inbox(self) -> None:
         """Fail every run still awaited here: the runtime is closed (its executors stopped)."""
         self._inbox.close()
-
-    @property
-    def directory(self) -> Directory:
-        """Return the runtime's directory of addresses (ADR 0024)."""
-        return self._services.directory
 
     @property
     def closing(self) -> bool:

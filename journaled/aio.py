@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import threading
 from collections.abc import Callable, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -101,24 +100,6 @@ class _Pool:
         """Refuse further calls; the workers end (nothing is left running once close returned)."""
         self.closed = True
         self.executor.shutdown(wait=False)
-
-    async def run_long(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-        """Run a call that lasts as long as a run (an orchestration) in a thread of its own.
-
-        Not in the pool: a few long calls would hold every worker and starve short ones (and a
-        planner that awaits memory through the loop would wait for a worker forever).
-        """
-        self.check_loop()
-        done: Future[T] = Future()
-
-        def run() -> None:
-            try:
-                done.set_result(fn(*args, **kwargs))
-            except BaseException as exc:  # handed to the awaiting task
-                done.set_exception(exc)
-
-        threading.Thread(target=run, name="journaled-aio-orchestrate", daemon=True).start()
-        return await asyncio.wrap_future(done)
 
 
 class AsyncRunHandle(Generic[R]):
@@ -464,6 +445,9 @@ class AsyncRuntime:
         self.memory = AsyncMemory(runtime.memory, pool)
         self.runs = AsyncRuns(runtime.runs, pool)
         self.journal = AsyncJournal(runtime.journal, pool)
+        self.protocol = runtime.protocol
+        """The door for other actor systems (A4, docs/protocol.md): the same as the sync runtime's;
+        its methods only tell messages, so they never block this loop."""
         self._closing: asyncio.Future[None] | None = None
 
     # -- registration: plain methods ---------------------------------------------------------------
@@ -542,9 +526,11 @@ class AsyncRuntime:
         on_progress: Progress | None = None,
         max_passes: int = 3,
     ) -> Outcome:
-        """Plan toward a goal and run it (O1-O5); the planner is called from a thread."""
-        return await self._pool.run_long(
-            self._sync.orchestrate,
+        """Plan toward a goal and run it (O1-O5); await its outcome.
+
+        The planner is called by the orchestration's planner worker (a thread), never on this loop.
+        """
+        handle = await self.orchestrate_start(
             goal,
             planner,
             mode,
@@ -555,6 +541,35 @@ class AsyncRuntime:
             on_progress=on_progress,
             max_passes=max_passes,
         )
+        return await handle.result()
+
+    async def orchestrate_start(
+        self,
+        goal: str,
+        planner: Planner,
+        mode: str = "execute",
+        call_budget: int | None = None,
+        partial: bool = False,
+        require_approval: bool = False,
+        *,
+        reserve: Reserve | None = None,
+        on_progress: Progress | None = None,
+        max_passes: int = 3,
+    ) -> AsyncRunHandle[Outcome]:
+        """Start an orchestration and return its handle once it is journaled (A2, O1-O5)."""
+        handle = await self._pool.run(
+            self._sync.orchestrate_start,
+            goal,
+            planner,
+            mode,
+            call_budget,
+            partial,
+            require_approval,
+            reserve=reserve,
+            on_progress=on_progress,
+            max_passes=max_passes,
+        )
+        return AsyncRunHandle(handle, self._pool)
 
     async def resume(
         self,

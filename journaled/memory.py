@@ -245,7 +245,7 @@ class Memory:
             self._inbox.forget(correlation)
         return answer.fact
 
-    def close_inbox(self) -> None:
+    def _close_inbox(self) -> None:
         """Fail every remember still awaiting its answer: the runtime is closed."""
         self._inbox.close()
 

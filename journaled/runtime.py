@@ -216,7 +216,9 @@ class Runtime:
             self._actors.scrubber,
             self._services,
         )
-        self._orchestrations = Orchestrations(self._journal, self.runs, clock or system_clock)
+        self._orchestrations = Orchestrations(
+            self._journal, self.runs, clock or system_clock, self._directory
+        )
         self.protocol = ProtocolDoor(self, self._actors.writer, self._directory)
         """The door for other actor systems and processes: requests by message (A4, ADR 0030)."""
         self._closed = False
@@ -534,8 +536,8 @@ class Runtime:
             self._actors.stop()
         finally:
             self._services.loop.close()
-            self.memory.close_inbox()
-            self.runs.close_inbox()
+            self.memory._close_inbox()
+            self.runs._close_inbox()
             self._journal.close()
 
     def __enter__(self) -> Runtime:
