@@ -253,6 +253,66 @@ def test_two_resumes_from_threads_one_executes_the_other_is_refused(
     assert kinds.count("run.finished") == 2, kinds  # the budget stop, then the completion
 
 
+def test_resumes_while_the_first_executor_is_still_stopping_are_refused(
+    runtime: journaled.Runtime,
+) -> None:
+    """R8: while a cancelled run waits for its step in flight, resumes from threads are refused."""
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def hold(x: object) -> object:
+        entered.set()
+        gate.wait(WAIT)  # ignores the cancel: the executor stops only once this returns
+        return x
+
+    runtime.register_tool("hold", hold)
+    steps = [Step("a", tool="hold", input=1), Step("b", tool="hold", depends_on=["a"])]
+    handle = runtime.start(Plan(goal="g", steps=steps))
+    assert entered.wait(WAIT)
+    assert handle.cancel()
+    barrier = threading.Barrier(3)
+
+    def resume() -> Any:
+        barrier.wait(WAIT)
+        return runtime.resume_start(handle.run_id)
+
+    racers = [in_thread(resume) for _ in range(3)]
+    for thread, _ in racers:
+        thread.join(WAIT)
+    outcomes = [out[0] for _, out in racers]
+    assert all(isinstance(o, RunOwnedElsewhere) for o in outcomes), outcomes
+    gate.set()
+    assert not handle.result(timeout=WAIT).ok
+    assert _status(runtime, handle.run_id) == "cancelled"
+    kinds = [e.kind for e in runtime.runs.history(handle.run_id)]
+    assert kinds.count("run.started") == 1
+    assert "run.resumed" not in kinds
+    wait_for(lambda: _idle(runtime), WAIT)
+
+
+def test_an_executor_crash_before_the_opening_commit_raises_from_start(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A2/R8: an executor that fails on Begin makes start raise that error; the claim is freed."""
+    runtime.register_tool("echo", lambda x: x)
+
+    def crash(self: Executor) -> None:
+        raise ValueError("cannot begin")
+
+    monkeypatch.setattr(Executor, "_advance", crash)
+    starter, out = in_thread(runtime.start, Plan(goal="g", steps=[Step("a", tool="echo")]))
+    starter.join(WAIT)
+    assert not starter.is_alive()
+    (got,) = out
+    if isinstance(got, journaled.RunHandle):  # the opening was committed before the crash
+        with pytest.raises(ValueError, match="cannot begin"):
+            got.result(timeout=WAIT)
+    else:
+        assert isinstance(got, ValueError), repr(got)
+        assert "cannot begin" in str(got)
+    wait_for(lambda: _idle(runtime), WAIT)
+
+
 # -- close against handles and start -----------------------------------------------------------
 
 
@@ -296,6 +356,31 @@ def test_close_while_starts_race_it_never_hangs(sqlite_url: str) -> None:
             assert isinstance(got, RuntimeClosed), repr(got)
 
 
+def test_a_step_may_close_its_own_runtime(sqlite_url: str) -> None:
+    """R3: a tool that closes its own runtime does not deadlock; its run is suspended."""
+    rt = journaled.open(sqlite_url)
+
+    def closer(x: object) -> object:
+        rt.close(drain=0)
+        return x
+
+    rt.register_tool("closer", closer)
+    handle = rt.start(Plan(goal="g", steps=[Step("a", tool="closer", input=1)]))
+    assert handle.result(timeout=WAIT).suspended
+    rt.close()
+
+
+@pytest.mark.xfail(
+    strict=True, reason="Memory.request_remember lets pykka.ActorDeadError out after close"
+)
+def test_remember_after_close_raises_runtime_closed(sqlite_url: str) -> None:
+    """R3/A4: remember on a closed runtime raises RuntimeClosed, not an actor library error."""
+    rt = journaled.open(sqlite_url)
+    rt.close()
+    with pytest.raises(RuntimeClosed):
+        rt.memory.remember("too late")
+
+
 # -- async user code ---------------------------------------------------------------------------
 
 
@@ -323,6 +408,23 @@ def test_an_async_step_that_ignores_cancellation_does_not_hold_the_run(
     stop.set()
     assert not result.ok
     assert _status(runtime, handle.run_id) == "cancelled"
+
+
+def test_an_async_step_raising_cancelled_error_itself_fails_without_cancelling_the_run(
+    runtime: journaled.Runtime,
+) -> None:
+    """A1/E11: an async tool that raises CancelledError on its own fails its step, not the run."""
+
+    async def gives_up(_: object) -> None:
+        raise asyncio.CancelledError
+
+    runtime.register_tool("gives_up", gives_up)
+    runtime.register_tool("echo", lambda x: x)
+    plan = Plan(goal="g", steps=[Step("a", tool="gives_up"), Step("b", tool="echo", input=1)])
+    result = runtime.start(plan).result(WAIT)
+    assert not result.ok
+    assert _status(runtime, result.run_id) == "failed"
+    assert {o.step_id: o.ok for o in result.observations} == {"a": False, "b": True}
 
 
 def test_an_async_generator_or_a_coroutine_of_a_coroutine_fails_its_step_clearly(
