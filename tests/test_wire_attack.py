@@ -22,6 +22,7 @@ from journaled import Plan, Step
 from journaled.actors.directory import Directory, failure, rebuild_error
 from journaled.actors.errors import InvalidFact, RunOwnedElsewhere, RuntimeClosed
 from journaled.actors.executor import Executor
+from journaled.actors.runs import Runs
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent, PlanRejected
 from journaled.testing import wait_for
 
@@ -210,6 +211,47 @@ def test_an_executor_crash_surfaces_with_its_class_text_and_field(
         handle.result(timeout=WAIT)
     assert str(caught.value) == str(error)
     assert getattr(caught.value, "field", None) == getattr(error, "field", None)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="Runs._start raises the run's error once opened is set, even if the opening committed",
+)
+def test_start_hands_back_a_run_whose_opening_committed_even_if_it_then_crashed(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A2: a run in the journal is handed back by start, so its id is known, crash or not."""
+    runtime.register_tool("echo", lambda x: x)
+
+    def crash(self: Executor) -> None:
+        raise ValueError("crashed after the opening commit")
+
+    class LateWaker(threading.Event):
+        """The starting thread wakes only once the crashed executor has answered."""
+
+        def wait(self, timeout: float | None = None) -> bool:
+            super().wait(timeout)
+            wait_for(lambda: not runtime.runs._active, WAIT)
+            return True
+
+    real_claim = Runs._claim
+
+    def claim(self: Runs, run_id: str) -> Any:
+        held = real_claim(self, run_id)
+        held.opened = LateWaker()
+        return held
+
+    monkeypatch.setattr(Executor, "_arm_heartbeat", crash)  # runs once Begin has committed
+    monkeypatch.setattr(Runs, "_claim", claim)
+    before = runtime.journal.position()
+    try:
+        handle = runtime.start(Plan(goal="g", steps=[Step("a", tool="echo", input=1)]))
+    finally:
+        wait_for(lambda: _idle(runtime), WAIT)
+        assert runtime.journal.position() > before  # the run is in the journal
+    with pytest.raises(ValueError, match="crashed after the opening commit"):
+        handle.result(timeout=WAIT)
+    assert runtime.runs.history(handle.run_id)[0].kind == "run.started"
 
 
 # -- cancel against start, end and deadlines ---------------------------------------------------
