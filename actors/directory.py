@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import logging
 import os
 import threading
 from concurrent.futures import Future, InvalidStateError
@@ -22,7 +23,9 @@ from journaled.actors import errors as actor_errors
 from journaled.events import errors as event_errors
 from journaled.events.messages import Failure
 
-__all__ = ["Directory", "Inbox", "Mailbox", "rebuild_error"]
+__all__ = ["Directory", "Inbox", "Mailbox", "failure", "rebuild_error"]
+
+log = logging.getLogger("journaled.directory")
 
 
 class Mailbox(Protocol):
@@ -81,6 +84,10 @@ class Directory:
             box.tell(message)
         except pykka.ActorDeadError:
             self.unregister(address, box)
+            return False
+        except Exception:  # a foreign mailbox's failure is its own, never its sender's
+            log.warning("the mailbox at %s failed to take a message; it is dropped", address)
+            log.debug("why the mailbox failed", exc_info=True)
             return False
         return True
 
@@ -151,14 +158,45 @@ class Inbox:
 
 
 def failure(correlation: str, exc: BaseException) -> Failure:
-    """Describe an error as a reply message (its class by name, its text, its field if any)."""
+    """Describe an error as a reply message: its class by name, its text, its plain attributes.
+
+    The text is the one string the error was raised with when there is one (so a ``KeyError``
+    is not quoted twice once rebuilt), else what ``str()`` shows.
+    """
+    args = exc.args
+    message = _text(exc)
+    if len(args) == 1 and isinstance(args[0], str) and message in (args[0], repr(args[0])):
+        message = args[0]  # KeyError shows its argument quoted: rebuilt from it, it reads the same
     field = getattr(exc, "field", None)
     return Failure(
         correlation=correlation,
         error=type(exc).__name__,
-        message=str(exc),
+        message=message,
         field=field if isinstance(field, str) else None,
+        attributes=_plain_attributes(exc),
     )
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        return str(exc)
+    except Exception:  # an error whose __str__ fails still has a name
+        return f"{type(exc).__name__} (its message could not be read)"
+
+
+def _plain_attributes(exc: BaseException) -> dict[str, Any]:
+    """Return the error's public attributes that are plain data, lists of it as lists."""
+    plain: dict[str, Any] = {}
+    for name, value in vars(exc).items() if hasattr(exc, "__dict__") else ():
+        if name.startswith("_"):
+            continue
+        if value is None or isinstance(value, str | int | float | bool):
+            plain[name] = value
+        elif isinstance(value, list | tuple) and all(
+            isinstance(v, str | int) and not isinstance(v, bool) for v in value
+        ):
+            plain[name] = list(value)
+    return plain
 
 
 _BUILTIN_ERRORS: dict[str, type[Exception]] = {
@@ -191,6 +229,9 @@ def rebuild_error(reply: Failure) -> Exception:
         return actor_errors.ActorsError(f"{reply.error}: {reply.message}")
     exc = cls.__new__(cls)
     Exception.__init__(exc, reply.message)
+    for name, value in reply.attributes.items():
+        with contextlib.suppress(AttributeError, TypeError):
+            setattr(exc, name, value)
     if reply.field is not None:
         exc.field = reply.field  # type: ignore[attr-defined]
     return exc

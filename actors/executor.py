@@ -229,6 +229,11 @@ class Executor(pykka.ThreadingActor):
         if self._heartbeat is not None:
             self._heartbeat.cancel()
         self.services.directory.unregister(self.address, self.actor_ref)
+        for undispatched in self._to_dispatch:  # their workers, which would close them, never ran
+            self.services.cancellations.close(
+                undispatched.run_id, undispatched.step.id, undispatched.attempt
+            )
+        self._to_dispatch = []
         self._stop_workers()
         reply: object
         if self._result is not None:

@@ -95,6 +95,7 @@ class LoopRunner:
         self._own = loop is None
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
         self._running: set[Future[Any]] = set()
         """The tasks of steps running now: closing the runner cancels them."""
 
@@ -139,12 +140,30 @@ class LoopRunner:
         try:
             return future.result()
         except (CancelledError, asyncio.CancelledError):
+            if (token is not None and token.is_set()) or self._closed:
+                raise StepCancelled(
+                    "cancelled: the run was cancelled, the step's deadline passed or the runtime "
+                    "closed"
+                ) from None
             raise StepCancelled(
-                "cancelled: the run was cancelled, the step's deadline passed or the runtime closed"
+                "the step's coroutine raised CancelledError though nothing cancelled it"
             ) from None
         finally:
             with self._lock:
                 self._running.discard(future)
+
+    def in_loop_thread(self) -> bool:
+        """Tell whether the caller runs on this runner's loop.
+
+        Such a caller must not block waiting for a run: the run's async steps need that loop.
+        """
+        loop = self._loop
+        if loop is None:
+            return False
+        try:
+            return asyncio.get_running_loop() is loop
+        except RuntimeError:
+            return False
 
     def close(self) -> None:
         """Cancel the step tasks still running, and stop the loop this runner owns.
@@ -154,6 +173,7 @@ class LoopRunner:
         for a loop that stops.
         """
         with self._lock:
+            self._closed = True
             running, self._running = list(self._running), set()
             loop, thread = self._loop, self._thread
             if self._own:

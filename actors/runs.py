@@ -154,6 +154,49 @@ def _normalise(plan: Plan, run_id: str) -> Plan:
     return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
 
 
+class _Opened(threading.Event):
+    """Set by the run's recorder at its first commit; setting it also wakes ``start``."""
+
+    def __init__(self, woken: threading.Event) -> None:
+        super().__init__()
+        self._woken = woken
+
+    def set(self) -> None:
+        """Mark the opening committed and wake whoever waits for it."""
+        super().set()
+        self._woken.set()
+
+
+_IN_PROCESS_LOCK = threading.Lock()
+_EXECUTING_IN_PROCESS: dict[str, int] = {}
+"""Run id -> how many claims runtimes of this process hold on it now: one, unless a resume
+with ``take_over`` forced a second (R8, also across runtimes)."""
+
+
+def _hold_in_process(run_id: str, take_over: bool) -> None:
+    with _IN_PROCESS_LOCK:
+        if _EXECUTING_IN_PROCESS.get(run_id) and not take_over:
+            raise RunOwnedElsewhere(
+                f"run {run_id} is being executed in this process right now (by another "
+                "runtime); wait for that execution to end before resuming it"
+            )
+        _EXECUTING_IN_PROCESS[run_id] = _EXECUTING_IN_PROCESS.get(run_id, 0) + 1
+
+
+def _let_go_in_process(run_id: str) -> None:
+    with _IN_PROCESS_LOCK:
+        left = _EXECUTING_IN_PROCESS.get(run_id, 1) - 1
+        if left > 0:
+            _EXECUTING_IN_PROCESS[run_id] = left
+        else:
+            _EXECUTING_IN_PROCESS.pop(run_id, None)
+
+
+def _holds_in_process(run_id: str) -> int:
+    with _IN_PROCESS_LOCK:
+        return _EXECUTING_IN_PROCESS.get(run_id, 0)
+
+
 @dataclass
 class _Claim:
     """This runtime's hold on one run id, taken before the run's state is read (R8)."""
@@ -162,10 +205,15 @@ class _Claim:
     """The run's executor actor, once started."""
     token: threading.Event = field(default_factory=threading.Event)
     """The run's cancel token."""
-    opened: threading.Event = field(default_factory=threading.Event)
+    woken: threading.Event = field(default_factory=threading.Event)
+    """Set at the opening commit or when the run stopped, whichever comes first."""
+    opened: threading.Event = field(init=False)
     """Set once the run's opening events are committed."""
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the executor exists (or the claim is dropped): what close() waits for first."""
+
+    def __post_init__(self) -> None:
+        self.opened = _Opened(self.woken)
 
     def tell(self, message: object) -> None:
         """Tell the executor, if it exists and has not stopped (it may just have ended)."""
@@ -190,19 +238,24 @@ class RunHandle(Generic[R]):
         future: Future[R],
         cancel: Callable[[str], bool],
         state: Callable[[str], Any],
+        may_wait: Callable[[], None] | None = None,
     ) -> None:
         self.run_id = run_id
         self.future = future
         """Completed with the result (or the error) when the run stops executing."""
         self._cancel = cancel
         self._state = state
+        self._may_wait = may_wait
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the run to stop (completed, failed, waiting, suspended, ...); return its result.
 
         Raises:
             TimeoutError: it did not stop within ``timeout`` seconds (it goes on executing).
+            RuntimeError: called from the event loop async steps run on, which it would block.
         """
+        if self._may_wait is not None and not self.future.done():
+            self._may_wait()
         return self.future.result(timeout)
 
     def done(self) -> bool:
@@ -389,7 +442,7 @@ class Runs:
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
         """
-        claim = self._claim(run_id)
+        claim = self._claim(run_id, take_over)
         try:
             state, opening, reserve = self._reopen(
                 run_id, call_budget, answers, reserve, on_progress, take_over
@@ -470,7 +523,7 @@ class Runs:
         )
         return state, opening, reserve
 
-    def _claim(self, run_id: str) -> _Claim:
+    def _claim(self, run_id: str, take_over: bool = False) -> _Claim:
         """Hold a run id for one executor of this runtime, or raise RunOwnedElsewhere (R8)."""
         with self._lock:
             if run_id in self._active:
@@ -483,6 +536,7 @@ class Runs:
                     f"cannot run {run_id}: the runtime is closing; open a new one to run or "
                     "resume it"
                 )
+            _hold_in_process(run_id, take_over)
             claim = _Claim()
             self._active[run_id] = claim
             return claim
@@ -492,6 +546,7 @@ class Runs:
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
+                _let_go_in_process(run_id)
         claim.ready.set()
 
     def check_free(self, run_id: str, take_over: bool = False) -> None:
@@ -512,6 +567,12 @@ class Runs:
                     raise RunNotResumable(f"run {run_id} is executing in this runtime right now")
         if state.is_finished or state.suspended is not None or not state.owner:
             return None  # a suspended run's owner let it go (R3)
+        if state.owner == this_process():
+            others = _holds_in_process(run_id) - (1 if claimed else 0)
+            if others <= 0:
+                # This process owns it and no other executor of it holds it: the one that did
+                # stopped (it crashed); nobody to wait for (R8).
+                return None
         now = self._clock()
         if owner_alive(state.owner, state.last_at, now) and not take_over:
             raise RunOwnedElsewhere(
@@ -574,7 +635,7 @@ class Runs:
 
         def settle(answer: Future[Any]) -> None:
             self._forget(run_id, claim, parent)
-            claim.opened.set()  # whoever waits for the opening (below) waits no more
+            claim.woken.set()  # whoever waits for the opening (below) waits no more
             error = answer.exception()
             if error is not None:
                 done.set_exception(error)
@@ -596,13 +657,28 @@ class Runs:
         if closing:
             executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
         executor.tell(Begin())
-        handle: RunHandle[ExecuteResult] = RunHandle(run_id, done, self.cancel, self.current)
+        handle: RunHandle[ExecuteResult] = RunHandle(
+            run_id, done, self.cancel, self.current, self._check_may_wait
+        )
         # Return once the opening events are in the journal, so that the id can be read at once;
         # a run that ends before (it failed to append) has nothing more to wait for.
-        claim.opened.wait()
-        if done.done() and done.exception() is not None:
+        claim.woken.wait()
+        if not claim.opened.is_set() and done.exception() is not None:
             done.result()  # the run could not even begin: raise its error here
+        # Begun, even if it stopped since: the caller gets its id, and its error from result().
         return handle
+
+    def _check_may_wait(self) -> None:
+        """Refuse to block the event loop that async steps run on, waiting for a run (A1).
+
+        The run's own async steps would wait for that loop, and the loop for the run: a deadlock.
+        """
+        if self._services.loop.in_loop_thread():
+            raise RuntimeError(
+                "waiting for a run would block the event loop async steps run on, and the run's "
+                "own async steps need it: from an async step use `await ctx.execute_async(plan)` "
+                "(agents), or the asyncio runtime's `await rt.execute(...)`"
+            )
 
     def _forget(self, run_id: str, claim: _Claim, parent: tuple[str, str] | None) -> None:
         """Drop a run that stopped executing: its claim and its place among its parent's."""
@@ -610,6 +686,7 @@ class Runs:
         with self._lock:
             if self._active.get(run_id) is claim:
                 del self._active[run_id]
+                _let_go_in_process(run_id)
             self._children.pop(run_id, None)
             if parent is not None:
                 siblings = self._children.get(parent[0])

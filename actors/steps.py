@@ -188,7 +188,13 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
 
 
 def _error_text(exc: BaseException) -> str:
-    return storable_text(str(exc) or type(exc).__name__)
+    try:
+        text = str(exc)
+    except Exception:  # user code's __str__ may raise too: the step still fails, named
+        text = f"{type(exc).__name__} (its message could not be read)"
+    if isinstance(exc, SystemExit | KeyboardInterrupt):
+        text = f"{type(exc).__name__}({text})" if text else type(exc).__name__
+    return storable_text(text or type(exc).__name__)
 
 
 def storable_text(text: str, limit: int = 4096) -> str:
@@ -228,7 +234,7 @@ def run_callable(
     try:
         output = call_user(fn, (step.input,), loop, token)
         stored = journalable(output, f"the output of {kind} {step.target!r}")
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit from user code fails its step, not the process
         return Observation(
             step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=_error_text(exc)
         )
@@ -277,7 +283,7 @@ def _observe_agent(
             **base, ok=False, code="agent-waiting", error=question, agent_task_id=task
         )
         return obs, question
-    except Exception as exc:
+    except BaseException as exc:  # SystemExit from user code fails its step, not the process
         task = ctx.child_runs[-1] if ctx.child_runs else None
         obs = Observation(
             **base, ok=False, code="agent-failed", error=_error_text(exc), agent_task_id=task

@@ -27,7 +27,10 @@ class Failure(Message, frozen=True, kw_only=True, tag="reply.failure"):
     error: str
     """The exception's class name, e.g. ``InvalidFact``."""
     message: str
+    """Its text: the one string it was raised with, else what ``str()`` showed."""
     field: str | None = None
+    attributes: dict[str, str | int | float | bool | list[str | int] | None] = {}
+    """Its public attributes that are plain data (``step_id``, ``streams``, ...)."""
 
 
 class Remembered(Message, frozen=True, kw_only=True, tag="memory.remembered"):

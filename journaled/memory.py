@@ -9,9 +9,11 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 import msgspec
+import pykka
 
 from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.directory import Directory, Inbox
+from journaled.actors.errors import RuntimeClosed
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -256,9 +258,17 @@ class Memory:
         the caller waits on it however suits it (a thread, an event loop).
         """
         correlation, reply = self._inbox.expect()
-        self._writer.tell(
-            msgspec.structs.replace(request, reply_to=self._inbox.address, correlation=correlation)
-        )
+        try:
+            self._writer.tell(
+                msgspec.structs.replace(
+                    request, reply_to=self._inbox.address, correlation=correlation
+                )
+            )
+        except pykka.ActorDeadError:
+            self._inbox.forget(correlation)
+            raise RuntimeClosed(
+                "the runtime is closed: open a new one with journaled.open()"
+            ) from None
         return correlation, reply
 
     def get(self, fact_id: str) -> Fact | None:

@@ -48,10 +48,6 @@ def _idle(rt: journaled.Runtime) -> bool:
 # -- Failure replies: the error a caller gets is the error that was raised ------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rebuild_error gives KeyError its already quoted str: the text is quoted twice",
-)
 def test_a_rebuilt_key_error_reads_as_the_original() -> None:
     """A4: a KeyError crossing a Failure reads (str) as it did where it was raised."""
     original = KeyError("missing")
@@ -68,10 +64,6 @@ def test_a_rebuilt_plan_rejected_keeps_its_text_and_class() -> None:
     assert str(rebuilt) == str(original)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rebuild_error skips the constructor, so PlanRejected.step_id and .reason are lost",
-)
 def test_a_rebuilt_plan_rejected_still_names_its_step() -> None:
     """A4: PlanRejected crossing a Failure still names the step it rejects (step_id)."""
     rebuilt = rebuild_error(failure("c1", PlanRejected("a", "bad")))
@@ -79,10 +71,6 @@ def test_a_rebuilt_plan_rejected_still_names_its_step() -> None:
     assert getattr(rebuilt, "step_id", None) == "a"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="rebuild_error skips the constructor, so ConcurrencyConflict.streams is lost",
-)
 def test_a_rebuilt_concurrency_conflict_still_names_its_streams() -> None:
     """A4: ConcurrencyConflict crossing a Failure still names the streams that conflicted."""
     rebuilt = rebuild_error(failure("c1", ConcurrencyConflict(["run-1"], "version 3 taken")))
@@ -114,9 +102,6 @@ def test_an_unknown_error_class_arrives_as_an_actors_error_naming_it() -> None:
     assert "boom" in str(rebuilt)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Directory.tell lets a mailbox's own error out to the sender"
-)
 def test_a_mailbox_that_raises_never_fails_its_sender() -> None:
     """A4: a reply to a mailbox whose tell raises is dropped (False); the sender never fails."""
 
@@ -157,10 +142,6 @@ def test_an_executor_crash_fails_the_handle_releases_the_claim_and_resume_works(
     assert result.observations[0].output == 1
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_check_free calls this process, whose executor died, 'another process' (live owner)",
-)
 def test_after_an_executor_crash_this_process_resumes_without_take_over(
     runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -213,10 +194,6 @@ def test_an_executor_crash_surfaces_with_its_class_text_and_field(
     assert getattr(caught.value, "field", None) == getattr(error, "field", None)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Runs._start raises the run's error once opened is set, even if the opening committed",
-)
 def test_start_hands_back_a_run_whose_opening_committed_even_if_it_then_crashed(
     runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -479,9 +456,6 @@ def test_a_step_may_close_its_own_runtime(sqlite_url: str) -> None:
     rt.close()
 
 
-@pytest.mark.xfail(
-    strict=True, reason="Memory.request_remember lets pykka.ActorDeadError out after close"
-)
 def test_remember_after_close_raises_runtime_closed(sqlite_url: str) -> None:
     """R3/A4: remember on a closed runtime raises RuntimeClosed, not an actor library error."""
     rt = journaled.open(sqlite_url)
@@ -571,7 +545,7 @@ def test_an_async_agent_calling_sync_execute_gets_a_clear_error(
         ctx.execute(Plan(goal="child", steps=[Step("c", tool="echo", input=1)]))
         return journaled.AgentResult(ok=True, output="unreachable")
 
-    runtime.register_agent("bad", agent)  # type: ignore[arg-type]  # typed for sync agents only
+    runtime.register_agent("bad", agent)
     result = runtime.start(Plan(goal="g", steps=[Step("a", agent="bad")])).result(WAIT)
     assert not result.ok
     (obs,) = result.observations
@@ -591,7 +565,7 @@ def test_an_async_agent_awaits_a_child_plan_of_async_steps(runtime: journaled.Ru
         return journaled.AgentResult(ok=child.ok, output=child.observations[0].output)
 
     runtime.register_tool("aecho", aecho)
-    runtime.register_agent("parent", agent)  # type: ignore[arg-type]  # typed for sync agents only
+    runtime.register_agent("parent", agent)
     result = runtime.start(Plan(goal="g", steps=[Step("a", agent="parent")])).result(WAIT)
     assert result.ok, result.observations
     assert result.observations[0].output == 5
@@ -615,10 +589,6 @@ def test_a_sync_tool_may_execute_another_plan_in_the_same_runtime(
     wait_for(lambda: _idle(runtime), WAIT)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="blocking rt.execute on the step loop waits for a step that needs that loop",
-)
 def test_an_async_tool_executing_a_plan_with_an_async_tool_does_not_deadlock(
     runtime: journaled.Runtime,
 ) -> None:
@@ -642,10 +612,6 @@ def test_an_async_tool_executing_a_plan_with_an_async_tool_does_not_deadlock(
         raise
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="_error_text raises in run_callable's except: no StepDone, the run hangs",
-)
 def test_a_tool_error_whose_text_cannot_be_read_still_fails_its_step(
     runtime: journaled.Runtime,
 ) -> None:
@@ -671,10 +637,6 @@ def test_a_tool_error_whose_text_cannot_be_read_still_fails_its_step(
     assert "Unreadable" in obs.error
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="SystemExit escapes StepWorker.on_receive; pykka then stops every actor of the process",
-)
 def test_a_tool_calling_sys_exit_fails_its_step_and_the_runtime_lives_on(
     runtime: journaled.Runtime,
 ) -> None:
@@ -720,10 +682,6 @@ def test_many_runs_leave_no_address_and_no_token_behind(runtime: journaled.Runti
     assert not runtime.runs._inbox._pending
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="Executor._settle never closes the tokens _start opened for undispatched steps",
-)
 def test_an_executor_crash_between_start_and_dispatch_leaves_no_token(
     runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
