@@ -248,6 +248,8 @@ class RunWhy:
         """Return the first line: the run and how it ended (or that it runs)."""
         state = self.state
         status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
+        if state.forked is not None and not state.resumptions:
+            status = "a fork, not run yet"
         return f"run {self.run_id} — {status}:"
 
     def now(self) -> str:

@@ -9,9 +9,11 @@ from typing import Any
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
+from journaled.cli import main
 from journaled.testing import ManualClock
 
 
@@ -350,3 +352,53 @@ def test_fork_of_an_agent_keeps_its_child_run(runtime: journaled.Runtime) -> Non
     child_fork = runtime.runs.fork(kept, replace={"s1": Step("s1", tool="t", input=9)})
     assert outcome(resumed(runtime, child_fork))["s1"][1] == 9
     assert runtime.runs.lineage(child_fork)[0].run_id == kept
+
+
+def cli(url: str, *args: str) -> Any:
+    """Invoke the command line on a journal."""
+    return CliRunner().invoke(main, ["--url", url, *args])
+
+
+def test_cli_fork_compare_and_show(sqlite_url: str, clock: ManualClock) -> None:
+    """F1-F3: runs fork prints the new id, --json says how to run it; compare; show's lineage."""
+    with journaled.open(sqlite_url, clock=clock, agents=True) as runtime:
+        register(runtime, Side())
+        source = runtime.execute(small_plan()).run_id
+    out = cli(
+        sqlite_url, "runs", "fork", source, "--replace", 'a={"tool": "t2", "input": {"id": "a"}}'
+    )
+    assert out.exit_code == 0, out.output
+    fork = out.output.strip()
+    with journaled.open(sqlite_url) as reader:
+        assert reader.runs.lineage(fork)[-1].forked_from == source
+        assert reader.runs.state(fork).steps["a"].tool == "t2"
+        assert reader.runs.state(fork).steps["b"].depends_on == ["a"]
+    out = cli(sqlite_url, "--json", "runs", "fork", source, "--budget", "4", "--run")
+    assert out.exit_code == 0, out.output
+    made = json.loads(out.output)
+    assert made["forked_from"] == source
+    assert made["ran"] is False
+    assert f"rt.resume({made['run_id']!r})" in made["how"]
+    assert "not registered" in made["how"] or "unknown" in made["how"]
+    with journaled.open(sqlite_url, clock=clock, agents=True) as runtime:
+        register(runtime, Side())
+        resumed(runtime, fork)
+    out = cli(sqlite_url, "--json", "runs", "compare", source, fork)
+    assert out.exit_code == 0, out.output
+    cmp = json.loads(out.output)
+    assert [s["step_id"] for s in cmp["steps"] if s["differs"]] == ["a"]
+    assert cmp["steps"][0]["output_b"] == {"t2": "a", "v": 0}
+    text = cli(sqlite_url, "runs", "compare", source, fork)
+    assert text.exit_code == 0
+    assert "calls used: A" in text.output
+    show = cli(sqlite_url, "--json", "runs", "show", fork)
+    assert [x["run_id"] for x in json.loads(show.output)["lineage"]] == [source, fork]
+    shown = cli(sqlite_url, "runs", "show", fork)
+    assert f"forked from {source} at #" in shown.output
+    bad = cli(sqlite_url, "runs", "fork", source, "--replace", "zz={}")
+    assert bad.exit_code != 0
+    assert "zz" in bad.output
+    assert len(bad.output.strip().splitlines()) == 1
+    bad_json = cli(sqlite_url, "runs", "fork", source, "--replace", "a=nope")
+    assert bad_json.exit_code != 0
+    assert "not JSON" in bad_json.output
