@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 from click.testing import CliRunner
+from crash import kill_when_in_flight
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
@@ -402,3 +404,62 @@ def test_cli_fork_compare_and_show(sqlite_url: str, clock: ManualClock) -> None:
     bad_json = cli(sqlite_url, "runs", "fork", source, "--replace", "a=nope")
     assert bad_json.exit_code != 0
     assert "not JSON" in bad_json.output
+
+
+_CRASH_SCRIPT = r"""
+import json, os, sys, threading
+import journaled
+
+cfg = json.loads(sys.argv[1])
+
+
+def tool(data):
+    with open(cfg["record"], "a", encoding="utf-8") as f:
+        f.write(data["id"] + "\n")
+    if data["id"] == "b":
+        with open(cfg["marker"], "w", encoding="utf-8") as f:
+            f.flush()
+            os.fsync(f.fileno())
+        threading.Event().wait()
+    return data["id"]
+
+
+with journaled.open(cfg["url"]) as rt:
+    rt.register_tool("t", tool)
+    result = rt.resume(cfg["fork"])
+    print(result.ok)
+"""
+
+
+def test_a_fork_killed_mid_execution_resumes_like_any_run(sqlite_url: str, tmp_path: Path) -> None:
+    """F1: a fork whose execution is SIGKILLed mid-step resumes from its own stream."""
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="t", input={"id": "a"}),
+            Step("b", tool="t", input={"id": "b"}, depends_on=["a"]),
+            Step("c", tool="t", input={"id": "c"}, depends_on=["b"]),
+        ],
+    )
+    with journaled.open(sqlite_url) as runtime:
+        runtime.register_tool("t", lambda x: {"first": x["id"]})
+        source = runtime.execute(plan).run_id
+        fork = runtime.runs.fork(
+            source, replace={"b": Step("b", tool="t", input={"id": "b"}, depends_on=["a"])}
+        )
+    record, marker = tmp_path / "record", tmp_path / "b.inflight"
+    config = json.dumps(
+        {"url": sqlite_url, "fork": fork, "record": str(record), "marker": str(marker)}
+    )
+    (tmp_path / "child").mkdir()
+    kill_when_in_flight(_CRASH_SCRIPT, config, [marker], tmp_path / "child")
+    assert record.read_text().split() == ["b"]  # a was carried over, never ran
+    with journaled.open(sqlite_url) as runtime:
+        assert runtime.runs.state(fork).in_flight() == ["b"]
+        runtime.register_tool("t", lambda x: {"again": x["id"]})
+        result = resumed(runtime, fork)
+        assert result.ok
+        assert outcome(result)["a"][1] == {"first": "a"}
+        assert outcome(result)["b"][1] == {"again": "b"}
+        assert outcome(result)["c"][1] == {"again": "c"}
+        assert runtime.runs.state(fork).attempts["b"] == 2
