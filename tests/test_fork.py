@@ -16,6 +16,7 @@ from crash import kill_when_in_flight
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.cli import main
+from journaled.events.orchestration import PassStarted
 from journaled.testing import ManualClock
 
 
@@ -463,3 +464,26 @@ def test_a_fork_killed_mid_execution_resumes_like_any_run(sqlite_url: str, tmp_p
         assert outcome(result)["b"][1] == {"again": "b"}
         assert outcome(result)["c"][1] == {"again": "c"}
         assert runtime.runs.state(fork).attempts["b"] == 2
+
+
+def test_orchestration_refused_its_pass_run_forks(runtime: journaled.Runtime) -> None:
+    """F1: forking an orchestration is refused naming its pass runs; a pass run forks."""
+    side = Side()
+    register(runtime, side)
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", tool="t", input={"id": "a"})])
+
+    out = runtime.orchestrate("g", planner)
+    end = runtime.journal.position()
+    with pytest.raises(ValueError, match="is an orchestration: fork one of its pass runs"):
+        runtime.runs.fork(out.run_id)
+    assert runtime.journal.position() == end
+    pass_run = next(
+        e.data.run for e in runtime.runs.history(out.run_id) if isinstance(e.data, PassStarted)
+    )
+    fork = runtime.runs.fork(pass_run, replace={"a": Step("a", tool="t2", input={"id": "a"})})
+    opening = runtime.runs.state(fork).started
+    assert opening is not None
+    assert opening.parent_run is None  # a run of its own, not a pass
+    assert outcome(resumed(runtime, fork))["a"][1] == {"t2": "a", "v": 0}
