@@ -63,6 +63,7 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     owner: str = ""
     suspended: RunSuspended | None = None
     reserve: str | None = None
+    forked: RunForked | None = None
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -237,6 +238,7 @@ class RunState:
                 owner=self.owner,
                 suspended=self.suspended,
                 reserve=self.reserve,
+                forked=self.forked,
             )
         )
 
@@ -272,6 +274,7 @@ class RunState:
         state.owner = snap.owner
         state.suspended = snap.suspended
         state.reserve = snap.reserve
+        state.forked = snap.forked
         return state
 
     def plan(self) -> Plan:

@@ -17,6 +17,7 @@ import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.cli import main
 from journaled.events.orchestration import PassStarted
+from journaled.events.run_state import RunState
 from journaled.testing import ManualClock
 
 
@@ -487,3 +488,17 @@ def test_orchestration_refused_its_pass_run_forks(runtime: journaled.Runtime) ->
     assert opening is not None
     assert opening.parent_run is None  # a run of its own, not a pass
     assert outcome(resumed(runtime, fork))["a"][1] == {"t2": "a", "v": 0}
+
+
+def test_a_forks_snapshot_keeps_its_origin(runtime: journaled.Runtime) -> None:
+    """F2: a fork's state rebuilt from a snapshot still knows where it was forked from."""
+    side = Side()
+    register(runtime, side)
+    source = runtime.execute(small_plan()).run_id
+    state = runtime.runs.state(runtime.runs.fork(source))
+    assert state.forked is not None
+    restored = RunState.restore(state.snapshot())
+    assert restored is not None
+    assert restored.forked == state.forked
+    assert restored.status == state.status
+    assert restored.calls_used == state.calls_used
