@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 from collections.abc import Iterator
@@ -502,3 +503,23 @@ def test_a_forks_snapshot_keeps_its_origin(runtime: journaled.Runtime) -> None:
     assert restored.forked == state.forked
     assert restored.status == state.status
     assert restored.calls_used == state.calls_used
+
+
+def test_fork_lineage_compare_through_asyncio(sqlite_url: str) -> None:
+    """F1-F3: the asyncio runtime forks, resumes, traces lineage and compares as the sync one."""
+
+    async def story() -> tuple[list[str | None], list[str]]:
+        async with journaled.aio.open(sqlite_url) as rt:
+            rt.register_tool("t", lambda x: x)
+            plan = Plan(goal="g", steps=[Step("a", tool="t", input=1), Step("b", tool="t")])
+            source = await rt.runs.execute(plan)
+            fork = await rt.runs.fork(source.run_id, replace={"b": Step("b", tool="t", input=2)})
+            await rt.runs.resume(fork)
+            lineage = await rt.runs.lineage(fork)
+            cmp = await rt.runs.compare(source.run_id, fork)
+            return [x.forked_from for x in lineage], cmp.differing
+
+    forked_from, differing = asyncio.run(story())
+    assert differing == ["b"]
+    assert forked_from[0] is None
+    assert forked_from[1] is not None
