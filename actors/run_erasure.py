@@ -147,7 +147,9 @@ def _check_finished(journal: Journal, run_id: str, stream: str) -> int:
     if events and isinstance(events[0].data, OrchestrationStarted):
         finished = fold_orchestration(events).ended is not None
     else:
-        finished = fold_run(events).is_finished
+        state = fold_run(events)
+        # A fork never resumed has no pass to end, and nobody executes it (F1).
+        finished = state.is_finished or (state.forked is not None and not state.resumptions)
     if not finished:
         which = "it" if stream == run_id else f"its child run {stream}"
         raise RunNotPurgeable(

@@ -29,20 +29,29 @@ from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
-from journaled.events.base import DomainEvent, Event
+from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.codec import topics_of
 from journaled.events.errors import PlanRejected
+from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, number_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
-from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, diff_results
+from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step, diff_results
 from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState, fold_run
-from journaled.events.runs import AnswersGiven, BudgetRaised, RunResumed, RunStarted
+from journaled.events.runs import (
+    AnswersGiven,
+    BudgetRaised,
+    CarriedStep,
+    RunForked,
+    RunResumed,
+    RunStarted,
+    StepSucceeded,
+)
 
 RUN_PREFIX = "run_"
 MAX_PARALLEL = 1 << 16
@@ -875,6 +884,160 @@ class Runs:
             return explain_orchestration(run_id, events, self._journal.stream)
         return explain_run(run_id, events)
 
+    # -- forks -----------------------------------------------------------------------------------
+
+    def fork(
+        self,
+        run_id: str,
+        at: int | None = None,
+        *,
+        replace: Mapping[str, Step] | None = None,
+        answers: Mapping[str, str] | None = None,
+        call_budget: int | None = None,
+    ) -> str:
+        """Create a run from another's state at a journal position; return its id (F1, F2).
+
+        Steps succeeded at ``at`` (default: now) keep their observations and never run again;
+        every other step is pending, and so is each replaced step and everything downstream of
+        it. Reads the journal only: the source may be executing elsewhere, and is never
+        modified. Nothing runs until ``rt.resume(new_id)``.
+        """
+        first = self._first(run_id)
+        if isinstance(first.data, OrchestrationStarted):
+            raise ValueError(
+                f"run_id {run_id} is an orchestration: fork one of its pass runs instead "
+                "(`runs history` names them at each pass-started)"
+            )
+        end = self._journal.position()
+        if at is None:
+            at = end
+        elif int_problem(at, low=0):
+            raise ValueError(f"at must be a journal position (an int >= 0), got {short(at)}")
+        if at < first.position:
+            raise ValueError(
+                f"at {at} is before run {run_id} began (its first event is at {first.position})"
+            )
+        if at > end:
+            raise ValueError(f"at {at} is past the end of the journal ({end})")
+        if self.state(run_id).purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot fork")
+        state = RunState()
+        charged: dict[str, int] = {}
+        for event in self._journal.stream(run_id, upto=at):
+            state.apply(event)
+            if isinstance(event.data, StepSucceeded):
+                charged[event.data.step_id] = event.data.charged
+        started = state.started
+        assert started is not None
+        budget = check_budget("call_budget", call_budget) if call_budget is not None else None
+        steps = dict(state.steps)
+        replaced = self._replacements(run_id, steps, replace)
+        steps.update(replaced)
+        plan_steps = [steps[i] for i in state.order]
+        repended = downstream(plan_steps, replaced)
+        given = _fork_answers(run_id, at, state.waiting, answers)
+        kept = {o.step_id: o for o in state.observations if state.status[o.step_id] == "succeeded"}
+        carried = tuple(
+            CarriedStep(observation=kept[i], charged=charged.get(i, 0))
+            for i in state.order
+            if state.status[i] == "succeeded" and i not in repended and i in kept
+        )
+        now = self._clock()
+        new_id = new_run_id(now)
+        plan = Plan(
+            goal=started.plan.goal,
+            steps=[msgspec.structs.replace(s, status="pending") for s in plan_steps],
+            id=new_id.replace(RUN_PREFIX, "plan_", 1),
+        )
+        opening = msgspec.structs.replace(
+            started,
+            at=now,
+            run_id=new_id,
+            plan=plan,
+            call_budget=budget if call_budget is not None else state.budget,
+            parent_run=None,
+            parent_step=None,
+            parent_call=None,
+            owner="",
+            reserve=state.reserve,
+        )
+        forked = RunForked(
+            at=now,
+            run_id=new_id,
+            source=run_id,
+            position=at,
+            started=opening,
+            carried=carried,
+            replaced=tuple(i for i in state.order if i in replaced),
+            repended=tuple(repended),
+            answers=given,
+            questions={i: state.questions[i] for i in state.waiting if i in state.questions},
+            budget_from=state.budget,
+        )
+        self._journal.append([Pending(stream=new_id, version=1, data=forked)])
+        return new_id
+
+    def _replacements(
+        self, run_id: str, steps: dict[str, Step], replace: Mapping[str, Step] | None
+    ) -> dict[str, Step]:
+        """Check ``replace`` against the source's steps; return the normalised replacements."""
+        if replace is None:
+            return {}
+        if not isinstance(replace, Mapping):
+            raise ValueError(
+                f"replace must be a dict {{step_id: Step}}, got {type(replace).__name__}"
+            )
+        out: dict[str, Step] = {}
+        for step_id, step in replace.items():
+            where = f"replace[{step_id!r}]"
+            if step_id not in steps:
+                raise ValueError(
+                    f"{where}: run {run_id} has no step {step_id!r} (its steps: {', '.join(steps)})"
+                )
+            if not isinstance(step, Step):
+                raise ValueError(f"{where} must be a journaled.Step, got {type(step).__name__}")
+            old = steps[step_id]
+            if step.id != step_id:
+                raise ValueError(f"{where}.id must stay {step_id!r}, got {short(step.id)}")
+            if sorted(step.depends_on) != sorted(old.depends_on):
+                raise ValueError(
+                    f"{where}.depends_on must stay {sorted(old.depends_on)}, "
+                    f"got {sorted(step.depends_on)}"
+                )
+            if step.kind is None:
+                raise ValueError(f"{where} must name exactly one of skill, tool or agent")
+            try:
+                data = journalable(step.input, "its input")
+            except ValueError as exc:
+                raise ValueError(f"{where}.input: {exc}") from exc
+            out[step_id] = msgspec.structs.replace(
+                step, input=data, depends_on=list(old.depends_on), status="pending"
+            )
+        return out
+
+    def lineage(self, run_id: str) -> list[Lineage]:
+        """Return the chain of forks that led to a run, root first (F2)."""
+        chain: list[Lineage] = []
+        seen: set[str] = set()
+        current: str | None = run_id
+        while current is not None and current not in seen:
+            seen.add(current)
+            data = self._first(current).data
+            if isinstance(data, RunForked):
+                chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
+                current = data.source
+            else:
+                chain.append(Lineage(run_id=current))
+                current = None
+        return chain[::-1]
+
+    def compare(self, run_a: str, run_b: str) -> RunComparison:
+        """Compare two runs step by step: status and output in each, and calls used (F3)."""
+        for name, rid in (("run_a", run_a), ("run_b", run_b)):
+            if isinstance(self._first(rid).data, OrchestrationStarted):
+                raise ValueError(f"{name} {rid} is an orchestration: compare its pass runs")
+        return compare_states(run_a, self.state(run_a), run_b, self.state(run_b))
+
     def wait_idle(self, timeout: float) -> list[str]:
         """Wait up to ``timeout`` s for every executing run to stop; return those still running."""
         deadline = time.monotonic() + timeout
@@ -907,15 +1070,37 @@ class Runs:
 
     def list(self) -> list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
-        topics = [*topics_of(RunStarted), *topics_of(OrchestrationStarted)]
+        topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
+
+
+def _fork_answers(
+    run_id: str, at: int, waiting: list[str], answers: Mapping[str, str] | None
+) -> dict[str, str]:
+    """Check the answers a fork gives: only to steps waiting at ``at``, as text (F1)."""
+    if answers is None:
+        return {}
+    if not isinstance(answers, Mapping):
+        raise ValueError(
+            f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
+        )
+    for step_id, answer in answers.items():
+        if step_id not in waiting:
+            raise ValueError(
+                f"answers[{step_id!r}]: that step of run {run_id} was not waiting for an answer "
+                f"at {at} (waiting then: {', '.join(waiting) or 'none'})"
+            )
+        problem = text_problem(answer)
+        if problem:
+            raise ValueError(f"answers[{step_id!r}] {problem}")
+    return dict(answers)
 
 
 def _check_run(run_id: str, first: Event | None) -> None:
     """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
     if first is None:
         raise RunNotFound(f"no run {run_id!r} in this journal")
-    if not isinstance(first.data, RunStarted | OrchestrationStarted):
+    if not isinstance(first.data, RunStarted | RunForked | OrchestrationStarted):
         raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from journaled.events.base import Event
 from journaled.events.inputs import flat
 from journaled.events.memory_audit import when
@@ -33,6 +35,7 @@ from journaled.events.runs import (
     CallsOverrun,
     CancelRequested,
     RunFinished,
+    RunForked,
     RunPurged,
     RunResumed,
     RunStarted,
@@ -64,6 +67,8 @@ def describe_run_event(event: Event) -> str | None:
     """Say in one line what a run event records (None for routine bookkeeping)."""
     data = event.data
     match data:
+        case RunForked():
+            return describe_fork(data)
         case RunStarted():
             budget = (
                 "no call budget"
@@ -130,6 +135,37 @@ def describe_run_event(event: Event) -> str | None:
                 f"{data.reported}"
             )
     return None
+
+
+def describe_fork(data: RunForked) -> str:
+    """Say where a fork comes from and what it changed, in one line (F2)."""
+    steps = {s.id: s for s in data.started.plan.steps}
+    changes = []
+    if data.replaced:
+        what = ", ".join(
+            f"{i!r} (now {steps[i].kind} {steps[i].target!r}, input {_brief(steps[i].input)})"
+            for i in data.replaced
+        )
+        changes.append(f"step(s) {what} replaced")
+    if data.answers:
+        changes.append("answers given for " + ", ".join(f"{k!r}" for k in data.answers))
+    if data.started.call_budget != data.budget_from:
+        changes.append(f"call budget {data.budget_from} -> {data.started.call_budget}")
+    kept = [c.observation.step_id for c in data.carried]
+    charged = sum(c.charged for c in data.carried)
+    pending = [s.id for s in data.started.plan.steps if s.id not in set(kept)]
+    with_changes = f" with {'; '.join(changes)}" if changes else " with no change"
+    return (
+        f"forked from {data.source} at #{data.position}{with_changes}: kept "
+        f"{', '.join(kept) or 'no step'} ({charged} model call(s)), pending "
+        f"{', '.join(pending) or 'none'}"
+    )
+
+
+def _brief(value: Any) -> str:
+    """Render a step input as short JSON on one line (an input may be [purged] text)."""
+    text = flat(msgspec.json.encode(value).decode())
+    return text if len(text) <= 80 else text[:79] + "…"
 
 
 def _purged(data: RunPurged, stream: str) -> str:
@@ -212,6 +248,8 @@ class RunWhy:
         """Return the first line: the run and how it ended (or that it runs)."""
         state = self.state
         status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
+        if state.forked is not None and not state.resumptions:
+            status = "a fork, not run yet"
         return f"run {self.run_id} — {status}:"
 
     def now(self) -> str:
@@ -220,8 +258,10 @@ class RunWhy:
         return "now: " + _run_now(self.state, self._waiting_since, flight)
 
     def lines(self) -> list[str]:
-        """Return the whole why, line by line."""
-        return [self.head(), *self.timeline, self.now()]
+        """Return the whole why, line by line; a fork's starts with where it comes from (F2)."""
+        forked = self.state.forked
+        origin = [describe_fork(forked)] if forked is not None else []
+        return [*origin, self.head(), *self.timeline, self.now()]
 
 
 def _run_status(status: str | None, finished: bool, suspended: bool = False) -> str:
@@ -236,6 +276,11 @@ def _run_now(state: RunState, waiting_since: dict[str, int], flight: list[str]) 
         suspended_flight = state.suspended.in_flight
         rerun = f"; step(s) {', '.join(suspended_flight)} run again" if suspended_flight else ""
         return f"suspended when its runtime closed — resume it to carry on{rerun}"
+    if state.forked is not None and state.resumptions == 0:
+        return (
+            f"forked, not run yet — run it with rt.resume({state.run_id!r}) from a program "
+            "that registers its steps"
+        )
     if not state.is_finished:
         return (
             f"not finished; step(s) {', '.join(flight)} were in flight and run again on resume"

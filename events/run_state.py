@@ -18,6 +18,7 @@ from journaled.events.runs import (
     CallsOverrun,
     CancelRequested,
     RunFinished,
+    RunForked,
     RunHeartbeat,
     RunPurged,
     RunResumed,
@@ -62,6 +63,7 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     owner: str = ""
     suspended: RunSuspended | None = None
     reserve: str | None = None
+    forked: RunForked | None = None
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -103,6 +105,8 @@ class RunState:
         """Set while the run is suspended by a closing runtime (R3); a resume clears it."""
         self.reserve: str | None = None
         """The reserve policy the run was last executed with, as ``module:qualname`` (R6)."""
+        self.forked: RunForked | None = None
+        """For a fork: its first event, naming the source, the position and the changes (F2)."""
 
     @property
     def is_finished(self) -> bool:
@@ -133,6 +137,14 @@ class RunState:
                 self.order = [s.id for s in data.plan.steps]
                 self.steps = {s.id: s for s in data.plan.steps}
                 self.status = dict.fromkeys(self.order, "pending")
+            case RunForked():
+                self.fold(data.started)
+                self.forked = data
+                for carried in data.carried:
+                    self.calls_used += carried.charged
+                    self._observe(carried.observation, "succeeded")
+                self.answers.update(data.answers)
+                self.questions.update(data.questions)
             case WavePartitioned():
                 self.wave = data.wave
                 for obs in data.skipped:
@@ -226,6 +238,7 @@ class RunState:
                 owner=self.owner,
                 suspended=self.suspended,
                 reserve=self.reserve,
+                forked=self.forked,
             )
         )
 
@@ -261,6 +274,7 @@ class RunState:
         state.owner = snap.owner
         state.suspended = snap.suspended
         state.reserve = snap.reserve
+        state.forked = snap.forked
         return state
 
     def plan(self) -> Plan:

@@ -243,6 +243,57 @@ class RunPurged(DomainEvent, frozen=True, kw_only=True, tag="run.purged"):
     """How many of this stream's events had their content erased."""
 
 
+class CarriedStep(msgspec.Struct, frozen=True, kw_only=True):
+    """A step a fork keeps from its source: succeeded there, it never runs again (F1)."""
+
+    observation: Observation
+    charged: int = 0
+    """Model calls the source charged for it; they count as used in the fork."""
+
+
+class RunForked(DomainEvent, frozen=True, kw_only=True, tag="run.forked"):
+    """A run was forked from another at a journal position: the fork's first event (F1, F2).
+
+    It holds all a resume needs, so the fork's state is folded from its own stream alone and the
+    source is never read again (ADR 0032): ``started`` is the fork's plan (with its replacements)
+    and options as a ``run.started`` would hold them, with no owner until it is resumed.
+    """
+
+    run_id: str
+    source: str
+    """The run forked from."""
+    position: int
+    """The journal position the source was read at."""
+    started: RunStarted
+    carried: tuple[CarriedStep, ...] = ()
+    """Steps succeeded at ``position``, with their observations and charges."""
+    replaced: tuple[str, ...] = ()
+    """Steps whose definition was replaced."""
+    repended: tuple[str, ...] = ()
+    """Steps pending again because they were replaced or depend on a replaced step."""
+    answers: dict[str, str] = msgspec.field(default_factory=dict)
+    """Answers given with the fork to steps waiting at ``position``."""
+    questions: dict[str, str] = msgspec.field(default_factory=dict)
+    """The questions of the steps waiting at ``position``."""
+    budget_from: int | None = None
+    """The source's call budget at ``position`` (``started.call_budget`` is the fork's)."""
+
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the plan, the carried observations, answers and questions."""
+        return msgspec.structs.replace(
+            self,
+            started=self.started.map_content(f),
+            carried=tuple(
+                msgspec.structs.replace(c, observation=map_observation(c.observation, f))
+                for c in self.carried
+            ),
+            answers={k: f(v) for k, v in self.answers.items()},
+            questions={k: f(v) for k, v in self.questions.items()},
+        )
+
+
 RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunStarted,
     WavePartitioned,
@@ -261,4 +312,5 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunPurged,
     RunSuspended,
     CallsOverrun,
+    RunForked,
 )

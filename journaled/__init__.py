@@ -37,6 +37,7 @@ from journaled.errors import (
 )
 from journaled.events.base import DomainEvent, Event
 from journaled.events.errors import PlanRejected
+from journaled.events.fork import Lineage, RunComparison, StepComparison
 from journaled.events.journal import Problem, VerifyReport
 from journaled.events.memory import Fact
 from journaled.events.messages import Deletion
@@ -92,6 +93,7 @@ __all__ = [
     "JournalUrlError",
     "JournaledError",
     "Limits",
+    "Lineage",
     "Memory",
     "MemoryView",
     "NeedsInput",
@@ -101,6 +103,7 @@ __all__ = [
     "Plan",
     "PlanRejected",
     "Problem",
+    "RunComparison",
     "RunDiff",
     "RunHandle",
     "RunNotFound",
@@ -113,6 +116,7 @@ __all__ = [
     "ScrubPending",
     "StatusChange",
     "Step",
+    "StepComparison",
     "UnknownEventType",
     "VerifyReport",
     "aio",

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Callable, Generator, Iterable
+from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
 from typing import Any, Generic, ParamSpec, TypeVar
@@ -32,12 +32,13 @@ from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
+from journaled.events.fork import Lineage, RunComparison
 from journaled.events.journal import VerifyReport
 from journaled.events.memory import Fact, FactRemembered
 from journaled.events.messages import Deletion, Remember, Remembered
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
-from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff
+from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step
 from journaled.events.run_state import RunState
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
@@ -373,6 +374,33 @@ class AsyncRuns:
     async def why(self, run_id: str) -> str:
         """Explain a run in plain words from its events."""
         return await self._pool.run(self._runs.why, run_id)
+
+    async def fork(
+        self,
+        run_id: str,
+        at: int | None = None,
+        *,
+        replace: Mapping[str, Step] | None = None,
+        answers: Mapping[str, str] | None = None,
+        call_budget: int | None = None,
+    ) -> str:
+        """Fork a run at a journal position into a new, unexecuted run; return its id (F1)."""
+        return await self._pool.run(
+            self._runs.fork,
+            run_id,
+            at,
+            replace=replace,
+            answers=answers,
+            call_budget=call_budget,
+        )
+
+    async def lineage(self, run_id: str) -> list[Lineage]:
+        """Return the chain of forks that led to a run, root first (F2)."""
+        return await self._pool.run(self._runs.lineage, run_id)
+
+    async def compare(self, run_a: str, run_b: str) -> RunComparison:
+        """Compare two runs step by step (F3)."""
+        return await self._pool.run(self._runs.compare, run_a, run_b)
 
     async def wait_idle(self, timeout: float) -> list[str]:
         """Wait up to ``timeout`` s for this runtime's runs to stop; return those still running."""

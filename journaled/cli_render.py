@@ -18,6 +18,7 @@ from rich.text import Text
 
 import journaled
 from journaled.events.base import DomainEvent, Event
+from journaled.events.fork import Lineage
 from journaled.events.memory import ConflictKeyClaimed, Fact
 from journaled.events.memory_audit import describe, when
 from journaled.events.orchestration import PassStarted
@@ -88,6 +89,8 @@ class RunView(ExecuteResult, frozen=True, kw_only=True):
     """Step ids by dependency wave; wave 1 first."""
     last_at: int
     """When the run's last event up to ``position`` happened, epoch ms."""
+    lineage: list[Lineage] = msgspec.field(default_factory=list)
+    """For a fork: the chain of runs it was forked from, root first, ending with this run (F2)."""
 
 
 class TailEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -176,6 +179,7 @@ def run_view(rt: journaled.Runtime, run_id: str, position: int) -> RunView:
         questions={s: state.questions[s] for s in result.waiting if s in state.questions},
         waves=[[s.id for s in wave] for wave in waves(result.plan.steps)],
         last_at=state.last_at,
+        lineage=rt.runs.lineage(result.run_id) if state.forked is not None else [],
     )
 
 
@@ -381,6 +385,10 @@ def render_run(console: Console, view: RunView) -> None:
     _out(console, head)
     if view.orchestration:
         _out(console, Text(f"pass of orchestration {view.orchestration}", style="dim"))
+    for link in view.lineage:
+        if link.forked_from is not None:
+            line = f"{link.run_id} forked from {link.forked_from} at #{link.at}"
+            _out(console, Text(line, style="dim"))
     _out(console, Text(f"goal: {view.plan.goal}"))
     _out(console, Text(f"state: {_state_line(view)}"))
     steps = {s.id: s for s in view.plan.steps}

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import click
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+import journaled
 from journaled import cli_render as render
 from journaled.cli_common import (
     call,
@@ -19,11 +22,12 @@ from journaled.cli_common import (
     wants_json,
 )
 from journaled.events.memory_audit import when
+from journaled.events.plans import Step
 
 
 @click.group()
 def runs() -> None:
-    """Read runs and orchestrations: list, why, show (then), diff, history; purge one."""
+    """Read runs and orchestrations: list, why, show (then), diff, history, compare; fork, purge."""
 
 
 @runs.command("list")
@@ -150,3 +154,133 @@ def runs_purge(ctx: click.Context, run_id: str, reason: str) -> None:
             emit({"run_id": run_id, "erased": erased})
         else:
             render.echo(f"purged run {run_id}: the content of {erased} event(s) was erased")
+
+
+def _parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for pair in pairs:
+        step_id, sep, value = pair.partition("=")
+        if not sep or not step_id:
+            fail(f"{option} takes STEP=VALUE, got {pair!r}")
+        out[step_id] = value
+    return out
+
+
+_STEP_FIELDS = ("skill", "tool", "agent", "input", "depends_on")
+
+
+def _replacement(rt: journaled.Runtime, run_id: str, step_id: str, text: str) -> Step:
+    """Build the Step a ``--replace STEP=JSON`` names; its dependencies default to the run's."""
+    try:
+        fields = json.loads(text)
+    except json.JSONDecodeError as exc:
+        fail(f"--replace {step_id}: the definition is not JSON ({exc.msg} at {exc.pos})")
+    if not isinstance(fields, dict):
+        fail(f'--replace {step_id}: the definition must be a JSON object, e.g. \'{{"tool": "t"}}\'')
+    unknown = sorted(set(fields) - set(_STEP_FIELDS))
+    if unknown:
+        fail(
+            f"--replace {step_id}: unknown field(s) {', '.join(unknown)} "
+            f"(use {', '.join(_STEP_FIELDS)})"
+        )
+    old = call(lambda: rt.runs.state(run_id)).steps.get(step_id)
+    depends_on = fields.pop("depends_on", list(old.depends_on) if old is not None else [])
+    return Step(step_id, depends_on=depends_on, **fields)
+
+
+@runs.command("fork")
+@click.argument("run_id")
+@click.option("--at", "position", type=int, default=None, help="Journal position to fork at.")
+@click.option("--replace", "replace", multiple=True, help="STEP=JSON: a step's new definition.")
+@click.option("--answer", "answers", multiple=True, help="STEP=TEXT: answer a waiting step.")
+@click.option("--budget", type=int, default=None, help="The fork's total model-call budget.")
+@click.option("--run", "run_it", is_flag=True, help="Also execute it (needs its steps' code).")
+@json_option
+@click.pass_context
+def runs_fork(
+    ctx: click.Context,
+    run_id: str,
+    position: int | None,
+    replace: tuple[str, ...],
+    answers: tuple[str, ...],
+    budget: int | None,
+    run_it: bool,
+) -> None:
+    """Fork a run at a journal position into a new run, not executed; print its id (F1).
+
+    Steps succeeded at --at keep their outputs; every other step, and each --replace'd step
+    with everything downstream of it, is pending. --replace b='{"tool": "t", "input": {...}}'
+    (kind, name and input may change; id and depends_on stay). Run the fork with
+    ``rt.resume(ID)`` from the program that registers its steps' code: this command's process
+    registers none, so --run only says so. JSON: {run_id, forked_from, at, ran, how}.
+    """
+    with open_runtime(ctx) as rt:
+        if position is not None:
+            check_position(rt, position, "--at")
+        given = _parse_pairs(answers, "--answer")
+        steps = {
+            step_id: _replacement(rt, run_id, step_id, text)
+            for step_id, text in _parse_pairs(replace, "--replace").items()
+        }
+        new_id = call(
+            lambda: rt.runs.fork(
+                run_id,
+                position,
+                replace=steps or None,
+                answers=given or None,
+                call_budget=budget,
+            )
+        )
+        at = rt.runs.lineage(new_id)[-1].at
+        how = f"run it with rt.resume({new_id!r}) from the program that registers its steps"
+        ran = False
+        if run_it:
+            state = rt.runs.state(new_id)
+            try:
+                rt.runs.validate(state.plan())
+            except journaled.PlanRejected as exc:
+                how = f"not run: {exc}; {how}"
+            else:
+                rt.resume(new_id)
+                ran, how = True, "ran in this process"
+        if wants_json(ctx):
+            emit({"run_id": new_id, "forked_from": run_id, "at": at, "ran": ran, "how": how})
+            return
+        render.echo(new_id)
+        if run_it and not ran:
+            click.echo(how, err=True)
+
+
+@runs.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@json_option
+@click.pass_context
+def runs_compare(ctx: click.Context, run_a: str, run_b: str) -> None:
+    """Compare two runs step by step: status and output in each, and calls used (F3).
+
+    JSON: a RunComparison {run_a, run_b, steps: [{step_id, status_a, status_b, output_a,
+    output_b, error_a, error_b, differs}], calls_used_a, calls_used_b, only_in_a, only_in_b}.
+    """
+    with open_runtime(ctx) as rt:
+        cmp = call(lambda: rt.runs.compare(run_a, run_b))
+        if wants_json(ctx):
+            emit(cmp)
+            return
+        table = Table("step", "A", "B", "differs")
+        for row in cmp.steps:
+            a = f"{row.status_a or '-'} {render.one_line(_shown(row.output_a, row.error_a), 40)}"
+            b = f"{row.status_b or '-'} {render.one_line(_shown(row.output_b, row.error_b), 40)}"
+            table.add_row(
+                Text(render.safe(row.step_id)), Text(a), Text(b), "yes" if row.differs else ""
+            )
+        console = Console()
+        console.print(Text(f"A: {cmp.run_a}\nB: {cmp.run_b}"))
+        console.print(table)
+        console.print(Text(f"calls used: A {cmp.calls_used_a}, B {cmp.calls_used_b}"))
+
+
+def _shown(output: object, error: str | None) -> str:
+    if error is not None:
+        return f"error: {error}"
+    return "" if output is None else json.dumps(output, default=str)
