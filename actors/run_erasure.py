@@ -20,7 +20,7 @@ from journaled.events.orchestration import OrchestrationStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.redact import redact
 from journaled.events.run_state import fold_run
-from journaled.events.runs import RunPurged, RunStarted
+from journaled.events.runs import RunForked, RunPurged, RunStarted
 
 __all__ = ["purge_run"]
 
@@ -28,7 +28,7 @@ __all__ = ["purge_run"]
 def purge_run(
     journal: Journal, run_id: str, reason: str, *, now: int, executing: Set[str] = frozenset()
 ) -> int:
-    """Erase a finished run's content, and that of every run started under it.
+    """Erase a finished run's content, and that of every run started under it or forked from it.
 
     The goal, step inputs, outputs, errors, agent data, questions, answers, clarifications and
     summaries of the run, of every run its agent steps started and, for an orchestration, of its
@@ -123,12 +123,18 @@ def _root(journal: Journal, run_id: str) -> str:
 
 
 def _family(journal: Journal, run_id: str) -> list[str]:
-    """Return the run and every run started under it (agent steps, passes), transitively."""
+    """Return the run and every run started under it or forked from it, transitively.
+
+    A fork holds copies of the outputs it kept from its source (ADR 0032): erasing the source
+    alone would leave them in storage (R2).
+    """
     children: dict[str, list[str]] = {}
-    for event in journal.read(topics=topics_of(RunStarted)):
+    for event in journal.read(topics=[*topics_of(RunStarted), *topics_of(RunForked)]):
         data = event.data
         if isinstance(data, RunStarted) and data.parent_run is not None:
             children.setdefault(data.parent_run, []).append(event.stream)
+        elif isinstance(data, RunForked):
+            children.setdefault(data.source, []).append(event.stream)
     family = [run_id]
     seen = {run_id}
     index = 0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -523,3 +524,21 @@ def test_fork_lineage_compare_through_asyncio(sqlite_url: str) -> None:
     assert differing == ["b"]
     assert forked_from[0] is None
     assert forked_from[1] is not None
+
+
+def test_purging_a_source_erases_what_its_forks_kept(sqlite_url: str) -> None:
+    """R2/F1: a fork keeps copies of its source's outputs: purging the source erases them too."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("secret", lambda x: "the launch code 7431")
+        source = rt.execute(Plan(goal="g", steps=[Step("a", tool="secret")])).run_id
+        fork = rt.runs.fork(source)
+        fork_of_fork = rt.runs.fork(fork)
+        rt.runs.purge(source, "gdpr")
+        for run_id in (source, fork, fork_of_fork):
+            assert "7431" not in json.dumps(msgspec.to_builtins(rt.runs.current(run_id)))
+            assert "7431" not in rt.runs.why(run_id)
+        rt.memory.scrub()
+    path = sqlite_url.removeprefix("sqlite:///")
+    for name in (path, path + "-wal"):
+        with contextlib.suppress(FileNotFoundError), open(name, "rb") as stored:
+            assert b"7431" not in stored.read()
