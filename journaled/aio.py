@@ -452,11 +452,11 @@ class AsyncRuntime:
 
     # -- registration: plain methods ---------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[[Any], Any]) -> None:
+    def register_skill(self, name: str, fn: Callable[..., Any]) -> None:
         """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
         self._sync.register_skill(name, fn)
 
-    def register_tool(self, name: str, fn: Callable[[Any], Any]) -> None:
+    def register_tool(self, name: str, fn: Callable[..., Any]) -> None:
         """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
         self._sync.register_tool(name, fn)
 
