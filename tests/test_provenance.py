@@ -223,13 +223,15 @@ def test_stale_after_each_change(journal_url: str, change: str) -> None:
 
 
 def test_a_fact_changed_before_the_read_is_not_stale(rt: journaled.Runtime) -> None:
-    """P3: only changes after the read count: reading the current fact is not stale."""
-    rt.memory.remember("deploy to eu-west", conflict_key="deploy")
+    """P3: only changes after the read count: a fact already superseded when read is not stale."""
+    old = rt.memory.remember("deploy to eu-west", conflict_key="deploy")
     rt.memory.remember("deploy to us-east", conflict_key="deploy")
-    _reader(rt)
-    run = rt.runs.execute(_plan())
-    assert _reads(rt, run.run_id)[0].fact_ids  # it did read the current fact
+    rt.register_tool("every", lambda _, ctx: len(ctx.memory.all()))
+    run = rt.runs.execute(Plan(goal="g", steps=[Step("a", tool="every")]))
+    assert old.id in _reads(rt, run.run_id)[0].fact_ids  # it did read the superseded fact
     assert rt.runs.stale(run.run_id) == []
+    rt.memory.delete(old.id)
+    assert [s.change for s in rt.runs.stale(run.run_id)] == ["deleted"]
 
 
 def test_stale_of_an_unknown_run_is_an_error(rt: journaled.Runtime) -> None:
@@ -334,3 +336,18 @@ def test_cli_used_by_and_stale(sqlite_url: str) -> None:
     out = cli.invoke(main, ["--url", sqlite_url, "runs", "stale", "run_nope"])
     assert out.exit_code != 0
     assert "run_nope" in out.output
+
+
+def test_cli_refresh_refuses_a_run_with_nothing_stale(sqlite_url: str) -> None:
+    """P4: `runs refresh` of a run with no stale step is a one-line error and appends nothing."""
+    with journaled.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+        rt.memory.remember("deploy to eu-west")
+        _reader(rt)
+        run = rt.runs.execute(_plan())
+        end = rt.journal.position()
+    out = CliRunner().invoke(main, ["--url", sqlite_url, "runs", "refresh", run.run_id])
+    assert out.exit_code != 0
+    assert "no stale step" in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.position() == end
