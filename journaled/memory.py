@@ -426,10 +426,6 @@ class Memory:
             return []
         return uses(fact_id, read_events(self._journal))
 
-    def fact_elsewhere(self, fact_id: str) -> bool:
-        """Tell whether a fact id names another organization's fact, which must stay unseen (R1)."""
-        return self._boundary.fact_elsewhere(fact_id)
-
     def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
         """View the store as it was at a journal position or a time (M12).
 

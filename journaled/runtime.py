@@ -218,7 +218,7 @@ class Runtime:
             self._actors.scrubber,
             self._services,
         )
-        self.runs.hidden_fact = self.memory.fact_elsewhere
+        self.runs.hidden_fact = Boundary(organization, self._journal.first).fact_elsewhere
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
         )

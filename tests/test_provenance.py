@@ -351,3 +351,50 @@ def test_cli_refresh_refuses_a_run_with_nothing_stale(sqlite_url: str) -> None:
     assert len(out.output.strip().splitlines()) == 1
     with journaled.open(sqlite_url) as rt:
         assert rt.journal.position() == end
+
+
+def test_async_runtime_answers_used_by_and_stale(sqlite_url: str) -> None:
+    """P2/P3 A1: journaled.aio awaits used_by and stale, with the sync runtime's answers."""
+    import asyncio
+
+    import journaled.aio
+
+    async def main() -> None:
+        async with journaled.aio.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+            fact = await rt.memory.remember("deploy to eu-west", conflict_key="deploy")
+            rt.register_tool("read", lambda q, ctx: [f.id for f in ctx.memory.search(q)])
+            run = await rt.execute(Plan(goal="g", steps=[Step("a", tool="read", input="deploy")]))
+            assert [u.run_id for u in await rt.memory.used_by(fact.id)] == [run.run_id]
+            newer = await rt.memory.remember("deploy to us-east", conflict_key="deploy")
+            (stale,) = await rt.runs.stale(run.run_id)
+            assert stale.replacement == newer.id
+
+    asyncio.run(main())
+
+
+def test_refresh_replaces_each_stale_step_by_its_own_definition(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """P4: refresh asks fork (F1) to replace exactly the stale steps, each by its own definition."""
+    from journaled.actors.runs import Runs
+
+    calls: list[tuple[str, dict[str, Step]]] = []
+
+    def fork(self: Runs, run_id: str, *, replace: dict[str, Step]) -> str:
+        calls.append((run_id, replace))
+        return "run_forked"
+
+    monkeypatch.setattr(Runs, "fork", fork, raising=False)
+    rt.memory.remember("deploy to eu-west", conflict_key="deploy")
+    _reader(rt)
+    run = rt.runs.execute(_plan())
+    rt.memory.remember("deploy to us-east", conflict_key="deploy")
+    assert rt.runs.refresh(run.run_id) == "run_forked"
+    ((run_id, replace),) = calls
+    assert run_id == run.run_id
+    assert list(replace) == ["a"]
+    assert (replace["a"].tool, replace["a"].input, replace["a"].status) == (
+        "read",
+        "deploy",
+        "pending",
+    )
