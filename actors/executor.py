@@ -59,6 +59,7 @@ from journaled.events.runs import (
     BudgetStopped,
     CallsOverrun,
     CancelRequested,
+    MemoryRead,
     RunFinished,
     RunHeartbeat,
     RunStatus,
@@ -455,6 +456,17 @@ class Executor(pykka.ThreadingActor):
             self._interrupted.append(step.id)
             self._draining = True
         else:
+            if msg.reads or msg.read_ops:
+                # Ids only, once per attempt, in the commit of its result (P1, ADR 0033).
+                self.recorder.stage(
+                    MemoryRead(
+                        at=self.clock(),
+                        step_id=step.id,
+                        attempt=msg.attempt,
+                        fact_ids=msg.reads,
+                        ops=msg.read_ops,
+                    )
+                )
             self._record(step, msg.attempt, msg.observation, msg.question)
         self._carry_on()
 

@@ -294,6 +294,8 @@ class MemoryWriter(pykka.ThreadingActor):
             valid_until=msg.valid_until,
             supersedes=tuple(superseded),
             redacted=kinds,
+            run_id=msg.run_id,
+            step_id=msg.step_id,
         )
         pending.insert(0, (fact_id, remembered))
         return (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import hashlib
 import os
@@ -39,6 +40,7 @@ from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step, diff_results
+from journaled.events.provenance import Stale, read_events, stale_reads
 from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
@@ -47,6 +49,7 @@ from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     CarriedStep,
+    MemoryRead,
     RunForked,
     RunResumed,
     RunStarted,
@@ -307,6 +310,9 @@ class Runs:
         self._agents = agents_enabled
         self._lock = threading.Lock()
         self._active: dict[str, _Claim] = {}
+        self.hidden_fact: Callable[[str], bool] = lambda _: False
+        """Names facts this runtime must not see (another organization's, R1): ``stale`` skips
+        them. The runtime sets it from its memory's tenant boundary."""
         """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
         self._closing = False
@@ -1072,6 +1078,43 @@ class Runs:
         """Return the ids of every run and orchestration in the journal, oldest first."""
         topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
+
+    # -- provenance (P3, P4) ----------------------------------------------------------------------
+
+    def stale(self, run_id: str | None = None) -> builtins.list[Stale]:
+        """Return the steps whose read facts were since superseded, deleted, purged or expired (P3).
+
+        For one run, or every run when ``run_id`` is None; expiry is judged at the clock's now.
+        A projection of the journal alone: any process answers the same.
+
+        Raises:
+            RunNotFound: ``run_id`` names no run.
+        """
+        if run_id is None:
+            reads = read_events(self._journal)
+        else:
+            _check_run(run_id, self._journal.first(run_id) if isinstance(run_id, str) else None)
+            reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
+        return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact)
+
+    def refresh(self, run_id: str) -> str:
+        """Fork the run so that its stale steps and their dependents run again (P4); return its id.
+
+        Each stale step is replaced by its own definition (``fork(replace=...)``, F1): it and
+        everything downstream re-pend, every other succeeded step keeps its output. The new run
+        is not executed: ``rt.resume(new_id)`` runs it against today's memory.
+
+        Raises:
+            RunNotFound: ``run_id`` names no run.
+            ValueError: the run has no stale step.
+        """
+        found = self.stale(run_id)
+        if not found:
+            raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")
+        by_id = self.state(run_id).steps
+        replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
+        # fork (F1) owns the fork rules; refresh only chooses what to replace.
+        return self.fork(run_id, replace=replace)
 
 
 def _fork_answers(

@@ -19,7 +19,7 @@ import inspect
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 import pykka
@@ -28,6 +28,7 @@ from journaled.actors.directory import Directory
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
 from journaled.events.inputs import int_problem, text_problem
+from journaled.events.memory import Fact
 from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
 from journaled.events.run_messages import RunStep, StepDone
 
@@ -46,6 +47,100 @@ class NeedsInput(Exception):
         super().__init__(question)
 
 
+class MemoryAccess(Protocol):
+    """The runtime memory operations a step may use through ``ctx.memory`` (P1)."""
+
+    def search(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]: ...
+    def search_semantic(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]: ...
+    def get(self, fact_id: str) -> Fact | None: ...
+    def all(self) -> list[Fact]: ...
+    def remember(self, text: str, *args: Any, **kwargs: Any) -> Fact: ...
+
+
+class StepMemory:
+    """``ctx.memory``: the runtime's memory, noting the ids of the facts each read returns (P1).
+
+    The reads of one step attempt are collected here and journaled once, as ``run.memory-read``
+    in the commit of the attempt's result (ADR 0033). A fact remembered through it records this
+    run and step as its provenance. Thread-safe.
+    """
+
+    def __init__(self, memory: MemoryAccess, run_id: str, step_id: str) -> None:
+        self._memory = memory
+        self._run_id = run_id
+        self._step_id = step_id
+        self._ids: dict[str, None] = {}
+        self._ops: dict[str, None] = {}
+        self._lock = threading.Lock()
+
+    def _note(self, op: str, facts: list[Fact]) -> list[Fact]:
+        with self._lock:
+            self._ops[op] = None
+            for fact in facts:
+                self._ids[fact.id] = None
+        return facts
+
+    def search(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]:
+        """Search by BM25 like ``rt.memory.search``; the ids returned are journaled."""
+        return self._note("search", self._memory.search(query, *args, **kwargs))
+
+    def search_semantic(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]:
+        """Search by meaning like ``rt.memory.search_semantic``; the ids returned are journaled."""
+        return self._note("search_semantic", self._memory.search_semantic(query, *args, **kwargs))
+
+    def get(self, fact_id: str) -> Fact | None:
+        """Return a fact like ``rt.memory.get``; its id is journaled when found."""
+        fact = self._memory.get(fact_id)
+        self._note("get", [] if fact is None else [fact])
+        return fact
+
+    def all(self) -> list[Fact]:
+        """Return every fact like ``rt.memory.all``; every id returned is journaled."""
+        return self._note("all", self._memory.all())
+
+    def remember(self, text: str, *args: Any, **kwargs: Any) -> Fact:
+        """Remember a fact like ``rt.memory.remember``, recording this run and step with it."""
+        return self._memory.remember(
+            text, *args, run_id=self._run_id, step_id=self._step_id, **kwargs
+        )
+
+    def reads(self) -> tuple[tuple[str, ...], tuple[str, ...]]:
+        """Return (fact ids, operations) read so far, in first-read order."""
+        with self._lock:
+            return tuple(self._ids), tuple(self._ops)
+
+
+class ToolContext:
+    """What a tool or skill declaring a ``ctx`` keyword parameter receives (P1).
+
+    Attributes:
+        run_id: the run the step belongs to.
+        step_id: the step.
+        attempt: 1 for the first execution, higher on a re-run.
+        memory: the runtime's memory; reads are journaled with the step. None when the runtime
+            gave the worker no memory.
+    """
+
+    def __init__(self, msg: RunStep, memory: StepMemory | None) -> None:
+        self.run_id = msg.run_id
+        self.step_id = msg.step.id
+        self.attempt = msg.attempt
+        self.memory = memory
+
+
+def wants_ctx(fn: Callable[..., Any]) -> bool:
+    """Tell whether a tool or skill declares a keyword parameter named ``ctx`` (P1)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # some builtins have no signature: they take no ctx
+        return False
+    param = params.get("ctx")
+    return param is not None and param.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
+
+
 class Registry:
     """The skills, tools and agents a runtime can run, by name. Thread-safe."""
 
@@ -54,6 +149,8 @@ class Registry:
         self.skills: dict[str, Callable[[Any], Any]] = {}
         self.tools: dict[str, Callable[[Any], Any]] = {}
         self.agents: dict[str, Callable[[Step, AgentContext], AgentResult]] = {}
+        self.with_ctx: set[tuple[str, str]] = set()
+        """(kind, name) of the skills and tools that take ``ctx``: decided once, at registration."""
         self._lock = threading.Lock()
 
     def register(self, kind: str, name: str, fn: Callable[..., Any]) -> None:
@@ -65,6 +162,16 @@ class Registry:
         with self._lock:
             table: dict[str, Any] = getattr(self, kind + "s")
             table[name] = fn
+            if kind != "agent" and wants_ctx(fn):
+                self.with_ctx.add((kind, name))
+            else:
+                self.with_ctx.discard((kind, name))
+
+    def takes_ctx(self, step: Step) -> bool:
+        """Tell whether the skill or tool a step names was registered with a ``ctx`` parameter."""
+        kind = "skill" if step.skill is not None else "tool"
+        with self._lock:
+            return (kind, step.target) in self.with_ctx
 
     def lookup(self, step: Step) -> Callable[..., Any] | None:
         """Return the function a step names, or None if it is not registered."""
@@ -97,7 +204,10 @@ class AgentContext:
         msg: RunStep,
         token: StepToken | None = None,
         child_runner: Callable[..., ExecuteResult] | None = None,
+        memory: StepMemory | None = None,
     ) -> None:
+        self.memory = memory
+        """The runtime's memory; each read's fact ids are journaled with the step (P1)."""
         self.run_id = msg.run_id
         self.step_id = msg.step.id
         self.attempt = msg.attempt
@@ -209,13 +319,14 @@ def call_user(
     args: tuple[Any, ...],
     loop: LoopRunner | None,
     token: StepToken | None,
+    ctx: ToolContext | None = None,
 ) -> Any:
-    """Call user code; a coroutine (``async def``, or an awaitable returned) runs on ``loop`` (A1).
+    """Call user code, with ``ctx=`` when given; a coroutine runs on ``loop`` (A1).
 
     Raises:
         StepCancelled: the coroutine's task was cancelled (run cancelled or deadline passed).
     """
-    result = fn(*args)
+    result = fn(*args, **({} if ctx is None else {"ctx": ctx}))
     if inspect.isawaitable(result):
         if loop is None:
             raise RuntimeError("an async step needs an event loop, and this worker has none")
@@ -229,10 +340,11 @@ def run_callable(
     fn: Callable[[Any], Any],
     loop: LoopRunner | None = None,
     token: StepToken | None = None,
+    ctx: ToolContext | None = None,
 ) -> Observation:
-    """Run a skill or tool function and observe the outcome (E11)."""
+    """Run a skill or tool function and observe the outcome (E11); ``ctx`` is passed if given."""
     try:
-        output = call_user(fn, (step.input,), loop, token)
+        output = call_user(fn, (step.input,), loop, token, ctx)
         stored = journalable(output, f"the output of {kind} {step.target!r}")
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
         return Observation(
@@ -249,13 +361,14 @@ def run_agent(
     token: StepToken | None = None,
     child_runner: Callable[..., ExecuteResult] | None = None,
     loop: LoopRunner | None = None,
+    memory: StepMemory | None = None,
 ) -> tuple[Observation, str | None]:
     """Run an agent function; return its observation and, if it waits, its question (E9, E10).
 
     Raises:
         RuntimeClosed: a child run was cut short by the runtime closing (R3): no result.
     """
-    ctx = AgentContext(msg, token, child_runner)
+    ctx = AgentContext(msg, token, child_runner, memory)
     obs, question = _observe_agent(step, fn, ctx, loop, token)
     if ctx.interrupted:
         raise RuntimeClosed(f"step {step.id!r} was interrupted by the runtime closing")
@@ -340,6 +453,8 @@ class Services:
     loop: LoopRunner = field(default_factory=LoopRunner)
     child_runner: Callable[..., ExecuteResult] | None = None
     """Runs a child plan for ``ctx.execute`` (agent steps)."""
+    memory: MemoryAccess | None = None
+    """The runtime's memory, offered to steps as ``ctx.memory`` (P1)."""
 
 
 class StepWorker(pykka.ThreadingActor):
@@ -362,6 +477,11 @@ class StepWorker(pykka.ThreadingActor):
         token = services.cancellations.open(message.run_id, step.id, message.attempt)
         question = None
         interrupted = False
+        memory = (
+            None
+            if services.memory is None
+            else StepMemory(services.memory, message.run_id, step.id)
+        )
         try:
             if fn is None:
                 obs = missing(step)
@@ -374,14 +494,17 @@ class StepWorker(pykka.ThreadingActor):
                         token=token,
                         child_runner=services.child_runner,
                         loop=services.loop,
+                        memory=memory,
                     )
                 except RuntimeClosed as exc:
                     obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))
                     interrupted = True
             else:
-                obs = run_callable(step.kind or "tool", step, fn, services.loop, token)
+                ctx = ToolContext(message, memory) if services.registry.takes_ctx(step) else None
+                obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
         finally:
             services.cancellations.close(message.run_id, step.id, message.attempt)
+        reads, ops = ((), ()) if memory is None else memory.reads()
         done = StepDone(
             run_id=message.run_id,
             step_id=step.id,
@@ -389,6 +512,8 @@ class StepWorker(pykka.ThreadingActor):
             observation=obs,
             question=question,
             interrupted=interrupted,
+            reads=reads,
+            read_ops=ops,
         )
         # If the run ended without this step (it timed out), nobody is at that address any more.
         services.directory.tell(message.reply_to, done)

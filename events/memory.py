@@ -88,6 +88,10 @@ class FactRemembered(DomainEvent, frozen=True, kw_only=True, tag="memory.fact-re
     """Facts superseded by this one in the same atomic append (M3)."""
     redacted: tuple[str, ...] = ()
     """Kinds of secret that were removed from the text before it was appended (M9)."""
+    run_id: str | None = None
+    """The run whose step remembered the fact through ``ctx.memory`` (P1)."""
+    step_id: str | None = None
+    """That step."""
 
 
 class FactSuperseded(DomainEvent, frozen=True, kw_only=True, tag="memory.fact-superseded"):

@@ -54,6 +54,9 @@ class Remember(Message, frozen=True, kw_only=True, tag="memory.remember"):
     source: str | None = None
     valid_from: int | None = None
     valid_until: int | None = None
+    run_id: str | None = None
+    """The run whose step remembers the fact through ``ctx.memory`` (P1), recorded with it."""
+    step_id: str | None = None
     reply_to: str | None = None
     """The asker's address: the writer tells it :class:`Remembered` (or :class:`Failure`) once
     the fact is stored. With one, remembers that arrive together are stored in one transaction

@@ -34,6 +34,7 @@ from journaled.events.runs import (
     BudgetStopped,
     CallsOverrun,
     CancelRequested,
+    MemoryRead,
     RunFinished,
     RunForked,
     RunPurged,
@@ -133,6 +134,12 @@ def describe_run_event(event: Event) -> str | None:
                 f"step {data.step_id!r} overran its reservation: it reported {data.reported} "
                 f"model call(s) against {data.reserved} reserved, and was charged "
                 f"{data.reported}"
+            )
+        case MemoryRead():
+            ops = ", ".join(data.ops)
+            return (
+                f"step {data.step_id!r} read {len(data.fact_ids)} fact(s) from memory ({ops}): "
+                + ", ".join(data.fact_ids)
             )
     return None
 

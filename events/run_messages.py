@@ -62,6 +62,10 @@ class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
     interrupted: bool = False
     """The step could not finish because the runtime is closing (a child run was suspended):
     no result is journaled and the step runs again on resume (R3)."""
+    reads: tuple[str, ...] = ()
+    """Ids of the facts the attempt read through ``ctx.memory``, journaled with its result (P1)."""
+    read_ops: tuple[str, ...] = ()
+    """The read operations used (``search``, ``get``, ...)."""
 
 
 class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline"):

@@ -17,6 +17,7 @@ from journaled.events.runs import (
     BudgetStopped,
     CallsOverrun,
     CancelRequested,
+    MemoryRead,
     RunFinished,
     RunForked,
     RunHeartbeat,
@@ -200,8 +201,8 @@ class RunState:
                 self.purged = data
             case RunSuspended():
                 self.suspended = data
-            case RunHeartbeat() | CallsOverrun():
-                pass  # liveness, and an audit note next to the charge its step event carries
+            case RunHeartbeat() | CallsOverrun() | MemoryRead():
+                pass  # liveness, an audit note next to a charge, and provenance (P1)
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 

@@ -219,6 +219,22 @@ class CallsOverrun(DomainEvent, frozen=True, kw_only=True, tag="run.calls-overru
     """The ``calls_used`` the agent reported (and was charged, E8)."""
 
 
+class MemoryRead(DomainEvent, frozen=True, kw_only=True, tag="run.memory-read"):
+    """The facts a step attempt read through ``ctx.memory``: ids only, once per attempt (P1).
+
+    Staged in the same commit as the attempt's result (``step-succeeded``, ``-failed`` or
+    ``-waiting``), just before it; an attempt that never reports (a crash) records no reads, and
+    its re-run reads again (ADR 0033).
+    """
+
+    step_id: str
+    attempt: int
+    fact_ids: tuple[str, ...] = ()
+    """Every distinct fact id the attempt's reads returned, in first-read order."""
+    ops: tuple[str, ...] = ()
+    """The distinct read operations used (``search``, ``search_semantic``, ``get``, ``all``)."""
+
+
 class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):
     """A pass of the run ended: completed, failed, waiting, stopped for budget, or cancelled."""
 
@@ -313,4 +329,5 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunSuspended,
     CallsOverrun,
     RunForked,
+    MemoryRead,
 )

@@ -18,6 +18,7 @@ worker threads). Registration stays plain methods.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import functools
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -39,6 +40,7 @@ from journaled.events.messages import Deletion, Remember, Remembered
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step
+from journaled.events.provenance import Stale, Use
 from journaled.events.run_state import RunState
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
@@ -277,6 +279,10 @@ class AsyncMemory:
         """Explain a fact's life in plain words from its events (M11)."""
         return await self._pool.run(self._memory.why, fact_id)
 
+    async def used_by(self, fact_id: str) -> list[Use]:
+        """Return every step that read the fact, from the journal (P2)."""
+        return await self._pool.run(self._memory.used_by, fact_id)
+
     async def as_of(self, position: int | None = None, at: int | None = None) -> AsyncMemoryView:
         """View the store as it was at a journal position or a time (M12)."""
         view = await self._pool.run(self._memory.as_of, position, at)
@@ -418,6 +424,14 @@ class AsyncRuns:
         """Return every run id in the journal."""
         return await self._pool.run(self._runs.list)
 
+    async def stale(self, run_id: str | None = None) -> builtins.list[Stale]:
+        """Return the steps whose read facts changed since they read them (P3)."""
+        return await self._pool.run(self._runs.stale, run_id)
+
+    async def refresh(self, run_id: str) -> str:
+        """Fork the run with its stale steps re-pended; return the new run's id (P4)."""
+        return await self._pool.run(self._runs.refresh, run_id)
+
 
 class AsyncJournal:
     """``rt.journal`` for asyncio: reads, verification and subscriptions as coroutines."""
@@ -480,11 +494,11 @@ class AsyncRuntime:
 
     # -- registration: plain methods ---------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[[Any], Any]) -> None:
+    def register_skill(self, name: str, fn: Callable[..., Any]) -> None:
         """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
         self._sync.register_skill(name, fn)
 
-    def register_tool(self, name: str, fn: Callable[[Any], Any]) -> None:
+    def register_tool(self, name: str, fn: Callable[..., Any]) -> None:
         """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
         self._sync.register_tool(name, fn)
 

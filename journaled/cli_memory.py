@@ -194,3 +194,25 @@ def memory_scrub(ctx: click.Context, timeout: float) -> None:
             fail(str(exc))
         found = " (a purge had not been scrubbed yet)" if owed else ""
         click.echo(f"scrubbed: no erased text remains in the journal's files{found}")
+
+
+@memory.command("used-by")
+@click.argument("fact_id")
+@json_option
+@click.pass_context
+def memory_used_by(ctx: click.Context, fact_id: str) -> None:
+    """List the steps that read a fact, from the journal (P2).
+
+    JSON: [{run_id, step_id, position}].
+    """
+    with open_runtime(ctx) as rt:
+        if not rt.memory.history(fact_id):
+            fail(f"no fact {fact_id} in this journal")
+        uses = rt.memory.used_by(fact_id)
+        if wants_json(ctx):
+            emit(uses)
+            return
+        if not uses:
+            render.echo(f"no step read {fact_id}")
+        for use in uses:
+            render.echo(f"[#{use.position}] step {use.step_id!r} of run {use.run_id}")

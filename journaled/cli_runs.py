@@ -284,3 +284,47 @@ def _shown(output: object, error: str | None) -> str:
     if error is not None:
         return f"error: {error}"
     return "" if output is None else json.dumps(output, default=str)
+
+
+@runs.command("stale")
+@click.argument("run_id", required=False)
+@json_option
+@click.pass_context
+def runs_stale(ctx: click.Context, run_id: str | None) -> None:
+    """List steps whose read facts changed since (P3): superseded, deleted, purged, expired.
+
+    Of one run, or of every run. JSON: [{run_id, step_id, fact_id, change, position,
+    replacement}].
+    """
+    with open_runtime(ctx) as rt:
+        found = call(lambda: rt.runs.stale(run_id))
+        if wants_json(ctx):
+            emit(found)
+            return
+        if not found:
+            render.echo("no stale step")
+        for s in found:
+            by = f" by {s.replacement}" if s.replacement else ""
+            render.echo(
+                f"[#{s.position}] step {s.step_id!r} of run {s.run_id} read {s.fact_id}, "
+                f"since {s.change}{by}"
+            )
+
+
+@runs.command("refresh")
+@click.argument("run_id")
+@json_option
+@click.pass_context
+def runs_refresh(ctx: click.Context, run_id: str) -> None:
+    """Fork a run so its stale steps and their dependents run again (P4); print the new id.
+
+    The new run is not executed here: `journaled` cannot call the run's tools from the command
+    line; resume it with `rt.resume(NEW_ID)` in a process that registers them. JSON: {run_id,
+    refreshed_from}.
+    """
+    with open_runtime(ctx) as rt:
+        new_id = call(lambda: rt.runs.refresh(run_id))
+        if wants_json(ctx):
+            emit({"run_id": new_id, "refreshed_from": run_id})
+        else:
+            render.echo(new_id)

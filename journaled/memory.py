@@ -44,6 +44,7 @@ from journaled.events.messages import (
     SearchScore,
     SearchStats,
 )
+from journaled.events.provenance import Use, read_events, uses
 from journaled.events.tenancy import Boundary
 
 
@@ -223,8 +224,14 @@ class Memory:
         source: str | None = None,
         valid_from: int | None = None,
         valid_until: int | None = None,
+        *,
+        run_id: str | None = None,
+        step_id: str | None = None,
     ) -> Fact:
         """Store a fact, superseding older facts with its conflict key, in one append (M2, M3).
+
+        ``run_id`` and ``step_id`` record the step that remembered it (``ctx.memory`` sets them,
+        P1); ``memory.why`` names them.
 
         Raises:
             InvalidFact: the text, confidence, scope or validity window cannot be stored.
@@ -239,6 +246,8 @@ class Memory:
             source=source,
             valid_from=valid_from,
             valid_until=valid_until,
+            run_id=run_id,
+            step_id=step_id,
         )
         correlation, reply = self.request_remember(request)
         try:
@@ -395,8 +404,27 @@ class Memory:
         return events
 
     def why(self, fact_id: str) -> str:
-        """Explain a fact's life in plain words from its events (M11)."""
-        return explain(fact_id, self.history(fact_id))
+        """Explain a fact's life in plain words from its events (M11), and the steps that read it.
+
+        A fact remembered through ``ctx.memory`` names its step and run (P1); each step that read
+        it is listed after its events (P2).
+        """
+        history = self.history(fact_id)
+        text = explain(fact_id, history)
+        if history:
+            for use in uses(fact_id, read_events(self._journal)):
+                text += f"\n  read by step {use.step_id!r} of run {use.run_id} [#{use.position}]"
+        return text
+
+    def used_by(self, fact_id: str) -> list[Use]:
+        """Return every step that read the fact, in journal order (P2).
+
+        A projection of the journal's ``run.memory-read`` events: a process that never saw the
+        reads answers the same. Empty for an unknown id and for another organization's fact (R1).
+        """
+        if not self.history(fact_id):
+            return []
+        return uses(fact_id, read_events(self._journal))
 
     def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
         """View the store as it was at a journal position or a time (M12).

@@ -207,7 +207,9 @@ class Runtime:
             Inbox(self._directory, "memory"),
         )
         self._registry = Registry(agents_enabled=agents)
-        self._services = Services(self._registry, self._directory, loop=LoopRunner(loop))
+        self._services = Services(
+            self._registry, self._directory, loop=LoopRunner(loop), memory=self.memory
+        )
         self.runs = Runs(
             self._journal,
             self._registry,
@@ -216,6 +218,7 @@ class Runtime:
             self._actors.scrubber,
             self._services,
         )
+        self.runs.hidden_fact = Boundary(organization, self._journal.first).fact_elsewhere
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
         )
@@ -229,12 +232,20 @@ class Runtime:
 
     # -- registration ----------------------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[[Any], Any]) -> None:
-        """Register a skill: ``fn(input) -> output``; raising fails the step; costs 1 model call."""
+    def register_skill(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register a skill: ``fn(input) -> output``; raising fails the step; costs 1 model call.
+
+        A function declaring a keyword parameter ``ctx`` is called ``fn(input, ctx=ctx)``:
+        ``ctx.memory`` reads are journaled with the step (P1).
+        """
         self._registry.register("skill", name, fn)
 
-    def register_tool(self, name: str, fn: Callable[[Any], Any]) -> None:
-        """Register a tool: ``fn(input) -> output``; raising fails the step; costs no model call."""
+    def register_tool(self, name: str, fn: Callable[..., Any]) -> None:
+        """Register a tool: ``fn(input) -> output``; raising fails the step; costs no model call.
+
+        A function declaring a keyword parameter ``ctx`` is called ``fn(input, ctx=ctx)``:
+        ``ctx.memory`` reads are journaled with the step (P1).
+        """
         self._registry.register("tool", name, fn)
 
     def register_agent(self, name: str, fn: AgentFunction) -> None:
