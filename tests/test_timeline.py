@@ -553,3 +553,23 @@ def test_cli_writes_the_compare_page(story: Story, tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, [*args[:5], "run_nope", "-o", str(out)])
     assert missing.exit_code != 0
     assert "no run" in missing.output
+
+
+def test_compare_of_unrelated_runs_shows_steps_only_in_one(
+    story: Story, rt: journaled.Runtime
+) -> None:
+    """F3: a step only in one run says so in the other's column; unrelated runs show no lineage."""
+    other = story.pass_run  # the demo's pass: no step id in common with the failed run
+    comparison = rt.runs.compare(story.failed, other)
+    assert comparison.only_in_a == ["fetch", "mirror", "sum", "publish"]
+    assert comparison.only_in_b
+    page = timeline.render_compare(rt, story.failed, other)
+    rows = dict(re.findall(r'<tr data-step="([^"]+)"[^>]*>(.*?)</tr>', page, re.S))
+    assert list(rows) == [s.step_id for s in comparison.steps]
+    for step_id in comparison.only_in_a:
+        assert rows[step_id].count("not in this run") == 1
+        assert rows[step_id].index("not in this run") > rows[step_id].index("</td><td>")
+    for step_id in comparison.only_in_b:
+        assert rows[step_id].count("not in this run") == 1
+        assert rows[step_id].index("not in this run") < rows[step_id].index("<pre>")
+    assert 'id="relation"' not in page
