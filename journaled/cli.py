@@ -42,6 +42,7 @@ from journaled.events.base import Event
 from journaled.runtime import verify as verify_journal
 from journaled.subscriptions import Subscription
 from journaled.timeline import write as write_timeline
+from journaled.timeline import write_compare
 
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."
 
@@ -89,11 +90,28 @@ def demo(ctx: click.Context, human_delay: float) -> None:
     required=True,
     help="The HTML file to write.",
 )
+@click.option(
+    "--compare",
+    "other",
+    metavar="RUN_B",
+    default=None,
+    help="Write a page comparing RUN_ID and RUN_B step by step instead (F3).",
+)
 @json_option
 @click.pass_context
-def timeline(ctx: click.Context, run_id: str, output: str) -> None:
-    """Write a self-contained HTML timeline of a run (O7). JSON: {run_id, path}."""
+def timeline(ctx: click.Context, run_id: str, output: str, other: str | None) -> None:
+    """Write a self-contained HTML timeline of a run (O7, F2), or of two compared (F3).
+
+    JSON: {run_id, path}, with "compare": RUN_B for a compare page.
+    """
     with open_runtime(ctx) as rt:
+        if other is not None:
+            path = call(lambda: write_compare(rt, run_id, other, Path(output)))
+            if wants_json(ctx):
+                emit({"run_id": run_id, "compare": other, "path": str(path)})
+            else:
+                click.echo(f"wrote {path} — open it in a browser; differing steps are highlighted")
+            return
         path = call(lambda: write_timeline(rt, run_id, Path(output)))
         if wants_json(ctx):
             emit({"run_id": run_id, "path": str(path)})

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Literal
@@ -16,6 +17,7 @@ from typing import Literal
 import msgspec
 
 from journaled.events.base import Event
+from journaled.events.fork import RunComparison
 from journaled.events.orchestration import (
     ApprovalRequested,
     BudgetAwaited,
@@ -35,6 +37,7 @@ from journaled.events.plans import ExecuteResult, Plan
 from journaled.events.run_audit import (
     RunWhy,
     Touched,
+    describe_fork,
     describe_orchestration_event,
     describe_run_event,
     duration,
@@ -46,6 +49,7 @@ from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
     BudgetStopped,
+    RunForked,
     RunResumed,
     RunStarted,
     StepFailed,
@@ -143,8 +147,32 @@ class Frame(msgspec.Struct, frozen=True, kw_only=True):
     ``keep`` lines kept from the previous frame's."""
 
 
-class Page(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything the page embeds."""
+class Link(msgspec.Struct, frozen=True, kw_only=True):
+    """One run of a fork's lineage, root first: the run and where it was forked from (F2)."""
+
+    run_id: str
+    forked_from: str | None = None
+    at: int | None = None
+
+
+class Fork(msgspec.Struct, frozen=True, kw_only=True):
+    """Where a fork comes from and what it kept (F2): the page's lineage block and marker."""
+
+    source: str
+    at: int
+    """The journal position the source was read at."""
+    first: int
+    """The fork's own first position (its ``run.forked``): the scrubber marks it."""
+    text: str
+    """The fork's ``run.forked`` described in one line."""
+    carried: list[str]
+    """Steps carried over from the source: succeeded there, never run here."""
+    replaced: list[str]
+    lineage: list[Link]
+
+
+class Page(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Everything the page embeds (``fork`` only for a fork: a plain run's page is unchanged)."""
 
     run_id: str
     orchestration: bool
@@ -152,6 +180,7 @@ class Page(msgspec.Struct, frozen=True, kw_only=True):
     plans: list[Layout]
     lines: list[str]
     frames: list[Frame]
+    fork: Fork | None = None
 
 
 def render(rt: Runtime, run_id: str) -> str:
@@ -244,13 +273,35 @@ def build(rt: Runtime, run_id: str) -> Page:
                 why=added,
             )
         )
+    fork = _fork(rt, run_id, own[0])
+    head = rt.runs.why(run_id).splitlines()[fork is not None]  # a fork's why opens with its origin
     return Page(
         run_id=run_id,
         orchestration=orchestration,
-        title=rt.runs.why(run_id).splitlines()[0].rstrip(":"),
+        title=head.rstrip(":"),
         plans=plans,
         lines=list(line_ids),
         frames=frames,
+        fork=fork,
+    )
+
+
+def _fork(rt: Runtime, run_id: str, first: Event) -> Fork | None:
+    """Describe the fork ``run_id`` is, or None for a run started afresh."""
+    data = first.data
+    if not isinstance(data, RunForked):
+        return None
+    return Fork(
+        source=data.source,
+        at=data.position,
+        first=first.position,
+        text=_describe(first),
+        carried=[c.observation.step_id for c in data.carried],
+        replaced=list(data.replaced),
+        lineage=[
+            Link(run_id=link.run_id, forked_from=link.forked_from, at=link.at)
+            for link in rt.runs.lineage(run_id)
+        ],
     )
 
 
@@ -286,15 +337,18 @@ class _Why:
             self._shown = lines
             return keep, lines[keep:]
         self._plain.add(event)
-        head = self._id(self._plain.head())
+        forked = self._plain.state.forked  # a fork's why starts with where it comes from (F2)
+        top = [self._id(describe_fork(forked))] if forked is not None else []
+        top.append(self._id(self._plain.head()))
         timeline = self._plain.timeline
-        if self._shown and self._shown[0] == head:
-            keep, added = 1 + self._told, [self._id(line) for line in timeline[self._told :]]
+        if self._shown == top:
+            keep = len(top) + self._told
+            added = [self._id(line) for line in timeline[self._told :]]
         else:
-            keep, added = 0, [head, *(self._id(line) for line in timeline)]
+            keep, added = 0, [*top, *(self._id(line) for line in timeline)]
         self._told = len(timeline)
         added.append(self._id(self._plain.now()))
-        self._shown = [head]  # only its head is compared next time; the rest is by count
+        self._shown = top  # only its top lines are compared next time; the rest is by count
         return keep, added
 
 
@@ -454,6 +508,171 @@ def _summary(result: ExecuteResult | None) -> str:
     if result.ok:
         return f"completed · {done}"
     return f"in progress · {done}"
+
+
+def render_compare(rt: Runtime, run_a: str, run_b: str) -> str:
+    """Render two runs side by side, step by step, as one self-contained HTML document (F3).
+
+    Per step id: the status and output in each run, the rows that differ highlighted; the calls
+    used in each. The data is ``rt.runs.compare(run_a, run_b)``; the page has no script at all.
+
+    Raises:
+        RunNotFound: either run is not in the journal.
+        ValueError: either run is an orchestration (compare its pass runs).
+    """
+    comparison = rt.runs.compare(run_a, run_b)
+    relation = _relation(rt, run_a, run_b)
+    return _compare_html(comparison, relation)
+
+
+def write_compare(rt: Runtime, run_a: str, run_b: str, path: str | os.PathLike[str]) -> Path:
+    """Write the compare page of two runs to ``path`` (creating its folder) and return the path.
+
+    Raises:
+        RunNotFound: either run is not in the journal.
+        ValueError: either run is an orchestration.
+    """
+    out = Path(path)
+    text = render_compare(rt, run_a, run_b)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text, encoding="utf-8")
+    return out
+
+
+def _relation(rt: Runtime, run_a: str, run_b: str) -> str:
+    """Say how two runs are related through forks, or "" when neither descends from the other."""
+    for this, other in ((run_b, run_a), (run_a, run_b)):
+        chain = rt.runs.lineage(this)
+        ids = [link.run_id for link in chain]
+        if other in ids[:-1]:
+            steps = chain[ids.index(other) + 1 :]
+            return " → ".join([other, *(f"{link.run_id} (forked at #{link.at})" for link in steps)])
+    return ""
+
+
+def _shown(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    return msgspec.json.format(msgspec.json.encode(value), indent=2).decode()
+
+
+def _cell(status: str | None, output: object, error: str | None) -> str:
+    if status is None:
+        return '<td class="absent" colspan="2">not in this run</td>'
+    note = f'<div class="note">{html.escape(error)}</div>' if error else ""
+    return (
+        f'<td><span class="pill" data-status="{html.escape(status)}">{html.escape(status)}'
+        f"</span></td><td><pre>{html.escape(_shown(output))}</pre>{note}</td>"
+    )
+
+
+def _compare_html(c: RunComparison, relation: str) -> str:
+    rows = []
+    for s in c.steps:
+        mark = "≠" if s.differs else "="
+        cls = ' class="differs"' if s.differs else ""
+        rows.append(
+            f'<tr data-step="{html.escape(s.step_id)}" data-differs="{str(s.differs).lower()}"'
+            f"{cls}>"
+            f'<th scope="row"><span class="eq">{mark}</span> {html.escape(s.step_id)}</th>'
+            f"{_cell(s.status_a, s.output_a, s.error_a)}{_cell(s.status_b, s.output_b, s.error_b)}"
+            "</tr>"
+        )
+    differing = c.differing
+    summary = (
+        f"{len(differing)} of {len(c.steps)} step(s) differ: {', '.join(differing)}"
+        if differing
+        else f"all {len(c.steps)} step(s) agree"
+    )
+    a, b = html.escape(c.run_a), html.escape(c.run_b)
+    lineage = f'<div class="meta" id="relation">lineage: {html.escape(relation)}</div>'
+    values = {
+        "__TITLE__": f"compare {a} and {b}",
+        "__RUN_A__": a,
+        "__RUN_B__": b,
+        "__CALLS_A__": str(c.calls_used_a),
+        "__CALLS_B__": str(c.calls_used_b),
+        "__SUMMARY__": html.escape(summary),
+        "__RELATION__": lineage if relation else "",
+        "__ROWS__": "\n".join(rows),
+    }
+    return re.sub("|".join(values), lambda m: values[m.group(0)], _COMPARE)
+
+
+_COMPARE = """<!doctype html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; style-src 'unsafe-inline'">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>__TITLE__</title>
+<style>
+:root { color-scheme: light dark; --bg: #f5f6f8; --panel: #fff; --ink: #1c2128; --muted: #57606a;
+  --line: #d8dee4; --succeeded: #1a7f37; --failed: #cf222e; --pending: #6e7781;
+  --differs: #fff8c5; --differs-edge: #bf8700; }
+@media (prefers-color-scheme: dark) { :root { --bg: #0d1117; --panel: #161b22; --ink: #e6edf3;
+  --muted: #9198a1; --line: #30363d; --succeeded: #3fb950; --failed: #f85149;
+  --pending: #9198a1; --differs: #3b2e05; --differs-edge: #d29922; } }
+body { margin: 0; background: var(--bg); color: var(--ink);
+  font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, Arial, sans-serif; }
+header { padding: 14px 24px 10px; border-bottom: 1px solid var(--line); background: var(--panel); }
+.brand { color: var(--muted); font-size: 12px; letter-spacing: .06em; text-transform: uppercase; }
+h1 { margin: 2px 0 4px; font-size: 20px; font-weight: 650; }
+.meta { color: var(--muted); }
+.chips { display: flex; flex-wrap: wrap; gap: 8px; margin-top: 8px; }
+.chip { padding: 3px 10px; border-radius: 12px; border: 1px solid var(--line); font-size: 13px; }
+main { padding: 16px 24px 24px; }
+table { width: 100%; border-collapse: collapse; background: var(--panel);
+  border: 1px solid var(--line); table-layout: fixed; }
+th, td { border-bottom: 1px solid var(--line); padding: 6px 8px; text-align: left;
+  vertical-align: top; overflow-wrap: anywhere; }
+thead th { font-size: 12px; text-transform: uppercase; letter-spacing: .05em; color: var(--muted); }
+thead code { text-transform: none; letter-spacing: 0; color: var(--ink); }
+col.step { width: 16%; } col.status { width: 10%; } col.out { width: 32%; }
+tr.differs { background: var(--differs); box-shadow: inset 5px 0 0 var(--differs-edge); }
+tr.differs .eq { color: var(--differs-edge); font-weight: 700; }
+.eq { color: var(--muted); font-family: ui-monospace, monospace; }
+pre { margin: 0; white-space: pre-wrap; font: 12.5px ui-monospace, SFMono-Regular, Menlo,
+  Consolas, monospace; }
+.pill { font-size: 11px; font-weight: 650; text-transform: uppercase; color: var(--pending); }
+.pill[data-status="succeeded"] { color: var(--succeeded); }
+.pill[data-status="failed"] { color: var(--failed); }
+.note { color: var(--failed); font-size: 12px; margin-top: 4px; }
+.absent { color: var(--muted); font-style: italic; }
+</style>
+</head>
+<body>
+<header>
+  <div class="brand">journaled · compare</div>
+  <h1><code>__RUN_A__</code> ↔ <code>__RUN_B__</code></h1>
+  __RELATION__
+  <div class="chips">
+    <span class="chip" id="summary">__SUMMARY__</span>
+    <span class="chip" id="calls-a">calls used in <code>__RUN_A__</code>: <b>__CALLS_A__</b></span>
+    <span class="chip" id="calls-b">calls used in <code>__RUN_B__</code>: <b>__CALLS_B__</b></span>
+  </div>
+</header>
+<main>
+<table id="compare">
+<colgroup><col class="step"><col class="status"><col class="out"><col class="status">
+<col class="out"></colgroup>
+<thead>
+<tr><th scope="col">step</th><th scope="col" colspan="2"><code>__RUN_A__</code></th>
+<th scope="col" colspan="2"><code>__RUN_B__</code></th></tr>
+<tr><th></th><th scope="col">status</th><th scope="col">output</th><th scope="col">status</th>
+<th scope="col">output</th></tr>
+</thead>
+<tbody>
+__ROWS__
+</tbody>
+</table>
+</main>
+</body>
+</html>
+"""
+"""The compare page, with ``__NAME__`` slots filled in one pass (so no value fills another)."""
 
 
 _TEMPLATE = resources.files("journaled").joinpath("timeline.html").read_text(encoding="utf-8")

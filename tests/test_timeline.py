@@ -35,13 +35,17 @@ class Story:
     """A plain run: a failed step, its skipped dependent, and a parallel wave."""
     approval: str
     """An orchestration that waited for approval before its pass started."""
+    fork: str
+    """``failed`` forked with its failing step replaced, then run: every step succeeded."""
+    refork: str
+    """``fork`` forked at its first position with no change, then run: a fork of a fork."""
 
     def run(self, name: str) -> str:
         """Return the run id the test parameter ``name`` stands for."""
         return str(getattr(self, name))
 
 
-RUNS = ["orchestration", "pass_run", "failed", "approval"]
+RUNS = ["orchestration", "pass_run", "failed", "approval", "fork", "refork"]
 
 
 def _boom(_: Any) -> str:
@@ -84,7 +88,16 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Story:
         pass_run = next(
             e.data.run for e in rt.runs.history(orchestration) if isinstance(e.data, PassStarted)
         )
-    return Story(url, orchestration, pass_run, failed.run_id, waiting.run_id)
+        mirror = journaled.Step("mirror", tool="ok", input="b", depends_on=["fetch"])
+        fork = rt.runs.fork(failed.run_id, replace={"mirror": mirror})
+        done = rt.resume(fork)
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+        refork = rt.runs.fork(fork, at=rt.runs.history(fork)[0].position)
+        done = rt.resume(refork)
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+    return Story(url, orchestration, pass_run, failed.run_id, waiting.run_id, fork, refork)
 
 
 @pytest.fixture
@@ -334,3 +347,229 @@ def test_cli_writes_the_timeline(tmp_path: Path) -> None:
     missing = CliRunner().invoke(main, ["--url", url, "timeline", "run_nope", "-o", str(out)])
     assert missing.exit_code != 0
     assert "no run" in missing.output
+
+
+# -- forks: lineage and compare (F2, F3) --------------------------------------------------------
+
+PLAIN_KEYS = {"run_id", "orchestration", "title", "plans", "lines", "frames"}
+
+
+def test_fork_page_embeds_its_lineage(story: Story, rt: journaled.Runtime) -> None:
+    """F2: a fork's page embeds its source, position, first position, carried steps and chain."""
+    data = _data(timeline.render(rt, story.refork))
+    first = rt.runs.history(story.refork)[0].position
+    at = rt.runs.lineage(story.refork)[-1].at
+    fork = data["fork"]
+    assert (fork["source"], fork["at"], fork["first"]) == (story.fork, at, first)
+    assert fork["carried"] == ["fetch", "sum"]
+    assert [(x["run_id"], x["forked_from"], x["at"]) for x in fork["lineage"]] == [
+        (x.run_id, x.forked_from, x.at) for x in rt.runs.lineage(story.refork)
+    ]
+    assert [x["run_id"] for x in fork["lineage"]] == [story.failed, story.fork, story.refork]
+    assert f"forked from {story.fork} at #{fork['at']}" in fork["text"]
+    assert data["title"] == f"run {story.refork} — completed"
+    assert _data(timeline.render(rt, story.fork))["fork"]["replaced"] == ["mirror"]
+
+
+@pytest.mark.parametrize("name", ["orchestration", "pass_run", "failed", "approval"])
+def test_plain_page_embeds_no_lineage(story: Story, rt: journaled.Runtime, name: str) -> None:
+    """F2: a run that is no fork embeds exactly what it did before forks existed."""
+    assert set(_data(timeline.render(rt, story.run(name)))) == PLAIN_KEYS
+
+
+def _browser() -> None:
+    reason = browser.missing()
+    if reason is not None:
+        unavailable("BROWSER", f"no browser test: {reason}")
+
+
+def _clean(driver: Any) -> None:
+    """Assert the page loaded nothing and logged no error (CSP violations are errors)."""
+    assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+    log: Callable[[str], list[dict[str, Any]]] = driver.get_log  # selenium leaves it untyped
+    assert [e for e in log("browser") if e["level"] == "SEVERE"] == []
+
+
+READ_FORK = """
+const mark = document.getElementById('forkmark');
+return {
+  line: document.getElementById('forkline').textContent,
+  href: document.querySelector('#forkline a').getAttribute('href'),
+  chain: Array.from(document.querySelectorAll('#chain li')).map((n) => n.dataset.run),
+  mark: mark && [mark.dataset.position, mark.style.left],
+  carried: Array.from(document.querySelectorAll('[data-carried="true"]'))
+    .map((n) => n.dataset.step),
+  replaced: Array.from(document.querySelectorAll('[data-replaced="true"]'))
+    .map((n) => n.dataset.step),
+  positions: window.timeline.positions,
+};
+"""
+
+
+def test_fork_lineage_in_chromium(story: Story, rt: journaled.Runtime, tmp_path: Path) -> None:
+    """F2: in Chromium a fork's page says where it was forked from, links the source's page
+    beside it, marks the fork's first position on the scrubber and its carried-over steps."""
+    _browser()
+    from selenium.webdriver.common.by import By
+
+    source = timeline.write(rt, story.failed, tmp_path / f"{story.failed}.html")
+    fork = timeline.write(rt, story.fork, tmp_path / f"{story.fork}.html")
+    refork = timeline.write(rt, story.refork, tmp_path / "refork.html")
+    at = {r: rt.runs.lineage(r)[-1].at for r in (story.fork, story.refork)}
+    first = {r: rt.runs.history(r)[0].position for r in (story.fork, story.refork)}
+    with browser.chromium() as driver:
+        driver.get(fork.as_uri())
+        shown = driver.execute_script(READ_FORK)
+        assert f"forked from {story.failed} at #{at[story.fork]}" in shown["line"]
+        assert shown["href"] == f"{story.failed}.html"
+        assert shown["chain"] == []  # a fork of a root: the line says it all
+        assert shown["mark"] == [str(first[story.fork]), "0%"]
+        assert shown["positions"][0] == first[story.fork]
+        assert sorted(shown["carried"]) == ["fetch", "sum"]
+        assert shown["replaced"] == ["mirror"]
+        _clean(driver)
+
+        driver.find_element(By.CSS_SELECTOR, "#forkline a").click()  # the source's page
+        assert driver.current_url == source.as_uri()
+        assert driver.find_elements(By.ID, "lineage") == []
+
+        driver.get(refork.as_uri())
+        shown = driver.execute_script(READ_FORK)
+        assert f"forked from {story.fork} at #{at[story.refork]}" in shown["line"]
+        assert shown["chain"] == [story.failed, story.fork, story.refork]
+        assert shown["mark"] == [str(first[story.refork]), "0%"]
+        assert sorted(shown["carried"]) == ["fetch", "sum"]
+        assert shown["replaced"] == []
+        driver.execute_script("window.setPosition(arguments[0])", first[story.refork])
+        _check_dom(driver, rt, story.refork, first[story.refork])  # carried: succeeded already
+        _clean(driver)
+        ARTIFACTS.mkdir(exist_ok=True)
+        driver.get(fork.as_uri())
+        assert driver.save_screenshot(str(ARTIFACTS / "timeline-fork.png"))
+
+
+def test_plain_page_has_no_lineage_in_chromium(
+    story: Story, rt: journaled.Runtime, tmp_path: Path
+) -> None:
+    """F2: a run that is no fork shows no lineage block, no fork marker, no carried-over step."""
+    _browser()
+    from selenium.webdriver.common.by import By
+
+    page = timeline.write(rt, story.failed, tmp_path / "failed.html")
+    with browser.chromium() as driver:
+        driver.get(page.as_uri())
+        assert driver.find_elements(By.ID, "lineage") == []
+        assert driver.find_elements(By.CSS_SELECTOR, ".forkmark, [data-carried], .flag-fork") == []
+        assert "forked" not in driver.find_element(By.TAG_NAME, "body").text
+        _clean(driver)
+
+
+READ_ROWS = """
+return Array.from(document.querySelectorAll('#compare tbody tr')).map((r) => ({
+  step: r.dataset.step,
+  highlighted: r.classList.contains('differs'),
+  background: getComputedStyle(r).backgroundColor,
+  cells: Array.from(r.querySelectorAll('td')).map((c) => c.textContent.trim()),
+}));
+"""
+
+
+def test_compare_highlights_exactly_the_differing_steps_in_chromium(
+    story: Story, rt: journaled.Runtime, tmp_path: Path
+) -> None:
+    """F3: the compare page of a fork with one replaced step and its source shows each step's
+    status and output in both runs and highlights exactly the steps that differ."""
+    _browser()
+    from selenium.webdriver.common.by import By
+
+    comparison = rt.runs.compare(story.failed, story.fork)
+    assert comparison.differing == ["mirror", "publish"]  # the replaced step and its dependent
+    page = timeline.write_compare(rt, story.failed, story.fork, tmp_path / "compare.html")
+    with browser.chromium() as driver:
+        driver.get(page.as_uri())
+        rows = driver.execute_script(READ_ROWS)
+        assert [r["step"] for r in rows] == [s.step_id for s in comparison.steps]
+        assert [r["step"] for r in rows if r["highlighted"]] == comparison.differing
+        plain = {r["background"] for r in rows if not r["highlighted"]}
+        assert len(plain) == 1
+        assert plain.isdisjoint(r["background"] for r in rows if r["highlighted"])
+        for row, step in zip(rows, comparison.steps, strict=True):
+            status_a, out_a, status_b, out_b = row["cells"]
+            assert (status_a, status_b) == (step.status_a, step.status_b)
+            assert out_a.startswith(step.output_a or "")
+            assert out_b.startswith(step.output_b or "")
+        assert "disk full" in rows[1]["cells"][1]  # the source's error, escaped, as text
+        text = driver.find_element(By.TAG_NAME, "header").text
+        assert f"calls used in {story.failed}: {comparison.calls_used_a}" in text
+        assert f"calls used in {story.fork}: {comparison.calls_used_b}" in text
+        assert f"{story.fork} (forked at #" in text
+        assert "2 of 4 step(s) differ: mirror, publish" in text
+        _clean(driver)
+        ARTIFACTS.mkdir(exist_ok=True)
+        assert driver.save_screenshot(str(ARTIFACTS / "timeline-compare.png"))
+
+
+def test_compare_page_loads_nothing_from_anywhere(story: Story, rt: journaled.Runtime) -> None:
+    """F3: the compare page has no script, link or URL, escapes run content, and forbids fetches."""
+    page = timeline.render_compare(rt, story.failed, story.fork)
+    assert page.startswith("<!doctype html>")
+    assert "<script" not in page.lower()
+    assert "<link" not in page.lower()
+    assert re.search(r"\b(src|href|srcset|action)\s*=", page, re.I) is None
+    for needle in ("http://", "https://", "@import", "url("):
+        assert needle not in page
+    assert "default-src 'none'" in page
+    assert NASTY not in page  # the failed step's error is text, not markup
+
+
+def test_compare_of_an_orchestration_is_an_error(story: Story, rt: journaled.Runtime) -> None:
+    """F3: comparing an orchestration (not a run) says to compare its pass runs."""
+    with pytest.raises(ValueError, match="compare its pass runs"):
+        timeline.render_compare(rt, story.orchestration, story.fork)
+
+
+def test_cli_writes_the_compare_page(story: Story, tmp_path: Path) -> None:
+    """F3: `journaled timeline A --compare B -o file` writes the compare page; JSON names it."""
+    from click.testing import CliRunner
+
+    from journaled.cli import main
+
+    out = tmp_path / "cmp" / "page.html"
+    args = ["--url", story.url, "timeline", story.failed, "--compare", story.fork, "-o", str(out)]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    assert "differing steps are highlighted" in result.output
+    with journaled.open(story.url) as rt:
+        assert out.read_text(encoding="utf-8") == timeline.render_compare(
+            rt, story.failed, story.fork
+        )
+    as_json = CliRunner().invoke(main, [*args[:2], "--json", *args[2:]])
+    assert as_json.exit_code == 0, as_json.output
+    assert json.loads(as_json.output) == {
+        "run_id": story.failed,
+        "compare": story.fork,
+        "path": str(out),
+    }
+    missing = CliRunner().invoke(main, [*args[:5], "run_nope", "-o", str(out)])
+    assert missing.exit_code != 0
+    assert "no run" in missing.output
+
+
+def test_compare_of_unrelated_runs_shows_steps_only_in_one(
+    story: Story, rt: journaled.Runtime
+) -> None:
+    """F3: a step only in one run says so in the other's column; unrelated runs show no lineage."""
+    other = story.pass_run  # the demo's pass: no step id in common with the failed run
+    comparison = rt.runs.compare(story.failed, other)
+    assert comparison.only_in_a == ["fetch", "mirror", "sum", "publish"]
+    assert comparison.only_in_b
+    page = timeline.render_compare(rt, story.failed, other)
+    rows = dict(re.findall(r'<tr data-step="([^"]+)"[^>]*>(.*?)</tr>', page, re.S))
+    assert list(rows) == [s.step_id for s in comparison.steps]
+    for step_id in comparison.only_in_a:
+        assert rows[step_id].count("not in this run") == 1
+        assert rows[step_id].index("not in this run") > rows[step_id].index("</td><td>")
+    for step_id in comparison.only_in_b:
+        assert rows[step_id].count("not in this run") == 1
+        assert rows[step_id].index("not in this run") < rows[step_id].index("<pre>")
+    assert 'id="relation"' not in page
