@@ -80,12 +80,17 @@ def latest_reads(reads: Iterable[Event]) -> list[Event]:
     return sorted(last.values(), key=lambda e: e.position)
 
 
-def fact_change(history: Sequence[Event], now: int) -> tuple[Change, int, str | None] | None:
+def fact_change(
+    history: Sequence[Event],
+    now: int,
+    lapsed: Callable[[str], bool] = lambda _: False,
+) -> tuple[Change, int, str | None] | None:
     """Return how a fact stands changed now — (change, since position, replacement) — or None.
 
     ``since`` is the position from which the change holds (for expiry: the epoch ms it expired).
     Purged outranks deleted, deleted outranks superseded; an expired fact that is otherwise
-    active is ``expired``.
+    active is ``expired``. A fact whose superseder has lapsed (``lapsed(superseder)``: it expired)
+    is visible again (M5), so it is not superseded.
     """
     superseded: tuple[int, str] | None = None
     deleted: int | None = None
@@ -110,7 +115,7 @@ def fact_change(history: Sequence[Event], now: int) -> tuple[Change, int, str | 
         return "purged", purged, None
     if deleted is not None:
         return "deleted", deleted, None
-    if superseded is not None:
+    if superseded is not None and not lapsed(superseded[1]):
         return "superseded", superseded[0], superseded[1]
     if valid_until is not None and valid_until <= now:
         return "expired", valid_until, None
@@ -129,6 +134,15 @@ def stale_reads(
     in the journal (for expiry: the fact expired after the read's time and before ``now``).
     ``hidden`` names facts this runtime must not see (another organization's, R1).
     """
+
+    def lapsed(fact_id: str) -> bool:
+        """Tell whether a superseder has expired by ``now`` (its superseded fact shows again)."""
+        for event in history(fact_id):
+            if isinstance(event.data, FactRemembered):
+                until = event.data.valid_until
+                return until is not None and until < now
+        return False
+
     changes: dict[str, tuple[Change, int, str | None] | None] = {}
     found: list[Stale] = []
     for event in latest_reads(reads):
@@ -136,7 +150,9 @@ def stale_reads(
         assert isinstance(data, MemoryRead)
         for fact_id in data.fact_ids:
             if fact_id not in changes:
-                changes[fact_id] = None if hidden(fact_id) else fact_change(history(fact_id), now)
+                changes[fact_id] = (
+                    None if hidden(fact_id) else fact_change(history(fact_id), now, lapsed)
+                )
             change = changes[fact_id]
             if change is None:
                 continue

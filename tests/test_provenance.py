@@ -397,3 +397,16 @@ def test_refresh_replaces_each_stale_step_by_its_own_definition(
         "deploy",
         "pending",
     )
+
+
+def test_a_superseder_that_expired_leaves_the_read_current(sqlite_url: str) -> None:
+    """P3/M5: a fact whose superseder has expired is visible again: its read is not stale."""
+    clock = ManualClock(step=1)
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.memory.remember("deploy to eu-west", conflict_key="deploy")
+        _reader(rt)
+        run = rt.runs.execute(_plan())
+        rt.memory.remember("deploy to us-east", conflict_key="deploy", valid_until=clock() + 1_000)
+        assert [s.change for s in rt.runs.stale(run.run_id)] == ["superseded"]
+        clock.advance(2_000)
+        assert rt.runs.stale(run.run_id) == []
