@@ -177,7 +177,7 @@ def run(url: str | None, console: Console, human_delay: float = 1.5) -> str:
             f"  journaled runs history {pass_run}\n"
             f"  journaled memory history {old.id}\n"
             f"  journaled runs stale {stale_run}\n"
-            f"  journaled runs compare {stale_run} {fork_id}",
+            f"  journaled runs why {fork_id}",
             highlight=False,
         )
         return run_id
@@ -229,14 +229,15 @@ def _provenance_act(rt: journaled.Runtime, console: Console) -> tuple[str, str]:
     for stale in rt.runs.stale(first.run_id):
         by = f" by {stale.replacement}" if stale.replacement else ""
         console.print(
-            f"    step {stale.step_id} read {stale.fact_id}: {stale.change}{by}", highlight=False
+            f"    step {stale.step_id} read {stale.fact_id}\n      {stale.change}{by}",
+            highlight=False,
         )
     fork_id = rt.runs.refresh(first.run_id)
     ran.clear()
     rt.resume(fork_id)
+    console.print(f"  [bold]runs refresh[/] → {fork_id}", highlight=False)
     console.print(
-        f"  [bold]runs refresh[/] → {fork_id}, resumed: "
-        f"re-ran {', '.join(sorted(ran, key=order.index))}; "
+        f"    resumed it: re-ran {', '.join(sorted(ran, key=order.index))}; "
         f"kept {', '.join(s for s in order if s not in ran)}",
         highlight=False,
     )

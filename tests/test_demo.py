@@ -80,15 +80,14 @@ def test_demo_provenance_act(tmp_path: Path, times: int) -> None:
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     for _ in range(times):
         out = _tell(url)
-    found = re.search(r"journaled runs compare (\S+) (\S+)", out)
-    assert found is not None, out
-    source, fork = found.groups()
+    source = re.findall(r"journaled runs stale (\S+)", out)[-1]
+    fork = re.findall(r"runs refresh → (\S+)", out)[-1]
     with journaled.open(url) as rt:
         stale = rt.runs.stale(source)
         assert [(s.step_id, s.change) for s in stale] == [("region", "superseded")]
         replacement = stale[0].replacement
         assert replacement is not None
-        assert f"step region read {stale[0].fact_id}: superseded by {replacement}" in out
+        assert re.search(rf"step region read {stale[0].fact_id}\s+superseded by {replacement}", out)
         assert rt.memory.get(replacement).text == "The deploy region is us-east"  # type: ignore[union-attr]
         ran = [
             e.data.step_id  # type: ignore[attr-defined]
