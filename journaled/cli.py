@@ -67,7 +67,7 @@ main.add_command(schema)
 @json_option
 @click.pass_context
 def demo(ctx: click.Context, human_delay: float) -> None:
-    """Tell a short story: memory, a budget pause, a question, and why each happened.
+    """Tell a short story: memory, a budget pause, a question, why, and a stale fact refreshed.
 
     JSON: {run_id} of the story's orchestration; the story itself then goes to stderr.
     """

@@ -3,7 +3,9 @@
 A scripted model stands in for an LLM. The story remembers project facts (one supersedes another),
 orchestrates a plan of tool, skill and agent steps under a call budget that is too small, pauses,
 resumes with a bigger budget, waits for a human answer to an agent's question, completes — and then
-asks the journal why each of those things happened.
+asks the journal why each of those things happened. A last act acts on the past: a fact a run read
+is superseded, the journal names the stale step, and a refreshed fork re-runs just that step and
+what depends on it (P1-P4, F1, F3).
 """
 
 from __future__ import annotations
@@ -165,6 +167,7 @@ def run(url: str | None, console: Console, human_delay: float = 1.5) -> str:
         stop = next(e for e in events if e.kind == "run.budget-stopped")
         console.print(f"  {_describe(stop)}", highlight=False, markup=False)
         console.print(f"\n{rt.memory.why(new.id)}", markup=False, highlight=False)
+        stale_run, fork_id = _provenance_act(rt, console)
         end = rt.journal.position()
         console.rule("Look further")
         console.print(
@@ -172,10 +175,79 @@ def run(url: str | None, console: Console, human_delay: float = 1.5) -> str:
             f"  journaled runs why {run_id}\n"
             f"  journaled runs show {pass_run} --at {stop.position}\n"
             f"  journaled runs history {pass_run}\n"
-            f"  journaled memory history {old.id}",
+            f"  journaled memory history {old.id}\n"
+            f"  journaled runs stale {stale_run}\n"
+            f"  journaled runs why {fork_id}",
             highlight=False,
         )
         return run_id
+
+
+REGION_KEY = "deploy-region"
+
+
+def _provenance_act(rt: journaled.Runtime, console: Console) -> tuple[str, str]:
+    """Supersede a fact a run read, show the stale step, refresh and compare; return both ids."""
+    console.rule("5. A fact a run relied on changes: stale, refresh, compare")
+    ran: list[str] = []
+
+    def region(query: str, ctx: Any) -> str:
+        ran.append("region")
+        fact = next(f for f in ctx.memory.search(query) if f.conflict_key == REGION_KEY)
+        return str(fact.text.rsplit(" ", 1)[-1])
+
+    def release(_: Any) -> str:
+        ran.append("release")
+        return "release planned"
+
+    def notes(_: Any) -> str:
+        ran.append("notes")
+        return "notes written"
+
+    rt.register_tool("read_region", region)
+    rt.register_tool("plan_release", release)
+    rt.register_tool("write_notes", notes)
+    plan = journaled.Plan(
+        goal="plan the release",
+        steps=[
+            journaled.Step("region", tool="read_region", input="deploy region"),
+            journaled.Step("release", tool="plan_release", depends_on=["region"]),
+            journaled.Step("notes", tool="write_notes"),
+        ],
+    )
+    rt.memory.remember("The deploy region is eu-west", conflict_key=REGION_KEY, domain="ops")
+    first = rt.execute(plan)
+    order = [s.id for s in plan.steps]
+    console.print(
+        f"  run {first.run_id}: ran {', '.join(sorted(ran, key=order.index))}", highlight=False
+    )
+    newer = rt.memory.remember(
+        "The deploy region is us-east", conflict_key=REGION_KEY, domain="ops"
+    )
+    console.print(f"  remembered {newer.id}: [bold]{newer.text}[/]", highlight=False)
+    console.print(f"  [bold]runs stale {first.run_id}[/]", highlight=False)
+    for stale in rt.runs.stale(first.run_id):
+        by = f" by {stale.replacement}" if stale.replacement else ""
+        console.print(
+            f"    step {stale.step_id} read {stale.fact_id}\n      {stale.change}{by}",
+            highlight=False,
+        )
+    fork_id = rt.runs.refresh(first.run_id)
+    ran.clear()
+    rt.resume(fork_id)
+    console.print(f"  [bold]runs refresh[/] → {fork_id}", highlight=False)
+    console.print(
+        f"    resumed it: re-ran {', '.join(sorted(ran, key=order.index))}; "
+        f"kept {', '.join(s for s in order if s not in ran)}",
+        highlight=False,
+    )
+    comparison = rt.runs.compare(first.run_id, fork_id)
+    table = Table("step", "before", "after", title="runs compare: before → after")
+    for step in comparison.steps:
+        mark = "≠ " if step.differs else "  "
+        table.add_row(mark + step.step_id, repr(step.output_a), repr(step.output_b))
+    console.print(table)
+    return first.run_id, fork_id
 
 
 def _describe(event: journaled.Event) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,7 @@ def test_demo_story_is_in_the_journal(story: tuple[str, str]) -> None:
     url, run_id = story
     with journaled.open(url) as rt:
         kinds = [e.kind for e in rt.journal.read()]
-        assert kinds.count("memory.fact-superseded") == 1
+        assert kinds.count("memory.fact-superseded") == 2  # the port, then the deploy region
         orchestration = [e.kind for e in rt.runs.history(run_id)]
         assert orchestration[0] == "orchestration.started"
         assert "orchestration.budget-awaited" in orchestration
@@ -48,7 +49,9 @@ def test_demo_story_is_in_the_journal(story: tuple[str, str]) -> None:
         assert "paused before wave 4" in why
         assert "Which region" in why
         children = [
-            e for e in rt.journal.read() if e.kind == "run.started" and e.stream != pass_run
+            e
+            for e in rt.journal.read()
+            if e.kind == "run.started" and e.data.parent_run == pass_run  # type: ignore[attr-defined]
         ]
         assert [c.data.parent_step for c in children] == ["deploy"]  # type: ignore[attr-defined]
 
@@ -60,6 +63,44 @@ def test_demo_runs_twice_in_one_directory(story: tuple[str, str]) -> None:
     assert second != first
     with journaled.open(url) as rt:
         assert rt._orchestrations.state(second).status == "completed"
+
+
+def _tell(url: str) -> str:
+    """Run the demo on ``url`` and return what it printed."""
+    console = Console(file=io.StringIO(), width=100)
+    demo.run(url, console, human_delay=0)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert isinstance(out, str)
+    return out
+
+
+@pytest.mark.parametrize("times", [1, 2])
+def test_demo_provenance_act(tmp_path: Path, times: int) -> None:
+    """P3/P4/F3: demo names the stale step, refresh re-runs it and dependents, compare differs."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    for _ in range(times):
+        out = _tell(url)
+    source = re.findall(r"journaled runs stale (\S+)", out)[-1]
+    fork = re.findall(r"runs refresh → (\S+)", out)[-1]
+    with journaled.open(url) as rt:
+        stale = rt.runs.stale(source)
+        assert [(s.step_id, s.change) for s in stale] == [("region", "superseded")]
+        replacement = stale[0].replacement
+        assert replacement is not None
+        assert re.search(rf"step region read {stale[0].fact_id}\s+superseded by {replacement}", out)
+        assert rt.memory.get(replacement).text == "The deploy region is us-east"  # type: ignore[union-attr]
+        ran = [
+            e.data.step_id  # type: ignore[attr-defined]
+            for e in rt.runs.history(fork)
+            if e.kind == "run.step-succeeded"
+        ]
+        assert sorted(ran) == ["region", "release"]  # notes was carried over, not re-run
+        assert rt.runs.lineage(fork)[-1].forked_from == source
+        comparison = rt.runs.compare(source, fork)
+        assert comparison.differing == ["region"]
+        assert rt.runs.stale(fork) == []
+    assert "re-ran region, release; kept notes" in out
+    assert re.search(r"≠ region\s+│ 'eu-west'\s+│ 'us-east'", out), out
 
 
 def test_cli_reads_the_story(story: tuple[str, str]) -> None:

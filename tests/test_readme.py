@@ -72,11 +72,11 @@ def python_examples() -> list[str]:
     return [b for b in blocks if b.startswith("import journaled")]
 
 
-@pytest.mark.parametrize("index", range(3))
+@pytest.mark.parametrize("index", range(4))
 def test_python_examples_run_as_written(index: int, tmp_path: Path) -> None:
     """README: the tour's Python examples run as written, in a fresh process."""
     examples = python_examples()
-    assert len(examples) == 3
+    assert len(examples) == 4
     env = {k: v for k, v in os.environ.items() if not k.startswith("JOURNALED_")}
     done = subprocess.run(
         [sys.executable, "-c", examples[index]],
