@@ -34,6 +34,7 @@ PostgreSQL needs the ``postgres`` extra (``eventsourcing[postgres]``: psycopg an
 from __future__ import annotations
 
 import contextlib
+import importlib
 import logging
 import os
 import re
@@ -43,7 +44,8 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from eventsourcing.application import Application
@@ -81,23 +83,34 @@ from journaled.events.journal._digest import (
 )
 from journaled.events.journal._digest import verify as _verify
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
-from journaled.events.journal._postgres import (
-    _POSTGRES_MISSING,
-    _hide,
-    _pg_chained,
-    _pg_connect,
-    _pg_exists,
-    _require_postgres,
-    migrate,
-    migrate_subscriptions,
-)
 from journaled.events.journal._sqlite import _SQLiteFactory, _SQLiteRecorder
 from journaled.events.url import JournalConfig
 
-if _POSTGRES_MISSING is None:
-    from journaled.events.journal._postgres import _PostgresFactory, _PostgresRecorder
+if TYPE_CHECKING:
+    from journaled.events.journal._postgres import _PostgresRecorder
 
 log = logging.getLogger("journaled")
+
+
+def _pg() -> ModuleType:
+    """Return the PostgreSQL side of the journal, importing it (and its driver) on first use.
+
+    A SQLite or in-memory journal never pays for importing psycopg (T4).
+    """
+    return importlib.import_module("journaled.events.journal._postgres")
+
+
+def migrate(config: JournalConfig) -> None:
+    """Create or upgrade a PostgreSQL journal's tables, idempotently (ADR 0012).
+
+    See :func:`journaled.events.journal._postgres.migrate`.
+    """
+    _pg().migrate(config)
+
+
+def _hide(text: str, config: JournalConfig) -> str:
+    """Remove the password from a message (libpq does not echo it; this makes sure)."""
+    return text.replace(config.password, "***") if config.password else text
 
 
 _SQLITE_PROBE = 0.002
@@ -188,12 +201,12 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
             "JOURNALED_DURABILITY": config.durability,
         }
     if config.backend == "postgresql":
-        _require_postgres()
+        _pg()._require_postgres()
         assert config.host is not None
         assert config.user is not None
         assert config.dbname is not None
         return {
-            "PERSISTENCE_MODULE": get_topic(_PostgresFactory),
+            "PERSISTENCE_MODULE": get_topic(_pg()._PostgresFactory),
             "POSTGRES_DBNAME": config.dbname,
             "POSTGRES_HOST": config.host,
             "POSTGRES_PORT": str(config.port),
@@ -236,7 +249,7 @@ class Journal:
         if config.backend == "postgresql":
             if create:
                 migrate(config)
-            elif not _pg_exists(config):
+            elif not _pg()._pg_exists(config):
                 raise JournalUrlError(
                     f"no journal in {config.url}: check the URL (nothing was created, because "
                     "reading must not make an empty journal)"
@@ -256,11 +269,11 @@ class Journal:
         if config.backend == "postgresql" and not create:
             # Reading creates nothing (ADR 0012): a journal of an older release without the
             # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
-            self._recorder.chained = _pg_chained(config)
+            self._recorder.chained = _pg()._pg_chained(config)
             # Opened for reading without migrating: a journal of an older release has no scrub
             # table, and creating one here would break the promise that reading creates nothing.
             recorder = self._recorder
-            assert isinstance(recorder, _PostgresRecorder)
+            assert isinstance(recorder, _pg()._PostgresRecorder)
             recorder.track_scrub = recorder.has_scrub_table()
         self._closed = False
         self._scrub_lock = threading.Lock()
@@ -354,7 +367,7 @@ class Journal:
         with self._scrub_lock:
             if self.config.backend == "postgresql":
                 recorder = self._recorder
-                assert isinstance(recorder, _PostgresRecorder)
+                assert isinstance(recorder, _pg()._PostgresRecorder)
                 recorder.erase(wait)
             elif self.config.backend == "sqlite" and self.config.path is not None:
                 self._truncate_wal(self.config.path, wait)
@@ -609,7 +622,7 @@ class Journal:
         if isinstance(recorder, _SQLiteRecorder | _POPORecorder):
             recorder.create_subscription_table()
         else:
-            migrate_subscriptions(self.config)
+            _pg().migrate_subscriptions(self.config)
         self._subscription_table = True
 
     # -- waiting for appends ---------------------------------------------------------------------
@@ -656,7 +669,7 @@ class Journal:
         with self._listen_lock:
             try:
                 if self._listener is None:
-                    conn = _pg_connect(self.config)
+                    conn = _pg()._pg_connect(self.config)
                     conn.autocommit = True
                     channel = getattr(self._recorder, "channel_name", "")
                     conn.execute(f'LISTEN "{channel}"')
@@ -716,7 +729,7 @@ class Journal:
     def _watch_source(self) -> Iterator[Callable[[], bool]]:
         """Yield a probe that waits a little and tells whether another process committed."""
         if self.config.backend == "postgresql":
-            conn = _pg_connect(self.config)
+            conn = _pg()._pg_connect(self.config)
             try:
                 conn.autocommit = True
                 channel = getattr(self._recorder, "channel_name", "")
