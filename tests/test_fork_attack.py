@@ -311,3 +311,20 @@ def test_call_budget_below_calls_used_is_refused_or_never_overspent(
     assert isinstance(result, journaled.ExecuteResult)
     assert result.calls_used == 2, result.calls_used
     assert result.stopped_for_budget
+
+
+def test_a_second_runtime_forks_a_run_the_first_just_extended(
+    sqlite_url: str, clock: ManualClock, rt: journaled.Runtime
+) -> None:
+    """F1: a runtime opened before a run was extended forks it with every step it now holds."""
+    with journaled.open(sqlite_url, clock=clock, organization="acme") as late:
+        late.register_tool("t", lambda x: {"late": x})
+        source = rt.runs.execute(Plan(goal="g", steps=[Step("a", tool="t", input="a")]))
+        fork = rt.runs.fork(source.run_id, replace={"a": Step("a", tool="t", input="a2")})
+        rt.ran.clear()  # type: ignore[attr-defined]
+        assert rt.resume(fork).ok  # type: ignore[union-attr]
+        again = late.runs.fork(fork)
+        result = late.resume(again)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        assert [o.output for o in result.observations] == [{"v": "a2"}]
