@@ -1,0 +1,330 @@
+"""Attacks on fork and provenance: odd positions and replacements, races, tenants (F, P)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import journaled
+from journaled import Plan, Step
+from journaled.testing import ManualClock
+
+SECRET = "the vault code is 4242"
+
+
+@pytest.fixture
+def rt(sqlite_url: str, clock: ManualClock) -> Iterator[journaled.Runtime]:
+    """Yield a runtime on a real SQLite file with tools ``t`` and ``read`` registered."""
+    with journaled.open(sqlite_url, clock=clock, organization="acme") as runtime:
+        ran: list[str] = []
+
+        def t(x: Any) -> Any:
+            ran.append(str(x))
+            return {"v": x}
+
+        runtime.register_tool("t", t)
+
+        def read(query: str, ctx: Any) -> list[str]:
+            return [f.text for f in ctx.memory.search(query)]
+
+        runtime.register_tool("read", read)
+        runtime.ran = ran  # type: ignore[attr-defined]
+        yield runtime
+
+
+def _plan() -> Plan:
+    return Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="t", input="a"),
+            Step("b", tool="t", input="b", depends_on=["a"]),
+            Step("c", tool="t", input="c"),
+        ],
+    )
+
+
+def _run(rt: journaled.Runtime) -> str:
+    result = rt.runs.execute(_plan())
+    assert result.ok, result
+    return result.run_id
+
+
+@pytest.mark.parametrize("at", [0, -1, True, False, "3", 1.5])
+def test_fork_at_an_odd_position_is_refused_and_appends_nothing(
+    rt: journaled.Runtime, at: Any
+) -> None:
+    """F1: `at` that is not a position inside the run is refused, naming `at`; nothing appended."""
+    source = _run(rt)
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match="at"):
+        rt.runs.fork(source, at)
+    assert rt.journal.position() == end
+
+
+def test_fork_at_a_position_inside_another_runs_events_takes_the_source_state_then(
+    rt: journaled.Runtime,
+) -> None:
+    """F1: a position inside another run's events forks the source as it stood at that point."""
+    source = _run(rt)
+    mid = rt.journal.position()
+    _run(rt)
+    fork = rt.runs.fork(source, mid - 1 if mid > 1 else mid)
+    then = rt.runs.at(source, mid - 1 if mid > 1 else mid)
+    kept = {s.id for s in then.plan.steps if s.status == "succeeded"}
+    rt.ran.clear()  # type: ignore[attr-defined]
+    result = rt.resume(fork)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok
+    assert sorted(rt.ran) == sorted({"a", "b", "c"} - kept)  # type: ignore[attr-defined]
+
+
+def test_fork_at_the_runs_first_event_re_runs_every_step(rt: journaled.Runtime) -> None:
+    """F1: a fork at the run's very first event keeps nothing: every step runs again."""
+    source = _run(rt)
+    first = rt.runs.history(source)[0].position
+    fork = rt.runs.fork(source, first)
+    rt.ran.clear()  # type: ignore[attr-defined]
+    result = rt.resume(fork)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok
+    assert sorted(rt.ran) == ["a", "b", "c"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("replace", "field"),
+    [
+        ({"a": "not a step"}, "replace['a']"),
+        ({"a": Step("zz", tool="t", input="a")}, "replace['a'].id"),
+        ({"b": Step("b", tool="t", input="b")}, "replace['b'].depends_on"),
+        ({"nope": Step("nope", tool="t", input=1)}, "replace['nope']"),
+        ({"a": Step("a", tool="t", input={"x": object()})}, "replace['a'].input"),
+        (["a"], "replace"),
+    ],
+)
+def test_fork_with_an_odd_replacement_is_refused_and_appends_nothing(
+    rt: journaled.Runtime, replace: Any, field: str
+) -> None:
+    """F1: a replacement that is no Step, renames, rewires or names no step is refused."""
+    source = _run(rt)
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match=r"replace") as info:
+        rt.runs.fork(source, replace=replace)
+    assert str(info.value).startswith(field), str(info.value)
+    assert "\n" not in str(info.value)
+    assert rt.journal.position() == end
+
+
+def test_fork_with_a_huge_replacement_input_keeps_it_and_reruns_downstream(
+    rt: journaled.Runtime,
+) -> None:
+    """F1: a large replaced input is kept whole; the step and its dependents re-run, c does not."""
+    source = _run(rt)
+    big = "x" * 200_000
+    fork = rt.runs.fork(source, replace={"a": Step("a", tool="t", input=big)})
+    rt.ran.clear()  # type: ignore[attr-defined]
+    result = rt.resume(fork)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok
+    assert sorted(rt.ran, key=len) == ["b", big]  # type: ignore[attr-defined]
+
+
+def test_answers_to_a_step_that_is_not_waiting_are_refused(rt: journaled.Runtime) -> None:
+    """F1: `answers` for a step that is not waiting is refused, naming answers; nothing appended."""
+    source = _run(rt)
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match="answers"):
+        rt.runs.fork(source, answers={"a": "yes"})
+    with pytest.raises(ValueError, match="answers"):
+        rt.runs.fork(source, answers={"nope": "yes"})
+    assert rt.journal.position() == end
+
+
+def test_refresh_of_a_run_with_nothing_stale_is_refused(rt: journaled.Runtime) -> None:
+    """P4: refresh of a run with no stale step is a one-line error naming run_id; no run made."""
+    source = _run(rt)
+    before = rt.runs.list()
+    with pytest.raises(ValueError, match="run_id"):
+        rt.runs.refresh(source)
+    assert rt.runs.list() == before
+
+
+def test_stale_after_purge_says_purged_and_leaks_no_text(rt: journaled.Runtime) -> None:
+    """P3/R2: a purged read fact makes its step stale with change 'purged'; no text shows."""
+    fact = rt.memory.remember(SECRET, conflict_key="vault")
+    result = rt.runs.execute(Plan(goal="g", steps=[Step("r", tool="read", input="vault code")]))
+    assert result.ok, result
+    rt.memory.purge(fact.id, reason="gdpr")
+    found = rt.runs.stale(result.run_id)
+    assert [(s.step_id, s.fact_id, s.change) for s in found] == [("r", fact.id, "purged")]
+    assert "4242" not in repr(found)
+    fork = rt.runs.refresh(result.run_id)
+    assert "4242" not in repr(rt.runs.lineage(fork))
+
+
+def test_another_organization_sees_no_stale_or_use_of_acmes_facts(
+    sqlite_url: str, clock: ManualClock, rt: journaled.Runtime
+) -> None:
+    """P2/P3/R1: another organization sees neither uses nor staleness of acme's facts."""
+    fact = rt.memory.remember(SECRET, scope="organization", conflict_key="vault")
+    result = rt.runs.execute(Plan(goal="g", steps=[Step("r", tool="read", input="vault code")]))
+    assert result.ok, result
+    assert [u.step_id for u in rt.memory.used_by(fact.id)] == ["r"]
+    rt.memory.delete(fact.id)
+    assert [s.fact_id for s in rt.runs.stale(result.run_id)] == [fact.id]
+    with journaled.open(sqlite_url, clock=clock, organization="other") as other:
+        assert other.memory.used_by(fact.id) == []
+        assert other.runs.stale(result.run_id) == []
+        assert other.runs.stale() == []
+
+
+def test_two_threads_resuming_one_fork_run_it_once(rt: journaled.Runtime) -> None:
+    """F1/R8: two threads resume one fork: one runs it, the other is refused; steps run once."""
+    source = _run(rt)
+    fork = rt.runs.fork(source, replace={"c": Step("c", tool="t", input="c2")})
+    rt.ran.clear()  # type: ignore[attr-defined]
+    barrier = threading.Barrier(2)
+    outcomes: list[object] = []
+
+    def go() -> None:
+        barrier.wait()
+        try:
+            outcomes.append(rt.resume(fork))
+        except Exception as exc:
+            outcomes.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    ok = [o for o in outcomes if isinstance(o, journaled.ExecuteResult)]
+    assert len(outcomes) == 2
+    assert ok
+    assert all(o.ok for o in ok)
+    assert rt.ran.count("c2") == 1, rt.ran  # type: ignore[attr-defined]
+
+
+def _gated(rt: journaled.Runtime) -> tuple[threading.Event, threading.Event]:
+    """Register tool ``gate``: it signals it entered, then waits for release."""
+    entered, release = threading.Event(), threading.Event()
+
+    def gate(x: Any) -> Any:
+        entered.set()
+        assert release.wait(60)
+        return {"gate": x}
+
+    rt.register_tool("gate", gate)
+    return entered, release
+
+
+def test_purge_of_a_source_while_its_fork_executes_is_refused_then_erases_both(
+    rt: journaled.Runtime,
+) -> None:
+    """R2/F2: purging a fork's source while the fork executes is refused; later it erases both."""
+    entered, release = _gated(rt)
+    release.set()
+    source = rt.runs.execute(
+        Plan(
+            goal=SECRET, steps=[Step("a", tool="t", input=SECRET), Step("g", tool="gate", input=1)]
+        )
+    )
+    fork = rt.runs.fork(source.run_id, replace={"g": Step("g", tool="gate", input=2)})
+    release.clear()
+    entered.clear()
+    done: list[object] = []
+    worker = threading.Thread(target=lambda: done.append(rt.resume(fork)))
+    worker.start()
+    assert entered.wait(60)
+    with pytest.raises(journaled.RunNotPurgeable):
+        rt.runs.purge(source.run_id, reason="gdpr")
+    release.set()
+    worker.join(60)
+    assert len(done) == 1
+    assert isinstance(done[0], journaled.ExecuteResult)
+    assert done[0].ok
+    assert rt.runs.purge(source.run_id, reason="gdpr") > 0
+    for run in (source.run_id, fork):
+        assert "4242" not in repr(rt.runs.history(run)), run
+
+
+def test_forking_a_fork_while_it_executes_keeps_only_what_had_succeeded(
+    rt: journaled.Runtime,
+) -> None:
+    """F1/F2: a fork of an executing fork keeps its succeeded steps; lineage names both forks."""
+    entered, release = _gated(rt)
+    release.set()
+    source = rt.runs.execute(
+        Plan(goal="g", steps=[Step("a", tool="t", input="a"), Step("g", tool="gate", input=1)])
+    )
+    release.clear()
+    first = rt.runs.fork(source.run_id, replace={"g": Step("g", tool="gate", input=2)})
+    worker = threading.Thread(target=lambda: rt.resume(first))
+    worker.start()
+    assert entered.wait(60)
+    second = rt.runs.fork(first)
+    release.set()
+    worker.join(60)
+    assert [(x.run_id, x.forked_from) for x in rt.runs.lineage(second)] == [
+        (source.run_id, None),
+        (first, source.run_id),
+        (second, first),
+    ]
+    rt.ran.clear()  # type: ignore[attr-defined]
+    result = rt.resume(second)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok
+    assert rt.ran == []  # type: ignore[attr-defined]
+    assert rt.runs.compare(first, second).differing == []
+
+
+def test_call_budget_below_calls_used_is_refused_or_never_overspent(
+    rt: journaled.Runtime,
+) -> None:
+    """F1: a call_budget below the calls already used never lets the fork make another call."""
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        return journaled.AgentResult(output=step.id, calls_used=2)
+
+    rt.register_agent("ag", agent)
+    rt.register_skill("s", lambda x: f"idea {x}")
+    source = rt.runs.execute(
+        Plan(goal="g", steps=[Step("x", agent="ag", input=1), Step("y", skill="s", input=2)])
+    )
+    assert source.calls_used == 3
+    end = rt.journal.position()
+    try:
+        fork = rt.runs.fork(
+            source.run_id, replace={"y": Step("y", skill="s", input=3)}, call_budget=1
+        )
+    except ValueError as exc:
+        refused = str(exc)
+    else:
+        refused = ""
+    if refused:
+        assert "call_budget" in refused
+        assert rt.journal.position() == end
+        return
+    result = rt.resume(fork)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.calls_used == 2, result.calls_used
+    assert result.stopped_for_budget
+
+
+def test_a_second_runtime_forks_a_run_the_first_just_extended(
+    sqlite_url: str, clock: ManualClock, rt: journaled.Runtime
+) -> None:
+    """F1: a runtime opened before a run was extended forks it with every step it now holds."""
+    with journaled.open(sqlite_url, clock=clock, organization="acme") as late:
+        late.register_tool("t", lambda x: {"late": x})
+        source = rt.runs.execute(Plan(goal="g", steps=[Step("a", tool="t", input="a")]))
+        fork = rt.runs.fork(source.run_id, replace={"a": Step("a", tool="t", input="a2")})
+        rt.ran.clear()  # type: ignore[attr-defined]
+        assert rt.resume(fork).ok  # type: ignore[union-attr]
+        again = late.runs.fork(fork)
+        result = late.resume(again)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        assert [o.output for o in result.observations] == [{"v": "a2"}]
