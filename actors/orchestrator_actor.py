@@ -183,7 +183,12 @@ class Orchestrator(pykka.ThreadingActor):
             self._heartbeat.cancel()
         self.directory.unregister(self.address, self.actor_ref)
         if self._worker is not None:
-            self._worker.stop(block=False)  # a planner still thinking finishes, unheard
+            stopping = self._worker.stop(block=False)
+            if self._asked is None:
+                # Idle: it stops at once, so whoever the answer wakes finds no actor left running.
+                with contextlib.suppress(pykka.Timeout, pykka.ActorDeadError):
+                    stopping.get(timeout=5.0)
+            # Else a planner still thinking finishes, unheard; the worker stops after it.
         reply: object
         if self._result is not None:
             reply = OrchestrationStopped(correlation=self.correlation, outcome=self._result)
