@@ -118,7 +118,12 @@ class Executor(pykka.ThreadingActor):
         self.reserve = reserve
         self._opening = opening
         self.recorder = RunRecorder(
-            journal, state, on_progress=on_progress, trace=trace, opened=opened
+            journal,
+            state,
+            on_progress=on_progress,
+            trace=trace,
+            opened=opened,
+            tracing=services.tracing,
         )
         self._to_dispatch: list[RunStep] = []
         self._in_flight: dict[str, tuple[int, Any, threading.Timer | None]] = {}
@@ -236,6 +241,8 @@ class Executor(pykka.ThreadingActor):
             )
         self._to_dispatch = []
         self._stop_workers()
+        if self.recorder.tracing is not None:  # spans the run left open end here (T3)
+            self.recorder.tracing.settled(self.state.run_id)
         reply: object
         if self._result is not None:
             reply = RunEnded(correlation=self.correlation, result=self._result)
