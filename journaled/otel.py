@@ -115,7 +115,9 @@ class OtelTracing(Tracing):
         """Trace through ``tracer_provider``, or OpenTelemetry's global provider when None."""
         self._tracer = trace.get_tracer("journaled", tracer_provider=tracer_provider)
         self._lock = threading.Lock()
+        """Guards :attr:`_last`, which every run's executor thread updates."""
         self._passes: dict[str, _Pass] = {}
+        """Each run's open pass: changed by that run's executor thread only."""
         self._last: OrderedDict[str, trace.SpanContext] = OrderedDict()
         """Each run's last traced pass, so a resumed pass links to it (bounded)."""
 
@@ -124,68 +126,65 @@ class OtelTracing(Tracing):
     def staged(self, state: RunState, event: DomainEvent) -> None:
         """Open, annotate or end the spans this event of the run implies."""
         run_id = state.run_id
-        with self._lock:
-            current = self._passes.get(run_id)
-            if current is None:
-                current = self._open_pass(state, event)
-            match event:
-                case WavePartitioned():
-                    self._on_wave(run_id, current, event)
-                case StepStarted():
-                    self._on_step_started(state, current, event)
-                case StepSucceeded() | StepFailed() | StepWaiting():
-                    self._on_step_ended(state, current, event)
-                case BudgetStopped():
-                    attributes = {
-                        "journaled.wave.number": event.wave,
-                        "journaled.budget.estimate": event.estimate,
-                        "journaled.budget.used": event.used,
-                        "journaled.budget.limit": event.budget,
-                    }
-                    if current.wave is not None:
-                        current.wave.set_attribute("journaled.wave.stopped_for_budget", True)
-                        current.wave.add_event("journaled.budget_stop", attributes)
-                    current.span.add_event("journaled.budget_stop", attributes)
-                case CancelRequested():
-                    current.span.add_event("journaled.cancel_requested")
-                case StepsSkipped():
-                    skipped = [o.step_id for o in event.observations] + list(event.unobserved)
-                    current.span.add_event(
-                        "journaled.steps_skipped", {"journaled.step.ids": skipped}
-                    )
-                case CallsOverrun():
-                    current.span.add_event(
-                        "journaled.calls_overrun",
-                        {
-                            "journaled.step.id": event.step_id,
-                            "journaled.step.attempt": event.attempt,
-                            "journaled.calls.reserved": event.reserved,
-                            "journaled.calls.reported": event.reported,
-                        },
-                    )
-                case RunFinished():
-                    self._end_pass(state, current, event.status, failed=event.status == "failed")
-                case RunSuspended():
-                    current.span.add_event(
-                        "journaled.suspended",
-                        {"journaled.run.in_flight": list(event.in_flight)},
-                    )
-                    self._end_pass(state, current, "suspended", failed=False)
-                case _:
-                    pass
+        # Only this run's executor thread changes its pass; the SDK is called outside any lock
+        # (a synchronous exporter must not hold up the other runs' executors).
+        current = self._passes.get(run_id)
+        if current is None:
+            current = self._open_pass(state, event)
+        match event:
+            case WavePartitioned():
+                self._on_wave(run_id, current, event)
+            case StepStarted():
+                self._on_step_started(state, current, event)
+            case StepSucceeded() | StepFailed() | StepWaiting():
+                self._on_step_ended(state, current, event)
+            case BudgetStopped():
+                attributes = {
+                    "journaled.wave.number": event.wave,
+                    "journaled.budget.estimate": event.estimate,
+                    "journaled.budget.used": event.used,
+                    "journaled.budget.limit": event.budget,
+                }
+                if current.wave is not None:
+                    current.wave.set_attribute("journaled.wave.stopped_for_budget", True)
+                    current.wave.add_event("journaled.budget_stop", attributes)
+                current.span.add_event("journaled.budget_stop", attributes)
+            case CancelRequested():
+                current.span.add_event("journaled.cancel_requested")
+            case StepsSkipped():
+                skipped = [o.step_id for o in event.observations] + list(event.unobserved)
+                current.span.add_event("journaled.steps_skipped", {"journaled.step.ids": skipped})
+            case CallsOverrun():
+                current.span.add_event(
+                    "journaled.calls_overrun",
+                    {
+                        "journaled.step.id": event.step_id,
+                        "journaled.step.attempt": event.attempt,
+                        "journaled.calls.reserved": event.reserved,
+                        "journaled.calls.reported": event.reported,
+                    },
+                )
+            case RunFinished():
+                self._end_pass(state, current, event.status, failed=event.status == "failed")
+            case RunSuspended():
+                current.span.add_event(
+                    "journaled.suspended",
+                    {"journaled.run.in_flight": list(event.in_flight)},
+                )
+                self._end_pass(state, current, "suspended", failed=False)
+            case _:
+                pass
 
     def step_scope(self, run_id: str, step_id: str, attempt: int) -> AbstractContextManager[None]:
         """Make the step attempt's span current while its user code runs."""
-        with self._lock:
-            current = self._passes.get(run_id)
-            flight = None if current is None else current.steps.get(step_id)
+        current = self._passes.get(run_id)  # dict reads are atomic: no lock on the hot path
+        flight = None if current is None else current.steps.get(step_id)
         span = flight[1] if flight is not None and flight[0] == attempt else None
         return _Scope(span)
 
     def settled(self, run_id: str) -> None:
         """End the spans a run left open when its executor stopped without ending its pass."""
-        with self._lock:
-            current = self._passes.pop(run_id, None)
+        current = self._passes.pop(run_id, None)
         if current is None:
             return
         error = trace.Status(
@@ -221,7 +220,8 @@ class OtelTracing(Tracing):
         attributes["journaled.run.resumed"] = resumed
         if resumed:
             attributes["journaled.run.resumptions"] = state.resumptions
-        previous = self._last.get(state.run_id)
+        with self._lock:
+            previous = self._last.get(state.run_id)
         links = [trace.Link(previous)] if previous is not None else None
         span = self._tracer.start_span(
             RUN_SPAN,
@@ -230,10 +230,11 @@ class OtelTracing(Tracing):
             attributes=attributes,
             links=links,
         )
-        self._last[state.run_id] = span.get_span_context()
-        self._last.move_to_end(state.run_id)
-        while len(self._last) > _PASSES_REMEMBERED:
-            self._last.popitem(last=False)
+        with self._lock:
+            self._last[state.run_id] = span.get_span_context()
+            self._last.move_to_end(state.run_id)
+            while len(self._last) > _PASSES_REMEMBERED:
+                self._last.popitem(last=False)
         opened = _Pass(span=span)
         self._passes[state.run_id] = opened
         return opened
@@ -288,24 +289,24 @@ class OtelTracing(Tracing):
         del current.steps[event.step_id]
         span = flight[1]
         obs = event.observation
-        span.set_attribute("journaled.step.calls", event.charged)
+        attributes: dict[str, Any] = {"journaled.step.calls": event.charged}
         if obs.code is not None:
-            span.set_attribute("journaled.step.code", obs.code)
+            attributes["journaled.step.code"] = obs.code
         if obs.agent_task_id is not None:
-            span.set_attribute("journaled.step.child_run", obs.agent_task_id)
+            attributes["journaled.step.child_run"] = obs.agent_task_id
         if isinstance(event, StepWaiting):
-            span.set_attribute("journaled.step.outcome", "waiting")
+            attributes["journaled.step.outcome"] = "waiting"
             span.add_event("journaled.waiting_for_input")
         elif isinstance(event, StepSucceeded):
-            span.set_attribute("journaled.step.outcome", "succeeded")
+            attributes["journaled.step.outcome"] = "succeeded"
             span.set_status(trace.StatusCode.OK)
         else:
-            outcome = _failure(state, obs)
-            span.set_attribute("journaled.step.outcome", outcome)
+            attributes["journaled.step.outcome"] = _failure(state, obs)
+            attributes["error.type"] = obs.code or "_OTHER"
             error = obs.error or "failed"
-            span.set_attribute("error.type", obs.code or "_OTHER")
             span.add_event("exception", {"exception.message": error})
             span.set_status(trace.Status(trace.StatusCode.ERROR, error))
+        span.set_attributes(attributes)  # one call: the SDK locks and checks per call
         span.end()
 
     def _end_pass(self, state: RunState, current: _Pass, status: str, *, failed: bool) -> None:
