@@ -504,3 +504,38 @@ def test_no_global_provider_is_touched(traced: Traced) -> None:
     assert traced.rt.execute(Plan(goal="g", steps=[Step("a", tool="t")])).ok
     assert not isinstance(trace.get_tracer_provider(), TracerProvider)
     assert len(traced.spans()) == 3
+
+
+def test_a_run_suspended_by_close_ends_its_span_with_the_step_interrupted(
+    sqlite_url: str,
+) -> None:
+    """T3, R3: closing under a running step ends the pass span ``suspended``, step interrupted."""
+    started = threading.Event()
+    release = threading.Event()
+
+    def hold(x: Any) -> Any:
+        started.set()
+        release.wait(WAIT)
+        return x
+
+    rt = journaled.open(sqlite_url)
+    try:
+        t = Traced(rt)
+        rt.register_tool("hold", hold)
+        handle = rt.start(Plan(goal="g", steps=[Step("h", tool="hold", input=1)]))
+        assert started.wait(WAIT)
+        rt.close(drain=0)
+    finally:
+        release.set()
+        rt.close()
+    assert handle.result(WAIT).suspended
+    run = t.one("journaled.run")
+    assert _attrs(run)["journaled.run.status"] == "suspended"
+    assert [dict(e.attributes or {}) for e in run.events] == [{"journaled.run.in_flight": ("h",)}]
+    assert _attrs(t.one("journaled.step"))["journaled.step.outcome"] == "interrupted"
+    wait_for(
+        lambda: (
+            not [r for r in pykka.ActorRegistry.get_all() if r.actor_class.__name__ == "StepWorker"]
+        ),
+        WAIT,
+    )
