@@ -117,6 +117,8 @@ class Executor(pykka.ThreadingActor):
         self.cancel_token = cancel
         self.reserve = reserve
         self._opening = opening
+        if services.tracing is not None:  # pykka builds actors in the starting thread (T3)
+            services.tracing.starting(state)
         self.recorder = RunRecorder(
             journal,
             state,

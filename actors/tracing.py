@@ -2,7 +2,8 @@
 
 The actors know no tracing library. A runtime's :class:`~journaled.actors.steps.Services` holds
 ``tracing = None`` unless something implementing :class:`Tracing` (``journaled.otel``) was
-installed; the executor's recorder then shows it every event it stages, the step worker runs user
+installed; the executor tells it a run is starting (in the starting thread, whose context is the
+run's parent), its recorder shows it every event it stages, the step worker runs user
 code inside :meth:`Tracing.step_scope`, and the executor calls :meth:`Tracing.settled` when it
 stops. Spans are derived from the events and never required: the journal stays the truth, and with
 tracing off each hook costs one ``None`` check (ADR 0038).
@@ -21,6 +22,13 @@ __all__ = ["Tracing"]
 
 class Tracing(Protocol):
     """What the executor and the step workers tell a tracer. Called from many threads."""
+
+    def starting(self, state: RunState) -> None:
+        """Note the context of the thread starting a pass of the run whose state this is.
+
+        Called in that thread, before the run's first event is folded (a new run's ``state`` has
+        no run id yet): the same ``state`` object is then given to :meth:`staged`.
+        """
 
     def staged(self, state: RunState, event: DomainEvent) -> None:
         """Observe an event of a run just folded into ``state`` (the executor's thread)."""

@@ -13,7 +13,8 @@ Each pass of a run is a ``journaled.run`` span; each wave a ``journaled.wave`` s
 step attempt a ``journaled.step`` span under its wave. While a step's function runs, its span is
 the current span of the thread (or asyncio task) running it, so a tool's own spans — an HTTP
 client's, a model client's — nest under the step. A child run started by ``ctx.execute`` is a
-child of its agent step's span. A resumed run opens a new run span, linked to the span of the
+child of its agent step's span, and a run started where a span is current (a request handler's)
+is a child of that span. A resumed run opens a new run span, linked to the span of the
 run's previous pass when this process traced it. Failed steps and failed runs have status ERROR
 with the step's (redacted) error; cancelled, timed out, waiting, interrupted and budget-stopped
 are attributes (``journaled.step.outcome``, ``journaled.run.status``) and span events.
@@ -25,6 +26,7 @@ the truth, and a runtime without :func:`instrument` neither imports OpenTelemetr
 from __future__ import annotations
 
 import threading
+import weakref
 from collections import OrderedDict
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -115,13 +117,24 @@ class OtelTracing(Tracing):
         """Trace through ``tracer_provider``, or OpenTelemetry's global provider when None."""
         self._tracer = trace.get_tracer("journaled", tracer_provider=tracer_provider)
         self._lock = threading.Lock()
-        """Guards :attr:`_last`, which every run's executor thread updates."""
+        """Guards :attr:`_last` and :attr:`_callers`, which many threads update."""
         self._passes: dict[str, _Pass] = {}
         """Each run's open pass: changed by that run's executor thread only."""
+        self._callers: weakref.WeakKeyDictionary[RunState, otel_context.Context] = (
+            weakref.WeakKeyDictionary()
+        )
+        """The context of the thread that started a pass, when it held a span, by run state."""
         self._last: OrderedDict[str, trace.SpanContext] = OrderedDict()
         """Each run's last traced pass, so a resumed pass links to it (bounded)."""
 
     # -- the hooks -------------------------------------------------------------------------------
+
+    def starting(self, state: RunState) -> None:
+        """Keep the starting thread's context when it holds a span: the pass's parent."""
+        caller = otel_context.get_current()
+        if trace.get_current_span(caller).get_span_context().is_valid:
+            with self._lock:
+                self._callers[state] = caller
 
     def staged(self, state: RunState, event: DomainEvent) -> None:
         """Open, annotate or end the spans this event of the run implies."""
@@ -205,7 +218,8 @@ class OtelTracing(Tracing):
         """Start the span of a pass: a new run, or a resumed (or forked) one."""
         started = state.started
         attributes: dict[str, Any] = {"journaled.run.id": state.run_id}
-        parent = None
+        with self._lock:
+            parent = self._callers.pop(state, None)
         if started is not None:
             if started.call_budget is not None:
                 attributes["journaled.run.budget"] = started.call_budget
@@ -214,7 +228,7 @@ class OtelTracing(Tracing):
                 attributes["journaled.run.parent_step"] = started.parent_step
                 above = self._passes.get(started.parent_run)
                 flight = None if above is None else above.steps.get(started.parent_step)
-                if flight is not None:
+                if flight is not None and parent is None:
                     parent = trace.set_span_in_context(flight[1])
         resumed = not isinstance(first, RunStarted)
         attributes["journaled.run.resumed"] = resumed

@@ -20,6 +20,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import journaled
+import journaled.aio
 import journaled.otel
 from journaled import AgentContext, AgentResult, NeedsInput, Plan, Step
 from journaled.testing import wait_for
@@ -539,3 +540,38 @@ def test_a_run_suspended_by_close_ends_its_span_with_the_step_interrupted(
         ),
         WAIT,
     )
+
+
+def test_a_run_started_inside_a_span_is_its_child(traced: Traced) -> None:
+    """T3: ``rt.execute`` called where a span is current (a request's) nests the run under it."""
+    traced.rt.register_tool("t", lambda x: x)
+    with traced.tracer.start_as_current_span("request") as request:
+        result = traced.rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
+    assert result.ok
+    run = traced.one("journaled.run")
+    assert _parent(run) == request.get_span_context().span_id
+    assert _trace(run) == request.get_span_context().trace_id
+    again = traced.rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
+    assert _parent(traced.one("journaled.run", **{"journaled.run.id": again.run_id})) is None
+
+
+def test_an_asyncio_runtime_traces_its_runs_under_the_callers_span(sqlite_url: str) -> None:
+    """T3, A1: ``instrument`` takes an asyncio runtime; ``await rt.execute`` keeps the span."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("an app")
+
+    async def main() -> tuple[str, int]:
+        async with journaled.aio.open(sqlite_url) as rt:
+            journaled.otel.instrument(rt, tracer_provider=provider)
+            rt.register_tool("t", lambda x: x)
+            with tracer.start_as_current_span("request") as request:
+                result = await rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
+            assert result.ok
+            return result.run_id, request.get_span_context().span_id
+
+    run_id, request_id = asyncio.run(main())
+    runs = [s for s in exporter.get_finished_spans() if s.name == "journaled.run"]
+    assert [_attrs(s)["journaled.run.id"] for s in runs] == [run_id]
+    assert _parent(runs[0]) == request_id
