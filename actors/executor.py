@@ -117,8 +117,15 @@ class Executor(pykka.ThreadingActor):
         self.cancel_token = cancel
         self.reserve = reserve
         self._opening = opening
+        if services.tracing is not None:  # pykka builds actors in the starting thread (T3)
+            services.tracing.starting(state)
         self.recorder = RunRecorder(
-            journal, state, on_progress=on_progress, trace=trace, opened=opened
+            journal,
+            state,
+            on_progress=on_progress,
+            trace=trace,
+            opened=opened,
+            tracing=services.tracing,
         )
         self._to_dispatch: list[RunStep] = []
         self._in_flight: dict[str, tuple[int, Any, threading.Timer | None]] = {}
@@ -236,6 +243,8 @@ class Executor(pykka.ThreadingActor):
             )
         self._to_dispatch = []
         self._stop_workers()
+        if self.recorder.tracing is not None:  # spans the run left open end here (T3)
+            self.recorder.tracing.settled(self.state.run_id)
         reply: object
         if self._result is not None:
             reply = RunEnded(correlation=self.correlation, result=self._result)

@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 
 from journaled.actors.errors import RunOwnedElsewhere
+from journaled.actors.tracing import Tracing
 from journaled.events.base import DomainEvent, Pending
 from journaled.events.errors import ConcurrencyConflict
 from journaled.events.journal import Journal
@@ -66,8 +67,11 @@ class RunRecorder:
         on_progress: Progress | None = None,
         trace: Trace | None = None,
         opened: threading.Event | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self.journal = journal
+        self.tracing = tracing
+        """Shown every staged event, to derive spans from (T3); None: tracing off."""
         self.state = state
         self.on_progress = on_progress
         self._progress_run_id = wants_run_id(on_progress)
@@ -92,6 +96,8 @@ class RunRecorder:
             event = event.map_content(redact_data)
         self.state.fold(event)
         self._staged.append(event)
+        if self.tracing is not None:
+            self.tracing.staged(self.state, event)
         if self.trace is not None:
             self._traced.append(self.state.result())
 

@@ -27,6 +27,7 @@ import pykka
 from journaled.actors.directory import Directory
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
+from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, text_problem
 from journaled.events.memory import Fact
 from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
@@ -455,6 +456,8 @@ class Services:
     """Runs a child plan for ``ctx.execute`` (agent steps)."""
     memory: MemoryAccess | None = None
     """The runtime's memory, offered to steps as ``ctx.memory`` (P1)."""
+    tracing: Tracing | None = None
+    """Spans for runs, waves and steps (T3); None: tracing off, nothing imported or emitted."""
 
 
 class StepWorker(pykka.ThreadingActor):
@@ -482,7 +485,15 @@ class StepWorker(pykka.ThreadingActor):
             if services.memory is None
             else StepMemory(services.memory, message.run_id, step.id)
         )
+        # The step's span is current while its user code runs, so a tool's own spans nest (T3).
+        scope = (
+            None
+            if services.tracing is None
+            else services.tracing.step_scope(message.run_id, step.id, message.attempt)
+        )
         try:
+            if scope is not None:
+                scope.__enter__()
             if fn is None:
                 obs = missing(step)
             elif step.agent is not None:
@@ -503,6 +514,8 @@ class StepWorker(pykka.ThreadingActor):
                 ctx = ToolContext(message, memory) if services.registry.takes_ctx(step) else None
                 obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
         finally:
+            if scope is not None:
+                scope.__exit__(None, None, None)
             services.cancellations.close(message.run_id, step.id, message.attempt)
         reads, ops = ((), ()) if memory is None else memory.reads()
         done = StepDone(

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import contextvars
 import functools
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -96,7 +97,8 @@ class _Pool:
         self.check_loop()
         if self.closed:
             raise RuntimeClosed("the runtime is closed: open a new one with journaled.aio.open()")
-        call = functools.partial(fn, *args, **kwargs)
+        # The caller's context variables go along, as with asyncio.to_thread (a current span, T3).
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await self.loop.run_in_executor(self.executor, call)
 
     def shutdown(self) -> None:

@@ -1,0 +1,41 @@
+"""The tracing hooks a runtime may be given: spans derived from a run's events (SPEC T3).
+
+The actors know no tracing library. A runtime's :class:`~journaled.actors.steps.Services` holds
+``tracing = None`` unless something implementing :class:`Tracing` (``journaled.otel``) was
+installed; the executor tells it a run is starting (in the starting thread, whose context is the
+run's parent), its recorder shows it every event it stages, the step worker runs user
+code inside :meth:`Tracing.step_scope`, and the executor calls :meth:`Tracing.settled` when it
+stops. Spans are derived from the events and never required: the journal stays the truth, and with
+tracing off each hook costs one ``None`` check (ADR 0038).
+"""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager
+from typing import Protocol
+
+from journaled.events.base import DomainEvent
+from journaled.events.run_state import RunState
+
+__all__ = ["Tracing"]
+
+
+class Tracing(Protocol):
+    """What the executor and the step workers tell a tracer. Called from many threads."""
+
+    def starting(self, state: RunState) -> None:
+        """Note the context of the thread starting a pass of the run whose state this is.
+
+        Called in that thread, before the run's first event is folded (a new run's ``state`` has
+        no run id yet): the same ``state`` object is then given to :meth:`staged`.
+        """
+
+    def staged(self, state: RunState, event: DomainEvent) -> None:
+        """Observe an event of a run just folded into ``state`` (the executor's thread)."""
+
+    def step_scope(self, run_id: str, step_id: str, attempt: int) -> AbstractContextManager[None]:
+        """Return a context in which the step attempt's user code runs (the worker's thread)."""
+        ...
+
+    def settled(self, run_id: str) -> None:
+        """End whatever the run left open: its executor stopped (the executor's thread)."""
