@@ -37,7 +37,7 @@ def runs_list(ctx: click.Context) -> None:
     """List every run and orchestration, oldest first. JSON: a list of {run_id, kind, at}."""
     with open_runtime(ctx) as rt:
         rows = []
-        for run_id in rt.runs.list():
+        for run_id in rt.runs.ids():
             first = rt.runs.history(run_id)[0]
             rows.append(render.RunListed(run_id=run_id, kind=first.kind, at=first.data.at))
         if wants_json(ctx):
