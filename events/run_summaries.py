@@ -366,6 +366,32 @@ def select(
     return kept if limit is None else kept[:limit]
 
 
+def check_stored(journal: Journal, state: bytes) -> tuple[int, str] | None:
+    """Compare a stored projection with a fold of the journal up to its position (R7).
+
+    Returns:
+        None when it matches (or is blank, unreadable or of another schema: a cache miss);
+        else (its position, why it differs).
+    """
+    try:
+        stored = _DECODER.decode(state)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if stored.schema != SCHEMA:
+        return None
+    if stored.position > journal.position():
+        return stored.position, "it claims a position past the journal's end"
+    runs: dict[str, _Tracked] = {}
+    for event in journal.read(upto=stored.position, topics=TOPICS):
+        fold(runs, event)
+    if runs == stored.runs:
+        return None
+    differ = sorted(set(runs) ^ set(stored.runs)) or sorted(
+        r for r in runs if runs[r] != stored.runs[r]
+    )
+    return stored.position, f"the summary of run {differ[0]} differs"
+
+
 class RunSummaries:
     """The run-summary projection of one journal: restored, caught up on read, stored on demand.
 
