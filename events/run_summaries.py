@@ -60,6 +60,7 @@ RUN_STATUSES = (
     "failed",
     "cancelled",
     "suspended",
+    "forked",
     "waiting_for_budget",
     "waiting_for_input",
     "waiting_for_clarification",
@@ -67,7 +68,9 @@ RUN_STATUSES = (
     "dry_run",
     "purged",
 )
-"""Every status a summary can have; ``runs.list(status=...)`` accepts these."""
+"""Every status a summary can have; ``runs.list(status=...)`` accepts these. ``forked``: a fork
+not yet resumed (F1); ``running``: started or resumed and not settled (a run whose process died
+mid-step stays ``running`` until it is resumed)."""
 _FINISHED = {
     "completed": "completed",
     "failed": "failed",
@@ -143,6 +146,7 @@ class _Tracked(msgspec.Struct, kw_only=True):
     waiting: list[str] = msgspec.field(default_factory=list)
     finished: str | None = None
     suspended: bool = False
+    resumed: bool = False
     purged: bool = False
     parent_run: str | None = None
     parent_step: str | None = None
@@ -204,6 +208,7 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
         case BudgetRaised():
             tracked.call_budget = data.budget
         case RunResumed():
+            tracked.resumed = True
             tracked.finished = None
             tracked.suspended = False
             tracked.waiting = []
@@ -274,7 +279,9 @@ def _run_status(tracked: _Tracked) -> str:
         return "purged"
     if tracked.finished is not None:
         return _FINISHED.get(tracked.finished, tracked.finished)
-    return "suspended" if tracked.suspended else "running"
+    if tracked.suspended:
+        return "suspended"
+    return "forked" if tracked.forked_from is not None and not tracked.resumed else "running"
 
 
 def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 LAST_EVENTS = 5
 """How many of the run's latest events the display shows."""
 _BAR_WIDTH = 40
+UNSETTLED = frozenset({"running", "forked"})
+"""Statuses ``runs follow`` keeps following: a fork is followed until it is resumed and settles."""
 
 
 class _Events:
@@ -110,7 +112,7 @@ def follow(
                 else:
                     events.catch_up(current)
                     live.update(view(current, [line for _, line in events.lines]), refresh=True)
-            if current.status != "running":
+            if current.status not in UNSETTLED:
                 return current
             wait = interval if deadline is None else min(interval, deadline - time.monotonic())
             if wait <= 0:

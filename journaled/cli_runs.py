@@ -137,7 +137,8 @@ def runs_follow(
     """Show a run's progress live until it settles (T2): steps, calls, wave, last events.
 
     Follows the journal, so a run executing in any process is shown as it goes. It settles when
-    it finishes, waits (for input, budget, approval or clarification), is suspended or purged.
+    it finishes, waits (for input, budget, approval or clarification), is suspended or purged
+    (a fork not yet resumed is followed until it is resumed and settles).
     Exit status: 0 completed (or a dry run); 3 failed; 4 cancelled; 5 waiting; 6 suspended;
     7 purged; 1 for an unknown run; 130 when stopped by Ctrl-C before it settled.
 
