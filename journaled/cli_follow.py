@@ -13,11 +13,13 @@ from typing import TYPE_CHECKING
 import click
 
 from journaled import cli_render as render
+from journaled.events.memory_audit import when
 from journaled.events.run_summaries import RunSummaries, RunSummary
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
 
+    from journaled.events.base import Event
     from journaled.events.journal import Journal
 
 LAST_EVENTS = 5
@@ -44,8 +46,14 @@ class _Events:
             events = self._journal.stream(stream, after_version=self._versions.get(stream, 0))
             if events:
                 self._versions[stream] = events[-1].version
-            fresh += [(e.position, render.safe(render.tail_line(e))) for e in events]
+            fresh += [(e.position, _line(e, e.stream != summary.run_id)) for e in events]
         self.lines.extend(sorted(fresh)[-LAST_EVENTS:])
+
+
+def _line(event: Event, of_pass: bool) -> str:
+    where = "pass: " if of_pass else ""
+    text = f"#{event.position:<6} {when(event.data.at)}  {where}{render.describe_event(event)}"
+    return render.safe(text)
 
 
 def view(summary: RunSummary, lines: list[str]) -> RenderableType:
@@ -77,7 +85,7 @@ def view(summary: RunSummary, lines: list[str]) -> RenderableType:
     if summary.current_run is not None:
         parts.append(Text(f"pass {summary.pass_no}: {summary.current_run}", style="dim"))
     parts.append(Text("last events:", style="bold"))
-    parts += [Text(f"  {line}", style="dim") for line in lines]
+    parts += [Text(f"  {line}", style="dim", no_wrap=True, overflow="ellipsis") for line in lines]
     return Group(*parts)
 
 
@@ -96,23 +104,28 @@ def follow(
         raise click.ClickException(f"no run {run_id!r} in this journal")
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
     events = _Events(journal)
+    console = None if as_json else render.console()
     live = None
-    if not as_json:
+    if console is not None and console.is_terminal:
         from rich.live import Live
 
-        live = Live(console=render.console(), auto_refresh=False)
+        live = Live(console=console, auto_refresh=False)
         live.start()
     shown: RunSummary | None = None
     try:
         while True:
             if current != shown:
                 shown = current
-                if live is None:
+                if console is None:
                     click.echo(render.to_json(current))
-                else:
+                elif live is not None:
                     events.catch_up(current)
                     live.update(view(current, [line for _, line in events.lines]), refresh=True)
             if current.status not in UNSETTLED:
+                if console is not None and live is None:
+                    # Piped: no live display to redraw, so print the settled state once.
+                    events.catch_up(current)
+                    console.print(view(current, [line for _, line in events.lines]))
                 return current
             wait = interval if deadline is None else min(interval, deadline - time.monotonic())
             if wait <= 0:
