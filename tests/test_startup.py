@@ -115,7 +115,8 @@ def test_import_journaled_loads_no_actor_system_journal_or_terminal_library() ->
 
 def test_a_public_name_still_loads_on_first_use() -> None:
     """T4: journaled.Plan and journaled.open are there when first used (loaded lazily)."""
-    loaded = _loaded_after("import journaled\njournaled.open\nassert journaled.Plan(goal='g', steps=[])")
+    code = "import journaled\njournaled.open\nassert journaled.Plan(goal='g', steps=[])"
+    loaded = _loaded_after(code)
     assert "pykka" in loaded
     assert "psycopg" not in loaded
 
