@@ -36,16 +36,6 @@ _NOTE_WIDTH = 60
 # -- JSON shapes -----------------------------------------------------------------------------------
 
 
-class RunListed(msgspec.Struct, frozen=True, kw_only=True):
-    """``runs list``: one run or orchestration."""
-
-    run_id: str
-    kind: str
-    """``run.started`` or ``orchestration.started``."""
-    at: int
-    """When it started, epoch ms."""
-
-
 class FactWhy(msgspec.Struct, frozen=True, kw_only=True):
     """``memory why``: a fact's life explained from its events."""
 

@@ -28,7 +28,7 @@ def _plan(goal: str, *steps: journaled.Step) -> journaled.Plan:
     return journaled.Plan(goal=goal, steps=list(steps))
 
 
-def _register(rt: journaled.Runtime) -> threading.Event:
+def register(rt: journaled.Runtime) -> threading.Event:
     """Register the tools, skills and agents of the mix; return the event that frees `stuck`."""
     release = threading.Event()
 
@@ -68,7 +68,7 @@ def _planner(goal: str, _observations: object, _clarifications: object) -> objec
 def build(url: str, *, save_midway: bool = False, kill: bool = False) -> dict[str, str]:
     """Make the mix; return {name: run id}. With ``kill``, SIGKILL this process at the end."""
     rt = journaled.open(url, drain=0.2)
-    release = _register(rt)
+    release = register(rt)
     try:
         return _mix(rt, release, save_midway=save_midway, kill=kill)
     finally:

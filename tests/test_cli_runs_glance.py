@@ -187,3 +187,33 @@ def test_runs_list_opens_no_journal_that_is_missing(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "no journal at" in done.stderr
     assert not (tmp_path / "none.sqlite").exists()
+
+
+def test_follow_an_orchestration_through_its_pass(
+    sqlite_url: str, gated: tuple[journaled.Runtime, threading.Event]
+) -> None:
+    """T2: following an orchestration shows its pass's steps and ends completed, exit 0."""
+    rt, gate = gated
+
+    def planner(goal: str, _obs: object, _clarifications: object) -> journaled.Plan:
+        steps = [journaled.Step("a", tool="gate"), journaled.Step("b", tool="ok", depends_on=["a"])]
+        return journaled.Plan(goal=goal, steps=steps)
+
+    outcome: list[journaled.Outcome] = []
+    thread = threading.Thread(target=lambda: outcome.append(rt.orchestrate("orch", planner)))
+    thread.start()
+    try:
+        wait_for(lambda: any(s.running == ("a",) for s in rt.runs.list(status="running")), WAIT)
+        (orchestration,) = [s for s in rt.runs.list() if s.kind == "orchestration"]
+        proc = _follow(sqlite_url, orchestration.run_id, "--json")
+        assert proc.stdout is not None
+        first = json.loads(proc.stdout.readline())
+        assert (first["status"], first["running"], first["pass_no"]) == ("running", ["a"], 1)
+    finally:
+        gate.set()
+        thread.join(WAIT)
+    out, err = proc.communicate(timeout=WAIT)
+    assert proc.returncode == 0, err
+    last = json.loads(out.splitlines()[-1])
+    assert (last["status"], last["steps_done"], last["steps_total"]) == ("completed", 2, 2)
+    assert outcome[0].status == "completed"
