@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import msgspec
 import pytest
 from run_mix import build, expected, listed, register
 
@@ -238,3 +239,48 @@ def test_bad_filters_are_one_line_errors(kwargs: dict[str, object], message: str
         with pytest.raises(ValueError, match=message):
             rt.runs.list(**kwargs)  # type: ignore[arg-type]
         assert rt.journal.position() == before
+
+
+def test_the_projection_is_stored_off_the_append_path(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T2: executing stores no projection; list() and close() store it once far enough behind."""
+    monkeypatch.setattr("journaled.actors.runs.SAVE_AFTER", 5)
+    monkeypatch.setattr("journaled.runtime.SAVE_AFTER", 5)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("ok", lambda _: "done")
+        plan = journaled.Plan(goal="g", steps=[journaled.Step("a", tool="ok")])
+        first = rt.execute(plan).run_id
+        with _journal(sqlite_url) as journal:
+            assert journal.snapshot(SUMMARIES_KEY) is None  # appends never write it
+        rt.runs.list()
+        with _journal(sqlite_url) as journal:
+            stored = journal.snapshot(SUMMARIES_KEY)
+            assert stored is not None
+            assert stored[0] == journal.position()  # the reader stored what it folded
+        second = rt.execute(plan).run_id
+    with _journal(sqlite_url) as journal:
+        stored = journal.snapshot(SUMMARIES_KEY)
+        assert stored is not None
+        assert stored[0] == journal.position()  # close stored the runs since
+        assert set(RunSummaries(journal).read()) == {first, second}
+
+
+def test_journal_verify_reports_a_forged_projection(sqlite_url: str) -> None:
+    """T2/R7: a stored run-summary projection that differs from the fold is reported, named."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_skill("think", lambda _: "thought")
+        plan = journaled.Plan(goal="g", steps=[journaled.Step("a", skill="think")])
+        run_id = rt.execute(plan).run_id
+        assert rt.runs.summaries.save()
+    assert journaled.runtime.verify(sqlite_url).ok
+    with _journal(sqlite_url) as journal:
+        position, state = journal.snapshot(SUMMARIES_KEY) or (0, b"")
+        forged = msgspec.msgpack.decode(state)
+        forged["runs"][run_id]["calls_used"] = 0  # hide the call it used
+        journal.save_snapshot(SUMMARIES_KEY, position, msgspec.msgpack.encode(forged))
+    report = journaled.runtime.verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.kind == "snapshot-altered"
+    assert SUMMARIES_KEY in report.problem.reason
+    assert run_id in report.problem.reason
