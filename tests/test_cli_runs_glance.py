@@ -28,11 +28,20 @@ def _boom(_: object) -> str:
     raise RuntimeError("disk full")
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """A journal another process can follow: a SQLite file or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url
+    pg: str = request.getfixturevalue("pg_url")
+    return pg
+
+
 @pytest.fixture
-def gated(sqlite_url: str) -> Iterator[tuple[journaled.Runtime, threading.Event]]:
+def gated(url: str) -> Iterator[tuple[journaled.Runtime, threading.Event]]:
     """A runtime whose `gate` tool waits until the test opens the gate."""
     gate = threading.Event()
-    rt = journaled.open(sqlite_url)
+    rt = journaled.open(url)
     rt.register_tool("gate", lambda _: gate.wait(WAIT) and "through")
     rt.register_tool("ok", lambda _: "done")
     rt.register_tool("boom", _boom)
@@ -67,12 +76,12 @@ def _follow(url: str, run_id: str, *args: str) -> subprocess.Popen[str]:
 
 
 def test_follow_json_streams_changes_until_the_run_completes(
-    sqlite_url: str, gated: tuple[journaled.Runtime, threading.Event]
+    url: str, gated: tuple[journaled.Runtime, threading.Event]
 ) -> None:
     """T2: runs follow --json prints a line per change, ends with the completed state, exit 0."""
     rt, gate = gated
     run_id = _start(rt, "ok")
-    proc = _follow(sqlite_url, run_id, "--json")
+    proc = _follow(url, run_id, "--json")
     assert proc.stdout is not None
     first = json.loads(proc.stdout.readline())  # followed from before the gate opens
     assert (first["status"], first["steps_done"], first["running"]) == ("running", 0, ["a"])
@@ -88,12 +97,12 @@ def test_follow_json_streams_changes_until_the_run_completes(
 
 
 def test_follow_shows_the_settled_failure_and_exits_3(
-    sqlite_url: str, gated: tuple[journaled.Runtime, threading.Event]
+    url: str, gated: tuple[journaled.Runtime, threading.Event]
 ) -> None:
     """T2: runs follow (human) ends with the failed state, steps and calls; exit status 3."""
     rt, gate = gated
     run_id = _start(rt, "boom")
-    proc = _follow(sqlite_url, run_id)
+    proc = _follow(url, run_id)
     gate.set()  # piped, the display prints the settled state once, whenever follow got there
     out, err = proc.communicate(timeout=WAIT)
     assert proc.returncode == 3, err
@@ -190,7 +199,7 @@ def test_runs_list_opens_no_journal_that_is_missing(tmp_path: Path) -> None:
 
 
 def test_follow_an_orchestration_through_its_pass(
-    sqlite_url: str, gated: tuple[journaled.Runtime, threading.Event]
+    url: str, gated: tuple[journaled.Runtime, threading.Event]
 ) -> None:
     """T2: following an orchestration shows its pass's steps and ends completed, exit 0."""
     rt, gate = gated
@@ -205,7 +214,7 @@ def test_follow_an_orchestration_through_its_pass(
     try:
         wait_for(lambda: any(s.running == ("a",) for s in rt.runs.list(status="running")), WAIT)
         (orchestration,) = [s for s in rt.runs.list() if s.kind == "orchestration"]
-        proc = _follow(sqlite_url, orchestration.run_id, "--json")
+        proc = _follow(url, orchestration.run_id, "--json")
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())
         assert (first["status"], first["running"], first["pass_no"]) == ("running", ["a"], 1)
