@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -284,3 +285,23 @@ def test_journal_verify_reports_a_forged_projection(sqlite_url: str) -> None:
     assert report.problem.kind == "snapshot-altered"
     assert SUMMARIES_KEY in report.problem.reason
     assert run_id in report.problem.reason
+
+
+def test_the_asyncio_runtime_lists_the_same_summaries(sqlite_url: str) -> None:
+    """T2/A1: await rt.runs.list(...), summary(...) and ids() answer as the sync runtime does."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("ok", lambda _: "done")
+        plan = journaled.Plan(goal="g", steps=[journaled.Step("a", tool="ok")])
+        made = [rt.execute(plan).run_id for _ in range(3)]
+        sync = rt.runs.list(status="completed", limit=2)
+
+    async def read() -> tuple[list[journaled.RunSummary], journaled.RunSummary, list[str]]:
+        async with journaled.aio.open(sqlite_url) as art:
+            listed = await art.runs.list(status="completed", limit=2)
+            return listed, await art.runs.summary(made[0]), await art.runs.ids()
+
+    listed, first, ids = asyncio.run(read())
+    assert listed == sync
+    assert [s.run_id for s in listed] == made[:0:-1]
+    assert (first.run_id, first.status) == (made[0], "completed")
+    assert ids == made
