@@ -274,7 +274,7 @@ class Gateway(pykka.ThreadingActor):
             case RunWhy(run_id=run_id):
                 return ExplainedReply(correlation=corr, text=door.runs.why(run_id))
             case ListRuns():
-                return RunIdsReply(correlation=corr, run_ids=door.runs.list())
+                return RunIdsReply(correlation=corr, run_ids=door.runs.ids())
             case JournalPosition():
                 return PositionReply(correlation=corr, position=door.journal.position())
             case ReadJournal(after=after, limit=limit):

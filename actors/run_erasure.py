@@ -20,6 +20,7 @@ from journaled.events.orchestration import OrchestrationStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.redact import redact
 from journaled.events.run_state import fold_run
+from journaled.events.run_summaries import SUMMARIES_KEY
 from journaled.events.runs import RunForked, RunPurged, RunStarted
 
 __all__ = ["purge_run"]
@@ -98,6 +99,7 @@ def purge_run(
     # A run's snapshot holds its content too: replace it with nothing (unreadable, so the next
     # read folds the events, which no longer carry content).
     blank = {p.stream: (p.version, b"") for p in pending}
+    blank[SUMMARIES_KEY] = (0, b"")  # the run-summary projection holds goals (ADR 0037)
     try:
         journal.append(pending, forget=forget, snapshots=blank)
     except ConcurrencyConflict as exc:

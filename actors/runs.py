@@ -5,6 +5,7 @@ from __future__ import annotations
 import builtins
 import contextlib
 import hashlib
+import logging
 import os
 import sys
 import threading
@@ -45,6 +46,13 @@ from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_summaries import (
+    SAVE_AFTER,
+    RunSummaries,
+    RunSummary,
+    check_filters,
+    select,
+)
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -56,6 +64,7 @@ from journaled.events.runs import (
     StepSucceeded,
 )
 
+log = logging.getLogger("journaled")
 RUN_PREFIX = "run_"
 MAX_PARALLEL = 1 << 16
 """Most steps a batch may run at once: each holds a worker actor (one thread)."""
@@ -318,6 +327,11 @@ class Runs:
         self._closing = False
         """Set by :meth:`close`: no run starts from then on (R3)."""
         self._drain: tuple[float, str] = (0.0, "close")
+        self.summaries = RunSummaries(journal)
+        """The run-summary projection behind :meth:`list` (T2, ADR 0037)."""
+        self.summaries_writable = True
+        """Whether :meth:`list` and ``close`` may store the projection (a read-only runtime
+        never writes)."""
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -1074,7 +1088,47 @@ class Runs:
             run_ids = sorted(self._active)
         return [r for r in run_ids if self.cancel(r)]
 
-    def list(self) -> list[str]:
+    def list(
+        self, status: str | None = None, since: int | None = None, limit: int | None = None
+    ) -> builtins.list[RunSummary]:
+        """Return a summary of each run and orchestration, newest first (T2).
+
+        From the run-summary projection: its stored copy plus the run events after it, never a
+        read of every event of every run (ADR 0037). A runtime that may write stores the
+        projection once it is :data:`SAVE_AFTER` events ahead of the stored copy.
+
+        Args:
+            status: keep only runs in this status (one of ``RUN_STATUSES``).
+            since: keep only runs whose last event is at or after this time (epoch ms).
+            limit: keep only the newest ``limit`` runs (by start).
+
+        Raises:
+            ValueError: a filter is not of the documented kind; the message names it.
+        """
+        check_filters(status, since, limit)
+        found = self.summaries.read()
+        if self.summaries_writable and self.summaries.unsaved >= SAVE_AFTER:
+            self._save_summaries(0)
+        return select(found.values(), status, since, limit)
+
+    def summary(self, run_id: str) -> RunSummary:
+        """Return one run's or orchestration's summary (T2), caught up with the journal.
+
+        Raises:
+            RunNotFound: no run or orchestration has that id.
+        """
+        found = self.summaries.read().get(run_id)
+        if found is None:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
+        return found
+
+    def _save_summaries(self, min_events: int) -> None:
+        try:
+            self.summaries.save_if_behind(min_events)
+        except Exception as exc:  # a cache: a read-only or full journal still answers
+            log.warning("run summaries not stored (only a cache): %s", exc)
+
+    def ids(self) -> builtins.list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
         topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
         return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]

@@ -32,6 +32,7 @@ from journaled.events.memory_state import (
     ScopeSnapshot,
 )
 from journaled.events.run_state import SNAPSHOT_SCHEMA, RunSnapshot, fold_run
+from journaled.events.run_summaries import SUMMARIES_KEY, check_stored
 
 SNAPSHOT_ALTERED = "snapshot-altered"
 _BATCH = 2000
@@ -80,6 +81,11 @@ def check_snapshots(journal: Journal) -> tuple[int, list[Problem]]:
                 )
             else:
                 memory.append((key, snap))
+        elif key == SUMMARIES_KEY:
+            found = check_stored(journal, state)
+            checked += 1
+            if found is not None:
+                problems.append(_altered(key, *found))
         else:
             checked += _check_run(journal, key, state, problems)
     problems += _check_memory(journal, memory)

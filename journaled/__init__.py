@@ -9,61 +9,168 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from journaled.actors.errors import (
-    RunNotFound,
-    RunNotPurgeable,
-    RunNotResumable,
-    RunOwnedElsewhere,
-    RuntimeClosed,
-)
-from journaled.actors.runs import RunHandle, Runs
-from journaled.actors.steps import AgentContext, NeedsInput
-from journaled.errors import (
-    ActorsError,
-    ActorTimeout,
-    ConcurrencyConflict,
-    ConfigurationError,
-    CorruptEvent,
-    EventsError,
-    InvalidArgument,
-    InvalidFact,
-    JournalClosed,
-    JournaledError,
-    JournalUnreadable,
-    JournalUrlError,
-    OrganizationNotConfigured,
-    ScrubPending,
-    UnknownEventType,
-)
-from journaled.events.base import DomainEvent, Event
-from journaled.events.errors import PlanRejected
-from journaled.events.fork import Lineage, RunComparison, StepComparison
-from journaled.events.journal import Problem, VerifyReport
-from journaled.events.memory import Fact
-from journaled.events.messages import Deletion
-from journaled.events.orchestration import Budget, Clarify, Gap, Gaps, Outcome
-from journaled.events.plans import (
-    AgentResult,
-    ExecuteResult,
-    Limits,
-    Observation,
-    Plan,
-    RunDiff,
-    StatusChange,
-    Step,
-)
-from journaled.memory import Embedder, Memory, MemoryView
-from journaled.runtime import JournalHandle, Runtime, open
-
 if TYPE_CHECKING:
     from journaled import aio
+    from journaled.actors.errors import (
+        RunNotFound,
+        RunNotPurgeable,
+        RunNotResumable,
+        RunOwnedElsewhere,
+        RuntimeClosed,
+    )
+    from journaled.actors.runs import (
+        RunHandle,
+        Runs,
+    )
+    from journaled.actors.steps import (
+        AgentContext,
+        NeedsInput,
+    )
+    from journaled.errors import (
+        ActorsError,
+        ActorTimeout,
+        ConcurrencyConflict,
+        ConfigurationError,
+        CorruptEvent,
+        EventsError,
+        InvalidArgument,
+        InvalidFact,
+        JournalClosed,
+        JournaledError,
+        JournalUnreadable,
+        JournalUrlError,
+        OrganizationNotConfigured,
+        ScrubPending,
+        UnknownEventType,
+    )
+    from journaled.events.base import (
+        DomainEvent,
+        Event,
+    )
+    from journaled.events.errors import (
+        PlanRejected,
+    )
+    from journaled.events.fork import (
+        Lineage,
+        RunComparison,
+        StepComparison,
+    )
+    from journaled.events.journal import (
+        Problem,
+        VerifyReport,
+    )
+    from journaled.events.memory import (
+        Fact,
+    )
+    from journaled.events.messages import (
+        Deletion,
+    )
+    from journaled.events.orchestration import (
+        Budget,
+        Clarify,
+        Gap,
+        Gaps,
+        Outcome,
+    )
+    from journaled.events.plans import (
+        AgentResult,
+        ExecuteResult,
+        Limits,
+        Observation,
+        Plan,
+        RunDiff,
+        StatusChange,
+        Step,
+    )
+    from journaled.events.run_summaries import (
+        RunSummary,
+    )
+    from journaled.memory import (
+        Embedder,
+        Memory,
+        MemoryView,
+    )
+    from journaled.runtime import (
+        JournalHandle,
+        Runtime,
+        open,
+    )
+
+
+_HOMES: dict[str, str] = {
+    "ActorTimeout": "journaled.errors",
+    "ActorsError": "journaled.errors",
+    "AgentContext": "journaled.actors.steps",
+    "AgentResult": "journaled.events.plans",
+    "Budget": "journaled.events.orchestration",
+    "Clarify": "journaled.events.orchestration",
+    "ConcurrencyConflict": "journaled.errors",
+    "ConfigurationError": "journaled.errors",
+    "CorruptEvent": "journaled.errors",
+    "Deletion": "journaled.events.messages",
+    "DomainEvent": "journaled.events.base",
+    "Embedder": "journaled.memory",
+    "Event": "journaled.events.base",
+    "EventsError": "journaled.errors",
+    "ExecuteResult": "journaled.events.plans",
+    "Fact": "journaled.events.memory",
+    "Gap": "journaled.events.orchestration",
+    "Gaps": "journaled.events.orchestration",
+    "InvalidArgument": "journaled.errors",
+    "InvalidFact": "journaled.errors",
+    "JournalClosed": "journaled.errors",
+    "JournalHandle": "journaled.runtime",
+    "JournalUnreadable": "journaled.errors",
+    "JournalUrlError": "journaled.errors",
+    "JournaledError": "journaled.errors",
+    "Limits": "journaled.events.plans",
+    "Lineage": "journaled.events.fork",
+    "Memory": "journaled.memory",
+    "MemoryView": "journaled.memory",
+    "NeedsInput": "journaled.actors.steps",
+    "Observation": "journaled.events.plans",
+    "OrganizationNotConfigured": "journaled.errors",
+    "Outcome": "journaled.events.orchestration",
+    "Plan": "journaled.events.plans",
+    "PlanRejected": "journaled.events.errors",
+    "Problem": "journaled.events.journal",
+    "RunComparison": "journaled.events.fork",
+    "RunDiff": "journaled.events.plans",
+    "RunHandle": "journaled.actors.runs",
+    "RunNotFound": "journaled.actors.errors",
+    "RunNotPurgeable": "journaled.actors.errors",
+    "RunNotResumable": "journaled.actors.errors",
+    "RunOwnedElsewhere": "journaled.actors.errors",
+    "RunSummary": "journaled.events.run_summaries",
+    "Runs": "journaled.actors.runs",
+    "Runtime": "journaled.runtime",
+    "RuntimeClosed": "journaled.actors.errors",
+    "ScrubPending": "journaled.errors",
+    "StatusChange": "journaled.events.plans",
+    "Step": "journaled.events.plans",
+    "StepComparison": "journaled.events.fork",
+    "UnknownEventType": "journaled.errors",
+    "VerifyReport": "journaled.events.journal",
+    "open": "journaled.runtime",
+}
+"""Where each public name lives: it is imported on first use (T4, ADR 0037)."""
 
 
 def __getattr__(name: str) -> Any:
-    # journaled.aio (asyncio runtime, A1) loads on first use: a sync program never imports it.
+    # Every public name loads on first use, so `import journaled` costs only this module
+    # (T4): a CLI reading a journal never starts the actor system or imports rich for --json.
     if name == "aio":
         return importlib.import_module("journaled.aio")
-    raise AttributeError(f"module 'journaled' has no attribute {name!r}")
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'journaled' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __all__ = [
@@ -110,6 +217,7 @@ __all__ = [
     "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "RunSummary",
     "Runs",
     "Runtime",
     "RuntimeClosed",

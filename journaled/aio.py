@@ -43,6 +43,7 @@ from journaled.events.plan_rules import Reserve
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step
 from journaled.events.provenance import Stale, Use
 from journaled.events.run_state import RunState
+from journaled.events.run_summaries import RunSummary
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
 from journaled.subscriptions import AsyncSubscription, StoredSubscription
@@ -422,9 +423,19 @@ class AsyncRuns:
         """Cancel every run this runtime is executing; return their ids."""
         return await self._pool.run(self._runs.cancel_all)
 
-    async def list(self) -> list[str]:
-        """Return every run id in the journal."""
-        return await self._pool.run(self._runs.list)
+    async def list(
+        self, status: str | None = None, since: int | None = None, limit: int | None = None
+    ) -> builtins.list[RunSummary]:
+        """Return a summary of each run and orchestration, newest first (T2)."""
+        return await self._pool.run(self._runs.list, status, since, limit)
+
+    async def summary(self, run_id: str) -> RunSummary:
+        """Return one run's or orchestration's summary (T2)."""
+        return await self._pool.run(self._runs.summary, run_id)
+
+    async def ids(self) -> builtins.list[str]:
+        """Return every run id in the journal, oldest first."""
+        return await self._pool.run(self._runs.ids)
 
     async def stale(self, run_id: str | None = None) -> builtins.list[Stale]:
         """Return the steps whose read facts changed since they read them (P3)."""

@@ -19,12 +19,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
 
 from journaled import cli_render as render
-from journaled import demo as demo_story
 from journaled.cli_common import (
     JSON_HELP,
     call,
@@ -38,11 +37,10 @@ from journaled.cli_common import (
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
 from journaled.cli_schema import schema
-from journaled.events.base import Event
-from journaled.runtime import verify as verify_journal
-from journaled.subscriptions import Subscription
-from journaled.timeline import write as write_timeline
-from journaled.timeline import write_compare
+
+if TYPE_CHECKING:
+    from journaled.events.base import Event
+    from journaled.subscriptions import Subscription
 
 URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqlite)."
 
@@ -71,7 +69,9 @@ def demo(ctx: click.Context, human_delay: float) -> None:
 
     JSON: {run_id} of the story's orchestration; the story itself then goes to stderr.
     """
-    console = Console(stderr=wants_json(ctx))
+    from journaled import demo as demo_story
+
+    console = render.console(stderr=wants_json(ctx))
     run_id = demo_story.run(ctx.obj["url"], console, human_delay=human_delay)
     if wants_json(ctx):
         emit(render.DemoDone(run_id=run_id))
@@ -104,6 +104,9 @@ def timeline(ctx: click.Context, run_id: str, output: str, other: str | None) ->
 
     JSON: {run_id, path}, with "compare": RUN_B for a compare page.
     """
+    from journaled.timeline import write as write_timeline
+    from journaled.timeline import write_compare
+
     with open_runtime(ctx) as rt:
         if other is not None:
             path = call(lambda: write_compare(rt, run_id, other, Path(output)))
@@ -171,6 +174,8 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
     JSON: {ok, events, chained_from, unchained, payloads, head, problem: {position, kind, reason}
     or null, snapshots}.
     """
+    from journaled.runtime import verify as verify_journal
+
     try:
         report = verify_journal(ctx.obj["url"], head)
     except (ValueError, OSError, sqlite3.Error) as exc:

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import click
 
 import journaled
 from journaled import cli_render as render
+
+if TYPE_CHECKING:
+    from journaled.events.journal import Journal
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -52,6 +56,24 @@ def open_runtime(ctx: click.Context, *, create: bool = False) -> Iterator[journa
         yield rt
     finally:
         rt.close()
+
+
+@contextmanager
+def open_journal(ctx: click.Context) -> Iterator[Journal]:
+    """Open the journal alone, for reading: no runtime, no actors (T4); nothing is created."""
+    from journaled.events.catalog import codec
+    from journaled.events.journal import Journal
+    from journaled.events.url import default_url, parse_url
+
+    url = ctx.obj["url"] or os.environ.get("JOURNALED_URL") or default_url()
+    try:
+        journal = Journal(parse_url(url), codec(), create=False)
+    except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
+        fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    try:
+        yield journal
+    finally:
+        journal.close()
 
 
 def wants_json(ctx: click.Context) -> bool:

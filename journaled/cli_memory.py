@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import click
 import msgspec
-from rich.console import Console
 
 import journaled
 from journaled import cli_render as render
@@ -86,7 +85,7 @@ def memory_search(ctx: click.Context, query: str, limit: int, scopes: tuple[str,
         if wants_json(ctx):
             emit(facts)
             return
-        Console().print(render.facts_table(facts))
+        render.console().print(render.facts_table(facts))
 
 
 @memory.command("as-of")
@@ -118,7 +117,7 @@ def memory_as_of(
             return
         then = f"#{view.position}" + ("" if at is None else f" ({when(at)})")
         title = f"memory as of {then}" + ("" if query is None else f": search {query!r}")
-        Console().print(render.facts_table(facts, title=title))
+        render.console().print(render.facts_table(facts, title=title))
 
 
 @memory.command("show")

@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import click
 import msgspec
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 import journaled
 from journaled.events.base import DomainEvent, Event
@@ -27,20 +25,15 @@ from journaled.events.plans import SKIPPED_DEPENDENCY, ExecuteResult, Observatio
 from journaled.events.run_audit import describe_orchestration_event, describe_run_event
 from journaled.events.runs import BudgetStopped
 
+if TYPE_CHECKING:  # rich loads only when something is rendered (T4)
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _NOTE_WIDTH = 60
 
 # -- JSON shapes -----------------------------------------------------------------------------------
-
-
-class RunListed(msgspec.Struct, frozen=True, kw_only=True):
-    """``runs list``: one run or orchestration."""
-
-    run_id: str
-    kind: str
-    """``run.started`` or ``orchestration.started``."""
-    at: int
-    """When it started, epoch ms."""
 
 
 class FactWhy(msgspec.Struct, frozen=True, kw_only=True):
@@ -316,6 +309,13 @@ _GLYPHS = {
 }
 
 
+def console(*, stderr: bool = False, soft_wrap: bool = False) -> Console:
+    """Return a rich console, importing rich on first use (T4: ``--json`` never loads it)."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, soft_wrap=soft_wrap)
+
+
 def _glyph(status: str) -> tuple[str, str]:
     return _GLYPHS.get(status, ("·", ""))
 
@@ -331,6 +331,9 @@ def _out(console: Console, line: Text) -> None:
 
 def facts_table(facts: Sequence[Fact], title: str | None = None) -> Table:
     """Tabulate facts: id, scope, text (and what superseded it), ids never cut."""
+    from rich.table import Table
+    from rich.text import Text
+
     table = Table(title=title, title_justify="left")
     table.add_column("fact", no_wrap=True)
     table.add_column("scope", no_wrap=True)
@@ -380,6 +383,8 @@ def _state_line(view: RunView) -> str:
 
 def render_run(console: Console, view: RunView) -> None:
     """Print a run as its DAG by wave: each step with a status glyph, then calls and budget."""
+    from rich.text import Text
+
     head = Text(f"run {view.run_id}", style="bold")
     head.append(f"  at #{view.position} (last event {when(view.last_at)})", style="dim")
     _out(console, head)
@@ -415,6 +420,8 @@ def _step_line(
     id_width: int,
     what_width: int,
 ) -> Text:
+    from rich.text import Text
+
     status = "waiting" if step.id in view.waiting else step.status
     glyph, style = _glyph(status)
     note = one_line(_note(observed.get(step.id), view.questions.get(step.id)), _NOTE_WIDTH)
@@ -429,6 +436,8 @@ def _step_line(
 
 def render_diff(console: Console, diff: RunDiff) -> None:
     """Print what changed in a run between two positions."""
+    from rich.text import Text
+
     _out(console, Text(f"run {diff.run_id}: #{diff.a} → #{diff.b}", style="bold"))
     _out(console, Text(f"calls used: {diff.calls_used_before} → {diff.calls_used_after}"))
     before = ", ".join(diff.waiting_before) or "none"

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import click
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
 
 import journaled
 from journaled import cli_render as render
@@ -17,12 +15,16 @@ from journaled.cli_common import (
     emit,
     fail,
     json_option,
+    open_journal,
     open_runtime,
     parse_time_option,
     wants_json,
 )
 from journaled.events.memory_audit import when
 from journaled.events.plans import Step
+
+if TYPE_CHECKING:
+    from journaled.events.run_summaries import RunSummary
 
 
 @click.group()
@@ -31,23 +33,125 @@ def runs() -> None:
 
 
 @runs.command("list")
+@click.option("--status", default=None, help="Only runs in this status (e.g. failed, running).")
+@click.option("--since", default=None, help="Only runs active at or after this ISO-8601 time.")
+@click.option("--limit", type=int, default=None, help="Only the newest N runs.")
 @json_option
 @click.pass_context
-def runs_list(ctx: click.Context) -> None:
-    """List every run and orchestration, oldest first. JSON: a list of {run_id, kind, at}."""
-    with open_runtime(ctx) as rt:
-        rows = []
-        for run_id in rt.runs.list():
-            first = rt.runs.history(run_id)[0]
-            rows.append(render.RunListed(run_id=run_id, kind=first.kind, at=first.data.at))
-        if wants_json(ctx):
-            emit(rows)
-            return
-        table = Table("kind", "started")
-        table.add_column("run", no_wrap=True)
-        for row in rows:
-            table.add_row(row.kind.split(".")[0], when(row.at), Text(render.safe(row.run_id)))
-        Console().print(table)
+def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: int | None) -> None:
+    """List runs and orchestrations at a glance, newest first (T2).
+
+    Each with its status, goal, start, last event, steps done / total, calls used and what it
+    is (a fork, a pass of an orchestration, a sub-agent's run). Reads the journal alone, from
+    the run-summary projection; writes nothing.
+
+    JSON: a list of RunSummary {run_id, kind, status, goal, started_at, started_position,
+    last_event, last_at, last_position, steps_done, steps_total, calls_used, call_budget, wave,
+    running, waiting, parent_run, parent_step, forked_from, forked_at, orchestration, pass_no,
+    current_run}.
+    """
+    from journaled.events.run_summaries import RunSummaries, check_filters, select
+
+    after = None if since is None else parse_time_option(since)
+    call(lambda: check_filters(status, after, limit))
+    with open_journal(ctx) as journal:
+        found = select(RunSummaries(journal).read().values(), status, after, limit)
+    if wants_json(ctx):
+        emit(found)
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table("goal")
+    for column in ("status", "started", "last event", "steps", "calls", "what", "run"):
+        table.add_column(column, no_wrap=True)
+    for row in found:
+        calls = f"{row.calls_used}" + ("" if row.call_budget is None else f"/{row.call_budget}")
+        table.add_row(
+            Text(render.one_line(render.safe(row.goal), 40)),
+            Text(row.status, style=_STATUS_STYLE.get(row.status, "")),
+            when(row.started_at),
+            f"{row.last_event.partition('.')[2]} {when(row.last_at)}",
+            f"{row.steps_done}/{row.steps_total}",
+            calls,
+            Text(render.safe(_what(row))),
+            Text(render.safe(row.run_id)),
+        )
+    console = render.console()
+    if not console.is_terminal:
+        console.width = _PIPED_WIDTH  # piped: whole rows for grep, never cut to 80 columns
+    console.print(table)
+
+
+_PIPED_WIDTH = 400
+_STATUS_STYLE = {
+    "completed": "green",
+    "failed": "red",
+    "cancelled": "red",
+    "running": "cyan",
+    "purged": "dim",
+}
+FOLLOW_EXIT = {
+    "completed": 0,
+    "dry_run": 0,
+    "failed": 3,
+    "cancelled": 4,
+    "waiting_for_input": 5,
+    "waiting_for_budget": 5,
+    "waiting_for_clarification": 5,
+    "waiting_for_approval": 5,
+    "suspended": 6,
+    "purged": 7,
+}
+"""``runs follow`` exit status per settled status (1 and 2 stay click's: bad input, usage)."""
+
+
+def _what(row: RunSummary) -> str:
+    """Say what tells this run apart: a fork, a pass, a sub-agent's run, an orchestration."""
+    if row.kind == "orchestration":
+        passes = row.pass_no or 0
+        return f"orchestration, {passes} pass{'' if passes == 1 else 'es'}"
+    if row.forked_from is not None:
+        return f"fork of {row.forked_from} at #{row.forked_at}"
+    if row.orchestration is not None:
+        return f"pass {row.pass_no} of {row.orchestration}"
+    if row.parent_run is not None:
+        return f"child of {row.parent_run} step {row.parent_step}"
+    return "run"
+
+
+@runs.command("follow")
+@click.argument("run_id")
+@click.option(
+    "--interval",
+    default=0.25,
+    show_default=True,
+    help="Longest wait between checks (a change shows as soon as it is appended).",
+)
+@click.option("--max-seconds", type=float, default=None, hidden=True, help="Stop after this.")
+@json_option
+@click.pass_context
+def runs_follow(
+    ctx: click.Context, run_id: str, interval: float, max_seconds: float | None
+) -> None:
+    """Show a run's progress live until it settles (T2): steps, calls, wave, last events.
+
+    Follows the journal, so a run executing in any process is shown as it goes. It settles when
+    it finishes, waits (for input, budget, approval or clarification), is suspended or purged
+    (a fork not yet resumed is followed until it is resumed and settles).
+    Exit status: 0 completed (or a dry run); 3 failed; 4 cancelled; 5 waiting; 6 suspended;
+    7 purged; 1 for an unknown run; 130 when stopped by Ctrl-C before it settled.
+
+    JSON: one RunSummary per line (JSON Lines), a line each time it changes; the last line is
+    the settled state. Shape as in `runs list --json`.
+    """
+    from journaled.cli_follow import follow
+
+    if interval <= 0:
+        fail(f"--interval must be a positive number of seconds, got {interval}")
+    with open_journal(ctx) as journal:
+        settled = follow(journal, run_id, interval, max_seconds, as_json=wants_json(ctx))
+    ctx.exit(130 if settled is None else FOLLOW_EXIT.get(settled.status, 1))
 
 
 @runs.command("why")
@@ -93,7 +197,7 @@ def runs_show(ctx: click.Context, run_id: str, position: int | None, at_time: st
         if wants_json(ctx):
             emit(view)
             return
-        render.render_run(Console(), view)
+        render.render_run(render.console(), view)
 
 
 @runs.command("diff")
@@ -116,7 +220,7 @@ def runs_diff(ctx: click.Context, run_id: str, a: int, b: int) -> None:
         if wants_json(ctx):
             emit(diff)
         else:
-            render.render_diff(Console(), diff)
+            render.render_diff(render.console(), diff)
 
 
 @runs.command("history")
@@ -267,6 +371,9 @@ def runs_compare(ctx: click.Context, run_a: str, run_b: str) -> None:
         if wants_json(ctx):
             emit(cmp)
             return
+        from rich.table import Table
+        from rich.text import Text
+
         table = Table("step", "A", "B", "differs")
         for row in cmp.steps:
             a = f"{row.status_a or '-'} {render.one_line(_shown(row.output_a, row.error_a), 40)}"
@@ -274,7 +381,7 @@ def runs_compare(ctx: click.Context, run_a: str, run_b: str) -> None:
             table.add_row(
                 Text(render.safe(row.step_id)), Text(a), Text(b), "yes" if row.differs else ""
             )
-        console = Console()
+        console = render.console()
         console.print(Text(f"A: {cmp.run_a}\nB: {cmp.run_b}"))
         console.print(table)
         console.print(Text(f"calls used: A {cmp.calls_used_a}, B {cmp.calls_used_b}"))

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
-from rich.console import Console
-from rich.table import Table
 
+from journaled import cli_render as render
 from journaled.cli_common import emit, json_option, wants_json
-from journaled.events.protocol import json_schema
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 def schema_table(document: dict[str, Any]) -> Table:
     """Tabulate a schema document: tag, version, kind and fields of each type."""
+    from rich.table import Table
+
     table = Table(title="events and messages (journaled schema --json for the JSON Schema)")
     table.title_justify = "left"
     table.add_column("tag", no_wrap=True)
@@ -44,8 +47,10 @@ def schema(ctx: click.Context) -> None:
     fields, schema: {"$ref"}}], messages: [{tag, kind, fields, schema: {"$ref"}}], envelope:
     {"$ref"}, "$defs"}; each "$ref" points into "$defs".
     """
+    from journaled.events.protocol import json_schema
+
     document = json_schema()
     if wants_json(ctx):
         emit(document)
     else:
-        Console(soft_wrap=False).print(schema_table(document))
+        render.console(soft_wrap=False).print(schema_table(document))

@@ -30,6 +30,7 @@ from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from journaled.events.run_summaries import SAVE_AFTER
 from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
@@ -218,6 +219,7 @@ class Runtime:
             self._actors.scrubber,
             self._services,
         )
+        self.runs.summaries_writable = create and config.backend != "memory"
         self.runs.hidden_fact = Boundary(organization, self._journal.first).fact_elsewhere
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
@@ -531,6 +533,9 @@ class Runtime:
             still = self._orchestrations.close(_ORCHESTRATOR_STOP_SECONDS)
             if still:
                 log.warning("closing with orchestration(s) %s still driven", ", ".join(still))
+            if self.runs.summaries_writable:
+                # Off the append path: readers then fold only the run events after it (T2).
+                self.runs._save_summaries(SAVE_AFTER)
             try:
                 if self._journal.config.backend != "memory":
                     self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)

@@ -154,10 +154,10 @@ class Story:
     def run(self) -> str:
         """Carry the story on to its end; return the run id."""
         self.remember(MEMORY_A)
-        runs = self.rt.runs.list()
+        runs = self.rt.runs.ids()
         if not runs:
             self.rt.execute(plan(), call_budget=BUDGET, max_parallel_steps=2)
-            runs = self.rt.runs.list()
+            runs = self.rt.runs.ids()
         (run_id,) = runs
         for _ in range(20):
             state = self.rt.runs.state(run_id)

@@ -177,7 +177,7 @@ def test_blocking_calls_run_in_the_runtimes_pool(sqlite_url: str) -> None:
                 await rt.memory.search_semantic("tea")
                 async with await rt.journal.subscribe(after=0) as sub:
                     assert await sub.poll(WAIT) is not None
-                await rt.runs.list()
+                await rt.runs.ids()
         finally:
             del loop.run_in_executor
 

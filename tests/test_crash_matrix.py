@@ -108,7 +108,7 @@ def _final_state(url: str) -> dict[str, Any]:
             op: [_tag(e) for e in rt.memory.history(fact_id)] for fact_id, op in source.items()
         }
         found = [source[f.id] for f in rt.memory.search("deploy target release train")]
-        (run_id,) = rt.runs.list()
+        (run_id,) = rt.runs.ids()
         state = rt.runs.state(run_id)
         result = state.result()
         started: Counter[str] = Counter()

@@ -161,7 +161,7 @@ def test_max_parallel_bounds_batches(runtime: journaled.Runtime) -> None:
     plan = Plan(goal="g", steps=[Step(f"s{i}", tool="work") for i in range(7)])
     assert runtime.execute(plan, max_parallel_steps=1).ok
     assert seen.peak == 1
-    events = runtime.runs.history(runtime.runs.list()[-1])
+    events = runtime.runs.history(runtime.runs.ids()[-1])
     started = [e for e in events if e.kind == "run.step-started"]
     finished = [e for e in events if e.kind == "run.step-succeeded"]
     assert all(s.position < f.position for s, f in zip(started, finished, strict=True))
@@ -731,7 +731,7 @@ def test_result_fields(runtime: journaled.Runtime) -> None:
     assert result.observations[0].output == "thought about x"
     assert result.plan.goal == "g"
     assert result.plan.id
-    assert result.run_id in runtime.runs.list()
+    assert result.run_id in runtime.runs.ids()
 
 
 def test_resume_in_a_new_runtime_never_reruns_succeeded_steps(sqlite_url: str) -> None:

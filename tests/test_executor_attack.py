@@ -77,7 +77,7 @@ def test_ctrl_c_in_execute_still_drains_and_suspends_the_run(tmp_path: Path) -> 
             proc.wait(WAIT)
     assert "KeyboardInterrupt" in err
     with journaled.open(url) as rt:
-        (run_id,) = rt.runs.list()
+        (run_id,) = rt.runs.ids()
         state = rt.runs.state(run_id)
         kinds = [e.kind for e in rt.runs.history(run_id)]
         assert state.status == {"b": "succeeded", "c": "pending"}, kinds
@@ -157,7 +157,7 @@ def test_two_concurrent_child_runs_of_one_step_both_run(journal_url: str) -> Non
         result = rt.execute(Plan(goal="g", steps=[Step("s", agent="boss")]))
         assert result.ok, result.observations
         assert result.observations[-1].output == [True, True]
-        assert len(rt.runs.list()) == 3
+        assert len(rt.runs.ids()) == 3
 
 
 def test_a_rerun_step_with_another_child_plan_never_gets_the_first_plans_result(
@@ -185,7 +185,7 @@ def test_a_rerun_step_with_another_child_plan_never_gets_the_first_plans_result(
         assert "passed another plan than on its first attempt" in (
             done.observations[-1].error or ""
         )
-        assert len(rt.runs.list()) == 2  # the parent and the one child: none started twice
+        assert len(rt.runs.ids()) == 2  # the parent and the one child: none started twice
 
 
 # -- R6: accounting -------------------------------------------------------------------------------
@@ -254,7 +254,7 @@ def test_resuming_an_orchestration_that_runs_here_is_refused_untouched(sqlite_ur
         thread, out = in_thread(rt.orchestrate, "g", planner)
         try:
             assert entered.wait(WAIT)
-            orchestration = next(r for r in rt.runs.list() if "orchestration" in rt.runs.why(r))
+            orchestration = next(r for r in rt.runs.ids() if "orchestration" in rt.runs.why(r))
             before = len(rt.runs.history(orchestration))
             with pytest.raises(journaled.RunOwnedElsewhere):
                 rt.resume(orchestration, planner=planner)
@@ -378,7 +378,7 @@ def test_orchestrate_whose_runtime_closed_while_planning_raises_runtime_closed(
     assert isinstance(out[0], journaled.RuntimeClosed), out
     with journaled.open(sqlite_url) as again:
         again.register_tool("t", lambda x: x)
-        (orchestration,) = again.runs.list()
+        (orchestration,) = again.runs.ids()
         outcome = again.resume(orchestration, planner=planner)
         assert isinstance(outcome, journaled.Outcome)
         assert outcome.status == "completed"

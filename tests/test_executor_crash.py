@@ -148,7 +148,7 @@ def _crash_and_resume(tmp_path: Path, agents: list[str], block: list[str]) -> No
 
     # What the journal knows after the kill: the finished steps and the steps in flight.
     with journaled.open(url) as rt:
-        (run_id,) = rt.runs.list()
+        (run_id,) = rt.runs.ids()
         state = rt.runs.state(run_id)
         assert state.in_flight() == block
         assert not state.is_finished

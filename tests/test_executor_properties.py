@@ -372,7 +372,7 @@ def test_every_journaled_position_rebuilds_the_live_state(case: Case) -> None:
         # E12: what on_progress reports is already in the journal (a crash cannot lose it).
         # The executor swallows what on_progress raises, so problems are collected instead.
         try:
-            (run_id,) = rt.runs.list()
+            (run_id,) = rt.runs.ids()
             stored = rt.runs.state(run_id)
         except Exception as exc:
             lagging.append(f"{at}: {exc!r}")

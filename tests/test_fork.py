@@ -176,7 +176,7 @@ def test_forks_of_forks_lineage_and_why(runtime: journaled.Runtime) -> None:
     assert why.startswith(f"forked from {source} at #{at} with no change: kept")
     assert "not run yet" in why
     assert f"rt.resume({first!r})" in why
-    assert first in runtime.runs.list()
+    assert first in runtime.runs.ids()
     resumed(runtime, first)
     second = runtime.runs.fork(
         first, replace={"a": Step("a", tool="t", input={"id": "a", "v": 1})}, call_budget=50

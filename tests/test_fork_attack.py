@@ -145,10 +145,10 @@ def test_answers_to_a_step_that_is_not_waiting_are_refused(rt: journaled.Runtime
 def test_refresh_of_a_run_with_nothing_stale_is_refused(rt: journaled.Runtime) -> None:
     """P4: refresh of a run with no stale step is a one-line error naming run_id; no run made."""
     source = _run(rt)
-    before = rt.runs.list()
+    before = rt.runs.ids()
     with pytest.raises(ValueError, match="run_id"):
         rt.runs.refresh(source)
-    assert rt.runs.list() == before
+    assert rt.runs.ids() == before
 
 
 def test_stale_after_purge_says_purged_and_leaks_no_text(rt: journaled.Runtime) -> None:

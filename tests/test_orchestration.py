@@ -194,7 +194,7 @@ def test_every_status_is_reached_with_a_one_line_summary(
     assert one_line(out.summary), out.summary
     assert (out.budget is not None) == (status == "waiting_for_budget")
     assert out.gaps is None
-    assert out.run_id in runtime.runs.list()
+    assert out.run_id in runtime.runs.ids()
     ended = [
         e.data for e in runtime.runs.history(out.run_id) if isinstance(e.data, OrchestrationEnded)
     ]
@@ -829,7 +829,7 @@ def test_bad_options_are_rejected_before_anything_is_appended(
     with pytest.raises(ValueError, match=words):
         runtime.orchestrate(**options)
     assert runtime.journal.position() == 0
-    assert runtime.runs.list() == []
+    assert runtime.runs.ids() == []
     assert ran == []
 
 

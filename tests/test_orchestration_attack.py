@@ -128,7 +128,7 @@ def test_a_cancelled_pass_is_not_replanned(rt: journaled.Runtime) -> None:
     orchestration: list[str] = []
 
     def cancel_me(x: Any) -> Any:
-        [run_id] = [r for r in rt.runs.list() if rt._orchestrations.is_orchestration(r)]
+        [run_id] = [r for r in rt.runs.ids() if rt._orchestrations.is_orchestration(r)]
         orchestration.append(run_id)
         rt.cancel(rt._orchestrations.state(run_id).pass_runs[1])
         return x
@@ -152,7 +152,7 @@ def test_a_cancel_while_the_planner_thinks_stops_the_orchestration(rt: journaled
     accepted: list[bool] = []
 
     def planner(*_: object) -> Plan:
-        [run_id] = [r for r in rt.runs.list() if rt._orchestrations.is_orchestration(r)]
+        [run_id] = [r for r in rt.runs.ids() if rt._orchestrations.is_orchestration(r)]
         accepted.append(rt.cancel(run_id))
         return _plan(Step("a", tool="fetch"))
 
@@ -173,7 +173,7 @@ def test_why_does_not_say_waiting_once_a_resume_took_the_orchestration_up(
     seen: list[str] = []
 
     def look(x: Any) -> Any:
-        [run_id] = [r for r in rt.runs.list() if rt._orchestrations.is_orchestration(r)]
+        [run_id] = [r for r in rt.runs.ids() if rt._orchestrations.is_orchestration(r)]
         seen.append(rt.runs.why(run_id))
         return x
 

@@ -124,9 +124,7 @@ def test_sigkill_in_wave_one_resumes_the_settled_plan(tmp_path: Path, mode: str)
     # What the journal holds after the kill: the settled plan, the pass, 'slow' in flight.
     with journaled.open(url) as rt:
         orchestrations = [
-            r
-            for r in rt.runs.list()
-            if isinstance(rt.runs.history(r)[0].data, OrchestrationStarted)
+            r for r in rt.runs.ids() if isinstance(rt.runs.history(r)[0].data, OrchestrationStarted)
         ]
         [orchestration_id] = orchestrations
         events = rt.runs.history(orchestration_id)

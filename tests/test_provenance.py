@@ -302,10 +302,10 @@ def test_refresh_of_a_fresh_run_is_refused(rt: journaled.Runtime) -> None:
     rt.memory.remember("deploy to eu-west")
     _reader(rt)
     run = rt.runs.execute(_plan())
-    before = rt.runs.list()
+    before = rt.runs.ids()
     with pytest.raises(ValueError, match="no stale step"):
         rt.runs.refresh(run.run_id)
-    assert rt.runs.list() == before
+    assert rt.runs.ids() == before
 
 
 def test_cli_used_by_and_stale(sqlite_url: str) -> None:

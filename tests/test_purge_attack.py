@@ -58,7 +58,7 @@ def test_purge_racing_a_resume_in_another_runtime_leaves_no_child_content(
         first = rt.execute(Plan(goal="ask", steps=[Step("c", agent="asker")]))
         assert first.waiting == ["c"]
         run_id = first.run_id
-        before = set(rt.runs.list())
+        before = set(rt.runs.ids())
 
         resumed: list[Any] = []
 
@@ -78,8 +78,8 @@ def test_purge_racing_a_resume_in_another_runtime_leaves_no_child_content(
                 # The purge has checked the run is finished; now the other runtime resumes it
                 # and its agent step starts (and finishes) a child run.
                 worker.start()
-                wait_for(lambda: len(rt.runs.list()) > len(before), timeout=10)
-                [child] = set(rt.runs.list()) - before
+                wait_for(lambda: len(rt.runs.ids()) > len(before), timeout=10)
+                [child] = set(rt.runs.ids()) - before
                 wait_for(lambda: rt.runs.state(child).is_finished, timeout=10)
             return original(self, stream)
 

@@ -257,7 +257,7 @@ def test_old_inline_run_events_still_read_and_refuse_purge(
             conn.execute(f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?", [key])  # noqa: S608
         conn.execute("DELETE FROM journaled_snapshots")
     with journaled.open(sqlite_url, clock=clock) as rt:
-        assert rt.runs.list() == [run_id_text]
+        assert rt.runs.ids() == [run_id_text]
         state = rt.runs.at(run_id_text, rt.journal.position())
         assert state.plan.goal == f"{MARK}-goal"
         assert state.observations[0].output == f"{MARK}-out"

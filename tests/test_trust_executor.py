@@ -94,7 +94,7 @@ def slow(_):
         # be in the journal, read by another runtime; then be in flight and killed.
         with journaled.open(cfg["url"], follow=None) as reader:
             for _ in range(500):
-                runs = reader.runs.list()
+                runs = reader.runs.ids()
                 if runs and reader.runs.state(runs[0]).status["fast"] == "succeeded":
                     break
                 threading.Event().wait(0.01)
@@ -128,7 +128,7 @@ def test_sigkill_while_a_sibling_runs_reruns_only_that_sibling(tmp_path: Path) -
     }
     kill_when_in_flight(CRASH_SCRIPT, json.dumps(cfg), [tmp_path / "slow.inflight"], tmp_path)
     with journaled.open(url) as rt:
-        (run_id,) = rt.runs.list()
+        (run_id,) = rt.runs.ids()
         assert rt.runs.state(run_id).in_flight() == ["slow"]
     cfg.update(mode="resume", run_id=run_id)
     done = subprocess.run(
@@ -324,7 +324,7 @@ rt.register_tool("free", lambda _: "free")
 steps = [journaled.Step("a", tool="free"), journaled.Step("b", tool="stuck", depends_on=["a"])]
 plan = journaled.Plan(goal="g", steps=steps)
 if cfg["mode"] == "resume":
-    (run_id,) = rt.runs.list()
+    (run_id,) = rt.runs.ids()
     print(json.dumps({"ok": rt.resume(run_id).ok}))
     rt.close()
 else:
@@ -354,7 +354,7 @@ def test_a_program_that_never_closes_exits_and_its_run_resumes(tmp_path: Path) -
     assert crashed.returncode == 1
     assert "never calls close()" in crashed.stderr
     with journaled.open(url) as rt:
-        (run_id,) = rt.runs.list()
+        (run_id,) = rt.runs.ids()
         state = rt.runs.state(run_id)
         assert state.suspended is not None
         assert state.suspended.cause == "exit"
@@ -387,11 +387,11 @@ def test_an_agent_step_that_runs_again_finds_its_child_run(journal_url: str) -> 
         rt.register_agent("boss", agent)
         first = rt.execute(Plan(goal="g", steps=[Step("s", agent="boss")]))
         assert first.waiting == ["s"]
-        [child_id] = [r for r in rt.runs.list() if r != first.run_id]
+        [child_id] = [r for r in rt.runs.ids() if r != first.run_id]
         done = rt.resume(first.run_id, answers={"s": "yes"})
         assert isinstance(done, journaled.ExecuteResult)
         assert done.ok
-        assert rt.runs.list() == [first.run_id, child_id]
+        assert rt.runs.ids() == [first.run_id, child_id]
         assert child_steps == ["c1"]
         assert done.observations[-1].output == {"child": child_id, "ok": True}
         assert done.observations[-1].agent_task_id == child_id
@@ -436,7 +436,7 @@ def test_a_child_suspended_by_close_is_resumed_with_its_parent(sqlite_url: str) 
         wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
     with journaled.open(sqlite_url) as again:
         parent_id = out[0].run_id
-        [child_id] = [r for r in again.runs.list() if r != parent_id]
+        [child_id] = [r for r in again.runs.ids() if r != parent_id]
         assert again.runs.state(child_id).suspended is not None
         suspended = again.runs.state(parent_id).suspended
         assert suspended is not None
@@ -446,7 +446,7 @@ def test_a_child_suspended_by_close_is_resumed_with_its_parent(sqlite_url: str) 
         done = again.resume(parent_id)
         assert isinstance(done, journaled.ExecuteResult)
         assert done.ok
-        assert again.runs.list() == [parent_id, child_id]
+        assert again.runs.ids() == [parent_id, child_id]
         assert again.runs.state(child_id).run_status == "completed"
         assert ran == ["c1", "c2", "c2"]  # c1 succeeded before the close: never again
 
@@ -577,7 +577,7 @@ def test_close_suspends_an_orchestration_pass_and_it_resumes(sqlite_url: str) ->
         wait_for(lambda: not pykka.ActorRegistry.get_all(), WAIT)
     with journaled.open(sqlite_url) as again:
         again.register_tool("work", work)
-        [orchestration] = [r for r in again.runs.list() if "orchestration" in again.runs.why(r)]
+        [orchestration] = [r for r in again.runs.ids() if "orchestration" in again.runs.why(r)]
         outcome = again.resume(orchestration, planner=planner)
         assert isinstance(outcome, journaled.Outcome)
         assert outcome.status == "completed"
@@ -684,7 +684,7 @@ def test_a_child_run_in_flight_at_sigkill_is_found_again(tmp_path: Path) -> None
     }
     kill_when_in_flight(CHILD_CRASH_SCRIPT, json.dumps(cfg), [tmp_path / "c2.inflight"], tmp_path)
     with journaled.open(url) as rt:
-        parent, child = rt.runs.list()
+        parent, child = rt.runs.ids()
         assert rt.runs.state(parent).in_flight() == ["s"]
         assert rt.runs.state(child).in_flight() == ["c2"]
     cfg.update(mode="resume", run_id=parent)
@@ -700,7 +700,7 @@ def test_a_child_run_in_flight_at_sigkill_is_found_again(tmp_path: Path) -> None
     assert json.loads(done.stdout) == {"ok": True, "output": {"child": child, "ok": True}}
     assert record.read_text().split() == ["c1", "c2", "c2"]
     with journaled.open(url) as rt:
-        assert rt.runs.list() == [parent, child]
+        assert rt.runs.ids() == [parent, child]
         assert rt.runs.state(child).run_status == "completed"
 
 

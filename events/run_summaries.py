@@ -1,0 +1,475 @@
+"""Runs at a glance (SPEC T2): a projection of one summary per run and orchestration.
+
+The projection folds only run and orchestration events, keeps per run what a listing shows
+(status, goal, start, last event, steps done / total, calls used, lineage), and is stored as a
+snapshot beside the journal (key :data:`SUMMARIES_KEY`) together with the journal position it
+reached: a reader restores it and folds only the run events after that position (ADR 0037).
+
+The snapshot is a cache, never the truth: a missing, unreadable or other-schema one is folded
+from the start. It holds goals (run content), so a run purge blanks it in its own transaction
+and a snapshot folded before a purge is never stored after it (R2).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from typing import Literal
+
+import msgspec
+
+from journaled.events.base import Event
+from journaled.events.codec import tag_of, topics_of
+from journaled.events.journal import Journal
+from journaled.events.orchestration import (
+    ORCHESTRATION_EVENTS,
+    ApprovalRequested,
+    BudgetAwaited,
+    ClarificationRequested,
+    OrchestrationEnded,
+    OrchestrationResumed,
+    OrchestrationStarted,
+    PassStarted,
+)
+from journaled.events.runs import (
+    RUN_EVENTS,
+    BudgetRaised,
+    RunFinished,
+    RunForked,
+    RunPurged,
+    RunResumed,
+    RunStarted,
+    RunSuspended,
+    StepFailed,
+    StepsSkipped,
+    StepStarted,
+    StepSucceeded,
+    StepWaiting,
+    WavePartitioned,
+)
+
+SUMMARIES_KEY = "projection:run-summaries"
+"""Snapshot key of the stored projection (one row beside the run snapshots)."""
+SCHEMA = 1
+"""Bump when the stored projection changes incompatibly: older ones are then refolded."""
+SAVE_AFTER = 1000
+"""A reader that may write stores the projection once it folded this many events past it."""
+RUN_STATUSES = (
+    "running",
+    "completed",
+    "failed",
+    "cancelled",
+    "suspended",
+    "forked",
+    "waiting_for_budget",
+    "waiting_for_input",
+    "waiting_for_clarification",
+    "waiting_for_approval",
+    "dry_run",
+    "purged",
+)
+"""Every status a summary can have; ``runs.list(status=...)`` accepts these. ``forked``: a fork
+not yet resumed (F1); ``running``: started or resumed and not settled (a run whose process died
+mid-step stays ``running`` until it is resumed)."""
+_FINISHED = {
+    "completed": "completed",
+    "failed": "failed",
+    "cancelled": "cancelled",
+    "waiting": "waiting_for_input",
+    "stopped_for_budget": "waiting_for_budget",
+}
+_SETTLED_STEP = frozenset({"succeeded", "failed", "skipped"})
+_PURGED_TOPIC = tag_of(RunPurged) + "@"
+TOPICS: tuple[str, ...] = tuple(
+    t for cls in (*RUN_EVENTS, *ORCHESTRATION_EVENTS) for t in topics_of(cls)
+)
+"""Every stored topic the projection folds: the rest of the journal is never even decoded."""
+
+
+class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
+    """One run or orchestration at a glance (T2), as ``rt.runs.list()`` returns it."""
+
+    run_id: str
+    kind: Literal["run", "orchestration"]
+    status: str
+    """One of :data:`RUN_STATUSES`."""
+    goal: str
+    """The plan's (or orchestration's) goal; empty once the run was purged."""
+    started_at: int
+    """Epoch ms of its first event."""
+    started_position: int
+    last_event: str
+    """Tag of its latest event, e.g. ``run.step-succeeded``."""
+    last_at: int
+    last_position: int
+    steps_done: int
+    """Steps settled (succeeded, failed or skipped); for an orchestration, of its latest pass."""
+    steps_total: int
+    calls_used: int
+    """Calls charged; for an orchestration, over all its passes."""
+    call_budget: int | None = None
+    wave: int = 0
+    """The latest wave partitioned (numbered from 1; 0 before the first)."""
+    running: tuple[str, ...] = ()
+    """Steps started and not yet settled."""
+    waiting: tuple[str, ...] = ()
+    """Steps waiting for an answer (E10)."""
+    parent_run: str | None = None
+    """A sub-agent's run: the run whose agent step started it (E9)."""
+    parent_step: str | None = None
+    forked_from: str | None = None
+    """A fork: the run it was forked from (F2) ..."""
+    forked_at: int | None = None
+    """... and the journal position it was forked at."""
+    orchestration: str | None = None
+    """A pass of an orchestration: that orchestration (ADR 0010)."""
+    pass_no: int | None = None
+    """A pass: its number; an orchestration: the number of passes started."""
+    current_run: str | None = None
+    """An orchestration: the run of its latest pass."""
+
+
+class _Tracked(msgspec.Struct, kw_only=True):
+    """The mutable fold of one stream; what the stored projection holds per run."""
+
+    kind: str
+    goal: str = ""
+    started_at: int = 0
+    started_position: int = 0
+    last_event: str = ""
+    last_at: int = 0
+    last_position: int = 0
+    steps: dict[str, str] = msgspec.field(default_factory=dict)
+    calls_used: int = 0
+    call_budget: int | None = None
+    wave: int = 0
+    waiting: list[str] = msgspec.field(default_factory=list)
+    finished: str | None = None
+    suspended: bool = False
+    resumed: bool = False
+    purged: bool = False
+    parent_run: str | None = None
+    parent_step: str | None = None
+    forked_from: str | None = None
+    forked_at: int | None = None
+    passes: list[str] = msgspec.field(default_factory=list)
+    asked: str | None = None
+    """An orchestration: the request it waits on (clarification, approval, budget)."""
+    ended: str | None = None
+
+
+class _Stored(msgspec.Struct, kw_only=True):
+    schema: int
+    position: int
+    runs: dict[str, _Tracked]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(_Stored)
+
+
+def _start(data: RunStarted, tracked: _Tracked) -> None:
+    tracked.goal = data.plan.goal
+    tracked.call_budget = data.call_budget
+    tracked.parent_run = data.parent_run
+    tracked.parent_step = data.parent_step
+    tracked.steps = dict.fromkeys((s.id for s in data.plan.steps), "pending")
+
+
+def _fold_run(tracked: _Tracked, event: Event) -> None:
+    data = event.data
+    match data:
+        case RunForked():
+            _start(data.started, tracked)
+            tracked.forked_from = data.source
+            tracked.forked_at = data.position
+            for carried in data.carried:
+                tracked.calls_used += carried.charged
+                tracked.steps[carried.observation.step_id] = "succeeded"
+        case WavePartitioned():
+            tracked.wave = data.wave
+            for step_id in (*(o.step_id for o in data.skipped), *data.unobserved):
+                tracked.steps[step_id] = "skipped"
+        case StepStarted():
+            tracked.steps[data.step_id] = "running"
+        case StepSucceeded() | StepFailed():
+            tracked.calls_used += data.charged
+            tracked.steps[data.step_id] = (
+                "succeeded" if isinstance(data, StepSucceeded) else "failed"
+            )
+        case StepWaiting():
+            tracked.calls_used += data.charged
+            tracked.steps[data.step_id] = "pending"
+            if data.step_id not in tracked.waiting:
+                tracked.waiting.append(data.step_id)
+        case StepsSkipped():
+            for step_id in (*(o.step_id for o in data.observations), *data.unobserved):
+                tracked.steps[step_id] = "skipped"
+        case BudgetRaised():
+            tracked.call_budget = data.budget
+        case RunResumed():
+            tracked.resumed = True
+            tracked.finished = None
+            tracked.suspended = False
+            tracked.waiting = []
+            for step_id in data.rerun:
+                tracked.steps[step_id] = "pending"
+        case RunFinished():
+            tracked.finished = data.status
+        case RunSuspended():
+            tracked.suspended = True
+        case _:
+            pass  # heartbeats, cancel requests, answers, overruns and reads change no summary
+
+
+def _fold_orchestration(tracked: _Tracked, event: Event) -> None:
+    data = event.data
+    match data:
+        case PassStarted():
+            tracked.passes.append(data.run)
+            tracked.asked = None
+        case ClarificationRequested():
+            tracked.asked = "waiting_for_clarification"
+        case ApprovalRequested():
+            tracked.asked = "waiting_for_approval"
+        case BudgetAwaited():
+            tracked.asked = "waiting_for_budget"
+        case OrchestrationResumed():
+            tracked.asked = None
+            tracked.ended = None
+        case OrchestrationEnded():
+            tracked.ended = data.status
+        case _:
+            pass
+
+
+def fold(runs: dict[str, _Tracked], event: Event) -> None:
+    """Fold one run or orchestration event into the summaries (pure: no clock, no reads)."""
+    data = event.data
+    tracked = runs.get(event.stream)
+    if tracked is None:
+        if isinstance(data, RunStarted | RunForked):
+            tracked = runs[event.stream] = _Tracked(kind="run")
+        elif isinstance(data, OrchestrationStarted):
+            tracked = runs[event.stream] = _Tracked(kind="orchestration")
+        else:
+            return  # not a run's stream (or one whose start this journal does not hold)
+        tracked.started_at = data.at
+        tracked.started_position = event.position
+    tracked.last_event = event.kind
+    tracked.last_at = data.at
+    tracked.last_position = event.position
+    match data:
+        case RunStarted():
+            _start(data, tracked)
+        case OrchestrationStarted():
+            tracked.goal = data.goal
+            tracked.call_budget = data.call_budget
+        case RunPurged():
+            tracked.purged = True
+            tracked.goal = ""
+        case _ if tracked.kind == "orchestration":
+            _fold_orchestration(tracked, event)
+        case _:
+            _fold_run(tracked, event)
+
+
+def _run_status(tracked: _Tracked) -> str:
+    if tracked.purged:
+        return "purged"
+    if tracked.finished is not None:
+        return _FINISHED.get(tracked.finished, tracked.finished)
+    if tracked.suspended:
+        return "suspended"
+    return "forked" if tracked.forked_from is not None and not tracked.resumed else "running"
+
+
+def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
+    owner = {run: (orch, n) for orch, t in runs.items() for n, run in enumerate(t.passes, 1)}
+    out: dict[str, RunSummary] = {}
+    for run_id, t in runs.items():
+        steps, calls, status = t.steps, t.calls_used, _run_status(t)
+        running = tuple(s for s, v in t.steps.items() if v == "running")
+        waiting, wave = tuple(t.waiting), t.wave
+        orchestration, pass_no = owner.get(run_id, (None, None))
+        current = t.passes[-1] if t.passes else None
+        if t.kind == "orchestration":
+            calls = sum(runs[r].calls_used for r in t.passes if r in runs)
+            last = runs.get(current) if current is not None else None
+            steps = last.steps if last is not None else {}
+            running = tuple(s for s, v in steps.items() if v == "running")
+            waiting, wave = (tuple(last.waiting), last.wave) if last is not None else ((), 0)
+            pass_no = len(t.passes)
+            status = _orchestration_status(t, last)
+        out[run_id] = RunSummary(
+            run_id=run_id,
+            kind="orchestration" if t.kind == "orchestration" else "run",
+            status=status,
+            goal=t.goal,
+            started_at=t.started_at,
+            started_position=t.started_position,
+            last_event=t.last_event,
+            last_at=t.last_at,
+            last_position=t.last_position,
+            steps_done=sum(1 for v in steps.values() if v in _SETTLED_STEP),
+            steps_total=len(steps),
+            calls_used=calls,
+            call_budget=t.call_budget,
+            wave=wave,
+            running=running,
+            waiting=waiting,
+            parent_run=t.parent_run,
+            parent_step=t.parent_step,
+            forked_from=t.forked_from,
+            forked_at=t.forked_at,
+            orchestration=orchestration,
+            pass_no=pass_no,
+            current_run=current,
+        )
+    return out
+
+
+def _orchestration_status(t: _Tracked, last: _Tracked | None) -> str:
+    if t.purged:
+        return "purged"
+    if t.ended is not None:
+        return t.ended
+    if t.asked is not None:
+        return t.asked
+    if last is not None and last.suspended and last.finished is None:
+        return "suspended"
+    return "running"
+
+
+def check_filters(status: object, since: object, limit: object) -> None:
+    """Reject a bad ``runs.list`` filter with a one-line error naming the argument.
+
+    Raises:
+        ValueError: ``status`` is no known status, ``since`` no epoch ms, ``limit`` not >= 1.
+    """
+    if status is not None and status not in RUN_STATUSES:
+        raise ValueError(
+            f"status: {status!r} is no run status; use one of {', '.join(RUN_STATUSES)}"
+        )
+    if since is not None and (not isinstance(since, int) or isinstance(since, bool) or since < 0):
+        raise ValueError(f"since: give a time as epoch milliseconds (an int >= 0), got {since!r}")
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise ValueError(f"limit: give a number of runs >= 1, got {limit!r}")
+
+
+def select(
+    summaries: Iterable[RunSummary],
+    status: str | None = None,
+    since: int | None = None,
+    limit: int | None = None,
+) -> list[RunSummary]:
+    """Filter summaries, newest first (by start): ``since`` keeps runs active at or after it."""
+    kept = [
+        s
+        for s in summaries
+        if (status is None or s.status == status) and (since is None or s.last_at >= since)
+    ]
+    kept.sort(key=lambda s: s.started_position, reverse=True)
+    return kept if limit is None else kept[:limit]
+
+
+def check_stored(journal: Journal, state: bytes) -> tuple[int, str] | None:
+    """Compare a stored projection with a fold of the journal up to its position (R7).
+
+    Returns:
+        None when it matches (or is blank, unreadable or of another schema: a cache miss);
+        else (its position, why it differs).
+    """
+    try:
+        stored = _DECODER.decode(state)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    if stored.schema != SCHEMA:
+        return None
+    if stored.position > journal.position():
+        return stored.position, "it claims a position past the journal's end"
+    runs: dict[str, _Tracked] = {}
+    for event in journal.read(upto=stored.position, topics=TOPICS):
+        fold(runs, event)
+    if runs == stored.runs:
+        return None
+    differ = sorted(set(runs) ^ set(stored.runs)) or sorted(
+        r for r in runs if runs[r] != stored.runs[r]
+    )
+    return stored.position, f"the summary of run {differ[0]} differs"
+
+
+class RunSummaries:
+    """The run-summary projection of one journal: restored, caught up on read, stored on demand.
+
+    Thread-safe. ``read()`` never writes; ``save()`` stores the projection (off the append path:
+    a closing runtime, or a reader that may write, calls it).
+    """
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._lock = threading.Lock()
+        self._runs: dict[str, _Tracked] | None = None
+        self._position = 0
+        self._stored = 0
+        """The position of the stored projection this one started from (0: none)."""
+
+    def _restore(self) -> None:
+        found = self._journal.snapshot(SUMMARIES_KEY)
+        self._runs, self._position = {}, 0
+        if found is None or not found[1]:
+            return
+        try:
+            stored = _DECODER.decode(found[1])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return  # a cache miss: fold from the start
+        if stored.schema == SCHEMA and stored.position == found[0]:
+            self._runs, self._position = stored.runs, stored.position
+            self._stored = stored.position
+
+    def _catch_up(self) -> dict[str, _Tracked]:
+        if self._runs is None:
+            self._restore()
+        runs = self._runs
+        assert runs is not None
+        for event in self._journal.read(after=self._position, topics=TOPICS):
+            fold(runs, event)
+            self._position = event.position
+        return runs
+
+    @property
+    def position(self) -> int:
+        """Return the journal position the projection has folded up to."""
+        return self._position
+
+    @property
+    def unsaved(self) -> int:
+        """Return how far (in positions) the projection is ahead of the stored one."""
+        return self._position - self._stored
+
+    def read(self) -> dict[str, RunSummary]:
+        """Catch up with the journal and return every run's summary by run id."""
+        with self._lock:
+            return _summaries(self._catch_up())
+
+    def save_if_behind(self, min_events: int = SAVE_AFTER) -> bool:
+        """Store the projection when the journal is ``min_events`` positions past the stored one."""
+        with self._lock:
+            if self._runs is None:
+                self._restore()
+            behind = self._journal.position() - self._stored
+        return behind >= min_events and self.save()
+
+    def save(self) -> bool:
+        """Catch up and store the projection; False if a run purge came in between (R2)."""
+        with self._lock:
+            runs = self._catch_up()
+            state = _ENCODER.encode(_Stored(schema=SCHEMA, position=self._position, runs=runs))
+            saved = self._journal.save_snapshot(
+                SUMMARIES_KEY, self._position, state, unless_after=(_PURGED_TOPIC,)
+            )
+            if saved:
+                self._stored = self._position
+            else:
+                self._runs = None  # a purge erased goals since: refold from what is stored
+            return saved
