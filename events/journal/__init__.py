@@ -12,7 +12,8 @@ two things the library lacks:
   still see it;
 - *run content*: an event with ``has_content`` (goals, inputs, outputs, errors, questions,
   answers) is stored without its content, and the whole event goes to the same side table under
-  ``<stream>@<version>`` in the same transaction; reads put it back while the payload exists,
+  ``<stream>@<version>`` in the same transaction (unless all its content is empty: then the
+  event is its own shape and needs no side row); reads put it back while the payload exists,
   and once it was erased they return the stored shape, its content reading ``[purged]``
   (ADR 0018);
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
@@ -326,9 +327,13 @@ class Journal:
         stored = []
         for p in events:
             if p.data.has_content:
-                # The whole event goes to the forgettable side table; the log keeps its shape.
-                side[content_key(p.stream, p.version)] = self.codec.encode(p.data)
-                p = Pending(stream=p.stream, version=p.version, data=p.data.map_content(hollow))  # noqa: PLW2901
+                shape = p.data.map_content(hollow)
+                if shape != p.data:
+                    # The whole event goes to the forgettable side table; the log keeps its
+                    # shape. An event whose content is all empty (a step that returned None) is
+                    # its own shape: a side row would only repeat it (ADR 0035).
+                    side[content_key(p.stream, p.version)] = self.codec.encode(p.data)
+                    p = Pending(stream=p.stream, version=p.version, data=shape)  # noqa: PLW2901
             stored.append(mapper.to_stored_event(p))  # type: ignore[arg-type]
         try:
             positions = self._recorder.insert_events(
