@@ -239,3 +239,28 @@ def test_tampering_with_a_release2_side_row_is_still_reported(
     assert not report.ok
     assert report.problem is not None
     assert report.problem.kind == "payload-altered"
+
+
+def test_sqlite_connections_keep_prepared_statements(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J4: the journal's SQLite connections cache statements (BEGIN and INSERT both stay
+    prepared) and keep WAL, secure_delete and the chosen synchronous level."""
+    seen: list[dict[str, Any]] = []
+    connect = sqlite3.connect
+
+    def spy(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        seen.append(kwargs)
+        conn: sqlite3.Connection = connect(*args, **kwargs)
+        return conn
+
+    monkeypatch.setattr(sqlite3, "connect", spy)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda data: None)
+        assert rt.execute(_chain(2)).ok
+    pooled = [k for k in seen if k.get("check_same_thread") is False]
+    assert pooled
+    assert all(k["cached_statements"] >= 8 for k in pooled)
+    monkeypatch.undo()
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
