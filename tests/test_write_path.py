@@ -13,7 +13,8 @@ import msgspec
 import pytest
 
 import journaled
-from journaled.events.base import PURGED
+from journaled.events.base import PURGED, DomainEvent
+from journaled.events.codec import Codec, tag_of
 from journaled.events.plans import Observation
 from journaled.events.run_state import fold_run
 from journaled.events.runs import StepStarted, WavePartitioned, implied_partitions
@@ -264,3 +265,45 @@ def test_sqlite_connections_keep_prepared_statements(
     monkeypatch.undo()
     with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+class _Wide(DomainEvent, frozen=True, kw_only=True, tag="test.wide"):
+    """An event of more than 15 fields: msgpack writes its map with a 16-bit count."""
+
+    f1: int = 1
+    f2: int = 2
+    f3: int = 3
+    f4: int = 4
+    f5: int = 5
+    f6: int = 6
+    f7: int = 7
+    f8: int = 8
+    f9: int = 9
+    f10: int = 10
+    f11: int = 11
+    f12: int = 12
+    f13: int = 13
+    f14: int = 14
+    f15: int = 15
+
+
+def test_payloads_are_stored_without_their_tag_and_decode_either_way() -> None:
+    """J5: a payload omits the tag its topic names; tagged (older) and untagged payloads decode
+    to the same event, also through a plain typed decoder as an older release has."""
+    events: list[DomainEvent] = [
+        StepStarted(at=1, step_id="a", attempt=1, wave=1),
+        WavePartitioned(at=2, wave=1, runnable=("a", "b")),
+        _Wide(at=3, **{f"f{i}": 0 for i in range(1, 15)}),  # 16 entries with the tag
+        _Wide(at=4, **{f"f{i}": 0 for i in range(1, 16)}),  # 17
+    ]
+    assert [msgspec.msgpack.encode(e)[0] for e in events[2:]] == [0xDE, 0xDE]
+    own = Codec([StepStarted, WavePartitioned, _Wide])
+    for event in events:
+        stored = own.encode(event)
+        tagged = msgspec.msgpack.encode(event)
+        assert msgspec.msgpack.decode(tagged)["type"] == tag_of(type(event))
+        assert "type" not in msgspec.msgpack.decode(stored)
+        assert len(stored) == len(tagged) - 2 - len("type") - len(tag_of(type(event)))
+        topic = own.topic(event)
+        assert own.decode(topic, stored) == own.decode(topic, tagged) == event
+        assert msgspec.msgpack.Decoder(type(event)).decode(stored) == event
