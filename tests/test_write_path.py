@@ -15,6 +15,7 @@ import pytest
 import journaled
 from journaled.events.base import PURGED, DomainEvent
 from journaled.events.codec import Codec, tag_of
+from journaled.events.errors import CorruptEvent
 from journaled.events.plans import Observation
 from journaled.events.run_state import fold_run
 from journaled.events.runs import StepStarted, WavePartitioned, implied_partitions
@@ -307,3 +308,36 @@ def test_payloads_are_stored_without_their_tag_and_decode_either_way() -> None:
         topic = own.topic(event)
         assert own.decode(topic, stored) == own.decode(topic, tagged) == event
         assert msgspec.msgpack.Decoder(type(event)).decode(stored) == event
+
+
+def test_a_side_row_holds_only_the_content(sqlite_url: str) -> None:
+    """R2/ADR 0035: a content event's side row holds its content values, not the whole event;
+    read back, the event is whole again, and a side row with a value too few is refused."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("echo", lambda data: {"out": data})
+        result = rt.execute(
+            journaled.Plan(goal="the goal", steps=[journaled.Step("x", tool="echo", input="in")])
+        )
+        history = rt.runs.history(result.run_id)
+        started, succeeded = history[0].data, history[-2].data
+    assert started.plan.goal == "the goal"  # type: ignore[attr-defined]
+    assert succeeded.observation.output == {"out": "in"}  # type: ignore[attr-defined]
+    path = sqlite_url.removeprefix("sqlite:///")
+    conn = sqlite3.connect(path)
+    try:
+        rows = dict(conn.execute("SELECT stream, payload FROM journaled_payloads"))
+        [key] = [k for k in rows if k == f"{result.run_id}@{history[-2].version}"]
+        assert msgspec.msgpack.decode(rows[key]) == [{"out": "in"}, None, None]
+        assert msgspec.msgpack.decode(rows[f"{result.run_id}@1"]) == [
+            "in",
+            "the goal",
+        ]  # steps' inputs, then the goal
+        conn.execute(
+            "UPDATE journaled_payloads SET payload = ? WHERE stream = ?",
+            (msgspec.msgpack.encode([{"out": "in"}, None]), key),
+        )
+        conn.commit()
+    finally:
+        conn.close()
+    with journaled.open(sqlite_url) as rt, pytest.raises(CorruptEvent, match="fewer values"):
+        rt.runs.history(result.run_id)
