@@ -9,7 +9,8 @@ exits non-zero only when it crashes.
    previous one; ``rt.execute`` wall time / N. N = 1,000 (quick: 200).
 2. waves: 10 waves x 20 no-op steps at ``max_parallel_steps=2``; step j of wave k depends on step j
    of wave k-1 only (one dependency, not all). Wall time / 200.
-3. resume: a run of ~10k events (a chain of 3,300 tool steps, 3 events a step, then one skill step
+3. resume: a run of ~10k events (a chain of 5,000 tool steps, 2 events a step since a wave whose
+   steps all start at once stores no partition (ADR 0035), then one skill step
    under ``call_budget=0``, so the run stops for budget before its last wave). In a fresh
    ``journaled.open`` of a copy of that journal, ``rt.resume(run_id, call_budget=1)`` end to end
    (rebuild, executor start, the skill step, two commits); and, separately, ``rt.runs.state``.
@@ -85,7 +86,7 @@ from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
-RESUME_CHAIN = 3300
+RESUME_CHAIN = 5000
 DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
 
 
