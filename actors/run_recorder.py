@@ -23,6 +23,7 @@ from journaled.events.journal import Journal
 from journaled.events.plans import ExecuteResult, Observation
 from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
+from journaled.events.runs import implied_partitions
 
 __all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
 
@@ -116,6 +117,12 @@ class RunRecorder:
         :data:`SNAPSHOT_EVERY` events, so resuming a long run reads only the events after it.
         """
         staged, self._staged = self._staged, []
+        implied = implied_partitions(staged)
+        if implied:
+            # Folded already (the executor decided with it); not stored: the starts in this
+            # commit say the same (ADR 0035).
+            staged = [e for i, e in enumerate(staged) if i not in implied]
+            self._traced = [t for i, t in enumerate(self._traced) if i not in implied]
         if staged:
             version = self.state.version
             pending = [

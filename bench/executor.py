@@ -9,7 +9,8 @@ exits non-zero only when it crashes.
    previous one; ``rt.execute`` wall time / N. N = 1,000 (quick: 200).
 2. waves: 10 waves x 20 no-op steps at ``max_parallel_steps=2``; step j of wave k depends on step j
    of wave k-1 only (one dependency, not all). Wall time / 200.
-3. resume: a run of ~10k events (a chain of 3,300 tool steps, 3 events a step, then one skill step
+3. resume: a run of ~10k events (a chain of 5,000 tool steps, 2 events a step since a wave whose
+   steps all start at once stores no partition (ADR 0035), then one skill step
    under ``call_budget=0``, so the run stops for budget before its last wave). In a fresh
    ``journaled.open`` of a copy of that journal, ``rt.resume(run_id, call_budget=1)`` end to end
    (rebuild, executor start, the skill step, two commits); and, separately, ``rt.runs.state``.
@@ -24,6 +25,22 @@ exits non-zero only when it crashes.
    < 10 ms). Informative: one ``await rt.memory.search`` through the runtime's own thread pool
    against the same call through the loop's default executor (``asyncio.to_thread``) and a plain
    sync call.
+
+6. write path (issue 12, ADR 0035/0036), on the chain of 1 in a fresh file each time:
+   - bytes per no-op step: the whole file's growth (the database file after close, its WAL
+     checkpointed into it) divided by N. It includes everything the run leaves: the plan
+     (``run.started`` and its forgettable copy), every event row with its originator id, topic
+     and primary-key index entry, the digest chain's columns, the run's snapshot written at the
+     end, and SQLite's page slack. Baseline: the raw bytes of the same run's rows (event states,
+     side payloads and the snapshot, without ids, topics, indexes or pages), per step. Target
+     <= 400 B on SQLite ``normal``. An informative row leaves out the plan and the snapshot.
+   - CPU per step: ``time.process_time`` (every thread of the process) over ``rt.execute`` / N
+     at ``durability=normal``; baseline: the process time of the stock recorder writing the same
+     rows in the same commits with one pykka ask after each (the design's floor). Target <= 200
+     us.
+   - ``durability=full`` wall per step against the floor of one fsync'd commit per step: plain
+     ``sqlite3`` (WAL, ``synchronous=FULL``, autocommit off) inserting each of the run's commits'
+     rows in one transaction. Target <= 1.3x.
 
 Write floor: eventsourcing's stock SQLite recorder (``InfrastructureFactory.construct`` with
 PERSISTENCE_MODULE=eventsourcing.sqlite, text originator ids) inserting the very rows the executor
@@ -69,7 +86,7 @@ from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
-RESUME_CHAIN = 3300
+RESUME_CHAIN = 5000
 DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
 
 
@@ -224,6 +241,112 @@ def bench_steps(
         Row(label, _us(best / n), base, f"{ratio:.1f}x", "<= 3x", ratio <= 3),
         Row("  same, floor paced by an actor", "", paced, f"{best / best_paced:.1f}x", "-", None),
     ]
+
+
+def file_bytes(path: Path) -> int:
+    """Return a closed journal's size with its WAL checkpointed into the file."""
+    with sqlite3.connect(path) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return path.stat().st_size
+
+
+def raw_bytes(path: Path, run_id: str) -> tuple[int, int]:
+    """Return the raw bytes of a run's rows (states, side payloads, snapshot) and its plan's."""
+    with sqlite3.connect(path) as conn:
+        states = conn.execute(
+            "SELECT coalesce(sum(length(state)), 0) FROM stored_events WHERE originator_id = ?",
+            (run_id,),
+        ).fetchone()[0]
+        side = conn.execute(
+            "SELECT coalesce(sum(length(payload)), 0) FROM journaled_payloads "
+            "WHERE substr(stream, 1, ?) = ?",
+            (len(run_id) + 1, f"{run_id}@"),
+        ).fetchone()[0]
+        snap = conn.execute(
+            "SELECT coalesce(sum(length(state)), 0) FROM journaled_snapshots WHERE stream = ?",
+            (run_id,),
+        ).fetchone()[0]
+        plan = conn.execute(
+            "SELECT length(state) FROM stored_events WHERE originator_id = ? "
+            "AND originator_version = 1",
+            (run_id,),
+        ).fetchone()[0]
+        plan += conn.execute(
+            "SELECT coalesce(sum(length(payload)), 0) FROM journaled_payloads WHERE stream = ?",
+            (f"{run_id}@1",),
+        ).fetchone()[0]
+    return int(states + side + snap), int(plan + snap)
+
+
+def fsync_floor(tmp: Path, rows: list[tuple[str, bytes]], commits: list[int]) -> float:
+    """Insert ``rows`` in ``commits`` transactions with plain sqlite3 at FULL; return seconds."""
+    path = Path(tempfile.mkdtemp(dir=tmp)) / "fsync.sqlite"
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute("PRAGMA synchronous=FULL")
+        conn.execute(
+            "CREATE TABLE events (stream TEXT, version INTEGER, topic TEXT, state BLOB, "
+            "PRIMARY KEY (stream, version))"
+        )
+        starts = itertools.accumulate(commits, initial=0)
+        numbered = [("floor", v, t, s) for v, (t, s) in enumerate(rows, 1)]
+        batches = [numbered[at : at + size] for at, size in zip(starts, commits, strict=False)]
+        start = time.perf_counter()
+        for batch in batches:
+            conn.execute("BEGIN")
+            conn.executemany("INSERT INTO events VALUES (?, ?, ?, ?)", batch)
+            conn.execute("COMMIT")
+        return time.perf_counter() - start
+    finally:
+        conn.close()
+
+
+def bench_write_path(tmp: Path, n: int, repeats: int) -> list[Row]:
+    """Measure bytes and CPU per no-op step at ``normal`` and wall per step at ``full``."""
+    best_cpu, best_floor_cpu, best_bytes = math.inf, math.inf, (0, 0, 0)
+    for i in range(repeats):
+        path = tmp / f"write-normal-{i}.sqlite"
+        rt = open_runtime(path, "normal")
+        floor, echo = Floor(tmp, "normal"), Echo.start()
+        try:
+            before = path.stat().st_size
+            start = time.process_time()
+            _, run_id, commits = timed_execute(rt, chain(n))
+            cpu = time.process_time() - start
+            rows = stream_rows(path, run_id)
+            start = time.process_time()
+            floor.append(rows, commits, echo)
+            best_floor_cpu = min(best_floor_cpu, time.process_time() - start)
+        finally:
+            echo.stop()
+            floor.factory.close()
+            rt.close()
+        best_cpu = min(best_cpu, cpu)
+        raw, plan = raw_bytes(path, run_id)
+        best_bytes = (file_bytes(path) - before, raw, plan)
+    grown, raw, plan = best_bytes
+    best_full, best_fsync = math.inf, math.inf
+    for i in range(repeats):
+        path = tmp / f"write-full-{i}.sqlite"
+        with open_runtime(path, "full") as rt:
+            seconds, run_id, commits = timed_execute(rt, chain(n))
+        best_full = min(best_full, seconds)
+        best_fsync = min(best_fsync, fsync_floor(tmp, stream_rows(path, run_id), commits))
+    per = f"{len(commits)} commits"
+    return [
+        Row(f"chain {n} bytes per step, whole file [normal]", f"{grown / n:,.0f} B",
+            f"{raw / n:,.0f} B raw rows", f"{grown / raw:.1f}x", "<= 400 B", grown / n <= 400),
+        Row("  same without the plan and the snapshot", f"{(grown - plan) / n:,.0f} B",
+            f"{(raw - plan) / n:,.0f} B raw rows", f"{(grown - plan) / max(1, raw - plan):.1f}x",
+            "-", None),
+        Row(f"chain {n} CPU per step, process_time [normal]", _us(best_cpu / n),
+            f"{_us(best_floor_cpu / n)} (stock commits + 1 ask)",
+            f"{best_cpu / best_floor_cpu:.1f}x", "<= 200 us", best_cpu / n <= 200e-6),
+        Row(f"chain {n} per step [full] vs one fsync'd commit a step", _us(best_full / n),
+            f"{_us(best_fsync / n)} (sqlite3, {per})", f"{best_full / best_fsync:.2f}x",
+            "<= 1.3x", best_full / best_fsync <= 1.3),
+    ]  # fmt: skip
 
 
 def _time(fn: Callable[[], object]) -> float:
@@ -413,6 +536,7 @@ def main() -> None:
             rows += bench_steps(tmp, durability, f"chain {n_chain}", chain(n_chain), repeats)
             wide = waves(10, 20)  # 20 ms a run: more repeats to see past the noise
             rows += bench_steps(tmp, durability, "waves 10x20 p=2", wide, 3 * repeats)
+        rows += bench_write_path(tmp, n_chain, repeats)
         for durability in DURABILITIES:
             rows += bench_resume(tmp, durability, samples)
         rows += bench_aio(tmp, n_chain, 2 * repeats + 1)

@@ -1,6 +1,9 @@
 """Encode events to bytes and back with msgspec, upcasting older payloads (J5, J6).
 
-The stored topic is ``<tag>@<version>``. Decoding a current topic is one typed msgspec decode. An
+The stored topic is ``<tag>@<version>``. A payload is the event's msgpack map without its tag
+field: the topic already names the type, and a typed decode (this release's, or an older one's)
+accepts a map with or without it, so payloads of earlier releases, which carry it, decode alike
+(ADR 0035). Decoding a current topic is one typed msgspec decode. An
 older topic goes through the upcasters registered for it, each rewriting the raw payload from one
 version to the next, and then through the typed decode. Schema rules: fields only grow (new fields
 get defaults); never rename, retype or reuse a tag; a breaking change is a new version plus an
@@ -48,6 +51,7 @@ class Codec:
         self._decoders: dict[str, msgspec.msgpack.Decoder[Any]] = {}
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._raw = msgspec.msgpack.Decoder(dict[str, Any])
+        self._tag_entries: dict[type[DomainEvent], bytes] = {}
         for cls in types:
             tag = tag_of(cls)
             if tag in self._by_tag and self._by_tag[tag] is not cls:
@@ -56,6 +60,8 @@ class Codec:
             topic = topic_of(cls)
             self._by_topic[topic] = cls
             self._decoders[topic] = msgspec.msgpack.Decoder(cls)
+            field = cls.__struct_config__.tag_field or "type"
+            self._tag_entries[cls] = self._encoder.encode(field) + self._encoder.encode(tag)
 
     @property
     def types(self) -> tuple[type[DomainEvent], ...]:
@@ -71,10 +77,11 @@ class Codec:
         return topic_of(type(event))
 
     def encode(self, event: DomainEvent) -> bytes:
-        """Encode an event's payload."""
-        if type(event).__struct_config__.tag not in self._by_tag:
+        """Encode an event's payload: its msgpack map without the tag entry."""
+        entry = self._tag_entries.get(type(event))
+        if entry is None:
             raise TypeError(f"{type(event).__qualname__} is not a registered event type")
-        return self._encoder.encode(event)
+        return _untagged(self._encoder.encode(event), entry)
 
     def decode(self, topic: str, payload: bytes, position: int | None = None) -> DomainEvent:
         """Decode a stored payload, upcasting it first when an older release wrote it.
@@ -114,3 +121,18 @@ class Codec:
         raw.setdefault("type", tag)
         upcast: DomainEvent = msgspec.convert(raw, cls)
         return upcast
+
+
+_FIXMAP = 0x80
+_MAP16 = 0xDE
+
+
+def _untagged(payload: bytes, entry: bytes) -> bytes:
+    """Drop the tag entry msgspec writes first in a tagged Struct's map, one less in the count."""
+    head = payload[0]
+    if _FIXMAP < head <= _FIXMAP + 0x0F and payload.startswith(entry, 1):
+        return bytes((head - 1,)) + payload[1 + len(entry) :]
+    if head == _MAP16 and payload.startswith(entry, 3):
+        count = int.from_bytes(payload[1:3], "big") - 1
+        return bytes((_MAP16,)) + count.to_bytes(2, "big") + payload[3 + len(entry) :]
+    return payload  # not the layout expected: stored as encoded, which decodes just as well

@@ -153,6 +153,9 @@ class RunState:
                 for step_id in data.unobserved:
                     self.status[step_id] = "skipped"
             case StepStarted():
+                # A start names its wave: a commit may hold the starts without their partition
+                # when the partition said nothing more (ADR 0035).
+                self.wave = data.wave
                 self.status[data.step_id] = "running"
                 self.attempts[data.step_id] = data.attempt
             case StepSucceeded():

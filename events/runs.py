@@ -13,7 +13,7 @@ suspension and the end — so a crash loses at most the steps in flight, and tho
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, Self
 
 import msgspec
@@ -53,7 +53,12 @@ class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
 
 
 class WavePartitioned(DomainEvent, frozen=True, kw_only=True, tag="run.wave-partitioned"):
-    """A wave's steps were sorted into runnable and skipped/cancelled, with each reason (E4, E5)."""
+    """A wave's steps were sorted into runnable and skipped/cancelled, with each reason (E4, E5).
+
+    Stored only when it says more than the step starts appended with it (see
+    :func:`implied_partitions`, ADR 0035): a wave whose runnable steps all start in the same
+    commit, none skipped, is recorded by those ``step-started`` events alone.
+    """
 
     wave: int
     """Wave number, from 1."""
@@ -71,6 +76,7 @@ class StepStarted(DomainEvent, frozen=True, kw_only=True, tag="run.step-started"
     attempt: int
     """1 for the first execution; a re-run after a crash or an answer counts up (at-least-once)."""
     wave: int
+    """The wave it belongs to; folding it makes this the run's current wave."""
 
 
 class StepSucceeded(DomainEvent, frozen=True, kw_only=True, tag="run.step-succeeded"):
@@ -308,6 +314,30 @@ class RunForked(DomainEvent, frozen=True, kw_only=True, tag="run.forked"):
             answers={k: f(v) for k, v in self.answers.items()},
             questions={k: f(v) for k, v in self.questions.items()},
         )
+
+
+def implied_partitions(events: Sequence[DomainEvent]) -> set[int]:
+    """Return the indexes of the wave partitions that the events after them make redundant.
+
+    A :class:`WavePartitioned` with no skipped or unobserved steps is implied when the events
+    after it, up to the next partition, start exactly its runnable steps in its wave: folding
+    those starts gives the same state (``StepStarted`` sets the wave). One that holds a step
+    back (``max_parallel_steps``, a per-key cap, a budget stop) or skips one carries
+    information and is kept. ``events`` is one commit, in order (ADR 0035).
+    """
+    implied: set[int] = set()
+    for i, event in enumerate(events):
+        if not isinstance(event, WavePartitioned) or event.skipped or event.unobserved:
+            continue
+        started: list[str] = []
+        for later in events[i + 1 :]:
+            if isinstance(later, WavePartitioned):
+                break
+            if isinstance(later, StepStarted) and later.wave == event.wave:
+                started.append(later.step_id)
+        if started and started == list(event.runnable):
+            implied.add(i)
+    return implied
 
 
 RUN_EVENTS: tuple[type[DomainEvent], ...] = (

@@ -235,6 +235,11 @@ def test_old_inline_run_events_still_read_and_refuse_purge(
         rt.register_tool("echo", lambda data: f"{data}-out")
         run_id = rt.execute(Plan(goal=f"{MARK}-goal", steps=[Step("a", tool="echo", input=MARK)]))
         run_id_text = run_id.run_id
+        # Release 1 stored the whole event, tag included, in the row.
+        whole = {
+            f"{e.stream}@{e.version}": msgspec.msgpack.encode(e.data)
+            for e in rt.runs.history(run_id_text)
+        }
     # Rewrite the rows as release 1 stored them: content inline, at version 1, no side row.
     path = sqlite_url.removeprefix("sqlite:///")
     with sqlite3.connect(path) as conn:
@@ -245,14 +250,10 @@ def test_old_inline_run_events_still_read_and_refuse_purge(
         assert rows
         for stream, version, topic in rows:
             key = f"{stream}@{version}"
-            (payload,) = conn.execute(
-                f"SELECT payload FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
-                [key],
-            ).fetchone()
             conn.execute(
                 "UPDATE stored_events SET topic = ?, state = ? "
                 "WHERE originator_id = ? AND originator_version = ?",
-                [topic.replace("@2", "@1"), payload, stream, version],
+                [topic.replace("@2", "@1"), whole[key], stream, version],
             )
             conn.execute(f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?", [key])  # noqa: S608
         conn.execute("DELETE FROM journaled_snapshots")

@@ -11,10 +11,11 @@ two things the library lacks:
   PostgreSQL it deletes the row, then rewrites the table (``VACUUM FULL``) once no snapshot can
   still see it;
 - *run content*: an event with ``has_content`` (goals, inputs, outputs, errors, questions,
-  answers) is stored without its content, and the whole event goes to the same side table under
-  ``<stream>@<version>`` in the same transaction; reads put it back while the payload exists,
-  and once it was erased they return the stored shape, its content reading ``[purged]``
-  (ADR 0018);
+  answers) is stored without its content, and its content values go to the same side table
+  under ``<stream>@<version>`` in the same transaction (unless all its content is empty: then
+  the event is its own shape and needs no side row; ADR 0035); reads put them back while the
+  payload exists, and once it was erased they return the stored shape, its content reading
+  ``[purged]`` (ADR 0018). Side rows of earlier releases hold the whole event and read as well;
 - a snapshot table beside the log (ADR 0009), written in the same transactions;
 - a digest chain (R7, ADR 0021, :mod:`._digest`): each append records, in its own transaction,
   the hash of each of its events and payloads in a digest chained to the previous append's
@@ -48,6 +49,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+import msgspec
 from eventsourcing.application import Application
 from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
 from eventsourcing.utils import Environment, get_topic
@@ -326,9 +328,13 @@ class Journal:
         stored = []
         for p in events:
             if p.data.has_content:
-                # The whole event goes to the forgettable side table; the log keeps its shape.
-                side[content_key(p.stream, p.version)] = self.codec.encode(p.data)
-                p = Pending(stream=p.stream, version=p.version, data=p.data.map_content(hollow))  # noqa: PLW2901
+                shape = p.data.map_content(hollow)
+                if shape != p.data:
+                    # The content goes to the forgettable side table, the log keeps the shape.
+                    # An event whose content is all empty (a step that returned None) is its
+                    # own shape: a side row would only repeat it (ADR 0035).
+                    side[content_key(p.stream, p.version)] = content_of(p.data)
+                    p = Pending(stream=p.stream, version=p.version, data=shape)  # noqa: PLW2901
             stored.append(mapper.to_stored_event(p))  # type: ignore[arg-type]
         try:
             positions = self._recorder.insert_events(
@@ -785,15 +791,62 @@ class Journal:
 
     def _event(self, row: Row, content: Mapping[str, bytes]) -> Event:
         position, stream, version, topic, state = row
-        if topic in self._content_topics:
-            # The full event while its content exists; the stored shape once it was erased.
-            state = content.get(content_key(stream, version), state)
+        side = content.get(content_key(stream, version)) if topic in self._content_topics else None
+        if side is not None and side[:1] in _WHOLE_EVENT:
+            state, side = side, None  # an earlier release kept the whole event beside the shape
         data: DomainEvent = self.codec.decode(topic, state, position=position)
+        if side is not None:
+            # The full event while its content exists; the stored shape once it was erased.
+            data = with_content(data, side, topic, position)
         return Event(position=position, stream=stream, version=version, data=data)
 
     def _check_open(self) -> None:
         if self._closed:
             raise JournalClosed(f"journal {self.config.url} is closed")
+
+
+_CONTENT = msgspec.msgpack.Encoder()
+_CONTENT_VALUES = msgspec.msgpack.Decoder(list[Any])
+_WHOLE_EVENT = frozenset(bytes((b,)) for b in (*range(0x80, 0x90), 0xDE, 0xDF))
+"""First bytes of a msgpack map: a side row holding a whole event (ADR 0018, before 0035). A
+side row of this release is a msgpack array of the content values."""
+
+
+def content_of(event: DomainEvent) -> bytes:
+    """Encode an event's content values, in ``map_content`` order: its side row (ADR 0035)."""
+    values: list[Any] = []
+
+    def keep(value: Any) -> Any:
+        values.append(value)
+        return value
+
+    event.map_content(keep)
+    return _CONTENT.encode(values)
+
+
+def with_content(shape: DomainEvent, side: bytes, topic: str, position: int | None) -> DomainEvent:
+    """Put the content values of a side row back into an event's stored shape.
+
+    Raises:
+        CorruptEvent: the side row is not a list of as many values as the shape has content.
+    """
+    try:
+        values = _CONTENT_VALUES.decode(side)
+    except msgspec.DecodeError as exc:
+        raise CorruptEvent(position, topic, f"malformed content payload: {exc}") from exc
+    it = iter(values)
+    missing = object()
+
+    def put(_: Any) -> Any:
+        value = next(it, missing)
+        if value is missing:
+            raise CorruptEvent(position, topic, "content payload has fewer values than its event")
+        return value
+
+    full = shape.map_content(put)
+    if next(it, missing) is not missing:
+        raise CorruptEvent(position, topic, "content payload has more values than its event")
+    return full
 
 
 def content_key(stream: str, version: int) -> str:

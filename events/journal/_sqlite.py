@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import sqlite3
+import sqlite3 as _driver  # the pool's own name: tests stand in for ``sqlite3`` in DDL
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from eventsourcing.persistence import (
+    InterfaceError,
     StoredEvent,
 )
 from eventsourcing.sqlite import (
+    SQLITE3_DEFAULT_LOCK_TIMEOUT,
     SQLiteApplicationRecorder,
     SQLiteConnection,
     SQLiteConnectionPool,
@@ -42,6 +45,11 @@ _CHAIN_COLUMNS = {
 cost one more B-tree page per commit (about a third of a small commit's time), a column nothing."""
 
 
+STATEMENT_CACHE = 64
+"""Prepared statements each connection keeps: an append uses a handful (BEGIN, one INSERT per
+row count, the payload and snapshot writes), reads a few more."""
+
+
 def _integer(column: str) -> str:
     """Select an integer column for verification: any other stored type reads as -1 (R7).
 
@@ -57,11 +65,30 @@ class _Pool(SQLiteConnectionPool):
     synchronous = "NORMAL"
 
     def _create_connection(self) -> SQLiteConnection:
-        connection = super()._create_connection()
-        raw: sqlite3.Connection = connection._sqlite_conn
+        # As the library's (eventsourcing 9.5.6, sqlite.py), but with a statement cache: its
+        # connections keep one prepared statement (``cached_statements=True``), so an append's
+        # BEGIN and INSERT evicted each other and every append parsed its SQL again (ADR 0036).
+        try:
+            raw = _driver.connect(
+                database=self.db_name,
+                uri=True,
+                check_same_thread=False,
+                isolation_level=None,
+                cached_statements=STATEMENT_CACHE,
+                timeout=self.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT,
+            )
+        except (sqlite3.Error, TypeError) as exc:
+            raise InterfaceError(exc) from exc
+        if not self.is_sqlite_memory_mode and not self.is_journal_mode_wal:
+            mode = raw.execute("PRAGMA journal_mode").fetchone()[0]
+            if mode.lower() != "wal":
+                raw.execute("PRAGMA journal_mode=WAL")
+                self.journal_mode_was_changed_to_wal = True
+            self.is_journal_mode_wal = True
+        raw.row_factory = _driver.Row
         raw.execute("PRAGMA secure_delete=ON")
         raw.execute(f"PRAGMA synchronous={self.synchronous}")
-        return connection
+        return SQLiteConnection(sqlite_conn=raw, max_age=self.max_age)
 
 
 class _FullPool(_Pool):
