@@ -1091,7 +1091,10 @@ class Runs:
     def list(
         self, status: str | None = None, since: int | None = None, limit: int | None = None
     ) -> builtins.list[RunSummary]:
-        """Return a summary of each run and orchestration, newest first (T2).
+        """Return a summary of each run and orchestration, oldest first (T2).
+
+        Each :class:`RunSummary` is its run's id (a ``str``) carrying the summary as attributes,
+        so the listing still serves where run ids are expected.
 
         From the run-summary projection: its stored copy plus the run events after it, never a
         read of every event of every run (ADR 0037). A runtime that may write stores the
@@ -1100,7 +1103,7 @@ class Runs:
         Args:
             status: keep only runs in this status (one of ``RUN_STATUSES``).
             since: keep only runs whose last event is at or after this time (epoch ms).
-            limit: keep only the newest ``limit`` runs (by start).
+            limit: keep only the newest ``limit`` runs (by start), still oldest first.
 
         Raises:
             ValueError: a filter is not of the documented kind; the message names it.

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
-from typing import Literal
 
 import msgspec
 
@@ -86,11 +85,46 @@ TOPICS: tuple[str, ...] = tuple(
 """Every stored topic the projection folds: the rest of the journal is never even decoded."""
 
 
-class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
-    """One run or orchestration at a glance (T2), as ``rt.runs.list()`` returns it."""
+_FIELDS: tuple[tuple[str, object], ...] = (
+    ("kind", "run.started"),
+    ("status", "running"),
+    ("goal", ""),
+    ("started_at", 0),
+    ("started_position", 0),
+    ("last_event", ""),
+    ("last_at", 0),
+    ("last_position", 0),
+    ("steps_done", 0),
+    ("steps_total", 0),
+    ("calls_used", 0),
+    ("call_budget", None),
+    ("wave", 0),
+    ("running", ()),
+    ("waiting", ()),
+    ("parent_run", None),
+    ("parent_step", None),
+    ("forked_from", None),
+    ("forked_at", None),
+    ("orchestration", None),
+    ("pass_no", None),
+    ("current_run", None),
+)
+
+
+class RunSummary(str):
+    """One run or orchestration at a glance (T2), as ``rt.runs.list()`` returns it.
+
+    It *is* its run id (a ``str`` equal to, hashing and sorting as the id), so code that treats
+    ``runs.list()`` as a list of ids (``run_id in rt.runs.list()``, ``rt.runs.why(summary)``)
+    keeps working, and it carries the run's summary as read-only attributes. Against a plain
+    string it compares as its id; against another summary, by everything it says (two
+    summaries of one run taken before and after a step differ). ``as_dict()`` is the JSON shape
+    of ``journaled runs list --json``.
+    """
 
     run_id: str
-    kind: Literal["run", "orchestration"]
+    kind: str
+    """The run's first event: ``run.started``, ``run.forked`` or ``orchestration.started``."""
     status: str
     """One of :data:`RUN_STATUSES`."""
     goal: str
@@ -107,26 +141,79 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     steps_total: int
     calls_used: int
     """Calls charged; for an orchestration, over all its passes."""
-    call_budget: int | None = None
-    wave: int = 0
+    call_budget: int | None
+    wave: int
     """The latest wave partitioned (numbered from 1; 0 before the first)."""
-    running: tuple[str, ...] = ()
+    running: tuple[str, ...]
     """Steps started and not yet settled."""
-    waiting: tuple[str, ...] = ()
+    waiting: tuple[str, ...]
     """Steps waiting for an answer (E10)."""
-    parent_run: str | None = None
+    parent_run: str | None
     """A sub-agent's run: the run whose agent step started it (E9)."""
-    parent_step: str | None = None
-    forked_from: str | None = None
+    parent_step: str | None
+    forked_from: str | None
     """A fork: the run it was forked from (F2) ..."""
-    forked_at: int | None = None
+    forked_at: int | None
     """... and the journal position it was forked at."""
-    orchestration: str | None = None
+    orchestration: str | None
     """A pass of an orchestration: that orchestration (ADR 0010)."""
-    pass_no: int | None = None
+    pass_no: int | None
     """A pass: its number; an orchestration: the number of passes started."""
-    current_run: str | None = None
+    current_run: str | None
     """An orchestration: the run of its latest pass."""
+
+    def __new__(cls, run_id: str, **fields: object) -> RunSummary:
+        """Build the summary of run ``run_id``; every other field is a keyword."""
+        unknown = set(fields) - {name for name, _ in _FIELDS}
+        if unknown:
+            raise TypeError(f"RunSummary has no field {sorted(unknown)[0]!r}")
+        self = super().__new__(cls, run_id)
+        attrs = self.__dict__
+        attrs["run_id"] = str(run_id)
+        for name, default in _FIELDS:
+            attrs[name] = fields.get(name, default)
+        return self
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, RunSummary):
+            return self.__dict__ == other.__dict__
+        return str.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:
+        return not self == other
+
+    def __hash__(self) -> int:
+        return str.__hash__(self)  # equal summaries, and a summary and its id, share the id
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"a RunSummary is read-only (cannot set {name!r})")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"a RunSummary is read-only (cannot delete {name!r})")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (_rebuild, (self.as_dict(),))
+
+    def __repr__(self) -> str:
+        return (
+            f"RunSummary({self.run_id!r}, kind={self.kind!r}, status={self.status!r}, "
+            f"steps={self.steps_done}/{self.steps_total}, calls_used={self.calls_used})"
+        )
+
+    def as_dict(self) -> dict[str, object]:
+        """Return every field by name; ``at`` repeats ``started_at``, as earlier listings had it."""
+        out: dict[str, object] = {"run_id": self.run_id}
+        out.update((name, self.__dict__[name]) for name, _ in _FIELDS)
+        out["at"] = self.started_at
+        return out
+
+
+def _rebuild(fields: dict[str, object]) -> RunSummary:
+    fields = dict(fields)
+    fields.pop("at", None)
+    run_id = fields.pop("run_id")
+    assert isinstance(run_id, str)
+    return RunSummary(run_id, **fields)
 
 
 class _Tracked(msgspec.Struct, kw_only=True):
@@ -303,7 +390,7 @@ def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
             status = _orchestration_status(t, last)
         out[run_id] = RunSummary(
             run_id=run_id,
-            kind="orchestration" if t.kind == "orchestration" else "run",
+            kind=_first_event(t),
             status=status,
             goal=t.goal,
             started_at=t.started_at,
@@ -327,6 +414,12 @@ def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
             current_run=current,
         )
     return out
+
+
+def _first_event(t: _Tracked) -> str:
+    if t.kind == "orchestration":
+        return tag_of(OrchestrationStarted)
+    return tag_of(RunForked) if t.forked_from is not None else tag_of(RunStarted)
 
 
 def _orchestration_status(t: _Tracked, last: _Tracked | None) -> str:
@@ -363,14 +456,17 @@ def select(
     since: int | None = None,
     limit: int | None = None,
 ) -> list[RunSummary]:
-    """Filter summaries, newest first (by start): ``since`` keeps runs active at or after it."""
+    """Filter summaries, oldest first (by start), as the journal has them.
+
+    ``since`` keeps runs active at or after it; ``limit`` keeps the newest ``limit`` of them.
+    """
     kept = [
         s
         for s in summaries
         if (status is None or s.status == status) and (since is None or s.last_at >= since)
     ]
-    kept.sort(key=lambda s: s.started_position, reverse=True)
-    return kept if limit is None else kept[:limit]
+    kept.sort(key=lambda s: s.started_position)
+    return kept if limit is None else kept[len(kept) - limit :]
 
 
 def check_stored(journal: Journal, state: bytes) -> tuple[int, str] | None:

@@ -426,7 +426,7 @@ class AsyncRuns:
     async def list(
         self, status: str | None = None, since: int | None = None, limit: int | None = None
     ) -> builtins.list[RunSummary]:
-        """Return a summary of each run and orchestration, newest first (T2)."""
+        """Return a summary of each run and orchestration, oldest first (T2)."""
         return await self._pool.run(self._runs.list, status, since, limit)
 
     async def summary(self, run_id: str) -> RunSummary:

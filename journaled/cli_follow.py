@@ -63,7 +63,7 @@ def view(summary: RunSummary, lines: list[str]) -> RenderableType:
     from rich.table import Table
     from rich.text import Text
 
-    head = Text(f"{summary.kind} {summary.run_id}  ", style="bold")
+    head = Text(f"{summary.kind.partition('.')[0]} {summary.run_id}  ", style="bold")
     head.append(summary.status, style="green" if summary.status == "completed" else "yellow")
     bar = Table.grid(padding=(0, 1))
     bar.add_row(
@@ -117,7 +117,7 @@ def follow(
             if current != shown:
                 shown = current
                 if console is None:
-                    click.echo(render.to_json(current))
+                    click.echo(render.to_json(current.as_dict()))
                 elif live is not None:
                     events.catch_up(current)
                     live.update(view(current, [line for _, line in events.lines]), refresh=True)

@@ -39,16 +39,17 @@ def runs() -> None:
 @json_option
 @click.pass_context
 def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: int | None) -> None:
-    """List runs and orchestrations at a glance, newest first (T2).
+    """List runs and orchestrations at a glance (T2): the table newest first, JSON oldest first.
 
     Each with its status, goal, start, last event, steps done / total, calls used and what it
     is (a fork, a pass of an orchestration, a sub-agent's run). Reads the journal alone, from
     the run-summary projection; writes nothing.
 
-    JSON: a list of RunSummary {run_id, kind, status, goal, started_at, started_position,
-    last_event, last_at, last_position, steps_done, steps_total, calls_used, call_budget, wave,
-    running, waiting, parent_run, parent_step, forked_from, forked_at, orchestration, pass_no,
-    current_run}.
+    JSON: a list of RunSummary {run_id, kind (the first event: run.started, run.forked or
+    orchestration.started), at (its time, as started_at), status, goal, started_at,
+    started_position, last_event, last_at, last_position, steps_done, steps_total, calls_used,
+    call_budget, wave, running, waiting, parent_run, parent_step, forked_from, forked_at,
+    orchestration, pass_no, current_run}.
     """
     from journaled.events.run_summaries import RunSummaries, check_filters, select
 
@@ -57,7 +58,7 @@ def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: 
     with open_journal(ctx) as journal:
         found = select(RunSummaries(journal).read().values(), status, after, limit)
     if wants_json(ctx):
-        emit(found)
+        emit([row.as_dict() for row in found])
         return
     from rich.table import Table
     from rich.text import Text
@@ -65,7 +66,7 @@ def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: 
     table = Table("goal")
     for column in ("status", "started", "last event", "steps", "calls", "what", "run"):
         table.add_column(column, no_wrap=True)
-    for row in found:
+    for row in reversed(found):
         calls = f"{row.calls_used}" + ("" if row.call_budget is None else f"/{row.call_budget}")
         table.add_row(
             Text(render.one_line(render.safe(row.goal), 40)),
@@ -108,7 +109,7 @@ FOLLOW_EXIT = {
 
 def _what(row: RunSummary) -> str:
     """Say what tells this run apart: a fork, a pass, a sub-agent's run, an orchestration."""
-    if row.kind == "orchestration":
+    if row.kind == "orchestration.started":
         passes = row.pass_no or 0
         return f"orchestration, {passes} pass{'' if passes == 1 else 'es'}"
     if row.forked_from is not None:

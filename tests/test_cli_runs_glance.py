@@ -153,8 +153,10 @@ def test_runs_list_json_and_table_with_filters(sqlite_url: str) -> None:
         ).run_id
         fork = rt.runs.fork(bad)
     listed = json.loads(_cli(sqlite_url, "runs", "list", "--json").stdout)
-    assert [r["run_id"] for r in listed] == [fork, bad, good]
-    assert listed[2] | {"started_at": 0, "last_at": 0} == listed[2] | {
+    assert [r["run_id"] for r in listed] == [good, bad, fork]  # oldest first, as run ids were
+    assert [r["kind"] for r in listed] == ["run.started", "run.started", "run.forked"]
+    assert listed[0]["at"] == listed[0]["started_at"]
+    assert listed[0] | {"started_at": 0, "last_at": 0, "at": 0} == listed[0] | {
         "status": "completed",
         "goal": "good goal",
         "steps_done": 1,
@@ -162,6 +164,7 @@ def test_runs_list_json_and_table_with_filters(sqlite_url: str) -> None:
         "calls_used": 1,
         "started_at": 0,
         "last_at": 0,
+        "at": 0,
     }
     failed = json.loads(_cli(sqlite_url, "runs", "list", "--status", "failed", "--json").stdout)
     assert [r["run_id"] for r in failed] == [bad]
@@ -170,6 +173,8 @@ def test_runs_list_json_and_table_with_filters(sqlite_url: str) -> None:
     later = json.loads(_cli(sqlite_url, "runs", "list", "--since", "2100-01-01", "--json").stdout)
     assert later == []
     table = _cli(sqlite_url, "runs", "list").stdout
+    order = [line.split("│")[-2].strip() for line in table.splitlines() if "run_" in line]
+    assert order == [fork, bad, good]  # the table shows the newest first
     rows = {line.split("│")[-2].strip(): line for line in table.splitlines() if "run_" in line}
     assert "completed" in rows[good]
     assert "1/1" in rows[good]
@@ -213,7 +218,7 @@ def test_follow_an_orchestration_through_its_pass(
     thread.start()
     try:
         wait_for(lambda: any(s.running == ("a",) for s in rt.runs.list(status="running")), WAIT)
-        (orchestration,) = [s for s in rt.runs.list() if s.kind == "orchestration"]
+        (orchestration,) = [s for s in rt.runs.list() if s.kind == "orchestration.started"]
         proc = _follow(url, orchestration.run_id, "--json")
         assert proc.stdout is not None
         first = json.loads(proc.stdout.readline())

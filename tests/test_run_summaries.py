@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import pickle
 import signal
 import subprocess
 import sys
@@ -68,7 +69,8 @@ def test_summaries_equal_a_fold_of_every_run(durable_url: str) -> None:
     assert by_id[ids["fork"]].forked_from == ids["failed"]
     assert by_id[ids["child"]].parent_run == ids["parent"]
     orchestration = by_id[ids["orchestration"]]
-    assert orchestration.kind == "orchestration"
+    assert orchestration.kind == "orchestration.started"
+    assert by_id[ids["fork"]].kind == "run.forked"
     assert orchestration.current_run is not None
     assert by_id[orchestration.current_run].orchestration == ids["orchestration"]
     assert (orchestration.steps_done, orchestration.steps_total, orchestration.calls_used) == (
@@ -216,10 +218,11 @@ def test_filters_status_since_and_limit(clock: object) -> None:
             clock.set(1_000 * (i + 1))  # type: ignore[attr-defined]
             plan = journaled.Plan(goal=f"g{i}", steps=[journaled.Step("a", tool=tool)])
             made.append(rt.execute(plan).run_id)
-        assert [s.run_id for s in rt.runs.list()] == made[::-1]
-        assert [s.run_id for s in rt.runs.list(status="failed")] == [made[3], made[1]]
-        assert [s.run_id for s in rt.runs.list(since=3_000)] == [made[3], made[2]]
+        assert [s.run_id for s in rt.runs.list()] == made
+        assert [s.run_id for s in rt.runs.list(status="failed")] == [made[1], made[3]]
+        assert [s.run_id for s in rt.runs.list(since=3_000)] == [made[2], made[3]]
         assert [s.run_id for s in rt.runs.list(limit=1)] == [made[3]]
+        assert [s.run_id for s in rt.runs.list(limit=2)] == [made[2], made[3]]
         assert rt.runs.list(status="completed", limit=1)[0].run_id == made[2]
 
 
@@ -246,8 +249,8 @@ def test_the_projection_is_stored_off_the_append_path(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """T2: executing stores no projection; list() and close() store it once far enough behind."""
-    monkeypatch.setattr("journaled.actors.runs.SAVE_AFTER", 5)
-    monkeypatch.setattr("journaled.runtime.SAVE_AFTER", 5)
+    monkeypatch.setattr("journaled.actors.runs.SAVE_AFTER", 3)
+    monkeypatch.setattr("journaled.runtime.SAVE_AFTER", 3)
     with journaled.open(sqlite_url) as rt:
         rt.register_tool("ok", lambda _: "done")
         plan = journaled.Plan(goal="g", steps=[journaled.Step("a", tool="ok")])
@@ -301,7 +304,37 @@ def test_the_asyncio_runtime_lists_the_same_summaries(sqlite_url: str) -> None:
             return listed, await art.runs.summary(made[0]), await art.runs.ids()
 
     listed, first, ids = asyncio.run(read())
-    assert listed == sync
-    assert [s.run_id for s in listed] == made[:0:-1]
+    assert [s.as_dict() for s in listed] == [s.as_dict() for s in sync]
+    assert [s.run_id for s in listed] == made[1:]
     assert (first.run_id, first.status) == (made[0], "completed")
     assert ids == made
+
+
+def test_a_summary_is_its_run_id(tmp_path: Path) -> None:
+    """T2/§5: runs.list() still serves as the list of run ids, oldest first, summaries attached."""
+    with journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}") as rt:
+        rt.register_tool("ok", lambda _: "done")
+        plan = journaled.Plan(goal="g", steps=[journaled.Step("a", tool="ok")])
+        made = [rt.execute(plan).run_id for _ in range(2)]
+        listed = rt.runs.list()
+        assert listed == made
+        assert made[0] in listed
+        assert rt.runs.why(listed[0]) == rt.runs.why(made[0])
+        assert {s: s.status for s in listed} == dict.fromkeys(made, "completed")
+        first = listed[0]
+        assert isinstance(first, str)
+        assert first.run_id == made[0]
+        assert first.as_dict()["goal"] == "g"
+        with pytest.raises(AttributeError, match="read-only"):
+            first.status = "failed"
+        again = pickle.loads(pickle.dumps(first))  # noqa: S301 -- our own bytes
+        assert again == first
+        assert again.as_dict() == first.as_dict()
+        fields = {k: v for k, v in first.as_dict().items() if k not in ("run_id", "at")}
+        later = journaled.RunSummary(first.run_id, **{**fields, "status": "failed"})
+        assert later != first  # two summaries compare by what they say ...
+        assert later == first.run_id  # ... and each by its id against a plain string
+        assert len({first, later, first.run_id}) == 2
+        assert "status='completed'" in repr(first)
+        with pytest.raises(TypeError, match="no field 'colour'"):
+            journaled.RunSummary("run_x", colour="red")
