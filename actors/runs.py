@@ -43,6 +43,7 @@ from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step, d
 from journaled.events.provenance import Stale, read_events, stale_reads
 from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
+from journaled.events.run_checkpoints import RunCheckpoints
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import (
@@ -318,6 +319,9 @@ class Runs:
         self._closing = False
         """Set by :meth:`close`: no run starts from then on (R3)."""
         self._drain: tuple[float, str] = (0.0, "close")
+        self.checkpoints = RunCheckpoints()
+        """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
+        self._checkpoints_lock = threading.Lock()
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -784,6 +788,10 @@ class Runs:
             executing = set(self._active)
         erased = purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
         if erased:
+            # Time travel's checkpoints hold the erased content of the run and of every run
+            # purged with it; a purge is rare, so all of them go (ADR 0034).
+            with self._checkpoints_lock:
+                self.checkpoints.clear()
             # Erased once committed; the files are scrubbed as after a fact's purge, giving way
             # to readers and retrying in the background (rt.memory.scrub() tries again).
             self._scrubber.after_erasure()
@@ -830,32 +838,46 @@ class Runs:
         return self.at(run_id, self._journal.position())
 
     def at(self, run_id: str, position: int) -> ExecuteResult:
-        """Return the run exactly as it was at a journal position (O7).
+        """Return the run exactly as it was at a journal position (O7, T1).
 
         For an orchestration, this is the run of the pass that was current at that position.
+        A run's state is its nearest checkpoint plus the few events after it (ADR 0034).
         """
-        first = self._first(run_id)
+        with self._checkpoints_lock:
+            first = self.checkpoints.first(run_id)
+        if first is None:
+            first = self._first(run_id)
         end = self._journal.position()
         if position > end:
             raise ValueError(f"position {position} is past the end of the journal ({end})")
+        if position < first.position:
+            raise ValueError(
+                f"position {position} is before run {run_id} began "
+                f"(its first event is at {first.position})"
+            )
         if isinstance(first.data, OrchestrationStarted):
-            if position < first.position:
-                raise ValueError(
-                    f"position {position} is before run {run_id} began "
-                    f"(its first event is at {first.position})"
-                )
             # The current pass's run, never an earlier one: after a replan the failed pass is
             # history, and the new pass has no run until its pass-started.
             then = fold_orchestration(self._journal.stream(run_id, upto=position))
             current = then.current_run
-            pass_events = self._journal.stream(current, upto=position) if current else []
-            if not pass_events:
+            result = self._checkpointed(current, position) if current else None
+            if result is None:
                 raise ValueError(
                     f"run {run_id} had not started executing pass {then.pass_no} "
                     f"at position {position}"
                 )
-            return fold_run(pass_events).result()
-        return self.state(run_id, position).result()
+            return result
+        result = self._checkpointed(run_id, position)
+        assert result is not None  # the run's first event is at or before position
+        return result
+
+    def _checkpointed(self, run_id: str, position: int) -> ExecuteResult | None:
+        """Return a run at a position through the checkpoint cache; None before it began."""
+        with self._checkpoints_lock:
+            return self.checkpoints.result_at(run_id, position, self._read_after)
+
+    def _read_after(self, run_id: str, version: int, upto: int | None) -> list[Event]:
+        return self._journal.stream(run_id, after_version=version, upto=upto)
 
     def diff(self, run_id: str, a: int, b: int) -> RunDiff:
         """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
