@@ -19,8 +19,6 @@ serialises calls).
 
 from __future__ import annotations
 
-import itertools
-import operator
 from bisect import bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,8 +39,8 @@ __all__ = [
     "RunTimeline",
 ]
 
-DEFAULT_EVERY = 128
-"""Events between two checkpoints of a run: a past state folds at most 127 events."""
+DEFAULT_EVERY = 64
+"""Events between two checkpoints of a run: a past state folds at most 63 events."""
 KEYFRAME = 8
 """Every this many checkpoints, one holds the whole plan; the others hold what changed."""
 DEFAULT_BUDGET = 100_000
@@ -86,6 +84,18 @@ class _Statuses(dict[str, StepStatus]):
         return self._state._plan[self._index[key]].status
 
 
+class _Noted(dict[str, StepStatus]):
+    """The head's status table, noting which steps were set since the last checkpoint."""
+
+    def __init__(self, table: dict[str, StepStatus]) -> None:
+        super().__init__(table)
+        self.noted: set[str] = set(table)
+
+    def __setitem__(self, key: str, value: StepStatus) -> None:
+        self.noted.add(key)
+        super().__setitem__(key, value)
+
+
 class RunTimeline:
     """One run's events, folded forward once, with a checkpoint every ``every`` events."""
 
@@ -115,8 +125,11 @@ class RunTimeline:
 
     def extend(self, events: Sequence[Event]) -> None:
         """Fold the run's next events (oldest first), checkpointing every ``every`` of them."""
+        head = self.head
         for event in events:
-            self.head.apply(event)
+            head.apply(event)
+            if type(head.status) is not _Noted:  # the first event sets the table whole
+                head.status = _Noted(head.status)
             self.events.append(event)
             self.positions.append(event.position)
             if (len(self.events) - 1) % self.every == 0:
@@ -130,14 +143,16 @@ class RunTimeline:
             if name not in _REBUILT
         }
         now = head._plan
+        assert isinstance(head.status, _Noted)
+        noted, head.status.noted = head.status.noted, set()
         if len(self.checkpoints) % KEYFRAME == 0 or len(now) != len(self._last):
             self._last = list(now)
             plan: list[Step] | None = list(now)
             changes: list[tuple[int, Step]] = []
         else:
-            # Found in C: the places holding another object than at the last checkpoint.
-            moved = itertools.compress(range(len(now)), map(operator.is_not, self._last, now))
-            changes = [(n, now[n]) for n in moved]
+            index = head._index
+            places = sorted(index[i] for i in noted if i in index)
+            changes = [(n, now[n]) for n in places if now[n] is not self._last[n]]
             for n, step in changes:
                 self._last[n] = step
             plan = None
@@ -152,16 +167,34 @@ class RunTimeline:
 
     def result_at(self, position: int) -> ExecuteResult | None:
         """Return the run as it was at a journal position; None before its first event."""
-        held = bisect_right(self.positions, position)
-        if held == 0:
-            return None
-        if held == len(self.events):
-            return self.head.result()
-        state = self._restore((held - 1) // self.every)
-        checkpoint = self.checkpoints[(held - 1) // self.every]
-        for event in self.events[checkpoint.count : held]:
-            state.apply(event)
-        return state.result()
+        return self.results_at([position])[0]
+
+    def results_at(self, positions: Sequence[int]) -> list[ExecuteResult | None]:
+        """Return the run at each position (None before its first event).
+
+        A position a little after the one before it carries on from that state rather than
+        from a checkpoint, when that folds fewer events (a diff's second state).
+        """
+        out: list[ExecuteResult | None] = []
+        state: RunState | None = None
+        done = 0
+        for position in positions:
+            held = bisect_right(self.positions, position)
+            if held == 0:
+                out.append(None)
+                continue
+            if held == len(self.events):
+                out.append(self.head.result())
+                continue
+            number = (held - 1) // self.every
+            if state is None or held < done or done < self.checkpoints[number].count:
+                state = self._restore(number)
+                done = self.checkpoints[number].count
+            for event in self.events[done:held]:
+                state.apply(event)
+            done = held
+            out.append(state.result())  # copies what it returns: folding on is safe
+        return out
 
     def _restore(self, number: int) -> RunState:
         """Rebuild the state at a checkpoint, exact for what :meth:`RunState.result` reads."""
@@ -230,23 +263,30 @@ class RunCheckpoints:
         return list(self._timelines)
 
     def result_at(self, run_id: str, position: int, read: Reader) -> ExecuteResult | None:
-        """Return a run as it was at a journal position; None before its first event.
+        """Return a run as it was at a journal position; None before its first event."""
+        return self.results_at(run_id, [position], read)[0]
 
-        The first call for a run reads its stream up to ``position`` only; every later call reads
-        the events after those held, to the stream's end. When those include a ``run.purged``
-        (appended after everything it erased), all that was held of the run is dropped and its
-        stream read again: what is served never holds content the journal no longer has.
+    def results_at(
+        self, run_id: str, positions: Sequence[int], read: Reader
+    ) -> list[ExecuteResult | None]:
+        """Return a run as it was at each journal position (None before its first event).
+
+        The first call for a run reads its stream up to its last position only; each later
+        call reads the events after those held, to the stream's end. When those include a
+        ``run.purged`` (appended after everything it erased), all that was held of the run is
+        dropped and its stream read again: what is served never holds content the journal no
+        longer has.
         """
         timeline = self._take(run_id)
         if timeline is None:
             timeline = RunTimeline(self.every)
-        new = read(run_id, timeline.version, position if not timeline.events else None)
+        new = read(run_id, timeline.version, max(positions) if not timeline.events else None)
         if timeline.events and any(isinstance(e.data, RunPurged) for e in new):
             timeline = RunTimeline(self.every)
             new = read(run_id, 0, None)
         timeline.extend(new)
         self._put(run_id, timeline)
-        return timeline.result_at(position)
+        return timeline.results_at(positions)
 
     def first(self, run_id: str) -> Event | None:
         """Return a held run's first event, or None when nothing of it is held."""

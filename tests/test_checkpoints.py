@@ -89,6 +89,7 @@ def _check_every_position(rt: journaled.Runtime, run_id: str) -> int:
     ]
     for order in orders:
         rt.runs.checkpoints = RunCheckpoints(every=EVERY)  # cold: the first call reads a prefix
+        rt.runs._snapshot_served.clear()  # or restores the snapshot when it is late enough
         for position in order:
             expected = _plain(rt, run_id, position)
             if expected is None:
@@ -319,6 +320,7 @@ def test_a_live_run_extends_the_cache_with_its_new_events_only(
     with journaled.open(sqlite_url) as rt:
         _register(rt)
         rt.runs.checkpoints = RunCheckpoints(every=EVERY)
+        monkeypatch.setattr(rt.runs, "_from_snapshot", lambda *_: None)  # checkpoints only
         steps = [Step("a", tool="fetch", input=1), Step("q", agent="asker", depends_on=["a"])]
         waiting = rt.execute(Plan(goal="ask", steps=steps))
         run_id = waiting.run_id
@@ -369,10 +371,13 @@ def test_positions_before_or_past_a_run_give_the_same_errors(
             rt.runs.at("run_nope", end)
 
 
-def test_the_cache_bound_is_honoured_least_recently_used_first(sqlite_url: str) -> None:
+def test_the_cache_bound_is_honoured_least_recently_used_first(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """T1: past its bound the cache drops the least recently used runs, never the one in use."""
     with journaled.open(sqlite_url) as rt:
         _register(rt)
+        monkeypatch.setattr(rt.runs, "_from_snapshot", lambda *_: None)  # checkpoints only
         runs = [rt.execute(Plan(goal=f"r{n}", steps=_chain(6))).run_id for n in range(3)]
         sizes = {run: len(rt.runs.history(run)) for run in runs}
         budget = sizes[runs[0]] + sizes[runs[1]]
@@ -400,3 +405,37 @@ def test_bad_cache_settings_are_refused() -> None:
         RunCheckpoints(every=0)
     with pytest.raises(ValueError, match="budget must be >= 0 units, got -1"):
         RunCheckpoints(budget=-1)
+
+
+def test_a_first_call_after_the_snapshot_reads_no_stream_from_its_start(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: a new runtime's first runs.at at or after the run's snapshot restores it (ADR 0009)."""
+    with journaled.open(sqlite_url) as rt:
+        _register(rt)
+        run_id = _waiting_run(rt)
+        purged = _content_run(rt)
+        assert rt.runs.purge(purged, reason="erasure request") > 0
+    with journaled.open(sqlite_url) as rt:
+        reads: list[tuple[str, int, int | None]] = []
+        original = rt.runs._read_after
+
+        def spy(run: str, version: int, upto: int | None) -> list[Event]:
+            reads.append((run, version, upto))
+            return original(run, version, upto)
+
+        monkeypatch.setattr(rt.runs, "_read_after", spy)
+        end = rt.journal.position()
+        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)
+        assert reads == []
+        assert run_id not in rt.runs.checkpoints
+        middle = _positions(rt, run_id)[3]
+        assert rt.runs.at(run_id, middle) == _plain(rt, run_id, middle)  # before the snapshot
+        assert reads == [(run_id, 0, middle)]
+        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)
+        assert run_id in rt.runs.checkpoints  # the second call built the checkpoints
+        # A purge blanked the purged run's snapshot: it is folded, and holds no content.
+        served = rt.runs.at(purged, end)
+        assert served == _plain(rt, purged, end)
+        assert SECRET_FREE not in msgspec.json.encode(served).decode()
+        assert reads[-1] == (purged, 0, end)
