@@ -39,9 +39,9 @@ __all__ = [
     "RunTimeline",
 ]
 
-DEFAULT_EVERY = 64
-"""Events between two checkpoints of a run: a past state folds at most 63 events."""
-KEYFRAME = 8
+DEFAULT_EVERY = 32
+"""Events between two checkpoints of a run: a past state folds at most 31 events."""
+KEYFRAME = 16
 """Every this many checkpoints, one holds the whole plan; the others hold what changed."""
 DEFAULT_BUDGET = 100_000
 """What the cache of a runtime holds at most, in units (see :attr:`RunTimeline.weight`)."""

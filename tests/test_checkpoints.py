@@ -20,7 +20,7 @@ from journaled.events.base import Event
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plans import ExecuteResult
-from journaled.events.run_checkpoints import RunCheckpoints, RunTimeline
+from journaled.events.run_checkpoints import KEYFRAME, RunCheckpoints, RunTimeline
 from journaled.events.run_state import RunState, fold_run
 from journaled.testing import ManualClock
 
@@ -251,7 +251,8 @@ def test_a_past_state_folds_at_most_every_minus_one_events(
         _register(rt)
         run_id = rt.execute(Plan(goal="chain", steps=_chain(40))).run_id
         events = rt.runs.history(run_id)
-        timeline = RunTimeline(every=8)
+        every = 2  # 60 checkpoints: several keyframes, and changes on top of each
+        timeline = RunTimeline(every=every)
         timeline.extend(events)
         folded: list[int] = []
         original = RunState.apply
@@ -265,12 +266,11 @@ def test_a_past_state_folds_at_most_every_minus_one_events(
             expected = _reference([e for e in events if e.position <= event.position])
             folded.clear()
             assert timeline.result_at(event.position) == expected
-            assert len(folded) < 8
-        assert len(timeline.checkpoints) == (len(events) + 7) // 8
-        assert (
-            sum(c.plan is not None for c in timeline.checkpoints)
-            == (len(timeline.checkpoints) + 7) // 8
-        )  # one keyframe in eight holds the whole plan, the others what changed
+            assert len(folded) < every
+        assert len(timeline.checkpoints) == (len(events) + every - 1) // every
+        keyframes = sum(c.plan is not None for c in timeline.checkpoints)
+        # One checkpoint in KEYFRAME holds the whole plan, the others what changed.
+        assert keyframes == (len(timeline.checkpoints) + KEYFRAME - 1) // KEYFRAME
 
 
 def _content_run(rt: journaled.Runtime) -> str:
