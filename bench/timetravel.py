@@ -5,8 +5,10 @@ in the same run, with a ratio and PASS/MISS against a target. A miss is reported
 
 1. A chain of 10,000 no-op tool steps (quick: the same; it takes a few seconds) is executed. A
    fresh ``journaled.open`` of the file then serves ``rt.runs.at(run, position)``:
-   - cold: the first call in that runtime, which folds the run's stream once and checkpoints it
-     (what every CLI command pays), printed on its own row;
+   - cold: the first call in that runtime, at the run's middle, which reads and folds the
+     stream's prefix once and checkpoints it (what a CLI command pays), printed on its own row;
+     and the first call of another new runtime at the run's end, served by the snapshot the
+     executor wrote when the run finished;
    - warm: 200 positions spread evenly over the run, p50 and p90, "served by the checkpoint
      cache" (nearest checkpoint + at most 127 events, ADR 0034). Target p50 <= 1 ms.
    Baseline: the plain fold a call made before checkpoints (the stream's prefix read from SQL
@@ -61,6 +63,21 @@ def _timed(fn: Callable[[], object]) -> float:
         start = time.perf_counter()
         fn()
         return time.perf_counter() - start
+    finally:
+        gc.enable()
+
+
+def _each(calls: list[Callable[[], object]]) -> list[float]:
+    """Time each call on its own, with the collector off for the whole series (as timeit does)."""
+    gc.collect()
+    gc.disable()
+    try:
+        out = []
+        for call in calls:
+            start = time.perf_counter()
+            call()
+            out.append(time.perf_counter() - start)
+        return out
     finally:
         gc.enable()
 
@@ -123,7 +140,7 @@ def bench_chain(url: str, run_id: str, n: int, positions: int) -> list[Row]:
         for p in spread[::40]:  # what the cache serves must be what a plain fold gives
             if rt.runs.at(run_id, p) != plain_fold(journal, run_id, p):
                 raise AssertionError(f"runs.at({p}) differs from the plain fold")
-        warm = [_timed(lambda p=p: rt.runs.at(run_id, p)) for p in spread]  # type: ignore[misc]
+        warm = _each([lambda p=p: rt.runs.at(run_id, p) for p in spread])  # type: ignore[misc]
         p50, p90 = statistics.median(warm), _pct(warm, 0.9)
         rows.append(
             Row(
@@ -146,7 +163,7 @@ def bench_chain(url: str, run_id: str, n: int, positions: int) -> list[Row]:
             )
         )
         pairs = list(zip(spread[::2], spread[1::2], strict=False))
-        diffs = [_timed(lambda a=a, b=b: rt.runs.diff(run_id, a, b)) for a, b in pairs]  # type: ignore[misc]
+        diffs = _each([lambda a=a, b=b: rt.runs.diff(run_id, a, b) for a, b in pairs])  # type: ignore[misc]
         d50 = statistics.median(diffs)
         rows.append(
             Row(
@@ -159,6 +176,20 @@ def bench_chain(url: str, run_id: str, n: int, positions: int) -> list[Row]:
             )
         )
         rows.append(_cache_row(journal, run_id))
+    with journaled.open(url) as rt:  # a new runtime again: its first call, at the run's end
+        last = everything[-1]
+        cold_end = _timed(lambda: rt.runs.at(run_id, last))
+        base_end = _timed(lambda: plain_fold(journal, run_id, last))
+        rows.append(
+            Row(
+                "runs.at cold at the run's end, served by the run's snapshot (ADR 0009)",
+                _ms(cold_end),
+                _ms(base_end),
+                f"{cold_end / base_end:.3f}x",
+                "informative",
+                None,
+            )
+        )
     journal.close()
     return rows
 
@@ -206,7 +237,7 @@ def bench_thousand(url: str, run_id: str) -> list[Row]:
             and type(e.data).__name__ == "StepSucceeded"
         )
         cold = _timed(lambda: rt.runs.at(run_id, position))
-        warm = statistics.median(_timed(lambda: rt.runs.at(run_id, position)) for _ in range(50))
+        warm = statistics.median(_each([lambda: rt.runs.at(run_id, position)] * 50))
         base = statistics.median(
             _timed(lambda: plain_fold(journal, run_id, position)) for _ in range(5)
         )
