@@ -19,7 +19,7 @@ from journaled import AgentResult, NeedsInput, Observation, Plan, Step
 from journaled.events.base import Event
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
-from journaled.events.plans import ExecuteResult
+from journaled.events.plans import ExecuteResult, StepStatus, diff_results
 from journaled.events.run_checkpoints import KEYFRAME, RunCheckpoints, RunTimeline
 from journaled.events.run_state import RunState, fold_run
 from journaled.testing import ManualClock
@@ -239,7 +239,7 @@ def test_every_position_on_every_backend(journal_url: str, clock: ManualClock) -
         before, after = _plain(rt, run_id, a), _plain(rt, run_id, b)
         assert before is not None
         assert after is not None
-        assert diff == journaled.events.plans.diff_results(run_id, a, b, before, after)
+        assert diff == diff_results(run_id, a, b, before, after)
         assert diff.status_changes  # something did change, so the comparison means something
 
 
@@ -439,3 +439,35 @@ def test_a_first_call_after_the_snapshot_reads_no_stream_from_its_start(
         assert served == _plain(rt, purged, end)
         assert SECRET_FREE not in msgspec.json.encode(served).decode()
         assert reads[-1] == (purged, 0, end)
+
+
+def test_diff_of_one_runs_plans_names_every_changed_status() -> None:
+    """T1/O7: diff compares a long plan slice by slice, yet names every step whose status moved."""
+    rng = random.Random(11)
+    statuses: list[StepStatus] = ["pending", "running", "succeeded", "failed", "skipped"]
+    base = [Step(f"s{i}", tool="fetch", status=rng.choice(statuses)) for i in range(700)]
+    later = list(base)
+    for n in rng.sample(range(700), 40):  # another object, with another status or the same one
+        later[n] = msgspec.structs.replace(base[n], status=rng.choice(statuses))
+    later[0] = msgspec.structs.replace(
+        base[0], status="failed" if base[0].status != "failed" else "skipped"
+    )
+    later[699] = msgspec.structs.replace(
+        base[699], status="running" if base[699].status != "running" else "pending"
+    )
+
+    def result(steps: list[Step]) -> ExecuteResult:
+        return ExecuteResult(
+            run_id="run_x",
+            ok=False,
+            plan=Plan(goal="g", steps=steps),
+            observations=[],
+            calls_used=0,
+        )
+
+    diff = diff_results("run_x", 1, 2, result(base), result(later))
+    expected = [
+        (a.id, a.status, b.status) for a, b in zip(base, later, strict=True) if a.status != b.status
+    ]
+    assert [(c.step_id, c.before, c.after) for c in diff.status_changes] == expected
+    assert len(expected) > 2
