@@ -44,6 +44,7 @@ from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step, d
 from journaled.events.provenance import Stale, read_events, stale_reads
 from journaled.events.redact import redact_data
 from journaled.events.run_audit import explain_orchestration, explain_run
+from journaled.events.run_checkpoints import RunCheckpoints
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState, fold_run
 from journaled.events.run_summaries import (
@@ -69,6 +70,8 @@ RUN_PREFIX = "run_"
 MAX_PARALLEL = 1 << 16
 """Most steps a batch may run at once: each holds a worker actor (one thread)."""
 _STOP_TIMEOUT = 5.0
+_SNAPSHOT_SERVED = 1024
+"""Runs remembered as served once from their snapshot (ADR 0034)."""
 
 
 def new_run_id(now: int) -> str:
@@ -332,6 +335,12 @@ class Runs:
         self.summaries_writable = True
         """Whether :meth:`list` and ``close`` may store the projection (a read-only runtime
         never writes)."""
+        self.checkpoints = RunCheckpoints()
+        """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
+        self._checkpoints_lock = threading.Lock()
+        self._snapshot_served: dict[str, None] = {}
+        """Runs whose first time travel here was served from their snapshot, oldest first: the
+        next one builds their checkpoints (at most ``_SNAPSHOT_SERVED`` remembered)."""
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -798,6 +807,10 @@ class Runs:
             executing = set(self._active)
         erased = purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
         if erased:
+            # Time travel's checkpoints hold the erased content of the run and of every run
+            # purged with it; a purge is rare, so all of them go (ADR 0034).
+            with self._checkpoints_lock:
+                self.checkpoints.clear()
             # Erased once committed; the files are scrubbed as after a fact's purge, giving way
             # to readers and retrying in the background (rt.memory.scrub() tries again).
             self._scrubber.after_erasure()
@@ -844,38 +857,99 @@ class Runs:
         return self.at(run_id, self._journal.position())
 
     def at(self, run_id: str, position: int) -> ExecuteResult:
-        """Return the run exactly as it was at a journal position (O7).
+        """Return the run exactly as it was at a journal position (O7, T1).
 
         For an orchestration, this is the run of the pass that was current at that position.
+        A run's state is its nearest checkpoint plus the few events after it (ADR 0034).
         """
-        first = self._first(run_id)
+        return self._results_at(run_id, [position])[0]
+
+    def _results_at(
+        self, run_id: str, positions: builtins.list[int]
+    ) -> builtins.list[ExecuteResult]:
+        """Return a run (an orchestration: its current pass) at each position, checked in turn."""
+        with self._checkpoints_lock:
+            first = self.checkpoints.first(run_id)
+        if first is None:
+            first = self._first(run_id)
         end = self._journal.position()
-        if position > end:
-            raise ValueError(f"position {position} is past the end of the journal ({end})")
-        if isinstance(first.data, OrchestrationStarted):
+        for position in positions:
+            if position > end:
+                raise ValueError(f"position {position} is past the end of the journal ({end})")
             if position < first.position:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
                     f"(its first event is at {first.position})"
                 )
+        if not isinstance(first.data, OrchestrationStarted):
+            results = self._checkpointed(run_id, positions)
+            assert None not in results  # the run's first event is at or before each position
+            return [r for r in results if r is not None]
+        out = []
+        for position in positions:
             # The current pass's run, never an earlier one: after a replan the failed pass is
             # history, and the new pass has no run until its pass-started.
             then = fold_orchestration(self._journal.stream(run_id, upto=position))
             current = then.current_run
-            pass_events = self._journal.stream(current, upto=position) if current else []
-            if not pass_events:
+            result = self._checkpointed(current, [position])[0] if current else None
+            if result is None:
                 raise ValueError(
                     f"run {run_id} had not started executing pass {then.pass_no} "
                     f"at position {position}"
                 )
-            return fold_run(pass_events).result()
-        return self.state(run_id, position).result()
+            out.append(result)
+        return out
+
+    def _checkpointed(
+        self, run_id: str, positions: builtins.list[int]
+    ) -> builtins.list[ExecuteResult | None]:
+        """Return a run at positions through the checkpoint cache; None before it began.
+
+        The first call for a run at or after its executor's snapshot (ADR 0009) restores that
+        snapshot and folds the events after it, instead of reading the stream from its start:
+        what a command-line call, which starts a new process, pays. Later calls build and use
+        the run's checkpoints.
+        """
+        with self._checkpoints_lock:
+            if run_id not in self.checkpoints and run_id not in self._snapshot_served:
+                served = [self._from_snapshot(run_id, p) for p in positions]
+                if None not in served:
+                    self._snapshot_served[run_id] = None
+                    if len(self._snapshot_served) > _SNAPSHOT_SERVED:
+                        del self._snapshot_served[next(iter(self._snapshot_served))]
+                    return served
+            self._snapshot_served.pop(run_id, None)
+            return self.checkpoints.results_at(run_id, positions, self._read_after)
+
+    def _from_snapshot(self, run_id: str, position: int) -> ExecuteResult | None:
+        """Return a run at a position from its snapshot and the events after it, if it can be.
+
+        None when the run has no readable snapshot (a purge blanks it) or the position is
+        before the snapshot's last event.
+        """
+        snapshot = self._journal.snapshot(run_id)
+        if snapshot is None:
+            return None
+        version, encoded = snapshot
+        last = self._journal.stream(run_id, after_version=version - 1, limit=1)
+        if not last or last[0].version != version or last[0].position > position:
+            return None
+        state = RunState.restore(encoded)
+        if state is None or state.version != version:
+            return None
+        for event in self._journal.stream(run_id, after_version=version, upto=position):
+            state.apply(event)
+        return state.result()
+
+    def _read_after(self, run_id: str, version: int, upto: int | None) -> list[Event]:
+        return self._journal.stream(run_id, after_version=version, upto=upto)
 
     def diff(self, run_id: str, a: int, b: int) -> RunDiff:
         """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
         if b < a:
             raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
-        return diff_results(run_id, a, b, self.at(run_id, a), self.at(run_id, b))
+        before, after = self._results_at(run_id, [a, b])
+        return diff_results(run_id, a, b, before, after)
 
     def position_at(self, run_id: str, at: int) -> int:
         """Return the journal position of a run's last event recorded by an epoch-ms time.

@@ -108,6 +108,15 @@ class RunState:
         """The reserve policy the run was last executed with, as ``module:qualname`` (R6)."""
         self.forked: RunForked | None = None
         """For a fork: its first event, naming the source, the position and the changes (F2)."""
+        self._index: dict[str, int] = {}
+        """Step id -> its place in ``order``."""
+        self._plan: list[Step] = []
+        """The plan's steps with their current statuses, kept as each status is set, so that
+        :meth:`plan` and :meth:`result` copy one list instead of rebuilding every step (T1)."""
+        self._unsettled = 0
+        """How many steps of the plan have not succeeded (E13's ``ok`` without a scan)."""
+        self._variants: dict[tuple[str, StepStatus], Step] = {}
+        """(step id, status) -> that step with that status, made once: runs revisit statuses."""
 
     @property
     def is_finished(self) -> bool:
@@ -138,6 +147,10 @@ class RunState:
                 self.order = [s.id for s in data.plan.steps]
                 self.steps = {s.id: s for s in data.plan.steps}
                 self.status = dict.fromkeys(self.order, "pending")
+                self._index = {step_id: n for n, step_id in enumerate(self.order)}
+                self._variants = {}
+                self._plan = [self._variant(i, "pending") for i in self.order]
+                self._unsettled = len(self.order)
             case RunForked():
                 self.fold(data.started)
                 self.forked = data
@@ -151,12 +164,12 @@ class RunState:
                 for obs in data.skipped:
                     self._observe(obs, "skipped")
                 for step_id in data.unobserved:
-                    self.status[step_id] = "skipped"
+                    self._set(step_id, "skipped")
             case StepStarted():
                 # A start names its wave: a commit may hold the starts without their partition
                 # when the partition said nothing more (ADR 0035).
                 self.wave = data.wave
-                self.status[data.step_id] = "running"
+                self._set(data.step_id, "running")
                 self.attempts[data.step_id] = data.attempt
             case StepSucceeded():
                 self.calls_used += data.charged
@@ -175,7 +188,7 @@ class RunState:
                 for obs in data.observations:
                     self._observe(obs, "skipped")
                 for step_id in data.unobserved:
-                    self.status[step_id] = "skipped"
+                    self._set(step_id, "skipped")
             case CancelRequested():
                 self.cancel_requested = True
             case BudgetStopped():
@@ -195,7 +208,7 @@ class RunState:
                 if data.reserve is not None:
                     self.reserve = data.reserve
                 for step_id in data.rerun:
-                    self.status[step_id] = "pending"
+                    self._set(step_id, "pending")
             case RunFinished():
                 self.finished = data
             case RunHeartbeat():
@@ -209,8 +222,35 @@ class RunState:
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 
+    def _set(self, step_id: str, status: StepStatus) -> None:
+        """Set one step's status, in the table and in the kept plan."""
+        self.status[step_id] = status
+        n = self._index.get(step_id)
+        if n is None:
+            return  # not a step of the plan: plan() never showed it either
+        before = self._plan[n].status
+        if before != status:
+            self._unsettled += (before == "succeeded") - (status == "succeeded")
+            self._plan[n] = self._variant(step_id, status)
+
+    def _variant(self, step_id: str, status: StepStatus) -> Step:
+        """Return the plan's step ``step_id`` with ``status``, made once per pair."""
+        key = (step_id, status)
+        step = self._variants.get(key)
+        if step is None:
+            step = self.steps[step_id]
+            if step.status != status:
+                step = msgspec.structs.replace(step, status=status)
+            self._variants[key] = step
+        return step
+
+    def _rebuild_plan(self) -> None:
+        """Make the kept plan agree with ``status`` after the table was set whole (a restore)."""
+        self._plan = [self._variant(i, self.status[i]) for i in self.order]
+        self._unsettled = sum(1 for s in self._plan if s.status != "succeeded")
+
     def _observe(self, obs: Observation, status: StepStatus) -> None:
-        self.status[obs.step_id] = status
+        self._set(obs.step_id, status)
         self.observations.append(obs)
         if obs.code == "cancelled":
             self.cancelled.add(obs.step_id)
@@ -279,13 +319,13 @@ class RunState:
         state.suspended = snap.suspended
         state.reserve = snap.reserve
         state.forked = snap.forked
+        state._rebuild_plan()
         return state
 
     def plan(self) -> Plan:
         """Return the plan with each step's current status."""
         assert self.started is not None
-        steps = [msgspec.structs.replace(self.steps[i], status=self.status[i]) for i in self.order]
-        return Plan(goal=self.started.plan.goal, steps=steps, id=self.started.plan.id)
+        return Plan(goal=self.started.plan.goal, steps=list(self._plan), id=self.started.plan.id)
 
     def in_flight(self) -> list[str]:
         """Return the steps started but not finished (running when the process stopped)."""
@@ -293,11 +333,7 @@ class RunState:
 
     def result(self) -> ExecuteResult:
         """Return the run as an :class:`ExecuteResult` (E13)."""
-        ok = (
-            not self.stopped_for_budget
-            and not self.waiting
-            and all(self.status[i] == "succeeded" for i in self.order)
-        )
+        ok = not self.stopped_for_budget and not self.waiting and self._unsettled == 0
         return ExecuteResult(
             run_id=self.run_id,
             ok=ok,

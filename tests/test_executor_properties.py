@@ -23,6 +23,7 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 import journaled
+from journaled.events.run_checkpoints import RunCheckpoints
 from journaled.events.runs import (
     BudgetRaised,
     BudgetStopped,
@@ -354,7 +355,7 @@ def _check_final(case: Case, recorder: Recorder, result: journaled.ExecuteResult
 @settings(max_examples=40, deadline=None)
 @given(case=cases())
 def test_every_journaled_position_rebuilds_the_live_state(case: Case) -> None:
-    """O7/E14 (E12, E13): runs.at(position) equals the live state after every appended event."""
+    """O7/E14/T1 (E12, E13): runs.at(position) equals the live state after every appended event."""
     recorder = Recorder()
     notes: list[Note] = []
     traces: list[Trace] = []
@@ -365,6 +366,8 @@ def test_every_journaled_position_rebuilds_the_live_state(case: Case) -> None:
         return lambda position, state: trace.append((position, state))
 
     rt = journaled.open("memory://", clock=ManualClock(step=1))
+    # T1: runs.at below is served by checkpoints; a spacing of 2 events crosses many of them.
+    rt.runs.checkpoints = RunCheckpoints(every=2)
     lagging: list[str] = []
 
     def progress(at: str, delta: list[journaled.Observation], used: int, w: list[str]) -> None:
