@@ -1,0 +1,332 @@
+"""Attacks on the operating features: the checkpoint cache, run summaries, the write path's
+compact storage, spans and the lazy door (SPEC T1-T4, R2, R7)."""
+
+from __future__ import annotations
+
+import copy
+import json
+import pickle
+import sqlite3
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+
+import journaled
+from journaled.events.journal import Journal
+from journaled.events.run_state import fold_run
+from journaled.events.run_summaries import SUMMARIES_KEY
+
+WAIT = 30.0
+CLI = [sys.executable, "-m", "journaled.cli"]
+SECRET_OUTPUT = "the launch code is 4471"
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "--url", url, *args], capture_output=True, text=True, timeout=WAIT, check=False
+    )
+
+
+def _path(url: str) -> str:
+    return url.removeprefix("sqlite:///")
+
+
+def _chain(n: int, goal: str = "chain", tool: str = "noop") -> journaled.Plan:
+    return journaled.Plan(
+        goal=goal,
+        steps=[
+            journaled.Step(f"c{i}", tool=tool, depends_on=[f"c{i - 1}"] if i else [])
+            for i in range(n)
+        ],
+    )
+
+
+def _plain_at(journal: Journal, run_id: str, position: int) -> journaled.ExecuteResult:
+    """Fold a run's prefix without any cache: the truth the cache must equal."""
+    return fold_run(journal.stream(run_id, upto=position)).result()
+
+
+def _waiting_agent(step: journaled.Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+    if ctx.answer is None:
+        raise journaled.NeedsInput("which colour?")
+    return journaled.AgentResult(ok=True, output=f"painted {ctx.answer}")
+
+
+# -- T1: the checkpoint cache against other writers --------------------------------------------
+
+
+def test_a_warm_cache_sees_a_resume_by_another_runtime(sqlite_url: str) -> None:
+    """T1/O7: after another runtime resumes a run, a warm cache serves every position exactly."""
+    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+        for rt in (a, b):
+            rt.register_tool("noop", lambda _: None)
+            rt.register_agent("ask", _waiting_agent)
+        plan = journaled.Plan(
+            goal="paint",
+            steps=[
+                journaled.Step("s0", tool="noop"),
+                journaled.Step("ask", agent="ask", depends_on=["s0"]),
+                journaled.Step("s2", tool="noop", depends_on=["ask"]),
+            ],
+        )
+        first = a.execute(plan)
+        assert first.waiting == ["ask"]
+        warm_end = a.journal.position()
+        assert a.runs.at(first.run_id, warm_end).waiting == ["ask"]  # warms a's cache
+        # Other streams interleave with the run's positions.
+        a.memory.remember("an unrelated fact")
+        b.execute(_chain(3))
+        done = b.resume(first.run_id, answers={"ask": "red"})
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+        b.memory.remember("another unrelated fact")
+        end = a.journal.position()
+        journal = a.runs._journal
+        for position in range(journal.first(first.run_id).position, end + 1):  # type: ignore[union-attr]
+            assert a.runs.at(first.run_id, position) == _plain_at(
+                journal, first.run_id, position
+            ), position
+        assert a.runs.at(first.run_id, end).ok
+
+
+def test_a_purge_by_another_runtime_reaches_a_warm_cache_of_a_fork(sqlite_url: str) -> None:
+    """R2/T1: a fork's cached states lose the source's output once another runtime purges it."""
+    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+        for rt in (a, b):
+            rt.register_tool("speak", lambda _: SECRET_OUTPUT)
+            rt.register_tool("noop", lambda _: None)
+        source = a.execute(
+            journaled.Plan(
+                goal="secret goal",
+                steps=[
+                    journaled.Step("s0", tool="speak"),
+                    journaled.Step("s1", tool="noop", depends_on=["s0"]),
+                ],
+            )
+        )
+        fork = a.runs.fork(
+            source.run_id,
+            replace={"s1": journaled.Step("s1", tool="noop", input={"v": 2}, depends_on=["s0"])},
+        )
+        a.resume(fork)
+        end = a.journal.position()
+        # Warm both runs' timelines at every position.
+        for run_id in (source.run_id, fork):
+            first = a.runs.history(run_id)[0].position
+            for position in range(first, end + 1):
+                a.runs.at(run_id, position)
+        assert SECRET_OUTPUT in repr(a.runs.at(fork, end).observations)
+        assert b.runs.purge(source.run_id, "asked to forget") > 0
+        after = a.journal.position()
+        for run_id in (source.run_id, fork):
+            first = a.runs.history(run_id)[0].position
+            for position in range(first, after + 1):
+                state = a.runs.at(run_id, position)
+                assert SECRET_OUTPUT not in repr(state), (run_id, position)
+                assert "secret goal" not in repr(state), (run_id, position)
+        assert "secret goal" not in repr(a.runs.list())
+
+
+def test_a_purge_in_another_process_reaches_a_warm_diff(sqlite_url: str) -> None:
+    """R2/T1: runs.diff from a warm cache holds no output purged by a CLI process."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("speak", lambda _: SECRET_OUTPUT)
+        result = rt.execute(_chain(2, goal="to purge", tool="speak"))
+        start, end = rt.runs.history(result.run_id)[0].position, rt.journal.position()
+        assert SECRET_OUTPUT in repr(rt.runs.diff(result.run_id, start, end))
+        done = _cli(sqlite_url, "runs", "purge", result.run_id, "--reason", "forget it")
+        assert done.returncode == 0, done.stderr
+        diff = rt.runs.diff(result.run_id, start, rt.journal.position())
+        assert SECRET_OUTPUT not in repr(diff)
+        assert SECRET_OUTPUT not in rt.runs.why(result.run_id)
+
+
+# -- T2: the summary projection -----------------------------------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="run summaries take the wave from run.wave-partitioned only; a chain whose "
+    "partitions are left out as implied (ADR 0035) shows wave 0",
+)
+def test_a_summary_names_the_wave_of_a_chain_whose_partitions_are_implied(
+    sqlite_url: str,
+) -> None:
+    """T2: a chain's summary shows the wave its last step ran in, partitions stored or not."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        result = rt.execute(_chain(3))
+        assert rt.runs.state(result.run_id).wave == 3  # the fold's wave, from the starts
+        [summary] = rt.runs.list()
+    assert summary.wave == 3, summary.as_dict()
+
+
+def _forge_projection(url: str, state: bytes, position: int | None = None) -> None:
+    conn = sqlite3.connect(_path(url))
+    try:
+        if position is None:
+            conn.execute(
+                "UPDATE journaled_snapshots SET state = ? WHERE stream = ?", (state, SUMMARIES_KEY)
+            )
+        else:
+            conn.execute(
+                "UPDATE journaled_snapshots SET state = ?, version = ? WHERE stream = ?",
+                (state, position, SUMMARIES_KEY),
+            )
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _stored_runs(url: str) -> dict[str, Any]:
+    with journaled.open(url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        ids = [rt.execute(_chain(2, goal=f"goal {n}")).run_id for n in range(3)]
+        assert rt.runs.summaries.save()
+        expected: dict[str, Any] = {
+            str(s): (s.status, s.goal, s.steps_done) for s in rt.runs.list()
+        }
+    assert len(expected) == len(ids)
+    return expected
+
+
+@pytest.mark.parametrize(
+    "state",
+    [b"\xc1\xc1 not msgpack", b"", b"\x80", b"\x83\xa6schema\x63\xa8position\x01\xa4runs\x80"],
+    ids=["garbage", "empty", "empty-map", "other-schema"],
+)
+def test_a_corrupt_or_foreign_projection_snapshot_is_a_cache_miss(
+    sqlite_url: str, state: bytes
+) -> None:
+    """T2/J5: an unreadable or other-schema projection snapshot is folded around, not trusted."""
+    expected = _stored_runs(sqlite_url)
+    _forge_projection(sqlite_url, state)
+    with journaled.open(sqlite_url) as rt:
+        assert {s: (s.status, s.goal, s.steps_done) for s in rt.runs.list()} == expected
+    done = _cli(sqlite_url, "runs", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert {r["run_id"]: (r["status"], r["goal"]) for r in json.loads(done.stdout)} == {
+        k: v[:2] for k, v in expected.items()
+    }
+
+
+def _forge_future_watermark(url: str) -> dict[str, Any]:
+    """Store runs and their projection, then move the projection's watermark past the end."""
+    import msgspec
+
+    expected = _stored_runs(url)
+    with journaled.open(url) as rt:
+        end = rt.journal.position()
+        stored = rt.runs._journal.snapshot(SUMMARIES_KEY)
+        assert stored is not None
+    raw = msgspec.msgpack.decode(stored[1])
+    raw["position"] = end + 1000
+    _forge_projection(url, msgspec.msgpack.encode(raw), end + 1000)
+    return expected
+
+
+def test_verify_reports_a_projection_watermark_past_the_end(sqlite_url: str) -> None:
+    """R7: journal verify reports a projection snapshot claiming a position past the end."""
+    _forge_future_watermark(sqlite_url)
+    with journaled.open(sqlite_url) as rt:
+        report = rt.journal.verify()
+    assert not report.ok
+    done = _cli(sqlite_url, "journal", "verify")
+    assert done.returncode == 1, done.stdout + done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="RunSummaries restores a projection whose watermark is past the journal's end and "
+    "then reads only after it: runs appended later never appear in runs.list",
+)
+def test_a_projection_claiming_a_future_position_is_not_trusted(sqlite_url: str) -> None:
+    """T2/R7: a projection snapshot stored past the journal's end does not hide later runs."""
+    expected = _forge_future_watermark(sqlite_url)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        later = rt.execute(_chain(1, goal="later")).run_id
+        listed = {s: s.status for s in rt.runs.list()}
+    assert later in listed, "a run appended after a forged watermark is missing from runs.list"
+    assert set(expected) <= set(listed)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "names"),
+    [
+        ({"status": "done"}, "status"),
+        ({"status": ["completed"]}, "status"),
+        ({"status": {"completed": 1}}, "status"),
+        ({"status": 3}, "status"),
+        ({"since": -1}, "since"),
+        ({"since": 1.5}, "since"),
+        ({"since": True}, "since"),
+        ({"since": "2026-01-01"}, "since"),
+        ({"since": float("nan")}, "since"),
+        ({"limit": 0}, "limit"),
+        ({"limit": -3}, "limit"),
+        ({"limit": "3"}, "limit"),
+        ({"limit": 2.0}, "limit"),
+        ({"limit": False}, "limit"),
+    ],
+)
+def test_odd_list_filters_are_one_line_errors_naming_the_argument(
+    kwargs: dict[str, Any], names: str
+) -> None:
+    """T2: a bad runs.list filter raises ValueError naming the argument; nothing is appended."""
+    with journaled.open("memory://") as rt:
+        before = rt.journal.position()
+        with pytest.raises(ValueError, match=names) as raised:
+            rt.runs.list(**kwargs)
+        assert "\n" not in str(raised.value)
+        assert rt.journal.position() == before
+
+
+def test_huge_and_edge_list_filters_are_answered() -> None:
+    """T2: a huge limit keeps every run; since 0 and a far-future since are plain filters."""
+    with journaled.open("memory://") as rt:
+        rt.register_tool("noop", lambda _: None)
+        ids = [rt.execute(_chain(1)).run_id for _ in range(3)]
+        assert rt.runs.list(limit=10**30) == ids
+        assert rt.runs.list(limit=2**63) == ids
+        assert rt.runs.list(limit=1) == ids[-1:]
+        assert rt.runs.list(since=0) == ids
+        assert rt.runs.list(since=2**80) == []
+        assert rt.runs.list(status="failed") == []
+
+
+def test_cli_list_rejects_odd_filters_in_one_line(sqlite_url: str) -> None:
+    """T2: `runs list` with a bad status, limit or since exits non-zero with one line."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        rt.execute(_chain(1))
+    for args in (
+        ("--status", "bogus"),
+        ("--limit", "0"),
+        ("--limit", "-1"),
+        ("--since", "yesterday-ish"),
+    ):
+        done = _cli(sqlite_url, "runs", "list", "--json", *args)
+        assert done.returncode != 0, args
+        assert "Traceback" not in done.stderr, done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_a_summary_survives_pickle_and_copy() -> None:
+    """T2/§5: a RunSummary pickles and copies to an equal summary that is still its run id."""
+    with journaled.open("memory://") as rt:
+        rt.register_tool("noop", lambda _: None)
+        run_id = rt.execute(_chain(2)).run_id
+        [summary] = rt.runs.list()
+    copies = (
+        pickle.loads(pickle.dumps(summary)),  # noqa: S301 -- our own bytes
+        copy.copy(summary),
+        copy.deepcopy(summary),
+    )
+    for again in copies:
+        assert again == summary
+        assert again == run_id
+        assert again.as_dict() == summary.as_dict()
+        assert type(again) is type(summary)
