@@ -694,3 +694,215 @@ def test_follow_rejects_a_non_finite_interval(sqlite_url: str, interval: str) ->
     assert "--interval" in done.stderr
     unbounded = subprocess.run(args, capture_output=True, text=True, timeout=15, check=False)
     assert "Traceback" not in unbounded.stderr, unbounded.stderr
+
+
+# -- R7: verify on the compact encoding ----------------------------------------------------------
+
+
+def _compact_journal(url: str) -> tuple[str, list[int]]:
+    """Write a run in the compact encoding: tagless payloads, content-only side rows."""
+    with journaled.open(url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        rt.register_tool("speak", lambda data: f"said {data}")
+        plan = journaled.Plan(
+            goal="tamper",
+            steps=[
+                journaled.Step("a", tool="speak", input="one"),
+                journaled.Step("b", tool="speak", input="two", depends_on=["a"]),
+                journaled.Step("c", tool="noop", depends_on=["b"]),
+                journaled.Step("d", tool="noop", depends_on=["c"]),
+            ],
+        )
+        result = rt.execute(plan)
+        assert result.ok
+        rt.memory.remember("a later fact")
+        positions = [e.position for e in rt.runs.history(result.run_id)]
+        assert rt.journal.verify().ok
+    return result.run_id, positions
+
+
+def _sql(url: str, *statements: tuple[str, tuple[object, ...]]) -> None:
+    conn = sqlite3.connect(_path(url))
+    try:
+        for sql, args in statements:
+            conn.execute(sql, args)
+        conn.commit()
+    finally:
+        conn.close()
+
+
+def _rows(url: str, sql: str, args: tuple[object, ...] = ()) -> list[Any]:
+    conn = sqlite3.connect(_path(url))
+    try:
+        return list(conn.execute(sql, args))
+    finally:
+        conn.close()
+
+
+def _verify_cli(url: str) -> subprocess.CompletedProcess[str]:
+    return _cli(url, "journal", "verify", "--json")
+
+
+def test_verify_catches_two_step_payloads_swapped(sqlite_url: str) -> None:
+    """R7: swapping the stored payloads of two step events of the compact encoding is reported."""
+    run_id, _ = _compact_journal(sqlite_url)
+    rows = _rows(
+        sqlite_url,
+        "SELECT rowid, state FROM stored_events WHERE originator_id = ? AND topic LIKE ? "
+        "ORDER BY rowid",
+        (run_id, "%step-started%"),
+    )
+    assert len(rows) >= 2
+    (first, a), (second, b) = rows[0], rows[-1]
+    _sql(
+        sqlite_url,
+        ("UPDATE stored_events SET state = ? WHERE rowid = ?", (b, first)),
+        ("UPDATE stored_events SET state = ? WHERE rowid = ?", (a, second)),
+    )
+    with journaled.open(sqlite_url) as rt:
+        report = rt.journal.verify()
+    assert not report.ok
+    assert report.problem is not None
+    assert report.problem.position == first
+    assert _verify_cli(sqlite_url).returncode == 1
+
+
+def test_verify_catches_a_dropped_middle_row(sqlite_url: str) -> None:
+    """R7: deleting one step row (no side row) from the middle of a run is reported."""
+    _, positions = _compact_journal(sqlite_url)
+    dropped = positions[len(positions) // 2]
+    _sql(sqlite_url, ("DELETE FROM stored_events WHERE rowid = ?", (dropped,)))
+    with journaled.open(sqlite_url) as rt:
+        report = rt.journal.verify()
+    assert not report.ok
+    assert report.problem is not None
+    assert report.problem.position is not None
+    assert report.problem.position <= dropped + 1
+    assert _verify_cli(sqlite_url).returncode == 1
+
+
+def test_verify_catches_a_flipped_byte_in_a_content_only_side_row(sqlite_url: str) -> None:
+    """R7: one changed byte of a content-only side row (ADR 0035) is reported."""
+    run_id, _ = _compact_journal(sqlite_url)
+    rows = _rows(
+        sqlite_url,
+        "SELECT stream, payload FROM journaled_payloads WHERE stream LIKE ?",
+        (f"{run_id}@%",),
+    )
+    said = [(stream, bytes(p)) for stream, p in rows if b"said one" in bytes(p)]
+    assert said, rows
+    stream, payload = said[0]
+    assert payload[0] & 0xF0 != 0x80  # a content-only array, not a whole-event map
+    _sql(
+        sqlite_url,
+        (
+            "UPDATE journaled_payloads SET payload = ? WHERE stream = ?",
+            (payload.replace(b"said one", b"said 0ne"), stream),
+        ),
+    )
+    with journaled.open(sqlite_url) as rt:
+        report = rt.journal.verify()
+    assert not report.ok
+    assert report.problem is not None
+    assert report.problem.kind == "payload-altered"
+    assert _verify_cli(sqlite_url).returncode == 1
+
+
+def test_verify_catches_two_side_rows_swapped(sqlite_url: str) -> None:
+    """R7: exchanging the content-only side rows of two steps is reported."""
+    run_id, _ = _compact_journal(sqlite_url)
+    rows = _rows(
+        sqlite_url,
+        "SELECT stream, payload FROM journaled_payloads WHERE stream LIKE ?",
+        (f"{run_id}@%",),
+    )
+    one = next((s, p) for s, p in rows if b"said one" in bytes(p))
+    two = next((s, p) for s, p in rows if b"said two" in bytes(p))
+    _sql(
+        sqlite_url,
+        ("UPDATE journaled_payloads SET payload = ? WHERE stream = ?", (two[1], one[0])),
+        ("UPDATE journaled_payloads SET payload = ? WHERE stream = ?", (one[1], two[0])),
+    )
+    with journaled.open(sqlite_url) as rt:
+        report = rt.journal.verify()
+    assert not report.ok
+    assert _verify_cli(sqlite_url).returncode == 1
+
+
+# -- J6/T1/T2: a journal written by the previous encoding ----------------------------------------
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+@pytest.fixture
+def release2_url(tmp_path: Path) -> tuple[str, dict[str, Any]]:
+    """A copy of the journal release 2 wrote: every partition, whole-event side rows."""
+    import shutil
+
+    copy_path = tmp_path / "release2.db"
+    shutil.copy(FIXTURES / "release2-runs.db", copy_path)
+    expected = json.loads((FIXTURES / "release2-runs.json").read_text())
+    return f"sqlite:///{copy_path}", expected
+
+
+def _release2_tools(rt: journaled.Runtime) -> None:
+    rt.register_tool("noop", lambda data: None)
+    rt.register_tool("echo", lambda data: {"echo": data})
+    rt.register_tool("crash", lambda data: data)
+
+
+def test_a_release2_journal_is_listed_and_time_travelled(
+    release2_url: tuple[str, dict[str, Any]],
+) -> None:
+    """T1/T2/J6: release 2's runs list with their statuses and every position equals a fold."""
+    url, expected = release2_url
+    runs = expected["runs"]
+    listed = _cli(url, "runs", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    status = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
+    assert status == {runs["chain"]: "completed", runs["wide"]: "running"}
+    with journaled.open(url, clock=journaled.testing.ManualClock(start=1_800_000_000_000)) as rt:
+        _release2_tools(rt)
+        journal = rt.runs._journal
+        chain = {s: (s.status, s.steps_done, s.steps_total, s.wave) for s in rt.runs.list()}
+        assert chain[runs["chain"]][:3] == ("completed", 3, 3)
+        assert chain[runs["chain"]][3] == 3  # release 2 stored every partition
+        for run_id in runs.values():
+            first = journal.first(run_id)
+            assert first is not None
+            for position in range(first.position, rt.journal.position() + 1):
+                assert rt.runs.at(run_id, position) == _plain_at(journal, run_id, position)
+        # Resume the crashed run in today's encoding: a mixed stream, warm cache.
+        resumed = rt.runs.resume(runs["wide"], take_over=True)
+        assert resumed.ok
+        end = rt.journal.position()
+        for position in range(journal.first(runs["wide"]).position, end + 1):  # type: ignore[union-attr]
+            assert rt.runs.at(runs["wide"], position) == _plain_at(journal, runs["wide"], position)
+        assert {s: s.status for s in rt.runs.list()}[runs["wide"]] == "completed"
+        assert rt.journal.verify().ok
+    assert _verify_cli(url).returncode == 0
+
+
+def test_a_release2_run_purged_today_leaves_nothing_and_verifies(
+    release2_url: tuple[str, dict[str, Any]],
+) -> None:
+    """R2/R7: purging a run release 2 stored erases its outputs everywhere; verify still passes."""
+    url, expected = release2_url
+    wide = expected["runs"]["wide"]
+    with journaled.open(url) as rt:
+        _release2_tools(rt)
+        rt.runs.resume(wide, take_over=True)
+        end = rt.journal.position()
+        assert "{'echo'" in repr(rt.runs.at(wide, end))
+        assert rt.runs.purge(wide, "forget") > 0
+        for position in range(rt.runs.history(wide)[0].position, rt.journal.position() + 1):
+            assert "{'echo'" not in repr(rt.runs.at(wide, position)), position
+        assert rt.journal.verify().ok
+    conn = sqlite3.connect(_path(url))
+    try:
+        payloads = [bytes(p) for (p,) in conn.execute("SELECT payload FROM journaled_payloads")]
+        states = [bytes(s) for (s,) in conn.execute("SELECT state FROM journaled_snapshots")]
+    finally:
+        conn.close()
+    assert not any(b"echo" in p and b"x" in p for p in payloads if wide.encode() in p)
+    assert not any(b"\xa4echo" in s for s in states)
