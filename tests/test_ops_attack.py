@@ -906,3 +906,120 @@ def test_a_release2_run_purged_today_leaves_nothing_and_verifies(
         conn.close()
     assert not any(b"echo" in p and b"x" in p for p in payloads if wide.encode() in p)
     assert not any(b"\xa4echo" in s for s in states)
+
+
+# -- E3/ADR 0035: a wave held back by caps keeps its explanation --------------------------------
+
+
+def test_a_step_held_back_by_a_cap_is_explained_mid_run(sqlite_url: str) -> None:
+    """E3/O6/T1: a wave whose cap holds a step back keeps its partition; at and why show it."""
+    import threading
+
+    gate, started = threading.Event(), threading.Event()
+
+    def slow(_: object) -> None:
+        started.set()
+        gate.wait(WAIT)
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("slow", slow)
+        plan = journaled.Plan(
+            goal="caps",
+            steps=[journaled.Step("a", tool="slow"), journaled.Step("b", tool="slow")],
+        )
+        handle = rt.start(plan, limits=journaled.Limits(per_tool={"slow": 1}))
+        try:
+            assert started.wait(WAIT)
+            journaled.testing.wait_for(
+                lambda: any(e.kind == "run.step-started" for e in rt.runs.history(handle.run_id)),
+                timeout=WAIT,
+            )
+            kinds = [e.kind for e in rt.runs.history(handle.run_id)]
+            assert "run.wave-partitioned" in kinds  # not implied: b was held back
+            now = rt.runs.at(handle.run_id, rt.journal.position())
+            assert {s.id: s.status for s in now.plan.steps} == {"a": "running", "b": "pending"}
+            why = rt.runs.why(handle.run_id)
+            assert "wave 1: runnable a, b" in why, why
+            [summary] = rt.runs.list()
+            assert (summary.wave, summary.running, summary.steps_done) == (1, ("a",), 0)
+        finally:
+            gate.set()
+        assert handle.result(timeout=WAIT).ok
+
+
+# -- M9/R2: redacted and purged text never comes back through the new read paths ----------------
+
+
+def test_a_secret_in_a_goal_or_output_stays_out_of_summaries_cache_and_spans(
+    sqlite_url: str,
+) -> None:
+    """M9/T1/T2/T3: a secret in a goal or a step output is redacted in at, list, CLI and spans."""
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import journaled.otel
+
+    secret = "sk-" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6"
+    exporter = InMemorySpanExporter()
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=_provider_with(SimpleSpanProcessor(exporter)))
+
+        def leak(_: object) -> str:
+            raise RuntimeError(f"failed with key {secret}")
+
+        rt.register_tool("speak", lambda _: f"key={secret}")
+        rt.register_tool("leak", leak)
+        plan = journaled.Plan(
+            goal=f"deploy using {secret}",
+            steps=[journaled.Step("a", tool="speak"), journaled.Step("b", tool="leak")],
+        )
+        result = rt.execute(plan)
+        first = rt.runs.history(result.run_id)[0].position
+        seen = [repr(rt.runs.at(result.run_id, p)) for p in range(first, rt.journal.position() + 1)]
+        seen.append(repr(rt.runs.list()[0].as_dict()))
+        seen.append(rt.runs.why(result.run_id))
+    seen.append(_cli(sqlite_url, "runs", "list", "--json").stdout)
+    seen.append(_cli(sqlite_url, "runs", "list").stdout)
+    seen.append(_cli(sqlite_url, "runs", "follow", result.run_id, "--json").stdout)
+    seen += [repr(dict(s.attributes or {})) + repr(s.events) for s in exporter.get_finished_spans()]
+    assert exporter.get_finished_spans()
+    for text in seen:
+        assert secret not in text
+    raw = Path(_path(sqlite_url)).read_bytes()
+    assert secret.encode() not in raw
+
+
+def test_an_orchestration_purged_elsewhere_leaves_a_warm_cache_clean(sqlite_url: str) -> None:
+    """R2/T1/T2: after another runtime purges an orchestration, cached passes hold no output."""
+    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+        for rt in (a, b):
+            rt.register_tool("speak", lambda _: SECRET_OUTPUT)
+
+        def planner(goal: str, observations: object, _: object) -> journaled.Plan:
+            return journaled.Plan(goal=goal, steps=[journaled.Step("s", tool="speak")])
+
+        out = a.orchestrate("an orchestrated secret", planner, require_approval=True)
+        assert out.status == "waiting_for_approval"
+        with pytest.raises(ValueError, match="had not started executing pass 1"):
+            a.runs.at(out.run_id, a.journal.position())  # no pass run yet
+        assert a.runs.list()[0].status == "waiting_for_approval"  # a's projection is warm
+        done = b.resume(out.run_id, approve=True)
+        assert isinstance(done, journaled.Outcome)
+        assert done.status == "completed"
+        end = a.journal.position()
+        assert SECRET_OUTPUT in repr(a.runs.at(out.run_id, end))  # the pass, seen from a
+        assert SECRET_OUTPUT in repr(a.runs.at(out.run_id, end - 1))  # now from its timeline
+        pass_run = {str(s): s for s in a.runs.list()}[out.run_id].current_run or ""
+        assert pass_run in a.runs.checkpoints
+        assert b.runs.purge(out.run_id, "forget") > 0
+        after = a.journal.position()
+        first = a.runs.history(out.run_id)[0].position
+        for position in range(first, after + 1):
+            try:
+                state = a.runs.at(out.run_id, position)
+            except ValueError:
+                continue  # before the pass had a run
+            assert SECRET_OUTPUT not in repr(state), position
+        summary = {str(s): s for s in a.runs.list()}[out.run_id]
+        assert summary.status == "purged"
+        assert "orchestrated secret" not in repr(a.runs.list())
