@@ -1023,3 +1023,83 @@ def test_an_orchestration_purged_elsewhere_leaves_a_warm_cache_clean(sqlite_url:
         summary = {str(s): s for s in a.runs.list()}[out.run_id]
         assert summary.status == "purged"
         assert "orchestrated secret" not in repr(a.runs.list())
+
+
+# -- T2/T4: a journal nobody may write ----------------------------------------------------------
+
+
+def _without_write_rights() -> list[str]:
+    """Return a command prefix that runs a program unable to write what it does not own."""
+    import os
+    import shutil
+
+    if os.geteuid() != 0:
+        return []
+    if shutil.which("setpriv") is None:
+        pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
+
+
+@pytest.mark.parametrize("directory_writable", [False, True], ids=["archive", "file-only"])
+def test_a_read_only_journal_is_listed_followed_and_time_travelled(
+    tmp_path: Path, directory_writable: bool
+) -> None:
+    """T2/T4: a read-only journal is listed, followed and time-travelled; nothing is written."""
+    archive = tmp_path / "archive"
+    archive.mkdir()
+    file = archive / "journal.sqlite"
+    url = f"sqlite:///{file}"
+    with journaled.open(url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        ids = [rt.execute(_chain(3, goal=f"g{n}")).run_id for n in range(2)]
+        rt.journal.position()
+    before = file.read_bytes()
+    file.chmod(0o444)
+    archive.chmod(0o755 if directory_writable else 0o555)
+    code = (
+        "import sys, journaled\n"
+        "rt = journaled.Runtime(sys.argv[1], create=False)\n"
+        "try:\n"
+        "    listed = rt.runs.list()\n"
+        "    assert [s.status for s in listed] == ['completed', 'completed'], listed\n"
+        "    end = rt.journal.position()\n"
+        "    for run_id in listed:\n"
+        "        for p in range(rt.runs.history(run_id)[0].position, end + 1):\n"
+        "            rt.runs.at(run_id, p)\n"
+        "        assert rt.runs.at(run_id, end).ok\n"
+        "finally:\n"
+        "    rt.close()\n"
+        "print('ok')\n"
+    )
+    prefix = _without_write_rights()
+    try:
+        listed = subprocess.run(
+            [*prefix, *CLI, "--url", url, "runs", "list", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            check=False,
+        )
+        followed = subprocess.run(
+            [*prefix, *CLI, "--url", url, "runs", "follow", ids[0], "--json"],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            check=False,
+        )
+        api = subprocess.run(
+            [*prefix, sys.executable, "-c", code, url],
+            capture_output=True,
+            text=True,
+            timeout=WAIT,
+            check=False,
+        )
+    finally:
+        archive.chmod(0o755)
+        file.chmod(0o644)
+    assert listed.returncode == 0, listed.stderr
+    assert [r["run_id"] for r in json.loads(listed.stdout)] == ids
+    assert followed.returncode == 0, followed.stderr
+    assert api.returncode == 0, api.stderr
+    assert api.stdout.strip() == "ok"
+    assert file.read_bytes() == before
