@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 import journaled
+from journaled.events.catalog import codec
 from journaled.events.journal import Journal
 from journaled.events.run_state import fold_run
-from journaled.events.run_summaries import SUMMARIES_KEY
+from journaled.events.run_summaries import SUMMARIES_KEY, RunSummaries
+from journaled.events.url import parse_url
 
 WAIT = 30.0
 CLI = [sys.executable, "-m", "journaled.cli"]
@@ -1103,3 +1105,70 @@ def test_a_read_only_journal_is_listed_followed_and_time_travelled(
     assert api.returncode == 0, api.stderr
     assert api.stdout.strip() == "ok"
     assert file.read_bytes() == before
+
+
+# -- T2: SIGKILL while the projection is being stored -------------------------------------------
+
+_STORING_CHILD = """
+import pathlib, sys
+import journaled
+url, marker = sys.argv[1], pathlib.Path(sys.argv[2])
+rt = journaled.open(url)
+rt.register_tool("noop", lambda _: None)
+for n in range(150):
+    rt.execute(journaled.Plan(goal=f"goal {n} " + "x" * 200,
+                              steps=[journaled.Step("a", tool="noop")]))
+n = 0
+while True:  # store, append, store again ... until killed
+    rt.runs.summaries.save()
+    marker.write_text(str(n))
+    rt.execute(journaled.Plan(goal=f"more {n}", steps=[journaled.Step("a", tool="noop")]))
+    n += 1
+"""
+
+
+@pytest.mark.parametrize("delay", [0.0, 0.05, 0.2])
+def test_a_kill_while_storing_the_projection_leaves_it_consistent(
+    tmp_path: Path, delay: float
+) -> None:
+    """T2/R7: a SIGKILL at any point of storing the projection leaves a true projection."""
+    import signal
+    import time
+
+    from journaled.events.run_summaries import TOPICS, _summaries, check_stored, fold
+
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    marker = tmp_path / "stored"
+    child = subprocess.Popen(
+        [sys.executable, "-c", _STORING_CHILD, url, str(marker)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not marker.exists():
+            assert child.poll() is None, child.stderr.read() if child.stderr else ""
+            assert time.monotonic() < deadline, "the child never stored its projection"
+            time.sleep(0.01)
+        time.sleep(delay)
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        if child.stderr is not None:
+            child.stderr.close()
+    assert child.returncode == -signal.SIGKILL
+    journal = Journal(parse_url(url), codec(), create=False)
+    try:
+        stored = journal.snapshot(SUMMARIES_KEY)
+        assert stored is not None
+        assert check_stored(journal, stored[1]) is None
+        runs: dict[str, Any] = {}
+        for event in journal.read(topics=TOPICS):
+            fold(runs, event)
+        assert RunSummaries(journal).read() == _summaries(runs)
+        assert journal.verify().ok
+    finally:
+        journal.close()
+    done = _cli(url, "runs", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    assert len(json.loads(done.stdout)) == len(runs)
