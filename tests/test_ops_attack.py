@@ -866,6 +866,9 @@ def test_a_release2_journal_is_listed_and_time_travelled(
     with journaled.open(url, clock=journaled.testing.ManualClock(start=1_800_000_000_000)) as rt:
         _release2_tools(rt)
         journal = rt.runs._journal
+        end = rt.journal.position()
+        for run_id in runs.values():  # the cold path first: release 2's snapshots
+            assert rt.runs.at(run_id, end) == _plain_at(journal, run_id, end)
         chain = {s: (s.status, s.steps_done, s.steps_total, s.wave) for s in rt.runs.list()}
         assert chain[runs["chain"]][:3] == ("completed", 3, 3)
         assert chain[runs["chain"]][3] == 3  # release 2 stored every partition
@@ -1172,3 +1175,40 @@ def test_a_kill_while_storing_the_projection_leaves_it_consistent(
     done = _cli(url, "runs", "list", "--json")
     assert done.returncode == 0, done.stderr
     assert len(json.loads(done.stdout)) == len(runs)
+
+
+# -- T1: the cold path's trust in the executor's snapshot ---------------------------------------
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runs.at's cold path serves the run's executor snapshot unchecked: with an altered "
+    "snapshot the first call at a position returns the snapshot's content, the next call the "
+    "journal's (verify reports snapshot-altered)",
+)
+def test_a_cold_at_answers_from_the_journal_not_an_altered_snapshot(sqlite_url: str) -> None:
+    """T1/R7: runs.at at the end answers the journal's state, the same on every call."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("speak", lambda data: f"said {data}")
+        run_id = rt.execute(
+            journaled.Plan(goal="g", steps=[journaled.Step("a", tool="speak", input="one")])
+        ).run_id
+        end = rt.journal.position()
+    [(state,)] = _rows(
+        sqlite_url, "SELECT state FROM journaled_snapshots WHERE stream = ?", (run_id,)
+    )
+    assert b"said one" in bytes(state)
+    _sql(
+        sqlite_url,
+        (
+            "UPDATE journaled_snapshots SET state = ? WHERE stream = ?",
+            (bytes(state).replace(b"said one", b"said 0ne"), run_id),
+        ),
+    )
+    with journaled.open(sqlite_url) as rt:
+        truth = _plain_at(rt.runs._journal, run_id, end)
+        first = rt.runs.at(run_id, end)
+        second = rt.runs.at(run_id, end)
+    assert truth.observations[0].output == "said one"
+    assert second == truth
+    assert first == truth
