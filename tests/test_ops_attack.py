@@ -1235,3 +1235,75 @@ def test_submodules_resolve_as_attributes_after_import_journaled() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=WAIT, check=False
     )
     assert done.returncode == 0, done.stderr
+
+
+def test_public_names_resolve_from_many_threads_at_once() -> None:
+    """T4: every public name, first touched by its own thread at the same instant, resolves."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import threading, journaled\n"
+            "names = list(journaled.__all__)\n"
+            "barrier = threading.Barrier(len(names))\n"
+            "errors = []\n"
+            "def get(name):\n"
+            "    barrier.wait()\n"
+            "    try:\n"
+            "        assert getattr(journaled, name) is not None\n"
+            "    except BaseException as exc:\n"
+            "        errors.append((name, repr(exc)))\n"
+            "threads = [threading.Thread(target=get, args=(n,)) for n in names]\n"
+            "for t in threads: t.start()\n"
+            "for t in threads: t.join(60)\n"
+            "assert not errors, errors\n"
+            "assert not any(t.is_alive() for t in threads)\n",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=WAIT * 2,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+# -- T1: time travel from many threads while the run executes -----------------------------------
+
+
+def test_at_from_threads_while_the_run_executes_equals_a_plain_fold(sqlite_url: str) -> None:
+    """T1/O7: runs.at from reader threads during a live run always equals a plain prefix fold."""
+    import random
+    import threading
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        handle = rt.start(_chain(150))
+        journal = rt.runs._journal
+        journaled.testing.wait_for(lambda: journal.first(handle.run_id) is not None, WAIT)
+        start = journal.first(handle.run_id).position  # type: ignore[union-attr]
+        seen: list[tuple[int, journaled.ExecuteResult]] = []
+        failures: list[BaseException] = []
+        finished = threading.Event()
+
+        def read(seed: int) -> None:
+            chance = random.Random(seed)
+            try:
+                while not finished.is_set() or len(seen) < 60:
+                    end = rt.journal.position()
+                    position = chance.randint(start, end)
+                    seen.append((position, rt.runs.at(handle.run_id, position)))
+            except BaseException as exc:
+                failures.append(exc)
+
+        readers = [threading.Thread(target=read, args=(n,)) for n in range(3)]
+        for reader in readers:
+            reader.start()
+        result = handle.result(timeout=WAIT * 4)
+        finished.set()
+        for reader in readers:
+            reader.join(WAIT)
+        assert not failures, failures
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        for position, state in seen:
+            assert state == _plain_at(journal, handle.run_id, position), position
