@@ -1307,3 +1307,34 @@ def test_at_from_threads_while_the_run_executes_equals_a_plain_fold(sqlite_url: 
         assert result.ok
         for position, state in seen:
             assert state == _plain_at(journal, handle.run_id, position), position
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="select() slices kept[len(kept) - limit:]: a limit a little above the number of "
+    "runs goes negative and keeps only the last 2*len - limit runs (3 runs, limit=4 -> 1)",
+)
+@pytest.mark.parametrize("limit", [4, 5])
+def test_a_limit_above_the_number_of_runs_keeps_them_all(sqlite_url: str, limit: int) -> None:
+    """T2: runs.list(limit=N) and `runs list --limit N` keep every run when there are fewer."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        ids = [rt.execute(_chain(1)).run_id for _ in range(3)]
+        listed = rt.runs.list(limit=limit)
+    done = _cli(sqlite_url, "runs", "list", "--json", "--limit", str(limit))
+    assert done.returncode == 0, done.stderr
+    assert [r["run_id"] for r in json.loads(done.stdout)] == ids
+    assert listed == ids
+
+
+def test_odd_goals_cannot_drive_the_terminal(sqlite_url: str) -> None:
+    """T2: escape sequences, bells and bidi controls in a goal never reach list/follow output."""
+    goal = "evil \x1b[31mRED\x1b[0m [bold]MARKUP[/] \x1b]0;title\x07 a\nb \u202egnp.exe"
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        run_id = rt.execute(_chain(1, goal=goal)).run_id
+    for args in (("runs", "list"), ("runs", "follow", run_id), ("runs", "why", run_id)):
+        done = _cli(sqlite_url, *args)
+        assert done.returncode == 0, done.stderr
+        for control in ("\x1b", "\x07", "\u202e"):
+            assert control not in done.stdout, (args, control)
