@@ -60,9 +60,19 @@ def _waiting_agent(step: journaled.Step, ctx: journaled.AgentContext) -> journal
 # -- T1: the checkpoint cache against other writers --------------------------------------------
 
 
-def test_a_warm_cache_sees_a_resume_by_another_runtime(sqlite_url: str) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def shared_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """A journal two runtimes share: a SQLite file or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return sqlite_url
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+
+def test_a_warm_cache_sees_a_resume_by_another_runtime(shared_url: str) -> None:
     """T1/O7: after another runtime resumes a run, a warm cache serves every position exactly."""
-    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+    with journaled.open(shared_url) as a, journaled.open(shared_url) as b:
         for rt in (a, b):
             rt.register_tool("noop", lambda _: None)
             rt.register_agent("ask", _waiting_agent)
@@ -94,9 +104,9 @@ def test_a_warm_cache_sees_a_resume_by_another_runtime(sqlite_url: str) -> None:
         assert a.runs.at(first.run_id, end).ok
 
 
-def test_a_purge_by_another_runtime_reaches_a_warm_cache_of_a_fork(sqlite_url: str) -> None:
+def test_a_purge_by_another_runtime_reaches_a_warm_cache_of_a_fork(shared_url: str) -> None:
     """R2/T1: a fork's cached states lose the source's output once another runtime purges it."""
-    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+    with journaled.open(shared_url) as a, journaled.open(shared_url) as b:
         for rt in (a, b):
             rt.register_tool("speak", lambda _: SECRET_OUTPUT)
             rt.register_tool("noop", lambda _: None)
@@ -994,9 +1004,9 @@ def test_a_secret_in_a_goal_or_output_stays_out_of_summaries_cache_and_spans(
     assert secret.encode() not in raw
 
 
-def test_an_orchestration_purged_elsewhere_leaves_a_warm_cache_clean(sqlite_url: str) -> None:
+def test_an_orchestration_purged_elsewhere_leaves_a_warm_cache_clean(shared_url: str) -> None:
     """R2/T1/T2: after another runtime purges an orchestration, cached passes hold no output."""
-    with journaled.open(sqlite_url) as a, journaled.open(sqlite_url) as b:
+    with journaled.open(shared_url) as a, journaled.open(shared_url) as b:
         for rt in (a, b):
             rt.register_tool("speak", lambda _: SECRET_OUTPUT)
 
