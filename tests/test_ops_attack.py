@@ -69,7 +69,6 @@ def shared_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
     return url
 
 
-
 def test_a_warm_cache_sees_a_resume_by_another_runtime(shared_url: str) -> None:
     """T1/O7: after another runtime resumes a run, a warm cache serves every position exactly."""
     with journaled.open(shared_url) as a, journaled.open(shared_url) as b:
@@ -1348,3 +1347,43 @@ def test_odd_goals_cannot_drive_the_terminal(sqlite_url: str) -> None:
         assert done.returncode == 0, done.stderr
         for control in ("\x1b", "\x07", "\u202e"):
             assert control not in done.stdout, (args, control)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="instrument() accepts any tracer_provider and fails with AttributeError "
+    "('str' object has no attribute 'get_tracer'), naming no argument",
+)
+def test_instrument_rejects_what_is_not_a_tracer_provider() -> None:
+    """T3: instrument(rt, tracer_provider=<not a provider>) is a one-line error naming it."""
+    import journaled.otel
+
+    with journaled.open("memory://") as rt:
+        with pytest.raises((TypeError, ValueError), match="tracer_provider"):
+            journaled.otel.instrument(rt, tracer_provider="a provider")  # type: ignore[arg-type]
+        rt.register_tool("noop", lambda _: None)
+        assert rt.execute(_chain(1)).ok  # nothing was installed: the run is untraced
+
+
+def test_instrument_rejects_what_is_not_a_runtime() -> None:
+    """T3: instrument() of something that is not a runtime is a TypeError saying what it takes."""
+    import journaled.otel
+
+    for thing in (None, "rt", object()):
+        with pytest.raises(TypeError, match=r"takes a runtime from journaled\.open\(\)"):
+            journaled.otel.instrument(thing)
+
+
+def test_cli_since_odd_times_are_one_line_errors(sqlite_url: str) -> None:
+    """T2: `runs list --since` with an unreadable or pre-1970 time is one line, no traceback."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        rt.execute(_chain(1))
+    for since in ("", "12345", "nan", "1e300", "1969-01-01", "0001-01-01"):
+        done = _cli(sqlite_url, "runs", "list", "--json", "--since", since)
+        assert done.returncode == 1, (since, done.stdout)
+        assert "Traceback" not in done.stderr
+        assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+    far = _cli(sqlite_url, "runs", "list", "--json", "--since", "9999-12-31T23:59:59Z")
+    assert far.returncode == 0, far.stderr
+    assert json.loads(far.stdout) == []
