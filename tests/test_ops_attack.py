@@ -1387,3 +1387,91 @@ def test_cli_since_odd_times_are_one_line_errors(sqlite_url: str) -> None:
     far = _cli(sqlite_url, "runs", "list", "--json", "--since", "9999-12-31T23:59:59Z")
     assert far.returncode == 0, far.stderr
     assert json.loads(far.stdout) == []
+
+
+# -- T1: stories the checkpoint property does not tell -------------------------------------------
+
+
+def _every_position_equals_a_plain_fold(rt: journaled.Runtime, run_id: str, every: int) -> int:
+    import random
+
+    from journaled.events.run_checkpoints import RunCheckpoints
+
+    journal = rt.runs._journal
+    positions = [e.position for e in rt.runs.history(run_id)]
+    positions = list(range(positions[0], rt.journal.position() + 1))
+    for order in (positions, positions[::-1], random.Random(3).sample(positions, len(positions))):
+        rt.runs.checkpoints = RunCheckpoints(every=every)
+        rt.runs._snapshot_served.clear()
+        for position in order:
+            assert rt.runs.at(run_id, position) == _plain_at(journal, run_id, position), position
+    return len(positions)
+
+
+def _reserve_one(step: journaled.Step, remaining: float) -> float:
+    return 1
+
+
+@pytest.mark.parametrize("every", [1, 2, 3])
+def test_cancel_failures_overruns_and_resumes_through_tiny_checkpoints(
+    sqlite_url: str, every: int
+) -> None:
+    """T1/O7: cancel, failures, skips, overruns, answers and a budget raise fold exactly."""
+    import threading
+
+    gate, started = threading.Event(), threading.Event()
+
+    def slow(_: object) -> None:
+        started.set()
+        gate.wait(WAIT)
+
+    def boom(_: object) -> None:
+        raise RuntimeError("boom")
+
+    def greedy(step: journaled.Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        if ctx.answer is None:
+            raise journaled.NeedsInput("go on?")
+        return journaled.AgentResult(ok=True, output=ctx.answer, calls_used=5)
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("slow", slow)
+        rt.register_tool("noop", lambda _: None)
+        rt.register_tool("boom", boom)
+        rt.register_skill("think", lambda _: "t")
+        rt.register_agent("greedy", greedy)
+        step = journaled.Step
+        cancelled = rt.start(
+            journaled.Plan(
+                goal="cancel",
+                steps=[
+                    step("a", tool="slow"),
+                    step("g", agent="greedy"),
+                    step("b", tool="noop", depends_on=["a"]),
+                    step("c", tool="noop", depends_on=["b", "g"]),
+                ],
+            )
+        )
+        assert started.wait(WAIT)
+        rt.cancel(cancelled.run_id)
+        gate.set()
+        cancelled.result(timeout=WAIT)
+        mixed = rt.execute(
+            journaled.Plan(
+                goal="mixed",
+                steps=[
+                    step("x", tool="boom"),
+                    step("y", tool="noop", depends_on=["x"]),
+                    step("t1", skill="think"),
+                    step("g", agent="greedy", depends_on=["t1"]),
+                    step("t2", skill="think", depends_on=["g"]),
+                    step("t3", skill="think", depends_on=["t2"]),
+                ],
+            ),
+            call_budget=3,
+            reserve=_reserve_one,
+        )
+        assert mixed.waiting == ["g"]
+        rt.resume(mixed.run_id, answers={"g": "yes"}, reserve=_reserve_one)
+        rt.resume(mixed.run_id, call_budget=100, reserve=_reserve_one)
+        for run_id in (cancelled.run_id, mixed.run_id):
+            assert _every_position_equals_a_plain_fold(rt, run_id, every) > 3
