@@ -1520,3 +1520,29 @@ def test_journal_only_commands_report_a_damaged_journal_in_one_line(
     assert "position 3" in done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runs.why shows waves only from run.wave-partitioned lines; with implied partitions "
+    "left out (ADR 0035) a chain's why no longer says which wave any step ran in",
+)
+def test_why_says_the_wave_of_each_step_of_a_chain(sqlite_url: str) -> None:
+    """O6/ADR 0035: runs.why of a chain still names the wave each step ran in."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda _: None)
+        run_id = rt.execute(_chain(3)).run_id
+        why = rt.runs.why(run_id)
+    for wave in (1, 2, 3):
+        assert f"wave {wave}" in why, why
+
+
+def test_why_still_says_the_waves_of_a_release2_chain(
+    release2_url: tuple[str, dict[str, Any]],
+) -> None:
+    """O6/J6: a chain release 2 stored with every partition is explained wave by wave."""
+    url, expected = release2_url
+    with journaled.open(url) as rt:
+        why = rt.runs.why(expected["runs"]["chain"])
+    for wave in (1, 2, 3):
+        assert f"wave {wave}: runnable c{wave - 1}" in why, why
