@@ -1546,3 +1546,24 @@ def test_why_still_says_the_waves_of_a_release2_chain(
         why = rt.runs.why(expected["runs"]["chain"])
     for wave in (1, 2, 3):
         assert f"wave {wave}: runnable c{wave - 1}" in why, why
+
+
+def test_a_warm_projection_closed_after_a_purge_elsewhere_stores_no_goal(
+    shared_url: str,
+) -> None:
+    """R2/T2: a runtime holding a goal in its projection stores none of it after a purge."""
+    goal = "a goal that must go 8812"
+    with journaled.open(shared_url) as a:
+        a.register_tool("noop", lambda _: None)
+        run_id = a.execute(_chain(2, goal=goal)).run_id
+        assert a.runs.list()[0].goal == goal  # a's projection holds the goal
+        with journaled.open(shared_url) as b:
+            assert b.runs.purge(run_id, "forget") > 0
+        assert a.runs.summaries.save() in (True, False)  # stores, or refuses: never the goal
+    # a closed here: close stores the projection too.
+    with journaled.open(shared_url) as c:
+        stored = c.runs._journal.snapshot(SUMMARIES_KEY)
+        assert stored is None or goal.encode() not in stored[1]
+        assert c.runs.list()[0].status == "purged"
+        assert goal not in repr(c.runs.list()[0].as_dict())
+        assert c.journal.verify().ok
