@@ -1567,3 +1567,34 @@ def test_a_warm_projection_closed_after_a_purge_elsewhere_stores_no_goal(
         assert c.runs.list()[0].status == "purged"
         assert goal not in repr(c.runs.list()[0].as_dict())
         assert c.journal.verify().ok
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="runs.at/diff take any position: True, 2.5 and nan are answered (nan as the run's "
+    "last state), '2' and None raise a bare TypeError from a comparison, naming no argument",
+)
+@pytest.mark.parametrize("position", [True, 2.5, float("nan"), "2", None])
+def test_at_and_diff_reject_a_position_that_is_no_int(position: object) -> None:
+    """T1/O7: runs.at and runs.diff reject a position that is not an int, naming it."""
+    with journaled.open("memory://") as rt:
+        rt.register_tool("noop", lambda _: None)
+        run_id = rt.execute(_chain(1)).run_id
+        with pytest.raises((TypeError, ValueError), match="position"):
+            rt.runs.at(run_id, position)  # type: ignore[arg-type]
+        with pytest.raises((TypeError, ValueError), match=r"position|a="):
+            rt.runs.diff(run_id, position, 3)  # type: ignore[arg-type]
+
+
+def test_at_rejects_positions_outside_the_run_in_one_line() -> None:
+    """T1/O7: a position before the run or past the journal's end is a ValueError saying so."""
+    with journaled.open("memory://") as rt:
+        rt.register_tool("noop", lambda _: None)
+        rt.memory.remember("first, so the run starts later")
+        run_id = rt.execute(_chain(1)).run_id
+        with pytest.raises(ValueError, match="before run"):
+            rt.runs.at(run_id, 1)
+        with pytest.raises(ValueError, match="past the end of the journal"):
+            rt.runs.at(run_id, 10**30)
+        with pytest.raises(ValueError, match="a <= b"):
+            rt.runs.diff(run_id, 4, 3)
