@@ -71,6 +71,10 @@ class PlanRejected(EventsError, ValueError):
         where = f"step {step_id!r}: " if step_id is not None else ""
         super().__init__(f"plan rejected: {where}{reason}")
 
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.step_id, self.reason))
+
 
 class ProtocolError(EventsError, ValueError):
     """A message that cannot cross the wire: it names the message's tag or msgspec's path (A4)."""

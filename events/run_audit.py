@@ -228,6 +228,11 @@ class RunWhy:
         self._waiting_since: dict[str, int] = {}
         self._running: set[str] = set()
         self._index: dict[str, int] = {}
+        self._wave_told = 0
+        """The wave the last partition line named (0: none yet, or a new pass began)."""
+        self._implied: tuple[int, list[str], str] | None = None
+        """The line told for a partition left out as implied (ADR 0035): its index in the
+        timeline, the steps it started so far, and the line's prefix."""
 
     def add(self, event: Event) -> None:
         """Fold one event of the run's stream."""
@@ -247,9 +252,30 @@ class RunWhy:
         if isinstance(data, StepWaiting):
             since = self._waiting_since.get(data.step_id)
             self._waiting_since[data.step_id] = data.at if since is None else max(since, data.at)
+        prefix = f"  [#{event.position} +{duration(data.at - self._start)}] "
+        match data:
+            case WavePartitioned():
+                self._wave_told, self._implied = data.wave, None
+            case StepStarted() if data.wave != self._wave_told:
+                self._tell_implied_partition(data, prefix)
+            case StepStarted() if self._implied is not None and data.attempt == 1:
+                line, started, told = self._implied
+                if data.step_id not in started:
+                    started.append(data.step_id)
+                    self.timeline[line] = f"{told}wave {data.wave}: runnable {', '.join(started)}"
+            case RunResumed():
+                self._wave_told, self._implied = 0, None
+            case _:
+                pass
         text = describe_run_event(event)
         if text is not None:
-            self.timeline.append(f"  [#{event.position} +{duration(data.at - self._start)}] {text}")
+            self.timeline.append(prefix + text)
+
+    def _tell_implied_partition(self, data: StepStarted, prefix: str) -> None:
+        """Say the wave a start opens whose partition was not stored: it said no more (0035)."""
+        self._wave_told = data.wave
+        self._implied = (len(self.timeline), [data.step_id], prefix)
+        self.timeline.append(f"{prefix}wave {data.wave}: runnable {data.step_id}")
 
     def head(self) -> str:
         """Return the first line: the run and how it ended (or that it runs)."""

@@ -49,7 +49,7 @@ from journaled.events.runs import (
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 1
+SCHEMA = 2
 """Bump when the stored projection changes incompatibly: older ones are then refolded."""
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
@@ -278,6 +278,7 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
             for step_id in (*(o.step_id for o in data.skipped), *data.unobserved):
                 tracked.steps[step_id] = "skipped"
         case StepStarted():
+            tracked.wave = data.wave  # its partition may be left out as implied (ADR 0035)
             tracked.steps[data.step_id] = "running"
         case StepSucceeded() | StepFailed():
             tracked.calls_used += data.charged
@@ -466,7 +467,7 @@ def select(
         if (status is None or s.status == status) and (since is None or s.last_at >= since)
     ]
     kept.sort(key=lambda s: s.started_position)
-    return kept if limit is None else kept[len(kept) - limit :]
+    return kept if limit is None else kept[-limit:]
 
 
 def check_stored(journal: Journal, state: bytes) -> tuple[int, str] | None:
@@ -519,7 +520,13 @@ class RunSummaries:
             stored = _DECODER.decode(found[1])
         except (msgspec.DecodeError, msgspec.ValidationError):
             return  # a cache miss: fold from the start
-        if stored.schema == SCHEMA and stored.position == found[0]:
+        # A watermark past the journal's end (a copied or forged snapshot) would hide every run
+        # appended below it: a cache miss.
+        if (
+            stored.schema == SCHEMA
+            and stored.position == found[0]
+            and stored.position <= self._journal.position()
+        ):
             self._runs, self._position = stored.runs, stored.position
             self._stored = stored.position
 

@@ -7,6 +7,7 @@ event in one journal, so it can be audited (``why``, ``history``) and viewed as 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -156,17 +157,20 @@ _HOMES: dict[str, str] = {
 """Where each public name lives: it is imported on first use (T4, ADR 0037)."""
 
 
-def __getattr__(name: str) -> Any:
-    # Every public name loads on first use, so `import journaled` costs only this module
-    # (T4): a CLI reading a journal never starts the actor system or imports rich for --json.
-    if name == "aio":
-        return importlib.import_module("journaled.aio")
-    home = _HOMES.get(name)
-    if home is None:
-        raise AttributeError(f"module 'journaled' has no attribute {name!r}")
-    value = getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
+if not TYPE_CHECKING:  # type checkers see the names imported above, so a misspelling is an error
+
+    def __getattr__(name: str) -> Any:
+        # Every public name loads on first use, so `import journaled` costs only this module
+        # (T4): a CLI reading a journal never starts the actor system or imports rich for --json.
+        home = _HOMES.get(name)
+        if home is not None:
+            value = getattr(importlib.import_module(home), name)
+        elif not name.startswith("_") and importlib.util.find_spec(f"journaled.{name}"):
+            value = importlib.import_module(f"journaled.{name}")  # a submodule: journaled.errors
+        else:
+            raise AttributeError(f"module 'journaled' has no attribute {name!r}")
+        globals()[name] = value
+        return value
 
 
 def __dir__() -> list[str]:

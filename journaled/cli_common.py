@@ -12,6 +12,7 @@ import click
 
 import journaled
 from journaled import cli_render as render
+from journaled.events.errors import EventsError
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
@@ -72,6 +73,8 @@ def open_journal(ctx: click.Context) -> Iterator[Journal]:
         fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
     try:
         yield journal
+    except EventsError as exc:  # a damaged or unreadable event: one line naming where, as
+        fail(str(exc))  # the commands that open a runtime say it
     finally:
         journal.close()
 

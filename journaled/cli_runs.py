@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import TYPE_CHECKING
 
 import click
@@ -121,6 +122,10 @@ def _what(row: RunSummary) -> str:
     return "run"
 
 
+_LONGEST_INTERVAL = 3600.0
+"""The longest wait ``runs follow --interval`` takes between checks (an hour)."""
+
+
 @runs.command("follow")
 @click.argument("run_id")
 @click.option(
@@ -148,8 +153,13 @@ def runs_follow(
     """
     from journaled.cli_follow import follow
 
-    if interval <= 0:
-        fail(f"--interval must be a positive number of seconds, got {interval}")
+    if not 0 < interval <= _LONGEST_INTERVAL:  # also refuses nan
+        fail(
+            f"--interval must be a number of seconds above 0 and at most {_LONGEST_INTERVAL:g}, "
+            f"got {interval}"
+        )
+    if max_seconds is not None and not 0 <= max_seconds < math.inf:
+        fail(f"--max-seconds must be a finite number of seconds, 0 or more, got {max_seconds}")
     with open_journal(ctx) as journal:
         settled = follow(journal, run_id, interval, max_seconds, as_json=wants_json(ctx))
     ctx.exit(130 if settled is None else FOLLOW_EXIT.get(settled.status, 1))

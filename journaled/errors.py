@@ -63,7 +63,12 @@ class InvalidArgument(JournaledError, ValueError):
 
     def __init__(self, field: str, problem: str) -> None:
         self.field = field
+        self.problem = problem
         super().__init__(f"{field} {problem}")
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.field, self.problem))
 
 
 __all__ = [

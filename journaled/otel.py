@@ -25,6 +25,7 @@ the truth, and a runtime without :func:`instrument` neither imports OpenTelemetr
 
 from __future__ import annotations
 
+import logging
 import threading
 import weakref
 from collections import OrderedDict
@@ -59,6 +60,8 @@ from journaled.events.runs import (
     StepWaiting,
     WavePartitioned,
 )
+
+_log = logging.getLogger(__name__)
 
 __all__ = ["RUN_SPAN", "STEP_SPAN", "WAVE_SPAN", "OtelTracing", "instrument", "uninstrument"]
 
@@ -115,7 +118,15 @@ class OtelTracing(Tracing):
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         """Trace through ``tracer_provider``, or OpenTelemetry's global provider when None."""
+        if tracer_provider is not None and not callable(
+            getattr(tracer_provider, "get_tracer", None)
+        ):
+            raise TypeError(
+                "tracer_provider: give an opentelemetry.trace.TracerProvider (or None for the "
+                f"global one), got {type(tracer_provider).__name__}"
+            )
         self._tracer = trace.get_tracer("journaled", tracer_provider=tracer_provider)
+        self._warned = False
         self._lock = threading.Lock()
         """Guards :attr:`_last` and :attr:`_callers`, which many threads update."""
         self._passes: dict[str, _Pass] = {}
@@ -129,15 +140,40 @@ class OtelTracing(Tracing):
 
     # -- the hooks -------------------------------------------------------------------------------
 
+    def _failed(self, hook: str) -> None:
+        """Log a tracing failure (once at warning level): a span is never worth a run."""
+        level = logging.DEBUG if self._warned else logging.WARNING
+        self._warned = True
+        _log.log(level, "tracing failed in %s; the run goes on untraced there", hook, exc_info=True)
+
     def starting(self, state: RunState) -> None:
         """Keep the starting thread's context when it holds a span: the pass's parent."""
+        try:
+            self._starting(state)
+        except Exception:  # a span processor's or the SDK's failure must not stop the run
+            self._failed("starting")
+
+    def staged(self, state: RunState, event: DomainEvent) -> None:
+        """Open, annotate or end the spans this event of the run implies."""
+        try:
+            self._staged(state, event)
+        except Exception:  # a span processor's or the SDK's failure must not stop the run
+            self._failed("staged")
+
+    def settled(self, run_id: str) -> None:
+        """End the spans a run left open when its executor stopped without ending its pass."""
+        try:
+            self._settled(run_id)
+        except Exception:  # a span processor's or the SDK's failure must not stop the run
+            self._failed("settled")
+
+    def _starting(self, state: RunState) -> None:
         caller = otel_context.get_current()
         if trace.get_current_span(caller).get_span_context().is_valid:
             with self._lock:
                 self._callers[state] = caller
 
-    def staged(self, state: RunState, event: DomainEvent) -> None:
-        """Open, annotate or end the spans this event of the run implies."""
+    def _staged(self, state: RunState, event: DomainEvent) -> None:
         run_id = state.run_id
         # Only this run's executor thread changes its pass; the SDK is called outside any lock
         # (a synchronous exporter must not hold up the other runs' executors).
@@ -195,8 +231,7 @@ class OtelTracing(Tracing):
         span = flight[1] if flight is not None and flight[0] == attempt else None
         return _Scope(span)
 
-    def settled(self, run_id: str) -> None:
-        """End the spans a run left open when its executor stopped without ending its pass."""
+    def _settled(self, run_id: str) -> None:
         current = self._passes.pop(run_id, None)
         if current is None:
             return

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import journaled
+import journaled.testing
 from journaled.events.catalog import codec
 from journaled.events.journal import Journal
 from journaled.events.run_state import fold_run
@@ -158,11 +159,6 @@ def test_a_purge_in_another_process_reaches_a_warm_diff(sqlite_url: str) -> None
 # -- T2: the summary projection -----------------------------------------------------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="run summaries take the wave from run.wave-partitioned only; a chain whose "
-    "partitions are left out as implied (ADR 0035) shows wave 0",
-)
 def test_a_summary_names_the_wave_of_a_chain_whose_partitions_are_implied(
     sqlite_url: str,
 ) -> None:
@@ -249,11 +245,6 @@ def test_verify_reports_a_projection_watermark_past_the_end(sqlite_url: str) -> 
     assert done.returncode == 1, done.stdout + done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RunSummaries restores a projection whose watermark is past the journal's end and "
-    "then reads only after it: runs appended later never appear in runs.list",
-)
 def test_a_projection_claiming_a_future_position_is_not_trusted(sqlite_url: str) -> None:
     """T2/R7: a projection snapshot stored past the journal's end does not hide later runs."""
     expected = _forge_future_watermark(sqlite_url)
@@ -407,11 +398,6 @@ def _provider_with(processor: object) -> Any:
     return provider
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a span processor that raises in on_start propagates through the tracer into the "
-    "run recorder: the run does not complete",
-)
 def test_a_span_processor_raising_on_start_does_not_break_the_run() -> None:
     """T3/R4: a run traced through a processor that raises on_start completes, same events."""
     import journaled.otel
@@ -426,11 +412,6 @@ def test_a_span_processor_raising_on_start_does_not_break_the_run() -> None:
         assert _kinds(rt, result.run_id) == expected
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a span processor that raises in on_end propagates through the tracer into the "
-    "run recorder: the run does not complete",
-)
 def test_a_span_processor_raising_on_end_does_not_break_the_run() -> None:
     """T3/R4: a run traced through a processor that raises on_end completes, same events."""
     import journaled.otel
@@ -538,11 +519,6 @@ def test_public_value_types_pickle_through_the_lazy_door() -> None:
         assert type(again) is type(value)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="PlanRejected and InvalidArgument take two arguments but keep only the message in "
-    "args: unpickling them raises TypeError",
-)
 @pytest.mark.parametrize("kind", ["PlanRejected", "InvalidArgument"])
 def test_two_argument_errors_pickle(kind: str) -> None:
     """E1/§5: PlanRejected and InvalidArgument cross a process boundary (pickle) intact."""
@@ -604,11 +580,6 @@ def test_mypy_sees_every_public_name_typed(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="journaled.__getattr__ (returning Any) is visible to type checkers: a misspelt "
-    "public name type-checks as Any instead of being an error",
-)
 def test_mypy_rejects_a_misspelt_public_name(tmp_path: Path) -> None:
     """T4/§5: mypy reports a name journaled does not export, as it would without lazy loading."""
     done = _mypy(tmp_path, ["import journaled", "", "plan = journaled.Plna"])
@@ -684,11 +655,6 @@ def test_follow_an_unknown_or_blank_run_id_is_one_line(sqlite_url: str) -> None:
         assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runs follow accepts --interval nan/inf: nan never stops (not even at "
-    "--max-seconds), inf crashes with an OverflowError traceback",
-)
 @pytest.mark.parametrize("interval", ["nan", "inf"])
 def test_follow_rejects_a_non_finite_interval(sqlite_url: str, interval: str) -> None:
     """T2: `runs follow --interval nan|inf` is a one-line error, as 0 and negatives are."""
@@ -1223,12 +1189,6 @@ def test_a_cold_at_answers_from_the_journal_not_an_altered_snapshot(sqlite_url: 
     assert first == truth
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="since the lazy door, `import journaled` no longer binds its submodules: "
-    "journaled.errors, .runtime, .memory, .subscriptions, .events and .actors raise "
-    "AttributeError until imported by name (they resolved before)",
-)
 def test_submodules_resolve_as_attributes_after_import_journaled() -> None:
     """T4/§5: after `import journaled`, the submodules the door used to bind still resolve."""
     code = (
@@ -1318,11 +1278,6 @@ def test_at_from_threads_while_the_run_executes_equals_a_plain_fold(sqlite_url: 
             assert state == _plain_at(journal, handle.run_id, position), position
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="select() slices kept[len(kept) - limit:]: a limit a little above the number of "
-    "runs goes negative and keeps only the last 2*len - limit runs (3 runs, limit=4 -> 1)",
-)
 @pytest.mark.parametrize("limit", [4, 5])
 def test_a_limit_above_the_number_of_runs_keeps_them_all(sqlite_url: str, limit: int) -> None:
     """T2: runs.list(limit=N) and `runs list --limit N` keep every run when there are fewer."""
@@ -1349,11 +1304,6 @@ def test_odd_goals_cannot_drive_the_terminal(sqlite_url: str) -> None:
             assert control not in done.stdout, (args, control)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="instrument() accepts any tracer_provider and fails with AttributeError "
-    "('str' object has no attribute 'get_tracer'), naming no argument",
-)
 def test_instrument_rejects_what_is_not_a_tracer_provider() -> None:
     """T3: instrument(rt, tracer_provider=<not a provider>) is a one-line error naming it."""
     import journaled.otel
@@ -1503,11 +1453,6 @@ def test_runtime_commands_report_a_damaged_journal_in_one_line(sqlite_url: str) 
         assert "position 3" in done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the journal-only commands (runs list, runs follow) let CorruptEvent escape as a "
-    "Python traceback, where the runtime commands print one 'Error:' line",
-)
 @pytest.mark.parametrize("command", ["list", "follow"])
 def test_journal_only_commands_report_a_damaged_journal_in_one_line(
     sqlite_url: str, command: str
@@ -1522,11 +1467,6 @@ def test_journal_only_commands_report_a_damaged_journal_in_one_line(
     assert len(done.stderr.strip().splitlines()) == 1, done.stderr
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="runs.why shows waves only from run.wave-partitioned lines; with implied partitions "
-    "left out (ADR 0035) a chain's why no longer says which wave any step ran in",
-)
 def test_why_says_the_wave_of_each_step_of_a_chain(sqlite_url: str) -> None:
     """O6/ADR 0035: runs.why of a chain still names the wave each step ran in."""
     with journaled.open(sqlite_url) as rt:
