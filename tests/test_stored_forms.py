@@ -321,6 +321,43 @@ def test_a_run_of_map_payloads_cut_off_by_a_crash_resumes_identically(
         heads = {bytes(s)[:1] for (s,) in conn.execute("SELECT state FROM stored_events")}
     assert heads & {bytes([0x94]), bytes([0x95])}, heads  # the resume appended arrays
     assert heads & {bytes([0x83]), bytes([0x84])}, heads  # beside the earlier maps
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        sizes = {n for (n,) in conn.execute("SELECT length(chain_digest) FROM stored_events")}
+    assert sizes == {None, 16, 32}  # one chain across both digest sizes
+
+
+@pytest.mark.parametrize("size", [16, 31, 0])
+def test_a_shortened_digest_of_an_earlier_release_is_reported(
+    map_payloads: tuple[str, dict[str, Any]], size: int
+) -> None:
+    """R7: cutting a 32-byte chained digest of an earlier release to any size is caught."""
+    url, _ = map_payloads
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        [(position, digest)] = conn.execute(
+            "SELECT rowid, chain_digest FROM stored_events WHERE chain_digest IS NOT NULL "
+            "ORDER BY rowid LIMIT 1"
+        )
+        assert len(digest) == 32
+        conn.execute(
+            "UPDATE stored_events SET chain_digest = ? WHERE rowid = ?",
+            (bytes(digest)[:size], position),
+        )
+    report = verify(url)
+    assert report.problem is not None
+    assert report.problem.kind == "altered"
+
+
+def test_new_commits_keep_a_16_byte_chained_digest(sqlite_url: str) -> None:
+    """R7 (ADR 0040): each commit of this release stores a 16-byte chained digest that verifies."""
+    _run(sqlite_url)
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        sizes = {n for (n,) in conn.execute("SELECT length(chain_digest) FROM stored_events")}
+    assert sizes <= {None, 16}
+    assert 16 in sizes
+    report = verify(sqlite_url)
+    assert report.ok, report
+    assert report.head is not None
+    assert len(report.head) == 32
 
 
 def test_a_changed_byte_in_a_positional_row_is_reported(sqlite_url: str) -> None:
