@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import msgspec
@@ -73,6 +73,7 @@ class Positional:
             f"{cls.__name__}Row", twin_fields, array_like=True, frozen=True, gc=False
         )
         self.decoder = msgspec.msgpack.Decoder(self.twin)
+        self._unpack = self._compile()
 
     def _twin_type(self, index: int, tp: Any) -> Any:
         """Return a field's type with nested structs replaced by their positional twins."""
@@ -120,21 +121,33 @@ class Positional:
                 )
         return values
 
-    def unpack(self, row: Any, parent: Mapping[str, Any] | None = None) -> Any:
-        """Return the struct a decoded twin holds (``parent``: the holding struct's values)."""
-        kwargs = dict(zip(self._names, _astuple(row), strict=True))
-        for _, name in self._inherited:
-            if kwargs[name] is None:
-                kwargs[name] = (parent or {})[name]
+    def unpack(self, row: Any, parent: Any = None) -> Any:
+        """Return the struct a decoded twin holds (``parent``: the twin holding this one)."""
+        return self._unpack(row, parent)
+
+    def _compile(self) -> Callable[[Any, Any], Any]:
+        """Build ``unpack`` as straight-line code: it runs once per stored event read.
+
+        A loop over the fields with a kwargs dict cost ~4x as much per event; the names compiled
+        in are the struct's own field names (identifiers), nothing read from storage.
+        """
+        env: dict[str, Any] = {"cls": self.cls}
+        body = ["def unpack(row, parent):"]
+        body += [f"    v{i} = row.{name}" for i, name in enumerate(self._names)]
+        body += [f"    if v{i} is None: v{i} = parent.{name}" for i, name in self._inherited]
         for index, form, many in self._nested:
-            name = self._names[index]
-            if (item := kwargs[name]) is not None:
-                kwargs[name] = (
-                    form.unpack(item, kwargs)
-                    if many == "one"
-                    else many([form.unpack(x) for x in item])
-                )
-        return self.cls(**kwargs)
+            env[f"f{index}"], env[f"c{index}"] = form.unpack, many
+            call = (
+                f"f{index}(v{index}, row)"
+                if many == "one"
+                else f"c{index}([f{index}(x, None) for x in v{index}])"
+            )
+            body.append(f"    if v{index} is not None: v{index} = {call}")
+        args = ", ".join(f"{name}=v{i}" for i, name in enumerate(self._names))
+        body.append(f"    return cls({args})")
+        exec("\n".join(body), env)  # noqa: S102
+        unpack: Callable[[Any, Any], Any] = env["unpack"]
+        return unpack
 
     def decode(self, payload: bytes) -> Any:
         """Decode a positional payload into the struct.
