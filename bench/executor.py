@@ -56,7 +56,8 @@ through the pool's public ``get_connection``, runs the PRAGMA in autocommit mode
 open), goes back, and the level is read back in a writer transaction and checked. An informative
 row repeats the floor with one pykka ask after each commit (the design's floor: a commit plus an
 actor round trip). Read floor: the stock ``select_events`` of the same stream (or its prefix, for
-time travel) plus a typed msgspec decode of each payload. Targets: per-step overhead <= 3x the
+time travel) plus the journal codec's decode of each payload (typed msgspec; positional rows,
+ADR 0040, through their twin). Targets: per-step overhead <= 3x the
 floor per step; resume of the 10k-event run <= 100 ms, from a snapshot and from events alone.
 Every ratio printed is between two figures measured in the same run.
 
@@ -78,7 +79,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pykka
 from eventsourcing.persistence import InfrastructureFactory, StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
@@ -86,16 +86,16 @@ from report import Row, header, print_table, set_synchronous
 
 import journaled
 from journaled.events.catalog import codec
-from journaled.events.codec import Codec, topic_of
+from journaled.events.codec import Codec
 from journaled.events.compressed import inflate
 from journaled.events.run_state import RunState
-from journaled.events.runs import RUN_EVENTS
 from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
 RESUME_CHAIN = 5000
-DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
+CODEC = codec()
+"""The journal's codec: the read floor decodes each payload as the journal does (ADR 0040)."""
 
 
 def _us(seconds: float) -> str:
@@ -206,7 +206,7 @@ class Floor:
         """Select a stream (up to a version) and decode every payload; return seconds."""
         start = time.perf_counter()
         for event in self.recorder.select_events(stream, lte=upto):
-            DECODERS[event.topic].decode(event.state)
+            CODEC.decode(event.topic, event.state)
         return time.perf_counter() - start
 
 
