@@ -26,14 +26,19 @@ exits non-zero only when it crashes.
    against the same call through the loop's default executor (``asyncio.to_thread``) and a plain
    sync call.
 
-6. write path (issue 12, ADR 0035/0036), on the chain of 1 in a fresh file each time:
+6. write path (issue 12, ADR 0035/0036/0040), on the chain of 1 in a fresh file each time:
    - bytes per no-op step: the whole file's growth (the database file after close, its WAL
      checkpointed into it) divided by N. It includes everything the run leaves: the plan
      (``run.started`` and its forgettable copy), every event row with its originator id, topic
      and primary-key index entry, the digest chain's columns, the run's snapshot written at the
      end, and SQLite's page slack. Baseline: the raw bytes of the same run's rows (event states,
      side payloads and the snapshot, without ids, topics, indexes or pages), per step. Target
-     <= 400 B on SQLite ``normal``. An informative row leaves out the plan and the snapshot.
+     <= 400 B on SQLite ``normal``. Informative rows: the growth split (pages, from SQLite's
+     ``dbstat``) into the record (event rows, their index, digests, side rows) and the caches
+     (the run's snapshot and the stored run-summary projection); the growth without the plan
+     and the snapshot; decode time per step event in the positional form against the same
+     events re-encoded as maps (ADR 0040); ``RunState.restore`` of the run's deflated snapshot
+     against the same snapshot inflated.
    - CPU per step: ``time.process_time`` (every thread of the process) over ``rt.execute`` / N
      at ``durability=normal``; baseline: the process time of the stock recorder writing the same
      rows in the same commits with one pykka ask after each (the design's floor). Target <= 200
@@ -51,7 +56,8 @@ through the pool's public ``get_connection``, runs the PRAGMA in autocommit mode
 open), goes back, and the level is read back in a writer transaction and checked. An informative
 row repeats the floor with one pykka ask after each commit (the design's floor: a commit plus an
 actor round trip). Read floor: the stock ``select_events`` of the same stream (or its prefix, for
-time travel) plus a typed msgspec decode of each payload. Targets: per-step overhead <= 3x the
+time travel) plus the journal codec's decode of each payload (typed msgspec; positional rows,
+ADR 0040, through their twin). Targets: per-step overhead <= 3x the
 floor per step; resume of the 10k-event run <= 100 ms, from a snapshot and from events alone.
 Every ratio printed is between two figures measured in the same run.
 
@@ -73,21 +79,23 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pykka
 from eventsourcing.persistence import InfrastructureFactory, StoredEvent
 from eventsourcing.sqlite import SQLiteApplicationRecorder, SQLiteFactory
 from report import Row, header, print_table, set_synchronous
 
 import journaled
-from journaled.events.codec import topic_of
-from journaled.events.runs import RUN_EVENTS
+from journaled.events.catalog import codec
+from journaled.events.codec import Codec
+from journaled.events.compressed import inflate
+from journaled.events.run_state import RunState
 from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
 SYNCHRONOUS = {"normal": ("NORMAL", 1), "full": ("FULL", 2)}
 RESUME_CHAIN = 5000
-DECODERS = {topic_of(c): msgspec.msgpack.Decoder(c) for c in RUN_EVENTS}
+CODEC = codec()
+"""The journal's codec: the read floor decodes each payload as the journal does (ADR 0040)."""
 
 
 def _us(seconds: float) -> str:
@@ -198,7 +206,7 @@ class Floor:
         """Select a stream (up to a version) and decode every payload; return seconds."""
         start = time.perf_counter()
         for event in self.recorder.select_events(stream, lte=upto):
-            DECODERS[event.topic].decode(event.state)
+            CODEC.decode(event.topic, event.state)
         return time.perf_counter() - start
 
 
@@ -278,6 +286,73 @@ def raw_bytes(path: Path, run_id: str) -> tuple[int, int]:
     return int(states + side + snap), int(plan + snap)
 
 
+CACHES = ("journaled_snapshots", "sqlite_autoindex_journaled_snapshots_1")
+"""Tables and indexes of a journal file that hold caches (run snapshots, stored projections)."""
+
+
+def table_bytes(path: Path) -> dict[str, int]:
+    """Return the bytes of the pages each table and index of a journal file holds (``dbstat``).
+
+    Empty when this SQLite was built without the ``dbstat`` table.
+    """
+    with sqlite3.connect(path) as conn:
+        try:
+            cursor = conn.execute("SELECT name, sum(pgsize) FROM dbstat GROUP BY name")
+        except sqlite3.OperationalError:
+            return {}
+        return {str(name): int(size) for name, size in cursor}
+
+
+def split_growth(before: dict[str, int], after: dict[str, int]) -> tuple[int, int] | None:
+    """Return the growth in pages of (the record, the caches) between two ``table_bytes``."""
+    if not before or not after:
+        return None
+    grown = {name: size - before.get(name, 0) for name, size in after.items()}
+    caches = sum(size for name, size in grown.items() if name in CACHES)
+    return sum(grown.values()) - caches, caches
+
+
+def best_of(repeats: int, fn: Callable[[], object]) -> float:
+    """Return the fastest of ``repeats`` timed calls, in seconds."""
+    return min(_time(fn) for _ in range(repeats))
+
+
+def bench_stored_forms(path: Path, run_id: str, repeats: int) -> list[Row]:
+    """Time decoding the run's step events and restoring its snapshot, against the old forms.
+
+    The old forms are this release's events re-encoded as maps (ADR 0035's layout, a codec
+    without positional forms) and the snapshot inflated back to plain msgpack (ADR 0040).
+    """
+    current = codec()
+    maps = Codec(current.types)
+    rows = stream_rows(path, run_id)[1:]  # the step events; the plan is decoded once a run
+    events = [current.decode(topic, state) for topic, state in rows]
+    as_maps = [(topic, maps.encode(e)) for (topic, _), e in zip(rows, events, strict=True)]
+
+    def decode_all(stored: list[tuple[str, bytes]]) -> Callable[[], object]:
+        return lambda: [current.decode(topic, state) for topic, state in stored]
+
+    positional = best_of(repeats * 5, decode_all(rows)) / len(rows)
+    mapped = best_of(repeats * 5, decode_all(as_maps)) / len(rows)
+    [blob] = [s for key, _, s in _snapshots(path) if key == run_id]
+    plain = inflate(blob)
+    deflated = best_of(repeats * 5, lambda: RunState.restore(blob))
+    inflated = best_of(repeats * 5, lambda: RunState.restore(plain))
+    return [
+        Row("  decode per step event, positional form", f"{positional * 1e6:.2f} us",
+            f"{mapped * 1e6:.2f} us (map form)", f"{positional / mapped:.1f}x", "-", None),
+        Row(f"  RunState.restore of the run's snapshot ({len(blob):,} B)", _ms(deflated),
+            f"{_ms(inflated)} (plain, {len(plain):,} B)", f"{deflated / inflated:.2f}x", "-",
+            None),
+    ]  # fmt: skip
+
+
+def _snapshots(path: Path) -> list[tuple[str, int, bytes]]:
+    with sqlite3.connect(path) as conn:
+        cursor = conn.execute("SELECT stream, version, state FROM journaled_snapshots")
+        return [(str(k), int(v), bytes(s)) for k, v, s in cursor]
+
+
 def fsync_floor(tmp: Path, rows: list[tuple[str, bytes]], commits: list[int]) -> float:
     """Insert ``rows`` in ``commits`` transactions with plain sqlite3 at FULL; return seconds."""
     path = Path(tempfile.mkdtemp(dir=tmp)) / "fsync.sqlite"
@@ -305,12 +380,13 @@ def fsync_floor(tmp: Path, rows: list[tuple[str, bytes]], commits: list[int]) ->
 def bench_write_path(tmp: Path, n: int, repeats: int) -> list[Row]:
     """Measure bytes and CPU per no-op step at ``normal`` and wall per step at ``full``."""
     best_cpu, best_floor_cpu, best_bytes = math.inf, math.inf, (0, 0, 0)
+    split: tuple[int, int] | None = None
     for i in range(repeats):
         path = tmp / f"write-normal-{i}.sqlite"
         rt = open_runtime(path, "normal")
         floor, echo = Floor(tmp, "normal"), Echo.start()
         try:
-            before = path.stat().st_size
+            before, pages = path.stat().st_size, table_bytes(path)
             start = time.process_time()
             _, run_id, commits = timed_execute(rt, chain(n))
             cpu = time.process_time() - start
@@ -325,7 +401,16 @@ def bench_write_path(tmp: Path, n: int, repeats: int) -> list[Row]:
         best_cpu = min(best_cpu, cpu)
         raw, plan = raw_bytes(path, run_id)
         best_bytes = (file_bytes(path) - before, raw, plan)
+        split = split_growth(pages, table_bytes(path))
     grown, raw, plan = best_bytes
+    forms = bench_stored_forms(path, run_id, repeats)
+    record, caches = split if split is not None else (0, 0)
+    rest = grown - record - caches  # the new file's empty tables (created in the WAL), free pages
+    parts = (
+        "n/a (no dbstat)"
+        if split is None
+        else f"{record / n:,.0f} + {caches / n:,.0f} + {rest / n:,.0f} B"
+    )
     best_full, best_fsync = math.inf, math.inf
     for i in range(repeats):
         path = tmp / f"write-full-{i}.sqlite"
@@ -337,9 +422,12 @@ def bench_write_path(tmp: Path, n: int, repeats: int) -> list[Row]:
     return [
         Row(f"chain {n} bytes per step, whole file [normal]", f"{grown / n:,.0f} B",
             f"{raw / n:,.0f} B raw rows", f"{grown / raw:.1f}x", "<= 400 B", grown / n <= 400),
+        Row("  = record + caches + empty tables (pages)", parts,
+            "record: events, index, digests, side rows", "", "-", None),
         Row("  same without the plan and the snapshot", f"{(grown - plan) / n:,.0f} B",
             f"{(raw - plan) / n:,.0f} B raw rows", f"{(grown - plan) / max(1, raw - plan):.1f}x",
             "-", None),
+        *forms,
         Row(f"chain {n} CPU per step, process_time [normal]", _us(best_cpu / n),
             f"{_us(best_floor_cpu / n)} (stock commits + 1 ask)",
             f"{best_cpu / best_floor_cpu:.1f}x", "<= 200 us", best_cpu / n <= 200e-6),

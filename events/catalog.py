@@ -8,7 +8,7 @@ from journaled.events.base import DomainEvent
 from journaled.events.codec import Codec, tag_of
 from journaled.events.memory import MEMORY_EVENTS
 from journaled.events.orchestration import ORCHESTRATION_EVENTS
-from journaled.events.runs import RUN_EVENTS
+from journaled.events.runs import POSITIONAL_RUN_EVENTS, RUN_EVENTS
 
 STORED_EVENTS: tuple[type[DomainEvent], ...] = (*MEMORY_EVENTS, *RUN_EVENTS, *ORCHESTRATION_EVENTS)
 
@@ -26,7 +26,7 @@ def _content_inline(raw: dict[str, Any]) -> dict[str, Any]:
 
 def codec() -> Codec:
     """Return a codec for every stored event type (with their upcasters, when there are any)."""
-    built = Codec(STORED_EVENTS)
+    built = Codec(STORED_EVENTS, positional=POSITIONAL_RUN_EVENTS)
     for cls in STORED_EVENTS:
         if cls.has_content:
             built.register_upcaster(tag_of(cls), 1, _content_inline)

@@ -1,8 +1,10 @@
 """Encode events to bytes and back with msgspec, upcasting older payloads (J5, J6).
 
-The stored topic is ``<tag>@<version>``. A payload is the event's msgpack map without its tag
-field: the topic already names the type, and a typed decode (this release's, or an older one's)
-accepts a map with or without it, so payloads of earlier releases, which carry it, decode alike
+The stored topic is ``<tag>@<version>``. The hot run events are stored in a positional form, a
+msgpack array of their values (ADR 0040), told apart from a map by its first byte. A payload of
+any other event is its msgpack map without its tag field: the topic already names the type, and a
+typed decode (this release's, or an older one's) accepts a map with or without it, so payloads
+of earlier releases, which carry it, decode alike
 (ADR 0035). Decoding a current topic is one typed msgspec decode. An
 older topic goes through the upcasters registered for it, each rewriting the raw payload from one
 version to the next, and then through the typed decode. Schema rules: fields only grow (new fields
@@ -19,6 +21,7 @@ import msgspec
 
 from journaled.events.base import DomainEvent
 from journaled.events.errors import CorruptEvent, UnknownEventType
+from journaled.events.positional import Positional, is_positional
 
 Upcaster = Callable[[dict[str, Any]], dict[str, Any]]
 
@@ -44,7 +47,18 @@ def topics_of(cls: type[DomainEvent]) -> list[str]:
 class Codec:
     """Turn domain events into bytes and back. Thread-safe once built."""
 
-    def __init__(self, types: Iterable[type[DomainEvent]]) -> None:
+    def __init__(
+        self,
+        types: Iterable[type[DomainEvent]],
+        positional: Iterable[type[DomainEvent]] = (),
+    ) -> None:
+        """Build the decoders of ``types``; the ``positional`` ones are stored as arrays.
+
+        Args:
+            types: every event type this codec encodes and decodes.
+            positional: types whose current-topic payloads are written in the positional form
+                (:mod:`journaled.events.positional`, ADR 0040); map payloads of them still read.
+        """
         self._encoder = msgspec.msgpack.Encoder()
         self._by_topic: dict[str, type[DomainEvent]] = {}
         self._by_tag: dict[str, type[DomainEvent]] = {}
@@ -62,6 +76,12 @@ class Codec:
             self._decoders[topic] = msgspec.msgpack.Decoder(cls)
             field = cls.__struct_config__.tag_field or "type"
             self._tag_entries[cls] = self._encoder.encode(field) + self._encoder.encode(tag)
+        self._packers: dict[type[DomainEvent], Positional] = {}
+        self._rows: dict[str, Positional] = {}
+        for cls in positional:
+            if self._by_topic.get(topic_of(cls)) is not cls:
+                raise ValueError(f"{cls.__qualname__} is positional but not one of the types")
+            self._packers[cls] = self._rows[topic_of(cls)] = Positional(cls)
 
     @property
     def types(self) -> tuple[type[DomainEvent], ...]:
@@ -77,7 +97,10 @@ class Codec:
         return topic_of(type(event))
 
     def encode(self, event: DomainEvent) -> bytes:
-        """Encode an event's payload: its msgpack map without the tag entry."""
+        """Encode an event's payload: its positional form, or its msgpack map without the tag."""
+        packer = self._packers.get(type(event))
+        if packer is not None:
+            return self._encoder.encode(packer.pack(event))
         entry = self._tag_entries.get(type(event))
         if entry is None:
             raise TypeError(f"{type(event).__qualname__} is not a registered event type")
@@ -92,6 +115,9 @@ class Codec:
         """
         decoder = self._decoders.get(topic)
         try:
+            if is_positional(payload) and (row := self._rows.get(topic)) is not None:
+                positional: DomainEvent = row.decode(payload)
+                return positional
             if decoder is not None:
                 event: DomainEvent = decoder.decode(payload)
                 return event

@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from journaled.events.base import DomainEvent, Event
+from journaled.events.compressed import deflate, inflate
 from journaled.events.plans import ExecuteResult, Observation, Plan, Step, StepStatus
 from journaled.events.runs import (
     AnswersGiven,
@@ -69,6 +70,16 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
 _SNAPSHOT_DECODER = msgspec.msgpack.Decoder(RunSnapshot)
+
+
+def decode_snapshot(encoded: bytes) -> RunSnapshot:
+    """Decode a stored run snapshot, deflated (ADR 0040) or, from an earlier release, not.
+
+    Raises:
+        msgspec.DecodeError: the bytes are not a snapshot (corrupt, truncated or blanked).
+        msgspec.ValidationError: the snapshot does not have :class:`RunSnapshot`'s shape.
+    """
+    return _SNAPSHOT_DECODER.decode(inflate(encoded))
 
 
 class RunState:
@@ -256,7 +267,11 @@ class RunState:
             self.cancelled.add(obs.step_id)
 
     def snapshot(self) -> bytes:
-        """Encode this state as a :class:`RunSnapshot` at its current version."""
+        """Encode this state as a :class:`RunSnapshot` at its current version, deflated."""
+        assert self.started is not None
+        return deflate(self._snapshot_bytes())
+
+    def _snapshot_bytes(self) -> bytes:
         assert self.started is not None
         return _SNAPSHOT_ENCODER.encode(
             RunSnapshot(
@@ -290,7 +305,7 @@ class RunState:
     def restore(cls, encoded: bytes) -> RunState | None:
         """Rebuild a state from a snapshot; None if it is unreadable or of another schema."""
         try:
-            snap = _SNAPSHOT_DECODER.decode(encoded)
+            snap = decode_snapshot(encoded)
         except (msgspec.DecodeError, msgspec.ValidationError):
             return None
         if snap.schema != SNAPSHOT_SCHEMA:

@@ -19,6 +19,7 @@ import msgspec
 
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
+from journaled.events.compressed import deflate, inflate
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ORCHESTRATION_EVENTS,
@@ -255,6 +256,10 @@ _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(_Stored)
 
 
+def _decode(stored: bytes) -> _Stored:
+    return _DECODER.decode(inflate(stored))
+
+
 def _start(data: RunStarted, tracked: _Tracked) -> None:
     tracked.goal = data.plan.goal
     tracked.call_budget = data.call_budget
@@ -478,7 +483,7 @@ def check_stored(journal: Journal, state: bytes) -> tuple[int, str] | None:
         else (its position, why it differs).
     """
     try:
-        stored = _DECODER.decode(state)
+        stored = _decode(state)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
     if stored.schema != SCHEMA:
@@ -517,7 +522,7 @@ class RunSummaries:
         if found is None or not found[1]:
             return
         try:
-            stored = _DECODER.decode(found[1])
+            stored = _decode(found[1])
         except (msgspec.DecodeError, msgspec.ValidationError):
             return  # a cache miss: fold from the start
         # A watermark past the journal's end (a copied or forged snapshot) would hide every run
@@ -567,7 +572,9 @@ class RunSummaries:
         """Catch up and store the projection; False if a run purge came in between (R2)."""
         with self._lock:
             runs = self._catch_up()
-            state = _ENCODER.encode(_Stored(schema=SCHEMA, position=self._position, runs=runs))
+            state = deflate(
+                _ENCODER.encode(_Stored(schema=SCHEMA, position=self._position, runs=runs))
+            )
             saved = self._journal.save_snapshot(
                 SUMMARIES_KEY, self._position, state, unless_after=(_PURGED_TOPIC,)
             )

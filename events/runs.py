@@ -361,3 +361,15 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     RunForked,
     MemoryRead,
 )
+
+POSITIONAL_RUN_EVENTS: tuple[type[DomainEvent], ...] = (
+    RunStarted,
+    WavePartitioned,
+    StepStarted,
+    StepSucceeded,
+    StepFailed,
+    MemoryRead,
+    RunFinished,
+)
+"""Run events stored as arrays of their values, not maps (ADR 0040): the ones every step writes
+and the plan; their JSON, tags and topics are unchanged."""

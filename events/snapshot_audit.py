@@ -31,12 +31,11 @@ from journaled.events.memory_state import (
     MemoryState,
     ScopeSnapshot,
 )
-from journaled.events.run_state import SNAPSHOT_SCHEMA, RunSnapshot, fold_run
+from journaled.events.run_state import SNAPSHOT_SCHEMA, decode_snapshot, fold_run
 from journaled.events.run_summaries import SUMMARIES_KEY, check_stored
 
 SNAPSHOT_ALTERED = "snapshot-altered"
 _BATCH = 2000
-_RUN_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(RunSnapshot)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -305,7 +304,7 @@ def _check_run(
 ) -> int:
     """Compare a run's snapshot with the fold of its stream up to the snapshot's version."""
     try:
-        held = _RUN_SNAPSHOT_DECODER.decode(state)
+        held = decode_snapshot(state)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return 0  # blanked by a purge, or unreadable: a resume folds the events instead
     if held.schema != SNAPSHOT_SCHEMA:
@@ -320,7 +319,7 @@ def _check_run(
     if folded.started is None:
         problems.append(_altered(key, position, "its stream does not start a run"))
         return 1
-    again = _RUN_SNAPSHOT_DECODER.decode(folded.snapshot())
+    again = decode_snapshot(folded.snapshot())
     if again != held:
         fields = [f for f in held.__struct_fields__ if getattr(held, f) != getattr(again, f)]
         problems.append(_altered(key, position, f"it differs in {', '.join(fields)}"))

@@ -18,6 +18,7 @@ from run_mix import build, expected, listed, register
 
 import journaled
 from journaled.events.catalog import codec
+from journaled.events.compressed import deflate, inflate
 from journaled.events.journal import Journal
 from journaled.events.run_summaries import SUMMARIES_KEY, RunSummaries
 from journaled.events.url import parse_url
@@ -280,9 +281,9 @@ def test_journal_verify_reports_a_forged_projection(sqlite_url: str) -> None:
     assert journaled.runtime.verify(sqlite_url).ok
     with _journal(sqlite_url) as journal:
         position, state = journal.snapshot(SUMMARIES_KEY) or (0, b"")
-        forged = msgspec.msgpack.decode(state)
+        forged = msgspec.msgpack.decode(inflate(state))
         forged["runs"][run_id]["calls_used"] = 0  # hide the call it used
-        journal.save_snapshot(SUMMARIES_KEY, position, msgspec.msgpack.encode(forged))
+        journal.save_snapshot(SUMMARIES_KEY, position, deflate(msgspec.msgpack.encode(forged)))
     report = journaled.runtime.verify(sqlite_url)
     assert report.problem is not None
     assert report.problem.kind == "snapshot-altered"

@@ -17,6 +17,7 @@ from click.testing import CliRunner
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.cli import main
+from journaled.events.compressed import deflate, inflate
 from journaled.events.journal import SNAPSHOT_TABLE
 from journaled.runtime import verify
 from journaled.testing import ManualClock
@@ -178,11 +179,11 @@ def test_a_forged_run_snapshot_is_reported(sqlite_url: str, clock: ManualClock) 
         f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
         (run.run_id,),
     ).fetchone()
-    snapshot = msgspec.msgpack.decode(state)
+    snapshot = msgspec.msgpack.decode(inflate(state))
     snapshot["observations"][0]["output"] = "rm -rf /"
     conn.execute(
         f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
-        (msgspec.msgpack.encode(snapshot), run.run_id),
+        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
     )
     conn.commit()
     conn.close()

@@ -431,16 +431,17 @@ class Journal:
                 one appended to since, or a recomputed chain).
 
         Raises:
-            ValueError: ``head`` is not a digest's 64 hex digits.
+            ValueError: ``head`` is not a digest's 32 (or, from an earlier release, 64) hex digits.
 
         Returns:
             The report: ``ok``, the counts, where the chain starts, and the first problem (lowest
             position) with its kind and reason.
         """
         self._check_open()
-        if head is not None and not re.fullmatch(r"[0-9a-f]{64}", head):
+        if head is not None and not re.fullmatch(r"[0-9a-f]{32}|[0-9a-f]{64}", head):
             raise ValueError(
-                f"head: expected the 64 lowercase hex digits of a reported digest, got {head!r}"
+                f"head: expected the 32 (or 64) lowercase hex digits of a reported digest, "
+                f"got {head!r}"
             )
         upto, payloads = self._recorder.select_digest_state()
         # A content event decodes with its payload: each page's payloads are fetched with it and

@@ -12,7 +12,8 @@ kept in the commit's last event row on SQLite and in ``journaled_digests`` elsew
 - ``entries``: the forgettable payloads the commit wrote (key and SHA-256 of key and bytes) or
   erased (key and NULL), msgpack; an erased payload keeps, in the commit that wrote it, the digest
   it was written with, so the chain still verifies after a purge;
-- ``digest``: SHA-256 over the previous commit's digest, the positions, the hashes and entries.
+- ``digest``: SHA-256 over the previous commit's digest, the positions, the hashes and entries,
+  its first :data:`DIGEST_SIZE` bytes (a journal's earlier commits may keep all 32, ADR 0040).
 
 So each event's hash is chained to every event before it, and altering, removing, inserting or
 moving any event, payload or digest record changes a digest that :func:`verify` recomputes. The
@@ -35,7 +36,12 @@ from journaled.events.journal._common import Row
 DIGEST_TABLE = "journaled_digests"
 HASH_SIZE = 16
 """Bytes kept of an event's or a payload's SHA-256: 128 bits resist a second preimage as well as
-the whole digest does for this use, and halve what every row carries; chain digests keep 32."""
+the whole digest does for this use, and halve what every row carries."""
+DIGEST_SIZE = 16
+"""Bytes kept of a commit's chained digest. The chain is as strong as its weakest link, the
+16-byte event hashes it covers, so 16 more bytes of chain digest added no strength (ADR 0040).
+Journals of earlier releases hold 32-byte digests; :func:`verify` checks each at its own size."""
+_SIZES = frozenset((DIGEST_SIZE, 32))
 
 DigestRow = tuple[int, int, int | None, bytes, bytes | None, bytes]
 """One commit's link: (last position, first position, previous commit's last position or None at
@@ -65,14 +71,15 @@ def commit_digest(
     prev: int | None,
     hashes: bytes,
     entries: bytes | None,
+    size: int = DIGEST_SIZE,
 ) -> bytes:
-    """Return a commit's chained digest."""
+    """Return a commit's chained digest, its first ``size`` bytes."""
     digest = _sha256(prev_digest or b"")
     digest.update(_encode((first, last, prev)))
     digest.update(hashes)
     if entries is not None:
         digest.update(entries)
-    return digest.digest()
+    return digest.digest()[:size]
 
 
 class ChainBroken(EventsError):
@@ -398,7 +405,9 @@ def _commit(
                 reason=f"event at position {position} (stream {stream!r} version {version}) "
                 "does not match its digest: its stored content was changed",
             )
-    if commit_digest(prev_digest, first, last, link_prev, hashes, packed) != digest:
+    if len(digest) not in _SIZES or (
+        commit_digest(prev_digest, first, last, link_prev, hashes, packed, len(digest)) != digest
+    ):
         return Problem(
             position=first,
             kind="altered",
