@@ -229,9 +229,11 @@ def _forge_future_watermark(url: str) -> dict[str, Any]:
         end = rt.journal.position()
         stored = rt.runs._journal.snapshot(SUMMARIES_KEY)
         assert stored is not None
-    raw = msgspec.msgpack.decode(stored[1])
+    from journaled.events.compressed import deflate, inflate
+
+    raw = msgspec.msgpack.decode(inflate(stored[1]))
     raw["position"] = end + 1000
-    _forge_projection(url, msgspec.msgpack.encode(raw), end + 1000)
+    _forge_projection(url, deflate(msgspec.msgpack.encode(raw)), end + 1000)
     return expected
 
 
