@@ -22,6 +22,7 @@ from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plans import ExecuteResult, StepStatus, diff_results
 from journaled.events.run_checkpoints import KEYFRAME, RunCheckpoints, RunTimeline
 from journaled.events.run_state import RunState, fold_run
+from journaled.events.runs import RunStarted, StepSucceeded
 from journaled.testing import ManualClock
 
 EVERY = 3
@@ -549,3 +550,25 @@ def test_a_purge_after_a_cold_call_reaches_what_it_kept(sqlite_url: str) -> None
             served = rt.runs.at(run_id, position)
             assert SECRET_FREE not in msgspec.json.encode(served).decode(), position
             assert served == _plain(rt, run_id, position)
+
+
+def test_a_read_mixing_events_with_and_without_content_returns_each_whole(
+    journal_url: str,
+) -> None:
+    """T1/J1: a stream whose events only some have a side row reads back whole, per backend."""
+    with journaled.open(journal_url) as rt:
+        rt.register_tool("half", lambda x: f"out-{x}" if x % 2 else None)
+        live = rt.execute(Plan(goal="half of it has content", steps=_chain(9, tool="half")))
+        outputs = [o.output for o in live.observations]
+        assert outputs == [f"out-{i}" if i % 2 else None for i in range(9)]
+        _cold(rt)
+        end = rt.journal.position()
+        # Before the run's last event: read from the stream, not served by the snapshot.
+        run_id = live.run_id
+        assert rt.runs.at(run_id, end - 1) == live
+        read = [e.data for e in rt.runs.history(run_id)]
+        assert [
+            o.output for e in read if isinstance(e, StepSucceeded) for o in [e.observation]
+        ] == (outputs)
+        assert isinstance(read[0], RunStarted)
+        assert read[0].plan.goal == "half of it has content"

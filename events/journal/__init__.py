@@ -785,9 +785,22 @@ class Journal:
             self._app.close()
 
     def _events(self, rows: Sequence[Row]) -> list[Event]:
-        wanted = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
-        content = self._recorder.select_payloads(wanted) if wanted else {}
-        return [self._event(row, content) for row in rows]
+        topics = self._content_topics
+        keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
+        content = self._recorder.select_payloads(list(keys)) if keys else {}
+        sided = {keys[key] for key in content}
+        decode = self.codec.decode
+        # A row without a side row decodes straight from its stored shape: most events of a
+        # run carry no content (a step's output is often None), and a long read (time travel,
+        # replay) pays per row for anything more.
+        return [
+            self._event(row, content)
+            if row[0] in sided
+            else Event(
+                position=row[0], stream=row[1], version=row[2], data=decode(row[3], row[4], row[0])
+            )
+            for row in rows
+        ]
 
     def _event(self, row: Row, content: Mapping[str, bytes]) -> Event:
         position, stream, version, topic, state = row

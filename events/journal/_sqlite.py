@@ -426,8 +426,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             sql += " LIMIT ?"
             params.append(limit)
         with self.datastore.transaction(commit=False) as c:
+            # Plain tuples straight from the driver: a Row object per row, then a tuple of it,
+            # cost as much as the query itself on a long stream (time travel reads thousands).
+            c.sqlite_cursor.row_factory = None
             c.execute(sql, params)
-            return [tuple(row) for row in c.fetchall()]
+            rows: list[Row] = c.fetchall()
+            return rows
 
     def create_subscription_table(self) -> None:
         """Create the named subscriptions' table if missing (A3; older journals lack it)."""
