@@ -516,7 +516,7 @@ class Journal:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
         rows = self._recorder.select_stream(stream, after_version, upto, limit)
-        return self._events(rows)
+        return self._events(rows, stream)
 
     def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
         """Return where a stream's run content is stored, for erasing it (ADR 0018).
@@ -784,10 +784,16 @@ class Journal:
                 watcher.join(1.0)
             self._app.close()
 
-    def _events(self, rows: Sequence[Row]) -> list[Event]:
+    def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
+        """Decode rows (of one stream, when ``stream`` is given) with their side rows."""
         topics = self._content_topics
         keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
-        content = self._recorder.select_payloads(list(keys)) if keys else {}
+        if not keys:
+            content: dict[str, bytes] = {}
+        elif stream is not None:
+            content = self._recorder.select_content(stream, list(keys))
+        else:
+            content = self._recorder.select_payloads(list(keys))
         sided = {keys[key] for key in content}
         decode = self.codec.decode
         # A row without a side row decodes straight from its stored shape: most events of a

@@ -164,6 +164,10 @@ class _POPORecorder(POPOApplicationRecorder):
                     break
             return out
 
+    def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Return the side rows under these keys, all of one stream."""
+        return self.select_payloads(keys)
+
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""
         with self._database_lock:

@@ -464,6 +464,10 @@ if _POSTGRES_MISSING is None:
                 params.append(limit)
             return [_pg_row(r) for r in self._fetch(query, params)]
 
+        def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
+            """Return the side rows under these keys, all of one stream."""
+            return self.select_payloads(keys)
+
         def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
             """Return the payloads of the given streams (every payload when None)."""
             if streams is None:

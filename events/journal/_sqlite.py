@@ -95,6 +95,10 @@ class _FullPool(_Pool):
     synchronous = "FULL"
 
 
+_RANGE_FROM = 32
+"""Side rows wanted from one stream from which a range read beats a list of keys."""
+
+
 class _SQLiteRecorder(SQLiteApplicationRecorder):
     """The library's recorder, plus forgettable payloads and one INSERT per append."""
 
@@ -481,6 +485,24 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             c.execute(f"DELETE FROM {SUBSCRIPTION_TABLE} WHERE name = ?", [name])  # noqa: S608
             c.execute("SELECT changes()")
             return int(c.fetchone()[0]) > 0
+
+    def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
+        """Return the side rows under these keys, all ``<stream>@<version>`` of one stream.
+
+        Many keys are read as one range of the table's key, ``<stream>@`` up to ``<stream>A``
+        (text compares bytewise here), and kept when wanted: one statement in place of an
+        ``IN`` list per 500 keys, each parsed afresh. Few keys are looked up one by one.
+        """
+        if len(keys) < _RANGE_FROM:
+            return self.select_payloads(keys)
+        wanted = set(keys)
+        with self.datastore.transaction(commit=False) as c:
+            c.execute(
+                f"SELECT stream, payload FROM {PAYLOAD_TABLE} "  # noqa: S608
+                "WHERE stream >= ? AND stream < ?",
+                [f"{stream}@", f"{stream}A"],
+            )
+            return {row[0]: bytes(row[1]) for row in c.fetchall() if row[0] in wanted}
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""
