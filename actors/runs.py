@@ -954,13 +954,10 @@ class Runs:
         None when the run has no readable snapshot (a purge blanks it) or the position is
         before the snapshot's last event.
         """
-        snapshot = self._journal.snapshot(run_id)
+        snapshot = self._journal.snapshot_upto(run_id, position)
         if snapshot is None:
             return None
         version, encoded = snapshot
-        last = self._journal.stream(run_id, after_version=version - 1, limit=1)
-        if not last or last[0].version != version or last[0].position > position:
-            return None
         state = RunState.restore(encoded)
         if state is None or state.version != version:
             return None

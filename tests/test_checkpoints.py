@@ -573,3 +573,32 @@ def test_a_read_mixing_events_with_and_without_content_returns_each_whole(
         ] == (outputs)
         assert isinstance(read[0], RunStarted)
         assert read[0].plan.goal == "half of it has content"
+
+
+def test_the_snapshot_serves_a_first_call_only_at_or_after_its_event(
+    journal_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: a first call at or after a run's snapshot reads no stream; before it, the prefix."""
+    with journaled.open(journal_url) as rt:
+        _register(rt)
+        run_id = rt.execute(Plan(goal="chain", steps=_chain(6))).run_id
+        last = rt.runs.history(run_id)[-1]
+        journal = rt.runs._journal
+        stored = journal.snapshot(run_id)
+        assert stored is not None
+        assert stored[0] == last.version
+        assert journal.snapshot_upto(run_id, last.position) == stored
+        assert journal.snapshot_upto(run_id, last.position - 1) is None
+        assert journal.snapshot_upto("run_unknown", last.position) is None
+        reads: list[tuple[int, int | None]] = []
+        original = rt.runs._read_after
+
+        def spy(run: str, version: int, upto: int | None) -> list[Event]:
+            reads.append((version, upto))
+            return original(run, version, upto)
+
+        monkeypatch.setattr(rt.runs, "_read_after", spy)
+        for position in (last.position, last.position - 1):
+            _cold(rt)
+            assert rt.runs.at(run_id, position) == _plain(rt, run_id, position)
+        assert reads == [(0, last.position - 1)]  # only the call before the snapshot read
