@@ -874,22 +874,23 @@ class Runs:
         to the last position, folded plainly: its first event comes with that read, so it is
         decoded once (a run's first event holds its whole plan).
         """
-        end = self._journal.position()
-        for position in positions:
-            if position > end:
-                raise ValueError(f"position {position} is past the end of the journal ({end})")
         with self._checkpoints_lock:
             first = self.checkpoints.first(run_id)
             if first is None and run_id not in self._snapshot_served:
                 served = [self._from_snapshot(run_id, p) for p in positions]
                 if None not in served:
+                    self._check_end(positions)
                     self._served_from_snapshot(run_id)
                     return [r for r in served if r is not None]
         prefix: builtins.list[Event] | None = None
         if first is None:
             prefix = self._read_after(run_id, 0, max(positions))
+            if not prefix or max(positions) > prefix[-1].position:
+                self._check_end(positions)  # else an event of the run is at the last position
             first = prefix[0] if prefix else self._first(run_id)
             _check_run(run_id, first)
+        else:
+            self._check_end(positions)
         for position in positions:
             if position < first.position:
                 raise ValueError(
@@ -941,6 +942,13 @@ class Runs:
             if prefix is not None and run_id not in self.checkpoints:
                 return self.checkpoints.first_results(run_id, prefix, positions)
             return self.checkpoints.results_at(run_id, positions, self._read_after)
+
+    def _check_end(self, positions: builtins.list[int]) -> None:
+        """Raise ValueError for a position past the journal's end."""
+        end = self._journal.position()
+        for position in positions:
+            if position > end:
+                raise ValueError(f"position {position} is past the end of the journal ({end})")
 
     def _served_from_snapshot(self, run_id: str) -> None:
         """Remember that a run was served from its snapshot: its next call reads its stream."""
