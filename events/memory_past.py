@@ -16,6 +16,7 @@ Nothing here reads the journal, a clock or user code.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Mapping, Sequence
 
 from journaled.events.memory import Fact
@@ -39,6 +40,8 @@ class LazyScopeState(ScopeState):
         super().__init__(physical)
         self._touched: dict[str, None] = {}
         """Facts whose class was left to settle, in the order the fold touched them."""
+        self._settling = threading.Lock()
+        """Held while settling: a second search waits for the whole index, not a part of it."""
 
     def _classify(self, fact: Fact) -> None:
         # Unclassifying stays eager: it only reads what a settled classification left, which
@@ -47,11 +50,12 @@ class LazyScopeState(ScopeState):
 
     def _settle(self) -> None:
         """Classify and index every fact the fold touched (once: later calls find none)."""
-        touched, self._touched = self._touched, {}
-        for fact_id in touched:
-            fact = self.facts.get(fact_id)
-            if fact is not None:  # a fact deleted or purged since left the index then
-                ScopeState._classify(self, fact)
+        with self._settling:
+            touched, self._touched = self._touched, {}
+            for fact_id in touched:
+                fact = self.facts.get(fact_id)
+                if fact is not None:  # a fact deleted or purged since left the index then
+                    ScopeState._classify(self, fact)
 
     def stats(self, query: Query) -> Stats:
         """Return N, total length and document frequencies, building the index first."""

@@ -6,12 +6,14 @@ The reference is how ``as_of`` folded before: every event from the journal's sta
 
 from __future__ import annotations
 
+import threading
+
 import msgspec
 import pytest
 
 import journaled
 from journaled.events import memory_past
-from journaled.events.memory_state import MemoryState
+from journaled.events.memory_state import MemoryState, ScopeState
 from journaled.memory import MemoryView
 from journaled.testing import ManualClock
 
@@ -141,3 +143,40 @@ def test_a_past_view_indexes_only_when_searched(sqlite_url: str, clock: ManualCl
         assert all(len(s.index) == 0 for s in scopes)
         assert view.search("beta") == [fact]
         assert sum(len(s.index) for s in scopes) == 1
+
+
+def test_concurrent_first_searches_wait_for_the_whole_index(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1/M12: a search racing a view's first one waits for its whole index, never a part."""
+    with journaled.open(sqlite_url) as rt:
+        for i in range(5):
+            rt.memory.remember(f"alpha note {i}")
+        view = rt.memory.as_of(position=rt.journal.position())
+        expected = _reference(rt, view.position).search("alpha")
+        assert len(expected) == 5
+        started, release = threading.Event(), threading.Event()
+        original = ScopeState._classify
+
+        def slow(state: ScopeState, fact: journaled.Fact) -> None:
+            if not started.is_set():
+                started.set()
+                release.wait(5.0)
+            original(state, fact)
+
+        monkeypatch.setattr(ScopeState, "_classify", slow)
+        found: dict[str, list[journaled.Fact]] = {}
+
+        def search(name: str) -> None:
+            found[name] = view.search("alpha")
+
+        first = threading.Thread(target=search, args=("first",))
+        first.start()
+        assert started.wait(5.0)
+        second = threading.Thread(target=search, args=("second",))
+        second.start()
+        second.join(0.2)  # it waits on the index being built (without the lock: it answers [])
+        release.set()
+        first.join(5.0)
+        second.join(5.0)
+        assert found == {"first": expected, "second": expected}
