@@ -75,6 +75,7 @@ from journaled.events.journal._common import (
     Row,
     SnapshotRefused,
     _MsgspecMapper,
+    content_key,
 )
 from journaled.events.journal._digest import (
     DIGEST_TABLE,
@@ -791,16 +792,17 @@ class Journal:
             self._app.close()
 
     def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
-        """Decode rows (of one stream, when ``stream`` is given) with their side rows."""
+        """Decode rows (all of one stream, when ``stream`` is given) with their side rows."""
         topics = self._content_topics
-        keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
-        if not keys:
-            content: dict[str, bytes] = {}
-        elif stream is not None:
-            content = self._recorder.select_content(stream, list(keys))
+        if stream is None:
+            keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
+            content = self._recorder.select_payloads(list(keys)) if keys else {}
+            sided = {keys[key] for key in content}
         else:
-            content = self._recorder.select_payloads(list(keys))
-        sided = {keys[key] for key in content}
+            versions = [r[2] for r in rows if r[3] in topics]
+            found = self._recorder.select_content(stream, versions) if versions else {}
+            content = {content_key(stream, v): side for v, side in found.items()}
+            sided = {r[0] for r in rows if r[2] in found and r[3] in topics}
         decode = self.codec.decode
         # A row without a side row decodes straight from its stored shape: most events of a
         # run carry no content (a step's output is often None), and a long read (time travel,
@@ -872,11 +874,6 @@ def with_content(shape: DomainEvent, side: bytes, topic: str, position: int | No
     if next(it, missing) is not missing:
         raise CorruptEvent(position, topic, "content payload has more values than its event")
     return full
-
-
-def content_key(stream: str, version: int) -> str:
-    """Return the side-table key of a content event's payload: ``<stream>@<version>``."""
-    return f"{stream}@{version}"
 
 
 __all__ = [

@@ -10,7 +10,13 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
-from journaled.events.journal._common import Row, SnapshotRefused, erases, refused_after
+from journaled.events.journal._common import (
+    Row,
+    SnapshotRefused,
+    content_key,
+    erases,
+    refused_after,
+)
 from journaled.events.journal._digest import DigestRow, chain, payload_hash
 
 
@@ -173,9 +179,10 @@ class _POPORecorder(POPOApplicationRecorder):
                     break
             return out
 
-    def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
-        """Return the side rows under these keys, all of one stream."""
-        return self.select_payloads(keys)
+    def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
+        """Return the side rows of these versions of one stream, by version."""
+        found = self.select_payloads([content_key(stream, v) for v in versions])
+        return {int(k.rpartition("@")[2]): v for k, v in found.items()}
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""

@@ -40,6 +40,7 @@ from journaled.events.journal._common import (
     SUBSCRIPTION_TABLE,
     Row,
     SnapshotRefused,
+    content_key,
     erases,
     refused_after,
 )
@@ -475,9 +476,10 @@ if _POSTGRES_MISSING is None:
                 params.append(limit)
             return [_pg_row(r) for r in self._fetch(query, params)]
 
-        def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
-            """Return the side rows under these keys, all of one stream."""
-            return self.select_payloads(keys)
+        def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
+            """Return the side rows of these versions of one stream, by version."""
+            found = self.select_payloads([content_key(stream, v) for v in versions])
+            return {int(k.rpartition("@")[2]): v for k, v in found.items()}
 
         def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
             """Return the payloads of the given streams (every payload when None)."""

@@ -29,6 +29,7 @@ from journaled.events.journal._common import (
     SUBSCRIPTION_TABLE,
     Row,
     SnapshotRefused,
+    content_key,
     erases,
     refused_after,
 )
@@ -502,23 +503,31 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             c.execute("SELECT changes()")
             return int(c.fetchone()[0]) > 0
 
-    def select_content(self, stream: str, keys: Sequence[str]) -> dict[str, bytes]:
-        """Return the side rows under these keys, all ``<stream>@<version>`` of one stream.
+    def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
+        """Return the side rows of these versions of one stream, by version.
 
-        Many keys are read as one range of the table's key, ``<stream>@`` up to ``<stream>A``
-        (text compares bytewise here), and kept when wanted: one statement in place of an
-        ``IN`` list per 500 keys, each parsed afresh. Few keys are looked up one by one.
+        Many are read as one range of the table's key, ``<stream>@`` up to ``<stream>A`` (text
+        compares bytewise here), and kept when wanted: one statement in place of an ``IN`` list
+        per 500 keys, each parsed afresh. Few are looked up by their keys.
         """
-        if len(keys) < _RANGE_FROM:
-            return self.select_payloads(keys)
-        wanted = set(keys)
+        if len(versions) < _RANGE_FROM:
+            found = self.select_payloads([content_key(stream, v) for v in versions])
+            return {int(k.rpartition("@")[2]): v for k, v in found.items()}
+        wanted = set(versions)
+        start = len(stream) + 1
         with self.datastore.transaction(commit=False) as c:
             c.execute(
                 f"SELECT stream, payload FROM {PAYLOAD_TABLE} "  # noqa: S608
                 "WHERE stream >= ? AND stream < ?",
                 [f"{stream}@", f"{stream}A"],
             )
-            return {row[0]: bytes(row[1]) for row in c.fetchall() if row[0] in wanted}
+            out: dict[int, bytes] = {}
+            for key, payload in c.fetchall():
+                suffix = key[start:]
+                # Another stream's id may begin with "<stream>@": its keys hold another "@".
+                if suffix.isascii() and suffix.isdigit() and int(suffix) in wanted:
+                    out[int(suffix)] = bytes(payload)
+            return out
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""
