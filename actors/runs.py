@@ -867,22 +867,38 @@ class Runs:
     def _results_at(
         self, run_id: str, positions: builtins.list[int]
     ) -> builtins.list[ExecuteResult]:
-        """Return a run (an orchestration: its current pass) at each position, checked in turn."""
+        """Return a run (an orchestration: its current pass) at each position, checked in turn.
+
+        A run this runtime has not visited yet (every command-line call) is served from its
+        snapshot when that lies at or before each position, else by one read of its stream up
+        to the last position, folded plainly: its first event comes with that read, so it is
+        decoded once (a run's first event holds its whole plan).
+        """
         with self._checkpoints_lock:
             first = self.checkpoints.first(run_id)
+            if first is None and run_id not in self._snapshot_served:
+                served = [self._from_snapshot(run_id, p) for p in positions]
+                if None not in served:
+                    self._check_end(positions)
+                    self._served_from_snapshot(run_id)
+                    return [r for r in served if r is not None]
+        prefix: builtins.list[Event] | None = None
         if first is None:
-            first = self._first(run_id)
-        end = self._journal.position()
+            prefix = self._read_after(run_id, 0, max(positions))
+            if not prefix or max(positions) > prefix[-1].position:
+                self._check_end(positions)  # else an event of the run is at the last position
+            first = prefix[0] if prefix else self._first(run_id)
+            _check_run(run_id, first)
+        else:
+            self._check_end(positions)
         for position in positions:
-            if position > end:
-                raise ValueError(f"position {position} is past the end of the journal ({end})")
             if position < first.position:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
                     f"(its first event is at {first.position})"
                 )
         if not isinstance(first.data, OrchestrationStarted):
-            results = self._checkpointed(run_id, positions)
+            results = self._checkpointed(run_id, positions, prefix)
             assert None not in results  # the run's first event is at or before each position
             return [r for r in results if r is not None]
         out = []
@@ -901,25 +917,44 @@ class Runs:
         return out
 
     def _checkpointed(
-        self, run_id: str, positions: builtins.list[int]
+        self,
+        run_id: str,
+        positions: builtins.list[int],
+        prefix: builtins.list[Event] | None = None,
     ) -> builtins.list[ExecuteResult | None]:
         """Return a run at positions through the checkpoint cache; None before it began.
 
-        The first call for a run at or after its executor's snapshot (ADR 0009) restores that
-        snapshot and folds the events after it, instead of reading the stream from its start:
-        what a command-line call, which starts a new process, pays. Later calls build and use
-        the run's checkpoints.
+        ``prefix``, when given, is the run's stream up to the last position, just read. The
+        first call for a run at or after its executor's snapshot (ADR 0009) restores that
+        snapshot and folds the events after it, instead of reading the stream from its start.
+        Otherwise the first call folds the prefix plainly, and the next builds the run's
+        checkpoints from the events it kept (ADR 0034).
         """
         with self._checkpoints_lock:
-            if run_id not in self.checkpoints and run_id not in self._snapshot_served:
-                served = [self._from_snapshot(run_id, p) for p in positions]
-                if None not in served:
-                    self._snapshot_served[run_id] = None
-                    if len(self._snapshot_served) > _SNAPSHOT_SERVED:
-                        del self._snapshot_served[next(iter(self._snapshot_served))]
-                    return served
+            if prefix is None and run_id not in self.checkpoints:
+                if run_id not in self._snapshot_served:
+                    served = [self._from_snapshot(run_id, p) for p in positions]
+                    if None not in served:
+                        self._served_from_snapshot(run_id)
+                        return served
+                prefix = self._read_after(run_id, 0, max(positions))
             self._snapshot_served.pop(run_id, None)
+            if prefix is not None and run_id not in self.checkpoints:
+                return self.checkpoints.first_results(run_id, prefix, positions)
             return self.checkpoints.results_at(run_id, positions, self._read_after)
+
+    def _check_end(self, positions: builtins.list[int]) -> None:
+        """Raise ValueError for a position past the journal's end."""
+        end = self._journal.position()
+        for position in positions:
+            if position > end:
+                raise ValueError(f"position {position} is past the end of the journal ({end})")
+
+    def _served_from_snapshot(self, run_id: str) -> None:
+        """Remember that a run was served from its snapshot: its next call reads its stream."""
+        self._snapshot_served[run_id] = None
+        if len(self._snapshot_served) > _SNAPSHOT_SERVED:
+            del self._snapshot_served[next(iter(self._snapshot_served))]
 
     def _from_snapshot(self, run_id: str, position: int) -> ExecuteResult | None:
         """Return a run at a position from its snapshot and the events after it, if it can be.
@@ -927,13 +962,10 @@ class Runs:
         None when the run has no readable snapshot (a purge blanks it) or the position is
         before the snapshot's last event.
         """
-        snapshot = self._journal.snapshot(run_id)
+        snapshot = self._journal.snapshot_upto(run_id, position)
         if snapshot is None:
             return None
         version, encoded = snapshot
-        last = self._journal.stream(run_id, after_version=version - 1, limit=1)
-        if not last or last[0].version != version or last[0].position > position:
-            return None
         state = RunState.restore(encoded)
         if state is None or state.version != version:
             return None

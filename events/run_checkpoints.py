@@ -37,6 +37,7 @@ __all__ = [
     "Reader",
     "RunCheckpoints",
     "RunTimeline",
+    "fold_at",
 ]
 
 DEFAULT_EVERY = 32
@@ -112,19 +113,37 @@ class RunTimeline:
         """Step pointers the checkpoints hold (a changed place counts 4)."""
         self._last: list[Step] = []
         """The plan at the last checkpoint, to find what changed since."""
+        self.pending: list[Event] = []
+        """Events held but not folded yet: a first (cold) call's prefix, folded into checkpoints
+        by the next :meth:`extend`."""
 
     @property
     def version(self) -> int:
         """Return the stream version of the last event held (0 when none)."""
-        return self.head.version
+        return self.pending[-1].version if self.pending else self.head.version
 
     @property
     def weight(self) -> int:
         """Return what this timeline holds in units: its events plus its checkpoints' pointers."""
-        return len(self.events) + self._pointers // POINTERS_PER_UNIT
+        return len(self.events) + len(self.pending) + self._pointers // POINTERS_PER_UNIT
+
+    def first(self) -> Event | None:
+        """Return the run's first event held, or None when none is."""
+        held = self.events or self.pending
+        return held[0] if held else None
+
+    def hold(self, events: Sequence[Event]) -> None:
+        """Keep the run's next events without folding them until the next :meth:`extend`.
+
+        A first call pays for reading and one plain fold only; the checkpoints, which cost more
+        than the fold, are built by a second call, which shows the run is being explored.
+        """
+        self.pending.extend(events)
 
     def extend(self, events: Sequence[Event]) -> None:
         """Fold the run's next events (oldest first), checkpointing every ``every`` of them."""
+        if self.pending:
+            events, self.pending = [*self.pending, *events], []
         head = self.head
         for event in events:
             head.apply(event)
@@ -175,6 +194,8 @@ class RunTimeline:
         A position a little after the one before it carries on from that state rather than
         from a checkpoint, when that folds fewer events (a diff's second state).
         """
+        if self.pending:
+            self.extend(())
         out: list[ExecuteResult | None] = []
         state: RunState | None = None
         done = 0
@@ -220,6 +241,33 @@ class RunTimeline:
         state.failures = {}
         state.cancelled = set()
         return state
+
+
+def fold_at(events: Sequence[Event], positions: Sequence[int]) -> list[ExecuteResult | None]:
+    """Return a run at each position by one plain fold of its events (None before the first).
+
+    The fold goes forward from one position to the next, and starts again only when a position
+    lies before the one before it.
+    """
+    out: list[ExecuteResult | None] = []
+    state = RunState()
+    done = 0
+    for position in positions:
+        held = bisect_right(events, position, key=_position)
+        if held == 0:
+            out.append(None)
+            continue
+        if held < done:
+            state, done = RunState(), 0
+        for event in events[done:held]:
+            state.apply(event)
+        done = held
+        out.append(state.result())
+    return out
+
+
+def _position(event: Event) -> int:
+    return event.position
 
 
 def _copied(value: Any) -> Any:
@@ -271,27 +319,42 @@ class RunCheckpoints:
     ) -> list[ExecuteResult | None]:
         """Return a run as it was at each journal position (None before its first event).
 
-        The first call for a run reads its stream up to its last position only; each later
-        call reads the events after those held, to the stream's end. When those include a
-        ``run.purged`` (appended after everything it erased), all that was held of the run is
-        dropped and its stream read again: what is served never holds content the journal no
-        longer has.
+        The first call for a run reads its stream up to its last position only and folds it
+        plainly, holding the events read; the next call builds the run's checkpoints from them.
+        Each later call reads the events after those held, to the stream's end. When those
+        include a ``run.purged`` (appended after everything it erased), all that was held of the
+        run is dropped and its stream read again: what is served never holds content the
+        journal no longer has.
         """
         timeline = self._take(run_id)
         if timeline is None:
-            timeline = RunTimeline(self.every)
-        new = read(run_id, timeline.version, max(positions) if not timeline.events else None)
-        if timeline.events and any(isinstance(e.data, RunPurged) for e in new):
+            return self.first_results(run_id, read(run_id, 0, max(positions)), positions)
+        new = read(run_id, timeline.version, None)
+        if timeline.first() is not None and any(isinstance(e.data, RunPurged) for e in new):
             timeline = RunTimeline(self.every)
             new = read(run_id, 0, None)
         timeline.extend(new)
         self._put(run_id, timeline)
         return timeline.results_at(positions)
 
+    def first_results(
+        self, run_id: str, prefix: Sequence[Event], positions: Sequence[int]
+    ) -> list[ExecuteResult | None]:
+        """Return a run not held yet at each position, from its stream read up to the last one.
+
+        The prefix is folded plainly and kept: the run's next call folds it into checkpoints
+        (which cost more than the fold) and reads only what follows it.
+        """
+        timeline = self._take(run_id) or RunTimeline(self.every)
+        if timeline.first() is None:
+            timeline.hold(prefix)
+        self._put(run_id, timeline)
+        return fold_at(prefix, positions)
+
     def first(self, run_id: str) -> Event | None:
         """Return a held run's first event, or None when nothing of it is held."""
         timeline = self._timelines.get(run_id)
-        return timeline.events[0] if timeline is not None and timeline.events else None
+        return timeline.first() if timeline is not None else None
 
     def drop(self, run_id: str) -> bool:
         """Forget what is held of a run; tell whether anything was."""

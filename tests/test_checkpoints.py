@@ -22,6 +22,7 @@ from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plans import ExecuteResult, StepStatus, diff_results
 from journaled.events.run_checkpoints import KEYFRAME, RunCheckpoints, RunTimeline
 from journaled.events.run_state import RunState, fold_run
+from journaled.events.runs import RunStarted, StepSucceeded
 from journaled.testing import ManualClock
 
 EVERY = 3
@@ -471,3 +472,133 @@ def test_diff_of_one_runs_plans_names_every_changed_status() -> None:
     ]
     assert [(c.step_id, c.before, c.after) for c in diff.status_changes] == expected
     assert len(expected) > 2
+
+
+def _cold(rt: journaled.Runtime) -> None:
+    """Make the runtime's next time travel a first call, as in a new process."""
+    rt.runs.checkpoints = RunCheckpoints(every=EVERY)
+    rt.runs._snapshot_served.clear()
+
+
+def test_cold_equals_warm_equals_a_plain_fold_at_every_position(
+    journal_url: str, clock: ManualClock
+) -> None:
+    """T1/O7: a first call (cold), the second and a warm one all equal a plain fold, per backend."""
+    with journaled.open(journal_url, clock=clock) as rt:
+        _register(rt)
+        run_id = _budget_run(rt)
+        positions = _positions(rt, run_id)
+        for position in positions:
+            _cold(rt)
+            expected = _plain(rt, run_id, position)
+            assert rt.runs.at(run_id, position) == expected, f"cold at {position}"
+            assert rt.runs.at(run_id, position) == expected, f"second at {position}"
+            assert rt.runs.at(run_id, position) == expected, f"warm at {position}"
+        a, b = positions[1], positions[-2]
+        _cold(rt)
+        before, after = _plain(rt, run_id, a), _plain(rt, run_id, b)
+        assert before is not None
+        assert after is not None
+        assert rt.runs.diff(run_id, a, b) == diff_results(run_id, a, b, before, after)
+
+
+def test_a_cold_call_folds_once_and_the_next_builds_checkpoints_from_it(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: a first call reads the prefix once and builds no checkpoint; the next reads the rest."""
+    with journaled.open(sqlite_url) as rt:
+        _register(rt)
+        run_id = rt.execute(Plan(goal="chain", steps=_chain(20))).run_id
+        positions = _positions(rt, run_id)
+        middle = positions[len(positions) // 2]
+        _cold(rt)
+        reads: list[tuple[int, int | None]] = []
+        original = rt.runs._read_after
+
+        def spy(run: str, version: int, upto: int | None) -> list[Event]:
+            reads.append((version, upto))
+            return original(run, version, upto)
+
+        def no_second_read(_: str) -> Event:
+            raise AssertionError("the run's first event was read apart from its prefix")
+
+        monkeypatch.setattr(rt.runs, "_read_after", spy)
+        monkeypatch.setattr(rt.runs, "_first", no_second_read)
+        assert rt.runs.at(run_id, middle) == _plain(rt, run_id, middle)
+        assert reads == [(0, middle)]  # one read, of the prefix only
+        timeline = rt.runs.checkpoints._timelines[run_id]
+        assert timeline.checkpoints == []
+        assert len(timeline.pending) == positions.index(middle) + 1
+        end = positions[-1]
+        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)
+        assert reads[1:] == [(positions.index(middle) + 1, None)]  # only what followed
+        assert timeline.pending == []
+        assert len(timeline.checkpoints) == (len(positions) + EVERY - 1) // EVERY
+
+
+def test_a_purge_after_a_cold_call_reaches_what_it_kept(sqlite_url: str) -> None:
+    """T1/R2: a prefix kept by a first call is dropped when another runtime purges the run."""
+    with journaled.open(sqlite_url) as rt, journaled.open(sqlite_url) as other:
+        _register(rt)
+        run_id = _content_run(rt)
+        positions = _positions(rt, run_id)
+        _cold(rt)
+        kept = rt.runs.at(run_id, positions[-2])
+        assert SECRET_FREE in msgspec.json.encode(kept).decode()
+        assert other.runs.purge(run_id, reason="erasure request") > 0
+        for position in positions:
+            served = rt.runs.at(run_id, position)
+            assert SECRET_FREE not in msgspec.json.encode(served).decode(), position
+            assert served == _plain(rt, run_id, position)
+
+
+def test_a_read_mixing_events_with_and_without_content_returns_each_whole(
+    journal_url: str,
+) -> None:
+    """T1/J1: a stream whose events only some have a side row reads back whole, per backend."""
+    with journaled.open(journal_url) as rt:
+        rt.register_tool("half", lambda x: f"out-{x}" if x % 2 else None)
+        # 70 steps: more side rows than a read looks up one by one (SQLite reads a range).
+        live = rt.execute(Plan(goal="half of it has content", steps=_chain(70, tool="half")))
+        outputs = [o.output for o in live.observations]
+        assert outputs == [f"out-{i}" if i % 2 else None for i in range(70)]
+        _cold(rt)
+        end = rt.journal.position()
+        # Before the run's last event: read from the stream, not served by the snapshot.
+        run_id = live.run_id
+        assert rt.runs.at(run_id, end - 1) == live
+        read = [e.data for e in rt.runs.history(run_id)]
+        assert [
+            o.output for e in read if isinstance(e, StepSucceeded) for o in [e.observation]
+        ] == (outputs)
+        assert isinstance(read[0], RunStarted)
+        assert read[0].plan.goal == "half of it has content"
+
+
+def test_the_snapshot_serves_a_first_call_only_at_or_after_its_event(
+    journal_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: a first call at or after a run's snapshot reads no stream; before it, the prefix."""
+    with journaled.open(journal_url) as rt:
+        _register(rt)
+        run_id = rt.execute(Plan(goal="chain", steps=_chain(6))).run_id
+        last = rt.runs.history(run_id)[-1]
+        journal = rt.runs._journal
+        stored = journal.snapshot(run_id)
+        assert stored is not None
+        assert stored[0] == last.version
+        assert journal.snapshot_upto(run_id, last.position) == stored
+        assert journal.snapshot_upto(run_id, last.position - 1) is None
+        assert journal.snapshot_upto("run_unknown", last.position) is None
+        reads: list[tuple[int, int | None]] = []
+        original = rt.runs._read_after
+
+        def spy(run: str, version: int, upto: int | None) -> list[Event]:
+            reads.append((version, upto))
+            return original(run, version, upto)
+
+        monkeypatch.setattr(rt.runs, "_read_after", spy)
+        for position in (last.position, last.position - 1):
+            _cold(rt)
+            assert rt.runs.at(run_id, position) == _plain(rt, run_id, position)
+        assert reads == [(0, last.position - 1)]  # only the call before the snapshot read

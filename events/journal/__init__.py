@@ -75,6 +75,7 @@ from journaled.events.journal._common import (
     Row,
     SnapshotRefused,
     _MsgspecMapper,
+    content_key,
 )
 from journaled.events.journal._digest import (
     DIGEST_TABLE,
@@ -517,7 +518,7 @@ class Journal:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
         rows = self._recorder.select_stream(stream, after_version, upto, limit)
-        return self._events(rows)
+        return self._events(rows, stream)
 
     def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
         """Return where a stream's run content is stored, for erasing it (ADR 0018).
@@ -567,6 +568,12 @@ class Journal:
         """Return the latest snapshot of a stream as (version, state), or None."""
         self._check_open()
         return self._recorder.select_snapshot(stream)
+
+    def snapshot_upto(self, stream: str, position: int) -> tuple[int, bytes] | None:
+        """Return a stream's latest snapshot if the event of its version is at or before
+        ``position``, or None (the state is not even read when it lies after)."""
+        self._check_open()
+        return self._recorder.select_snapshot_upto(stream, position)
 
     def snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version or position, state), in key order."""
@@ -785,10 +792,30 @@ class Journal:
                 watcher.join(1.0)
             self._app.close()
 
-    def _events(self, rows: Sequence[Row]) -> list[Event]:
-        wanted = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
-        content = self._recorder.select_payloads(wanted) if wanted else {}
-        return [self._event(row, content) for row in rows]
+    def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
+        """Decode rows (all of one stream, when ``stream`` is given) with their side rows."""
+        topics = self._content_topics
+        if stream is None:
+            keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
+            content = self._recorder.select_payloads(list(keys)) if keys else {}
+            sided = {keys[key] for key in content}
+        else:
+            versions = [r[2] for r in rows if r[3] in topics]
+            found = self._recorder.select_content(stream, versions) if versions else {}
+            content = {content_key(stream, v): side for v, side in found.items()}
+            sided = {r[0] for r in rows if r[2] in found and r[3] in topics}
+        decode = self.codec.decode
+        # A row without a side row decodes straight from its stored shape: most events of a
+        # run carry no content (a step's output is often None), and a long read (time travel,
+        # replay) pays per row for anything more.
+        return [
+            self._event(row, content)
+            if row[0] in sided
+            else Event(
+                position=row[0], stream=row[1], version=row[2], data=decode(row[3], row[4], row[0])
+            )
+            for row in rows
+        ]
 
     def _event(self, row: Row, content: Mapping[str, bytes]) -> Event:
         position, stream, version, topic, state = row
@@ -848,11 +875,6 @@ def with_content(shape: DomainEvent, side: bytes, topic: str, position: int | No
     if next(it, missing) is not missing:
         raise CorruptEvent(position, topic, "content payload has more values than its event")
     return full
-
-
-def content_key(stream: str, version: int) -> str:
-    """Return the side-table key of a content event's payload: ``<stream>@<version>``."""
-    return f"{stream}@{version}"
 
 
 __all__ = [

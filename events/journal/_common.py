@@ -74,3 +74,8 @@ class _MsgspecMapper(Mapper[str]):
     def to_domain_event(self, stored_event: StoredEvent) -> Any:
         """Decode a stored event's payload (position unknown on this path)."""
         return self.codec.decode(stored_event.topic, stored_event.state)
+
+
+def content_key(stream: str, version: int) -> str:
+    """Return the side-table key of a content event's payload: ``<stream>@<version>``."""
+    return f"{stream}@{version}"

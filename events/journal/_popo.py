@@ -10,7 +10,13 @@ from eventsourcing.persistence import (
 )
 from eventsourcing.popo import POPOApplicationRecorder, POPOFactory
 
-from journaled.events.journal._common import Row, SnapshotRefused, erases, refused_after
+from journaled.events.journal._common import (
+    Row,
+    SnapshotRefused,
+    content_key,
+    erases,
+    refused_after,
+)
 from journaled.events.journal._digest import DigestRow, chain, payload_hash
 
 
@@ -104,6 +110,15 @@ class _POPORecorder(POPOApplicationRecorder):
         with self._database_lock:
             return [(k, v, b) for k, (v, b) in sorted(self._snapshots.items())]
 
+    def select_snapshot_upto(self, stream: str, upto: int) -> tuple[int, bytes] | None:
+        """Return a stream's snapshot if the event of its version is at or before ``upto``."""
+        with self._database_lock:
+            snapshot = self._snapshots.get(stream)
+            if snapshot is None:
+                return None
+            i = self._stored_events_index.get(stream, {}).get(snapshot[0])
+            return snapshot if i is not None and i + 1 <= upto else None
+
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
         with self._database_lock:
@@ -163,6 +178,11 @@ class _POPORecorder(POPOApplicationRecorder):
                 if limit is not None and len(out) == limit:
                     break
             return out
+
+    def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
+        """Return the side rows of these versions of one stream, by version."""
+        found = self.select_payloads([content_key(stream, v) for v in versions])
+        return {int(k.rpartition("@")[2]): v for k, v in found.items()}
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None)."""
