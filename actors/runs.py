@@ -70,8 +70,6 @@ RUN_PREFIX = "run_"
 MAX_PARALLEL = 1 << 16
 """Most steps a batch may run at once: each holds a worker actor (one thread)."""
 _STOP_TIMEOUT = 5.0
-_SNAPSHOT_SERVED = 1024
-"""Runs remembered as served once from their snapshot (ADR 0034)."""
 
 
 def new_run_id(now: int) -> str:
@@ -338,9 +336,6 @@ class Runs:
         self.checkpoints = RunCheckpoints()
         """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
         self._checkpoints_lock = threading.Lock()
-        self._snapshot_served: dict[str, None] = {}
-        """Runs whose first time travel here was served from their snapshot, oldest first: the
-        next one builds their checkpoints (at most ``_SNAPSHOT_SERVED`` remembered)."""
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -838,6 +833,7 @@ class Runs:
         """
         first = self._first(run_id)
         if position is not None:
+            _check_position(position)
             if position < first.position:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
@@ -869,19 +865,16 @@ class Runs:
     ) -> builtins.list[ExecuteResult]:
         """Return a run (an orchestration: its current pass) at each position, checked in turn.
 
-        A run this runtime has not visited yet (every command-line call) is served from its
-        snapshot when that lies at or before each position, else by one read of its stream up
-        to the last position, folded plainly: its first event comes with that read, so it is
-        decoded once (a run's first event holds its whole plan).
+        Time travel answers from the journal's events alone, never from a snapshot: a snapshot
+        is a cache that ``journal verify`` checks but an answer could not (ADR 0034). A run this
+        runtime has not visited yet (every command-line call) is read once, up to the last
+        position, and folded plainly: its first event comes with that read, so it is decoded
+        once (a run's first event holds its whole plan).
         """
+        for position in positions:
+            _check_position(position)
         with self._checkpoints_lock:
             first = self.checkpoints.first(run_id)
-            if first is None and run_id not in self._snapshot_served:
-                served = [self._from_snapshot(run_id, p) for p in positions]
-                if None not in served:
-                    self._check_end(positions)
-                    self._served_from_snapshot(run_id)
-                    return [r for r in served if r is not None]
         prefix: builtins.list[Event] | None = None
         if first is None:
             prefix = self._read_after(run_id, 0, max(positions))
@@ -925,20 +918,12 @@ class Runs:
         """Return a run at positions through the checkpoint cache; None before it began.
 
         ``prefix``, when given, is the run's stream up to the last position, just read. The
-        first call for a run at or after its executor's snapshot (ADR 0009) restores that
-        snapshot and folds the events after it, instead of reading the stream from its start.
-        Otherwise the first call folds the prefix plainly, and the next builds the run's
+        first call for a run folds its prefix plainly, and the next builds the run's
         checkpoints from the events it kept (ADR 0034).
         """
         with self._checkpoints_lock:
             if prefix is None and run_id not in self.checkpoints:
-                if run_id not in self._snapshot_served:
-                    served = [self._from_snapshot(run_id, p) for p in positions]
-                    if None not in served:
-                        self._served_from_snapshot(run_id)
-                        return served
                 prefix = self._read_after(run_id, 0, max(positions))
-            self._snapshot_served.pop(run_id, None)
             if prefix is not None and run_id not in self.checkpoints:
                 return self.checkpoints.first_results(run_id, prefix, positions)
             return self.checkpoints.results_at(run_id, positions, self._read_after)
@@ -950,34 +935,13 @@ class Runs:
             if position > end:
                 raise ValueError(f"position {position} is past the end of the journal ({end})")
 
-    def _served_from_snapshot(self, run_id: str) -> None:
-        """Remember that a run was served from its snapshot: its next call reads its stream."""
-        self._snapshot_served[run_id] = None
-        if len(self._snapshot_served) > _SNAPSHOT_SERVED:
-            del self._snapshot_served[next(iter(self._snapshot_served))]
-
-    def _from_snapshot(self, run_id: str, position: int) -> ExecuteResult | None:
-        """Return a run at a position from its snapshot and the events after it, if it can be.
-
-        None when the run has no readable snapshot (a purge blanks it) or the position is
-        before the snapshot's last event.
-        """
-        snapshot = self._journal.snapshot_upto(run_id, position)
-        if snapshot is None:
-            return None
-        version, encoded = snapshot
-        state = RunState.restore(encoded)
-        if state is None or state.version != version:
-            return None
-        for event in self._journal.stream(run_id, after_version=version, upto=position):
-            state.apply(event)
-        return state.result()
-
     def _read_after(self, run_id: str, version: int, upto: int | None) -> list[Event]:
         return self._journal.stream(run_id, after_version=version, upto=upto)
 
     def diff(self, run_id: str, a: int, b: int) -> RunDiff:
         """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
+        _check_position(a, "a")
+        _check_position(b, "b")
         if b < a:
             raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
         before, after = self._results_at(run_id, [a, b])
@@ -1300,6 +1264,14 @@ def _fork_answers(
         if problem:
             raise ValueError(f"answers[{step_id!r}] {problem}")
     return dict(answers)
+
+
+def _check_position(position: object, name: str = "position") -> None:
+    """Refuse a journal position that is not an int (a bool, a float, a string, None)."""
+    if not isinstance(position, int) or isinstance(position, bool):
+        raise TypeError(
+            f"{name}: a journal position is an int, got {type(position).__name__} {position!r}"
+        )
 
 
 def _check_run(run_id: str, first: Event | None) -> None:

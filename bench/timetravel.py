@@ -8,7 +8,8 @@ in the same run, with a ratio and PASS/MISS against a target. A miss is reported
    - cold: the first call of a new runtime (what a CLI command pays), p50 over 5 new
      runtimes, at the run's middle: one read of the stream's prefix, folded plainly (the
      checkpoints are built by a runtime's second call); and the first call of another new
-     runtime at the run's end, served by the snapshot the executor wrote when the run finished;
+     runtime at the run's end, a plain fold of the whole stream (time travel never reads a
+     snapshot, ADR 0034);
    - warm: 200 positions spread evenly over the run, p50 and p90, "served by the checkpoint
      cache" (nearest checkpoint + at most 31 events, ADR 0034). Target p50 <= 1 ms.
    Baseline: the plain fold a call made before checkpoints (the stream's prefix read from SQL
@@ -201,7 +202,7 @@ def bench_chain(url: str, run_id: str, n: int, positions: int) -> list[Row]:
         base_end = _timed(lambda: plain_fold(journal, run_id, last))
         rows.append(
             Row(
-                "runs.at cold at the run's end, served by the run's snapshot (ADR 0009)",
+                "runs.at cold at the run's end, from events alone (no snapshot)",
                 _ms(cold_end),
                 _ms(base_end),
                 f"{cold_end / base_end:.3f}x",

@@ -90,7 +90,6 @@ def _check_every_position(rt: journaled.Runtime, run_id: str) -> int:
     ]
     for order in orders:
         rt.runs.checkpoints = RunCheckpoints(every=EVERY)  # cold: the first call reads a prefix
-        rt.runs._snapshot_served.clear()  # or restores the snapshot when it is late enough
         for position in order:
             expected = _plain(rt, run_id, position)
             if expected is None:
@@ -321,7 +320,6 @@ def test_a_live_run_extends_the_cache_with_its_new_events_only(
     with journaled.open(sqlite_url) as rt:
         _register(rt)
         rt.runs.checkpoints = RunCheckpoints(every=EVERY)
-        monkeypatch.setattr(rt.runs, "_from_snapshot", lambda *_: None)  # checkpoints only
         steps = [Step("a", tool="fetch", input=1), Step("q", agent="asker", depends_on=["a"])]
         waiting = rt.execute(Plan(goal="ask", steps=steps))
         run_id = waiting.run_id
@@ -378,7 +376,6 @@ def test_the_cache_bound_is_honoured_least_recently_used_first(
     """T1: past its bound the cache drops the least recently used runs, never the one in use."""
     with journaled.open(sqlite_url) as rt:
         _register(rt)
-        monkeypatch.setattr(rt.runs, "_from_snapshot", lambda *_: None)  # checkpoints only
         runs = [rt.execute(Plan(goal=f"r{n}", steps=_chain(6))).run_id for n in range(3)]
         sizes = {run: len(rt.runs.history(run)) for run in runs}
         budget = sizes[runs[0]] + sizes[runs[1]]
@@ -408,38 +405,32 @@ def test_bad_cache_settings_are_refused() -> None:
         RunCheckpoints(budget=-1)
 
 
-def test_a_first_call_after_the_snapshot_reads_no_stream_from_its_start(
+def test_time_travel_answers_from_events_never_from_a_snapshot(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """T1: a new runtime's first runs.at at or after the run's snapshot restores it (ADR 0009)."""
+    """T1/R7: runs.at and runs.diff never read a run's snapshot, cold or warm (ADR 0034)."""
     with journaled.open(sqlite_url) as rt:
         _register(rt)
         run_id = _waiting_run(rt)
         purged = _content_run(rt)
         assert rt.runs.purge(purged, reason="erasure request") > 0
     with journaled.open(sqlite_url) as rt:
-        reads: list[tuple[str, int, int | None]] = []
-        original = rt.runs._read_after
+        journal = rt.runs._journal
+        assert journal.snapshot(run_id) is not None  # the executor wrote one: it goes unread
 
-        def spy(run: str, version: int, upto: int | None) -> list[Event]:
-            reads.append((run, version, upto))
-            return original(run, version, upto)
+        def no_snapshot(stream: str) -> None:
+            raise AssertionError(f"time travel read the snapshot of {stream}")
 
-        monkeypatch.setattr(rt.runs, "_read_after", spy)
+        monkeypatch.setattr(journal, "snapshot", no_snapshot)
         end = rt.journal.position()
-        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)
-        assert reads == []
-        assert run_id not in rt.runs.checkpoints
         middle = _positions(rt, run_id)[3]
-        assert rt.runs.at(run_id, middle) == _plain(rt, run_id, middle)  # before the snapshot
-        assert reads == [(run_id, 0, middle)]
-        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)
-        assert run_id in rt.runs.checkpoints  # the second call built the checkpoints
-        # A purge blanked the purged run's snapshot: it is folded, and holds no content.
+        assert rt.runs.at(run_id, end) == _plain(rt, run_id, end)  # cold, at the end
+        assert rt.runs.at(run_id, middle) == _plain(rt, run_id, middle)
+        assert rt.runs.diff(run_id, middle, end).b == end
+        assert run_id in rt.runs.checkpoints
         served = rt.runs.at(purged, end)
         assert served == _plain(rt, purged, end)
         assert SECRET_FREE not in msgspec.json.encode(served).decode()
-        assert reads[-1] == (purged, 0, end)
 
 
 def test_diff_of_one_runs_plans_names_every_changed_status() -> None:
@@ -477,7 +468,6 @@ def test_diff_of_one_runs_plans_names_every_changed_status() -> None:
 def _cold(rt: journaled.Runtime) -> None:
     """Make the runtime's next time travel a first call, as in a new process."""
     rt.runs.checkpoints = RunCheckpoints(every=EVERY)
-    rt.runs._snapshot_served.clear()
 
 
 def test_cold_equals_warm_equals_a_plain_fold_at_every_position(
@@ -573,32 +563,3 @@ def test_a_read_mixing_events_with_and_without_content_returns_each_whole(
         ] == (outputs)
         assert isinstance(read[0], RunStarted)
         assert read[0].plan.goal == "half of it has content"
-
-
-def test_the_snapshot_serves_a_first_call_only_at_or_after_its_event(
-    journal_url: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """T1: a first call at or after a run's snapshot reads no stream; before it, the prefix."""
-    with journaled.open(journal_url) as rt:
-        _register(rt)
-        run_id = rt.execute(Plan(goal="chain", steps=_chain(6))).run_id
-        last = rt.runs.history(run_id)[-1]
-        journal = rt.runs._journal
-        stored = journal.snapshot(run_id)
-        assert stored is not None
-        assert stored[0] == last.version
-        assert journal.snapshot_upto(run_id, last.position) == stored
-        assert journal.snapshot_upto(run_id, last.position - 1) is None
-        assert journal.snapshot_upto("run_unknown", last.position) is None
-        reads: list[tuple[int, int | None]] = []
-        original = rt.runs._read_after
-
-        def spy(run: str, version: int, upto: int | None) -> list[Event]:
-            reads.append((version, upto))
-            return original(run, version, upto)
-
-        monkeypatch.setattr(rt.runs, "_read_after", spy)
-        for position in (last.position, last.position - 1):
-            _cold(rt)
-            assert rt.runs.at(run_id, position) == _plain(rt, run_id, position)
-        assert reads == [(0, last.position - 1)]  # only the call before the snapshot read

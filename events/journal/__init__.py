@@ -569,12 +569,6 @@ class Journal:
         self._check_open()
         return self._recorder.select_snapshot(stream)
 
-    def snapshot_upto(self, stream: str, position: int) -> tuple[int, bytes] | None:
-        """Return a stream's latest snapshot if the event of its version is at or before
-        ``position``, or None (the state is not even read when it lies after)."""
-        self._check_open()
-        return self._recorder.select_snapshot_upto(stream, position)
-
     def snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version or position, state), in key order."""
         self._check_open()

@@ -110,15 +110,6 @@ class _POPORecorder(POPOApplicationRecorder):
         with self._database_lock:
             return [(k, v, b) for k, (v, b) in sorted(self._snapshots.items())]
 
-    def select_snapshot_upto(self, stream: str, upto: int) -> tuple[int, bytes] | None:
-        """Return a stream's snapshot if the event of its version is at or before ``upto``."""
-        with self._database_lock:
-            snapshot = self._snapshots.get(stream)
-            if snapshot is None:
-                return None
-            i = self._stored_events_index.get(stream, {}).get(snapshot[0])
-            return snapshot if i is not None and i + 1 <= upto else None
-
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
         with self._database_lock:

@@ -411,17 +411,6 @@ if _POSTGRES_MISSING is None:
             )
             return [(str(r[0]), int(r[1]), bytes(r[2])) for r in rows]
 
-        def select_snapshot_upto(self, stream: str, upto: int) -> tuple[int, bytes] | None:
-            """Return a stream's snapshot if the event of its version is at or before ``upto``."""
-            rows = self._fetch(
-                f"SELECT s.version, s.state FROM public.{SNAPSHOT_TABLE} s "  # noqa: S608
-                f"JOIN public.{self.events_table_name} e "
-                "ON e.originator_id = s.stream AND e.originator_version = s.version "
-                "WHERE s.stream = %s AND e.notification_id <= %s",
-                [stream, upto],
-            )
-            return (int(rows[0][0]), bytes(rows[0][1])) if rows else None
-
         def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
             """Return a stream's snapshot (version, state), if one was written."""
             rows = self._fetch(

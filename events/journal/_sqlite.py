@@ -375,22 +375,6 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             c.execute(f"SELECT stream, version, state FROM {SNAPSHOT_TABLE} ORDER BY stream")  # noqa: S608
             return [(str(r[0]), int(r[1]), bytes(r[2])) for r in c.fetchall()]
 
-    def select_snapshot_upto(self, stream: str, upto: int) -> tuple[int, bytes] | None:
-        """Return a stream's snapshot if the event of its version is at or before ``upto``.
-
-        One query, and the state is not read at all when the snapshot lies after ``upto``.
-        """
-        with self.datastore.transaction(commit=False) as c:
-            c.execute(
-                f"SELECT s.version, s.state FROM {SNAPSHOT_TABLE} s "  # noqa: S608
-                f"JOIN {self.events_table_name} e "
-                "ON e.originator_id = s.stream AND e.originator_version = s.version "
-                "WHERE s.stream = ? AND e.rowid <= ?",
-                [stream, upto],
-            )
-            row = c.fetchone()
-            return (int(row[0]), bytes(row[1])) if row is not None else None
-
     def select_snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return a stream's snapshot (version, state), if one was written."""
         with self.datastore.transaction(commit=False) as c:
