@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 import pykka
 
-from journaled.actors.directory import Directory
+from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
 from journaled.actors.tracing import Tracing
@@ -465,6 +465,8 @@ class StepWorker(pykka.ThreadingActor):
 
     use_daemon_thread = True
     """User code may hang forever; it must not keep the interpreter alive once the run is over."""
+
+    _create_actor_inbox = staticmethod(quick_inbox)
 
     def __init__(self, services: Services) -> None:
         super().__init__()
