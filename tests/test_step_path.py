@@ -83,7 +83,7 @@ def test_close_closes_the_append_connection(sqlite_url: str) -> None:
         journal.append([_event("b")])
 
 
-def test_step_path_actors_use_the_c_inbox(sqlite_url: str) -> None:
+def test_step_path_actors_use_the_c_inbox(sqlite_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """E12: the executor and its step workers hand steps over through C queues, and a chain
     still journals every step's start before its result."""
     seen: list[type] = []
@@ -93,20 +93,15 @@ def test_step_path_actors_use_the_c_inbox(sqlite_url: str) -> None:
         seen.append(type(self.actor_inbox))
         original(self)
 
-    Executor.on_start = spy  # type: ignore[method-assign]
-    try:
-        with journaled.open(sqlite_url) as rt:
-            rt.register_tool("noop", lambda x: None)
-            steps = [
-                journaled.Step(f"c{i}", tool="noop", depends_on=[f"c{i - 1}"] if i else [])
-                for i in range(5)
-            ]
-            result = rt.execute(journaled.Plan(goal="chain", steps=steps))
-            kinds = [
-                (e.kind, getattr(e.data, "step_id", None)) for e in rt.runs.history(result.run_id)
-            ]
-    finally:
-        del Executor.on_start
+    monkeypatch.setattr(Executor, "on_start", spy)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("noop", lambda x: None)
+        steps = [
+            journaled.Step(f"c{i}", tool="noop", depends_on=[f"c{i - 1}"] if i else [])
+            for i in range(5)
+        ]
+        result = rt.execute(journaled.Plan(goal="chain", steps=steps))
+        kinds = [(e.kind, getattr(e.data, "step_id", None)) for e in rt.runs.history(result.run_id)]
     assert result.ok
     assert seen == [queue.SimpleQueue]
     assert type(StepWorker._create_actor_inbox()) is queue.SimpleQueue

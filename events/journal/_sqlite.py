@@ -20,6 +20,7 @@ from eventsourcing.sqlite import (
     SQLiteConnectionPool,
     SQLiteCursor,
     SQLiteFactory,
+    SQLiteTransaction,
 )
 from eventsourcing.utils import Environment
 
@@ -148,6 +149,11 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
     """The events table has the digest columns."""
     _head: tuple[int, bytes] | None = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._inserts: dict[tuple[int, bool], str] = {}
+        """INSERT statements by (rows, digest columns): the text is the statement cache's key."""
+
     def construct_create_table_statements(self) -> list[str]:
         """Return the library's events table and our payload table."""
         return [
@@ -203,7 +209,8 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if isinstance(pool, _Pool) and not pool.is_sqlite_memory_mode:
             conn = pool.writer()
             try:
-                with conn.transaction(commit=True) as c:
+                # As SQLiteConnection.transaction does, without its generator's frames.
+                with SQLiteTransaction(conn, commit=True) as c, c:
                     positions = self._insert_events(c, stored_events, **kwargs, head=head)
             finally:
                 pool.release_writer()
@@ -246,21 +253,15 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 head, range(first, first + len(stored_events)), stored_events, payloads, forget
             )
         positions: list[int] = []
+        blank = (None,) * len(_CHAIN_COLUMNS) if self._columns else ()
         for start in range(0, len(stored_events), _ROWS_PER_INSERT):
             chunk = stored_events[start : start + _ROWS_PER_INSERT]
             params: list[Any] = []
-            blank = (None,) * len(_CHAIN_COLUMNS) if self._columns else ()
             for s in chunk:
                 params += (s.originator_id, s.originator_version, s.topic, s.state, *blank)
             if record is not None and start + len(chunk) == len(stored_events):
                 params[-len(_CHAIN_COLUMNS) :] = record[1:]
-            columns = ", ".join(["state", *_CHAIN_COLUMNS] if self._columns else ["state"])
-            marks = "(" + ",".join("?" * (4 + len(blank))) + ")"
-            c.execute(
-                f"INSERT INTO {self.events_table_name} (originator_id, originator_version, topic, "  # noqa: S608
-                f"{columns}) VALUES {','.join([marks] * len(chunk))}",
-                params,
-            )
+            c.execute(self._insert_sql(len(chunk)), params)
             last = int(c.lastrowid)
             positions.extend(range(last - len(chunk) + 1, last + 1))
         if stored_events and self.chained:
@@ -298,6 +299,21 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 "ON CONFLICT (id) DO UPDATE SET erased = erased + 1"
             )
         return positions
+
+    def _insert_sql(self, rows: int) -> str:
+        """Return the INSERT of ``rows`` events, built once per row count and column set."""
+        key = (rows, self._columns)
+        sql = self._inserts.get(key)
+        if sql is None:
+            columns = ", ".join(["state", *_CHAIN_COLUMNS] if self._columns else ["state"])
+            marks = "(" + ",".join("?" * (4 + (len(_CHAIN_COLUMNS) if self._columns else 0))) + ")"
+            sql = (
+                f"INSERT INTO {self.events_table_name} (originator_id, originator_version, "  # noqa: S608
+                f"topic, {columns}) VALUES {','.join([marks] * rows)}"
+            )
+            if len(self._inserts) < _ROWS_PER_INSERT:  # one per row count an append ever had
+                self._inserts[key] = sql
+        return sql
 
     @staticmethod
     def _record(
