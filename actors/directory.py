@@ -13,6 +13,7 @@ import builtins
 import contextlib
 import logging
 import os
+import queue
 import threading
 from concurrent.futures import Future, InvalidStateError
 from typing import Any, Protocol
@@ -23,7 +24,7 @@ from journaled.actors import errors as actor_errors
 from journaled.events import errors as event_errors
 from journaled.events.messages import Failure
 
-__all__ = ["Directory", "Inbox", "Mailbox", "failure", "rebuild_error"]
+__all__ = ["Directory", "Inbox", "Mailbox", "failure", "quick_inbox", "rebuild_error"]
 
 log = logging.getLogger("journaled.directory")
 
@@ -33,6 +34,18 @@ class Mailbox(Protocol):
 
     def tell(self, message: Any) -> None:
         """Take one message; never block for long."""
+
+
+def quick_inbox() -> queue.SimpleQueue[Any]:
+    """Return an actor inbox for the per-step hand-offs (executor, step workers).
+
+    pykka's default ``queue.Queue`` takes a Python ``Condition`` per put and get (a fresh lock
+    per waiter, a notify per put); ``SimpleQueue`` does both in C, and its blocked ``get`` wakes
+    from one semaphore release. A step of a chain crosses two inboxes, so this is on the path of
+    every step. The inbox is unbounded either way, and ``put``, ``get`` and ``empty`` are all
+    that pykka uses of it.
+    """
+    return queue.SimpleQueue()
 
 
 class Directory:

@@ -20,7 +20,7 @@ from typing import Any
 
 import pykka
 
-from journaled.actors.directory import failure
+from journaled.actors.directory import failure, quick_inbox
 from journaled.actors.ownership import HEARTBEAT_SECONDS
 from journaled.actors.run_recorder import Progress, RunRecorder, Trace
 from journaled.actors.steps import Services, StepWorker, missing
@@ -82,6 +82,8 @@ class Executor(pykka.ThreadingActor):
     use_daemon_thread = True
     """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
     and closes first (R3)."""
+
+    _create_actor_inbox = staticmethod(quick_inbox)
 
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     """How long the run may be quiet before the executor appends a heartbeat."""

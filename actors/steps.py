@@ -24,7 +24,7 @@ from typing import Any, Protocol
 import msgspec
 import pykka
 
-from journaled.actors.directory import Directory
+from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
 from journaled.actors.tracing import Tracing
@@ -283,6 +283,8 @@ def _in_event_loop() -> bool:
 
 def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     """Return ``value`` as msgspec builtins, or raise ValueError saying why it cannot be stored."""
+    if value is None:  # most tools' output: nothing to convert or measure
+        return None
     try:
         builtins = msgspec.to_builtins(value)
         size = len(_ENCODER.encode(builtins))
@@ -466,6 +468,8 @@ class StepWorker(pykka.ThreadingActor):
     use_daemon_thread = True
     """User code may hang forever; it must not keep the interpreter alive once the run is over."""
 
+    _create_actor_inbox = staticmethod(quick_inbox)
+
     def __init__(self, services: Services) -> None:
         super().__init__()
         self.services = services
@@ -480,9 +484,12 @@ class StepWorker(pykka.ThreadingActor):
         token = services.cancellations.open(message.run_id, step.id, message.attempt)
         question = None
         interrupted = False
+        # Only an agent, or a skill or tool that takes ``ctx``, can reach the memory: no other
+        # step needs its reads noted (P1).
+        takes_ctx = fn is not None and step.agent is None and services.registry.takes_ctx(step)
         memory = (
             None
-            if services.memory is None
+            if services.memory is None or fn is None or not (takes_ctx or step.agent is not None)
             else StepMemory(services.memory, message.run_id, step.id)
         )
         # The step's span is current while its user code runs, so a tool's own spans nest (T3).
@@ -511,7 +518,7 @@ class StepWorker(pykka.ThreadingActor):
                     obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))
                     interrupted = True
             else:
-                ctx = ToolContext(message, memory) if services.registry.takes_ctx(step) else None
+                ctx = ToolContext(message, memory) if takes_ctx else None
                 obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
         finally:
             if scope is not None:

@@ -66,6 +66,7 @@ class Codec:
         self._upcasters: dict[tuple[str, int], Upcaster] = {}
         self._raw = msgspec.msgpack.Decoder(dict[str, Any])
         self._tag_entries: dict[type[DomainEvent], bytes] = {}
+        self._topics: dict[type[DomainEvent], str] = {}
         for cls in types:
             tag = tag_of(cls)
             if tag in self._by_tag and self._by_tag[tag] is not cls:
@@ -73,6 +74,7 @@ class Codec:
             self._by_tag[tag] = cls
             topic = topic_of(cls)
             self._by_topic[topic] = cls
+            self._topics[cls] = topic
             self._decoders[topic] = msgspec.msgpack.Decoder(cls)
             field = cls.__struct_config__.tag_field or "type"
             self._tag_entries[cls] = self._encoder.encode(field) + self._encoder.encode(tag)
@@ -94,7 +96,8 @@ class Codec:
 
     def topic(self, event: DomainEvent) -> str:
         """Return the stored topic of an event."""
-        return topic_of(type(event))
+        topic = self._topics.get(type(event))
+        return topic_of(type(event)) if topic is None else topic
 
     def encode(self, event: DomainEvent) -> bytes:
         """Encode an event's payload: its positional form, or its msgpack map without the tag."""

@@ -51,7 +51,7 @@ from urllib.parse import quote
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError
+from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError, StoredEvent
 from eventsourcing.utils import Environment, get_topic
 
 from journaled.events.base import DomainEvent, Event, Pending, hollow
@@ -324,19 +324,20 @@ class Journal:
                 "payloads and erasures must be appended with at least one event: the digest "
                 "chain covers them through it (R7)"
             )
-        mapper = self._app.mapper
+        codec = self.codec  # the mapper's (see _JournalApp): its to_stored_event, inlined
         side = dict(payloads or {})
         stored = []
         for p in events:
-            if p.data.has_content:
-                shape = p.data.map_content(hollow)
-                if shape != p.data:
+            data = p.data
+            if data.has_content:
+                shape = data.map_content(hollow)
+                if shape != data:
                     # The content goes to the forgettable side table, the log keeps the shape.
                     # An event whose content is all empty (a step that returned None) is its
                     # own shape: a side row would only repeat it (ADR 0035).
-                    side[content_key(p.stream, p.version)] = content_of(p.data)
-                    p = Pending(stream=p.stream, version=p.version, data=shape)  # noqa: PLW2901
-            stored.append(mapper.to_stored_event(p))  # type: ignore[arg-type]
+                    side[content_key(p.stream, p.version)] = content_of(data)
+                    data = shape
+            stored.append(StoredEvent(p.stream, p.version, codec.topic(data), codec.encode(data)))
         try:
             positions = self._recorder.insert_events(
                 stored,
