@@ -30,16 +30,9 @@ from journaled.actors.errors import (
 )
 from journaled.actors.orchestrator_actor import Orchestrator
 from journaled.actors.ownership import owner_alive, this_process
+from journaled.actors.run_args import check_budget, find_policy, new_run_id, policy_name
 from journaled.actors.run_recorder import Progress
-from journaled.actors.runs import (
-    RunHandle,
-    Runs,
-    check_budget,
-    check_callable,
-    find_policy,
-    new_run_id,
-    policy_name,
-)
+from journaled.actors.runs import RunHandle, Runs, check_callable
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.errors import ConcurrencyConflict, JournalClosed
 from journaled.events.journal import Journal

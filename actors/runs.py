@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import builtins
 import contextlib
-import hashlib
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -20,74 +17,45 @@ import pykka
 
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import (
-    RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
     RuntimeClosed,
 )
 from journaled.actors.executor import Executor
 from journaled.actors.ownership import owner_alive, this_process
+from journaled.actors.run_args import (
+    RUN_PREFIX,
+    check_budget,
+    child_run_id,
+    find_policy,
+    new_run_id,
+    policy_name,
+)
 from journaled.actors.run_erasure import purge_run
+from journaled.actors.run_forks import RunForks
 from journaled.actors.run_recorder import Progress, Trace
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
-from journaled.events.base import DomainEvent, Event, Pending
-from journaled.events.codec import topics_of
+from journaled.events.base import DomainEvent
 from journaled.events.errors import PlanRejected
-from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, number_problem, short, text_problem
 from journaled.events.journal import Journal
-from journaled.events.orchestration import OrchestrationStarted, PassStarted
-from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plan_rules import Reserve, validate
-from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step, diff_results
-from journaled.events.provenance import Stale, read_events, stale_reads
+from journaled.events.plans import ExecuteResult, Limits, Plan
 from journaled.events.redact import redact_data
-from journaled.events.run_audit import explain_orchestration, explain_run
-from journaled.events.run_checkpoints import RunCheckpoints
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
-from journaled.events.run_state import RunState, fold_run
-from journaled.events.run_summaries import (
-    SAVE_AFTER,
-    RunSummaries,
-    RunSummary,
-    check_filters,
-    select,
-)
+from journaled.events.run_state import RunState
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
-    CarriedStep,
-    MemoryRead,
-    RunForked,
     RunResumed,
     RunStarted,
-    StepSucceeded,
 )
 
 log = logging.getLogger("journaled")
-RUN_PREFIX = "run_"
 MAX_PARALLEL = 1 << 16
 """Most steps a batch may run at once: each holds a worker actor (one thread)."""
 _STOP_TIMEOUT = 5.0
-
-
-def new_run_id(now: int) -> str:
-    """Make a collision-safe, time-ordered run id."""
-    return f"{RUN_PREFIX}{now:012x}_{os.urandom(6).hex()}"
-
-
-def child_run_id(parent_run: str, step_id: str, call: int) -> str:
-    """Return the run id of the ``call``-th ``ctx.execute`` of a parent step (R5).
-
-    Derived, not drawn, so a step that runs again finds its child again. It keeps the parent's
-    time prefix, so children sort next to their parent.
-    """
-    digest = hashlib.sha256(f"{parent_run}\0{step_id}\0{call}".encode()).hexdigest()
-    stamp = parent_run[len(RUN_PREFIX) : len(RUN_PREFIX) + 12]
-    if len(stamp) != 12 or not all(c in "0123456789abcdef" for c in stamp):
-        stamp = digest[12:24]
-    return f"{RUN_PREFIX}{stamp}_{digest[:12]}"
 
 
 def _child_plan_change(plan: Plan, first: Plan) -> str | None:
@@ -116,49 +84,6 @@ def _child_plan_change(plan: Plan, first: Plan) -> str | None:
         if msgspec.json.encode(now[4]) != msgspec.json.encode(then[4]):
             return f"step {now[0]!r} has another input"
     return None
-
-
-def policy_name(reserve: Reserve | None) -> str | None:
-    """Return how a ``reserve`` policy is journaled: ``module:qualname`` (R6)."""
-    if reserve is None:
-        return None
-    module = getattr(reserve, "__module__", None) or "?"
-    name = getattr(reserve, "__qualname__", None)
-    if not isinstance(name, str):
-        # A callable object (a partial, an instance): named, but not to be imported back.
-        name = f"<{type(reserve).__qualname__} object>"
-    return f"{module}:{name}"
-
-
-def find_policy(name: str) -> Reserve | None:
-    """Find a journaled ``reserve`` policy by ``module:qualname``; None if it cannot be.
-
-    Only a module this process has already imported is looked in: a journal is data, and a name
-    read from it never makes this process import (run) a module it had not loaded itself.
-    """
-    module_name, _, qualname = name.partition(":")
-    if not qualname or "<" in qualname:
-        return None  # a lambda or a local function: nothing to find
-    found: Any = sys.modules.get(module_name)
-    if found is None:
-        return None
-    for part in qualname.split("."):
-        found = getattr(found, part, None)
-        if found is None:
-            return None
-    return found if callable(found) else None
-
-
-def check_budget(name: str, value: object) -> int | None:
-    """Return a model-call budget, or raise ValueError naming the argument."""
-    if value is None:
-        return None
-    if int_problem(value, low=0):
-        raise ValueError(
-            f"{name} must be a non-negative 64-bit int (model calls) or None, got {short(value)}"
-        )
-    assert isinstance(value, int)
-    return value
 
 
 def _normalise(plan: Plan, run_id: str) -> Plan:
@@ -233,6 +158,10 @@ class _Claim:
     """Set once the run's opening events are committed."""
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the executor exists (or the claim is dropped): what close() waits for first."""
+    settled: threading.Event = field(default_factory=threading.Event)
+    """Set once the run's end was answered here (or the claim is dropped): what close() waits
+    for then. An executor is stopped before its answer arrives (it answers from ``on_stop``), so
+    waiting for the actor alone let close() fail a drained run's caller (R3)."""
 
     def __post_init__(self) -> None:
         self.opened = _Opened(self.woken)
@@ -298,7 +227,7 @@ class RunHandle(Generic[R]):
         return f"<RunHandle {self.run_id} {status}>"
 
 
-class Runs:
+class Runs(RunForks):
     """``rt.runs`` and the run operations of a runtime. Safe to use from any thread."""
 
     def __init__(
@@ -313,29 +242,17 @@ class Runs:
         self._services = services if services is not None else Services(registry, Directory())
         self._services.child_runner = self._child_runner
         self._inbox = Inbox(self._services.directory, "runs")
-        self._journal = journal
+        super().__init__(journal, clock)
         self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
         self._registry = registry
-        self._clock = clock
         self._agents = agents_enabled
         self._lock = threading.Lock()
         self._active: dict[str, _Claim] = {}
-        self.hidden_fact: Callable[[str], bool] = lambda _: False
-        """Names facts this runtime must not see (another organization's, R1): ``stale`` skips
-        them. The runtime sets it from its memory's tenant boundary."""
         """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
         self._closing = False
         """Set by :meth:`close`: no run starts from then on (R3)."""
         self._drain: tuple[float, str] = (0.0, "close")
-        self.summaries = RunSummaries(journal)
-        """The run-summary projection behind :meth:`list` (T2, ADR 0037)."""
-        self.summaries_writable = True
-        """Whether :meth:`list` and ``close`` may store the projection (a read-only runtime
-        never writes)."""
-        self.checkpoints = RunCheckpoints()
-        """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
-        self._checkpoints_lock = threading.Lock()
 
     # -- execution -------------------------------------------------------------------------------
 
@@ -581,6 +498,7 @@ class Runs:
                 del self._active[run_id]
                 _let_go_in_process(run_id)
         claim.ready.set()
+        claim.settled.set()
 
     def check_free(self, run_id: str, take_over: bool = False) -> None:
         """Raise unless nobody executes the run now (RunOwnedElsewhere: a live owner has it)."""
@@ -675,6 +593,7 @@ class Runs:
             else:
                 ended: RunEnded = answer.result()
                 done.set_result(ended.result)
+            claim.settled.set()
 
         reply.add_done_callback(settle)
         parent_active = None
@@ -811,337 +730,18 @@ class Runs:
             self._scrubber.after_erasure()
         return erased
 
-    # -- reading ---------------------------------------------------------------------------------
-
-    def history(self, run_id: str) -> list[Event]:
-        """Return every event of a run, oldest first."""
-        events = self._journal.stream(run_id)
-        _check_run(run_id, events[0] if events else None)
-        return events
-
-    def _first(self, run_id: str) -> Event:
-        first = self._journal.first(run_id)
-        _check_run(run_id, first)
-        assert first is not None
-        return first
-
-    def state(self, run_id: str, position: int | None = None) -> RunState:
-        """Fold a run's events (up to a journal position) into its state.
-
-        The latest state starts from the run's snapshot, when there is one, and folds only the
-        events after it; a past state folds the prefix of the stream.
-        """
-        first = self._first(run_id)
-        if position is not None:
-            _check_position(position)
-            if position < first.position:
-                raise ValueError(
-                    f"position {position} is before run {run_id} began "
-                    f"(its first event is at {first.position})"
-                )
-            return fold_run(self._journal.stream(run_id, upto=position))
-        snapshot = self._journal.snapshot(run_id)
-        state = RunState.restore(snapshot[1]) if snapshot is not None else None
-        if state is None:
-            return fold_run(self._journal.stream(run_id))
-        for event in self._journal.stream(run_id, after_version=state.version):
-            state.apply(event)
-        return state
-
-    def current(self, run_id: str) -> ExecuteResult:
-        """Return a run (an orchestration: its current pass) as the journal holds it now."""
-        return self.at(run_id, self._journal.position())
-
-    def at(self, run_id: str, position: int) -> ExecuteResult:
-        """Return the run exactly as it was at a journal position (O7, T1).
-
-        For an orchestration, this is the run of the pass that was current at that position.
-        A run's state is its nearest checkpoint plus the few events after it (ADR 0034).
-        """
-        return self._results_at(run_id, [position])[0]
-
-    def _results_at(
-        self, run_id: str, positions: builtins.list[int]
-    ) -> builtins.list[ExecuteResult]:
-        """Return a run (an orchestration: its current pass) at each position, checked in turn.
-
-        Time travel answers from the journal's events alone, never from a snapshot: a snapshot
-        is a cache that ``journal verify`` checks but an answer could not (ADR 0034). A run this
-        runtime has not visited yet (every command-line call) is read once, up to the last
-        position, and folded plainly: its first event comes with that read, so it is decoded
-        once (a run's first event holds its whole plan).
-        """
-        for position in positions:
-            _check_position(position)
-        with self._checkpoints_lock:
-            first = self.checkpoints.first(run_id)
-        prefix: builtins.list[Event] | None = None
-        if first is None:
-            prefix = self._read_after(run_id, 0, max(positions))
-            if not prefix or max(positions) > prefix[-1].position:
-                self._check_end(positions)  # else an event of the run is at the last position
-            first = prefix[0] if prefix else self._first(run_id)
-            _check_run(run_id, first)
-        else:
-            self._check_end(positions)
-        for position in positions:
-            if position < first.position:
-                raise ValueError(
-                    f"position {position} is before run {run_id} began "
-                    f"(its first event is at {first.position})"
-                )
-        if not isinstance(first.data, OrchestrationStarted):
-            results = self._checkpointed(run_id, positions, prefix)
-            assert None not in results  # the run's first event is at or before each position
-            return [r for r in results if r is not None]
-        out = []
-        for position in positions:
-            # The current pass's run, never an earlier one: after a replan the failed pass is
-            # history, and the new pass has no run until its pass-started.
-            then = fold_orchestration(self._journal.stream(run_id, upto=position))
-            current = then.current_run
-            result = self._checkpointed(current, [position])[0] if current else None
-            if result is None:
-                raise ValueError(
-                    f"run {run_id} had not started executing pass {then.pass_no} "
-                    f"at position {position}"
-                )
-            out.append(result)
-        return out
-
-    def _checkpointed(
-        self,
-        run_id: str,
-        positions: builtins.list[int],
-        prefix: builtins.list[Event] | None = None,
-    ) -> builtins.list[ExecuteResult | None]:
-        """Return a run at positions through the checkpoint cache; None before it began.
-
-        ``prefix``, when given, is the run's stream up to the last position, just read. The
-        first call for a run folds its prefix plainly, and the next builds the run's
-        checkpoints from the events it kept (ADR 0034).
-        """
-        with self._checkpoints_lock:
-            if prefix is None and run_id not in self.checkpoints:
-                prefix = self._read_after(run_id, 0, max(positions))
-            if prefix is not None and run_id not in self.checkpoints:
-                return self.checkpoints.first_results(run_id, prefix, positions)
-            return self.checkpoints.results_at(run_id, positions, self._read_after)
-
-    def _check_end(self, positions: builtins.list[int]) -> None:
-        """Raise ValueError for a position past the journal's end."""
-        end = self._journal.position()
-        for position in positions:
-            if position > end:
-                raise ValueError(f"position {position} is past the end of the journal ({end})")
-
-    def _read_after(self, run_id: str, version: int, upto: int | None) -> list[Event]:
-        return self._journal.stream(run_id, after_version=version, upto=upto)
-
-    def diff(self, run_id: str, a: int, b: int) -> RunDiff:
-        """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
-        _check_position(a, "a")
-        _check_position(b, "b")
-        if b < a:
-            raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
-        before, after = self._results_at(run_id, [a, b])
-        return diff_results(run_id, a, b, before, after)
-
-    def position_at(self, run_id: str, at: int) -> int:
-        """Return the journal position of a run's last event recorded by an epoch-ms time.
-
-        For an orchestration, the events of its passes count too.
-        """
-        events = self.history(run_id)
-        if at < events[0].data.at:
-            raise ValueError(
-                f"run {run_id} had not begun at {at} (it began at {events[0].data.at})"
-            )
-        everything = list(events)
-        for e in events:
-            if isinstance(e.data, PassStarted):
-                everything += self._journal.stream(e.data.run)
-        return max(e.position for e in everything if e.data.at <= at)
-
-    def at_time(self, run_id: str, at: int) -> ExecuteResult:
-        """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
-        return self.at(run_id, self.position_at(run_id, at))
-
-    def why(self, run_id: str) -> str:
-        """Explain, from events alone, why a run or orchestration is in its state (O6)."""
-        events = self.history(run_id)
-        if isinstance(events[0].data, OrchestrationStarted):
-            return explain_orchestration(run_id, events, self._journal.stream)
-        return explain_run(run_id, events)
-
-    # -- forks -----------------------------------------------------------------------------------
-
-    def fork(
-        self,
-        run_id: str,
-        at: int | None = None,
-        *,
-        replace: Mapping[str, Step] | None = None,
-        answers: Mapping[str, str] | None = None,
-        call_budget: int | None = None,
-    ) -> str:
-        """Create a run from another's state at a journal position; return its id (F1, F2).
-
-        Steps succeeded at ``at`` (default: now) keep their observations and never run again;
-        every other step is pending, and so is each replaced step and everything downstream of
-        it. Reads the journal only: the source may be executing elsewhere, and is never
-        modified. Nothing runs until ``rt.resume(new_id)``.
-        """
-        first = self._first(run_id)
-        if isinstance(first.data, OrchestrationStarted):
-            raise ValueError(
-                f"run_id {run_id} is an orchestration: fork one of its pass runs instead "
-                "(`runs history` names them at each pass-started)"
-            )
-        end = self._journal.position()
-        if at is None:
-            at = end
-        elif int_problem(at, low=0):
-            raise ValueError(f"at must be a journal position (an int >= 0), got {short(at)}")
-        if at < first.position:
-            raise ValueError(
-                f"at {at} is before run {run_id} began (its first event is at {first.position})"
-            )
-        if at > end:
-            raise ValueError(f"at {at} is past the end of the journal ({end})")
-        if self.state(run_id).purged is not None:
-            raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot fork")
-        state = RunState()
-        charged: dict[str, int] = {}
-        for event in self._journal.stream(run_id, upto=at):
-            state.apply(event)
-            if isinstance(event.data, StepSucceeded):
-                charged[event.data.step_id] = event.data.charged
-        started = state.started
-        assert started is not None
-        budget = check_budget("call_budget", call_budget) if call_budget is not None else None
-        steps = dict(state.steps)
-        replaced = self._replacements(run_id, steps, replace)
-        steps.update(replaced)
-        plan_steps = [steps[i] for i in state.order]
-        repended = downstream(plan_steps, replaced)
-        given = _fork_answers(run_id, at, state.waiting, answers)
-        kept = {o.step_id: o for o in state.observations if state.status[o.step_id] == "succeeded"}
-        carried = tuple(
-            CarriedStep(observation=kept[i], charged=charged.get(i, 0))
-            for i in state.order
-            if state.status[i] == "succeeded" and i not in repended and i in kept
-        )
-        now = self._clock()
-        new_id = new_run_id(now)
-        plan = Plan(
-            goal=started.plan.goal,
-            steps=[msgspec.structs.replace(s, status="pending") for s in plan_steps],
-            id=new_id.replace(RUN_PREFIX, "plan_", 1),
-        )
-        opening = msgspec.structs.replace(
-            started,
-            at=now,
-            run_id=new_id,
-            plan=plan,
-            call_budget=budget if call_budget is not None else state.budget,
-            parent_run=None,
-            parent_step=None,
-            parent_call=None,
-            owner="",
-            reserve=state.reserve,
-        )
-        forked = RunForked(
-            at=now,
-            run_id=new_id,
-            source=run_id,
-            position=at,
-            started=opening,
-            carried=carried,
-            replaced=tuple(i for i in state.order if i in replaced),
-            repended=tuple(repended),
-            answers=given,
-            questions={i: state.questions[i] for i in state.waiting if i in state.questions},
-            budget_from=state.budget,
-        )
-        self._journal.append([Pending(stream=new_id, version=1, data=forked)])
-        return new_id
-
-    def _replacements(
-        self, run_id: str, steps: dict[str, Step], replace: Mapping[str, Step] | None
-    ) -> dict[str, Step]:
-        """Check ``replace`` against the source's steps; return the normalised replacements."""
-        if replace is None:
-            return {}
-        if not isinstance(replace, Mapping):
-            raise ValueError(
-                f"replace must be a dict {{step_id: Step}}, got {type(replace).__name__}"
-            )
-        out: dict[str, Step] = {}
-        for step_id, step in replace.items():
-            where = f"replace[{step_id!r}]"
-            if step_id not in steps:
-                raise ValueError(
-                    f"{where}: run {run_id} has no step {step_id!r} (its steps: {', '.join(steps)})"
-                )
-            if not isinstance(step, Step):
-                raise ValueError(f"{where} must be a journaled.Step, got {type(step).__name__}")
-            old = steps[step_id]
-            if step.id != step_id:
-                raise ValueError(f"{where}.id must stay {step_id!r}, got {short(step.id)}")
-            if sorted(step.depends_on) != sorted(old.depends_on):
-                raise ValueError(
-                    f"{where}.depends_on must stay {sorted(old.depends_on)}, "
-                    f"got {sorted(step.depends_on)}"
-                )
-            if step.kind is None:
-                raise ValueError(f"{where} must name exactly one of skill, tool or agent")
-            try:
-                data = journalable(step.input, "its input")
-            except ValueError as exc:
-                raise ValueError(f"{where}.input: {exc}") from exc
-            out[step_id] = msgspec.structs.replace(
-                step, input=data, depends_on=list(old.depends_on), status="pending"
-            )
-        return out
-
-    def lineage(self, run_id: str) -> list[Lineage]:
-        """Return the chain of forks that led to a run, root first (F2)."""
-        chain: list[Lineage] = []
-        seen: set[str] = set()
-        current: str | None = run_id
-        while current is not None and current not in seen:
-            seen.add(current)
-            data = self._first(current).data
-            if isinstance(data, RunForked):
-                chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
-                current = data.source
-            else:
-                chain.append(Lineage(run_id=current))
-                current = None
-        return chain[::-1]
-
-    def compare(self, run_a: str, run_b: str) -> RunComparison:
-        """Compare two runs step by step: status and output in each, and calls used (F3)."""
-        for name, rid in (("run_a", run_a), ("run_b", run_b)):
-            if isinstance(self._first(rid).data, OrchestrationStarted):
-                raise ValueError(f"{name} {rid} is an orchestration: compare its pass runs")
-        return compare_states(run_a, self.state(run_a), run_b, self.state(run_b))
-
     def wait_idle(self, timeout: float) -> list[str]:
         """Wait up to ``timeout`` s for every executing run to stop; return those still running."""
         deadline = time.monotonic() + timeout
         with self._lock:
             active = dict(self._active)
         for claim in active.values():
-            # A run claimed just before close() may have no executor yet: wait for it too (R3).
+            # A run claimed just before close() may have no executor yet: wait for it too (R3);
+            # then for its answer, not only its actor: the answer comes after the actor stopped.
             claim.ready.wait(max(0.0, deadline - time.monotonic()))
-            if claim.executor is not None:
-                claim.executor.actor_stopped.wait(max(0.0, deadline - time.monotonic()))
+            claim.settled.wait(max(0.0, deadline - time.monotonic()))
         with self._lock:
-            return sorted(
-                r for r, c in self._active.items() if c.executor is None or c.executor.is_alive()
-            )
+            return sorted(r for r, c in self._active.items() if not c.settled.is_set())
 
     def active(self) -> list[str]:
         """Return the runs executing in this runtime now.
@@ -1157,129 +757,6 @@ class Runs:
         with self._lock:
             run_ids = sorted(self._active)
         return [r for r in run_ids if self.cancel(r)]
-
-    def list(
-        self, status: str | None = None, since: int | None = None, limit: int | None = None
-    ) -> builtins.list[RunSummary]:
-        """Return a summary of each run and orchestration, oldest first (T2).
-
-        Each :class:`RunSummary` is its run's id (a ``str``) carrying the summary as attributes,
-        so the listing still serves where run ids are expected.
-
-        From the run-summary projection: its stored copy plus the run events after it, never a
-        read of every event of every run (ADR 0037). A runtime that may write stores the
-        projection once it is :data:`SAVE_AFTER` events ahead of the stored copy.
-
-        Args:
-            status: keep only runs in this status (one of ``RUN_STATUSES``).
-            since: keep only runs whose last event is at or after this time (epoch ms).
-            limit: keep only the newest ``limit`` runs (by start), still oldest first.
-
-        Raises:
-            ValueError: a filter is not of the documented kind; the message names it.
-        """
-        check_filters(status, since, limit)
-        found = self.summaries.read()
-        if self.summaries_writable and self.summaries.unsaved >= SAVE_AFTER:
-            self._save_summaries(0)
-        return select(found.values(), status, since, limit)
-
-    def summary(self, run_id: str) -> RunSummary:
-        """Return one run's or orchestration's summary (T2), caught up with the journal.
-
-        Raises:
-            RunNotFound: no run or orchestration has that id.
-        """
-        found = self.summaries.read().get(run_id)
-        if found is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
-        return found
-
-    def _save_summaries(self, min_events: int) -> None:
-        try:
-            self.summaries.save_if_behind(min_events)
-        except Exception as exc:  # a cache: a read-only or full journal still answers
-            log.warning("run summaries not stored (only a cache): %s", exc)
-
-    def ids(self) -> builtins.list[str]:
-        """Return the ids of every run and orchestration in the journal, oldest first."""
-        topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
-        return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
-
-    # -- provenance (P3, P4) ----------------------------------------------------------------------
-
-    def stale(self, run_id: str | None = None) -> builtins.list[Stale]:
-        """Return the steps whose read facts were since superseded, deleted, purged or expired (P3).
-
-        For one run, or every run when ``run_id`` is None; expiry is judged at the clock's now.
-        A projection of the journal alone: any process answers the same.
-
-        Raises:
-            RunNotFound: ``run_id`` names no run.
-        """
-        if run_id is None:
-            reads = read_events(self._journal)
-        else:
-            _check_run(run_id, self._journal.first(run_id) if isinstance(run_id, str) else None)
-            reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
-        return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact)
-
-    def refresh(self, run_id: str) -> str:
-        """Fork the run so that its stale steps and their dependents run again (P4); return its id.
-
-        Each stale step is replaced by its own definition (``fork(replace=...)``, F1): it and
-        everything downstream re-pend, every other succeeded step keeps its output. The new run
-        is not executed: ``rt.resume(new_id)`` runs it against today's memory.
-
-        Raises:
-            RunNotFound: ``run_id`` names no run.
-            ValueError: the run has no stale step.
-        """
-        found = self.stale(run_id)
-        if not found:
-            raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")
-        by_id = self.state(run_id).steps
-        replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
-        # fork (F1) owns the fork rules; refresh only chooses what to replace.
-        return self.fork(run_id, replace=replace)
-
-
-def _fork_answers(
-    run_id: str, at: int, waiting: list[str], answers: Mapping[str, str] | None
-) -> dict[str, str]:
-    """Check the answers a fork gives: only to steps waiting at ``at``, as text (F1)."""
-    if answers is None:
-        return {}
-    if not isinstance(answers, Mapping):
-        raise ValueError(
-            f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
-        )
-    for step_id, answer in answers.items():
-        if step_id not in waiting:
-            raise ValueError(
-                f"answers[{step_id!r}]: that step of run {run_id} was not waiting for an answer "
-                f"at {at} (waiting then: {', '.join(waiting) or 'none'})"
-            )
-        problem = text_problem(answer)
-        if problem:
-            raise ValueError(f"answers[{step_id!r}] {problem}")
-    return dict(answers)
-
-
-def _check_position(position: object, name: str = "position") -> None:
-    """Refuse a journal position that is not an int (a bool, a float, a string, None)."""
-    if not isinstance(position, int) or isinstance(position, bool):
-        raise TypeError(
-            f"{name}: a journal position is an int, got {type(position).__name__} {position!r}"
-        )
-
-
-def _check_run(run_id: str, first: Event | None) -> None:
-    """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
-    if first is None:
-        raise RunNotFound(f"no run {run_id!r} in this journal")
-    if not isinstance(first.data, RunStarted | RunForked | OrchestrationStarted):
-        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
 
 
 def _check_limits(limits: Limits | None) -> Limits:

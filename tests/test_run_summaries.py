@@ -250,7 +250,7 @@ def test_the_projection_is_stored_off_the_append_path(
     sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """T2: executing stores no projection; list() and close() store it once far enough behind."""
-    monkeypatch.setattr("journaled.actors.runs.SAVE_AFTER", 3)
+    monkeypatch.setattr("journaled.actors.run_reads.SAVE_AFTER", 3)
     monkeypatch.setattr("journaled.runtime.SAVE_AFTER", 3)
     with journaled.open(sqlite_url) as rt:
         rt.register_tool("ok", lambda _: "done")

@@ -12,6 +12,7 @@ import json
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,10 @@ from threads import in_thread
 
 import journaled
 from journaled import Plan, Step
-from journaled.actors.runs import find_policy, policy_name
+from journaled.actors.directory import Inbox
+from journaled.actors.run_args import find_policy, policy_name
+from journaled.events.plans import ExecuteResult
+from journaled.events.run_messages import RunEnded
 from journaled.events.runs import CallsOverrun, RunResumed, RunStarted
 from journaled.testing import ManualClock, wait_for
 
@@ -765,3 +769,51 @@ def test_an_orchestration_policy_not_loaded_refuses_a_resume_without_reserve(
         with pytest.raises(journaled.RunNotResumable, match="reserve="):
             rt.resume(started.run_id, approve=True)
         assert rt.runs.history(started.run_id)[-1].kind == "orchestration.ended"
+
+
+def test_close_waits_for_a_drained_runs_answer_not_only_its_executor(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """R3: a run drained by close() is answered as suspended, even when its answer is slow.
+
+    The executor answers from ``on_stop``, after its actor counts as stopped: close() waited for
+    the actor alone and could fail the caller with RuntimeClosed before the answer arrived.
+    """
+    slow = threading.Event()
+    deliver = Inbox.tell
+
+    def late(self: Inbox, message: object) -> None:
+        if isinstance(message, RunEnded):
+            slow.set()
+            time.sleep(0.3)  # the answer is on its way while close() goes on
+        deliver(self, message)
+
+    monkeypatch.setattr(Inbox, "tell", late)
+    entered, release = threading.Event(), threading.Event()
+
+    def hold(x: str) -> str:
+        if x == "a":
+            entered.set()
+            release.wait(WAIT)
+        return x
+
+    rt = journaled.open("memory://")
+    rt.register_tool("hold", hold)
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="hold", input="a"),
+            Step("b", tool="hold", input="b", depends_on=["a"]),
+        ],
+    )
+    thread, out = in_thread(rt.execute, plan)
+    assert entered.wait(WAIT)
+    closer, closed = in_thread(rt.close, drain=WAIT)
+    wait_for(lambda: rt.runs.closing, WAIT)
+    release.set()
+    closer.join(WAIT)
+    thread.join(WAIT)
+    assert slow.is_set()
+    assert closed == [None]
+    assert isinstance(out[0], ExecuteResult), out[0]
+    assert out[0].suspended

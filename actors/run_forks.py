@@ -1,0 +1,249 @@
+"""Forks and provenance of runs: ``rt.runs`` fork, lineage, compare, stale and refresh.
+
+A fork is a new run whose first event names its source and position (F1-F3, ADR 0032); staleness
+is a projection of the memory reads runs journaled (P3, P4, ADR 0033). Neither executes anything:
+``rt.resume`` runs a fork.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Callable, Mapping
+
+import msgspec
+
+from journaled.actors.errors import RunNotResumable
+from journaled.actors.run_args import RUN_PREFIX, check_budget, new_run_id
+from journaled.actors.run_reads import RunReads, check_run
+from journaled.actors.steps import journalable
+from journaled.events.base import Pending
+from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
+from journaled.events.inputs import int_problem, short, text_problem
+from journaled.events.journal import Journal
+from journaled.events.orchestration import OrchestrationStarted
+from journaled.events.plans import Plan, Step
+from journaled.events.provenance import Stale, read_events, stale_reads
+from journaled.events.run_state import RunState
+from journaled.events.runs import CarriedStep, MemoryRead, RunForked, StepSucceeded
+
+
+class RunForks(RunReads):
+    """The fork and provenance half of ``rt.runs``: new runs from old ones, never executed here."""
+
+    def __init__(self, journal: Journal, clock: Callable[[], int]) -> None:
+        super().__init__(journal)
+        self._clock = clock
+        self.hidden_fact: Callable[[str], bool] = lambda _: False
+        """Names facts this runtime must not see (another organization's, R1): ``stale`` skips
+        them. The runtime sets it from its memory's tenant boundary."""
+
+    def fork(
+        self,
+        run_id: str,
+        at: int | None = None,
+        *,
+        replace: Mapping[str, Step] | None = None,
+        answers: Mapping[str, str] | None = None,
+        call_budget: int | None = None,
+    ) -> str:
+        """Create a run from another's state at a journal position; return its id (F1, F2).
+
+        Steps succeeded at ``at`` (default: now) keep their observations and never run again;
+        every other step is pending, and so is each replaced step and everything downstream of
+        it. Reads the journal only: the source may be executing elsewhere, and is never
+        modified. Nothing runs until ``rt.resume(new_id)``.
+        """
+        first = self._first(run_id)
+        if isinstance(first.data, OrchestrationStarted):
+            raise ValueError(
+                f"run_id {run_id} is an orchestration: fork one of its pass runs instead "
+                "(`runs history` names them at each pass-started)"
+            )
+        end = self._journal.position()
+        if at is None:
+            at = end
+        elif int_problem(at, low=0):
+            raise ValueError(f"at must be a journal position (an int >= 0), got {short(at)}")
+        if at < first.position:
+            raise ValueError(
+                f"at {at} is before run {run_id} began (its first event is at {first.position})"
+            )
+        if at > end:
+            raise ValueError(f"at {at} is past the end of the journal ({end})")
+        if self.state(run_id).purged is not None:
+            raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot fork")
+        state = RunState()
+        charged: dict[str, int] = {}
+        for event in self._journal.stream(run_id, upto=at):
+            state.apply(event)
+            if isinstance(event.data, StepSucceeded):
+                charged[event.data.step_id] = event.data.charged
+        started = state.started
+        assert started is not None
+        budget = check_budget("call_budget", call_budget) if call_budget is not None else None
+        steps = dict(state.steps)
+        replaced = self._replacements(run_id, steps, replace)
+        steps.update(replaced)
+        plan_steps = [steps[i] for i in state.order]
+        repended = downstream(plan_steps, replaced)
+        given = _fork_answers(run_id, at, state.waiting, answers)
+        kept = {o.step_id: o for o in state.observations if state.status[o.step_id] == "succeeded"}
+        carried = tuple(
+            CarriedStep(observation=kept[i], charged=charged.get(i, 0))
+            for i in state.order
+            if state.status[i] == "succeeded" and i not in repended and i in kept
+        )
+        now = self._clock()
+        new_id = new_run_id(now)
+        plan = Plan(
+            goal=started.plan.goal,
+            steps=[msgspec.structs.replace(s, status="pending") for s in plan_steps],
+            id=new_id.replace(RUN_PREFIX, "plan_", 1),
+        )
+        opening = msgspec.structs.replace(
+            started,
+            at=now,
+            run_id=new_id,
+            plan=plan,
+            call_budget=budget if call_budget is not None else state.budget,
+            parent_run=None,
+            parent_step=None,
+            parent_call=None,
+            owner="",
+            reserve=state.reserve,
+        )
+        forked = RunForked(
+            at=now,
+            run_id=new_id,
+            source=run_id,
+            position=at,
+            started=opening,
+            carried=carried,
+            replaced=tuple(i for i in state.order if i in replaced),
+            repended=tuple(repended),
+            answers=given,
+            questions={i: state.questions[i] for i in state.waiting if i in state.questions},
+            budget_from=state.budget,
+        )
+        self._journal.append([Pending(stream=new_id, version=1, data=forked)])
+        return new_id
+
+    def _replacements(
+        self, run_id: str, steps: dict[str, Step], replace: Mapping[str, Step] | None
+    ) -> dict[str, Step]:
+        """Check ``replace`` against the source's steps; return the normalised replacements."""
+        if replace is None:
+            return {}
+        if not isinstance(replace, Mapping):
+            raise ValueError(
+                f"replace must be a dict {{step_id: Step}}, got {type(replace).__name__}"
+            )
+        out: dict[str, Step] = {}
+        for step_id, step in replace.items():
+            where = f"replace[{step_id!r}]"
+            if step_id not in steps:
+                raise ValueError(
+                    f"{where}: run {run_id} has no step {step_id!r} (its steps: {', '.join(steps)})"
+                )
+            if not isinstance(step, Step):
+                raise ValueError(f"{where} must be a journaled.Step, got {type(step).__name__}")
+            old = steps[step_id]
+            if step.id != step_id:
+                raise ValueError(f"{where}.id must stay {step_id!r}, got {short(step.id)}")
+            if sorted(step.depends_on) != sorted(old.depends_on):
+                raise ValueError(
+                    f"{where}.depends_on must stay {sorted(old.depends_on)}, "
+                    f"got {sorted(step.depends_on)}"
+                )
+            if step.kind is None:
+                raise ValueError(f"{where} must name exactly one of skill, tool or agent")
+            try:
+                data = journalable(step.input, "its input")
+            except ValueError as exc:
+                raise ValueError(f"{where}.input: {exc}") from exc
+            out[step_id] = msgspec.structs.replace(
+                step, input=data, depends_on=list(old.depends_on), status="pending"
+            )
+        return out
+
+    def lineage(self, run_id: str) -> list[Lineage]:
+        """Return the chain of forks that led to a run, root first (F2)."""
+        chain: list[Lineage] = []
+        seen: set[str] = set()
+        current: str | None = run_id
+        while current is not None and current not in seen:
+            seen.add(current)
+            data = self._first(current).data
+            if isinstance(data, RunForked):
+                chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
+                current = data.source
+            else:
+                chain.append(Lineage(run_id=current))
+                current = None
+        return chain[::-1]
+
+    def compare(self, run_a: str, run_b: str) -> RunComparison:
+        """Compare two runs step by step: status and output in each, and calls used (F3)."""
+        for name, rid in (("run_a", run_a), ("run_b", run_b)):
+            if isinstance(self._first(rid).data, OrchestrationStarted):
+                raise ValueError(f"{name} {rid} is an orchestration: compare its pass runs")
+        return compare_states(run_a, self.state(run_a), run_b, self.state(run_b))
+
+    # -- provenance (P3, P4) ----------------------------------------------------------------------
+
+    def stale(self, run_id: str | None = None) -> builtins.list[Stale]:
+        """Return the steps whose read facts were since superseded, deleted, purged or expired (P3).
+
+        For one run, or every run when ``run_id`` is None; expiry is judged at the clock's now.
+        A projection of the journal alone: any process answers the same.
+
+        Raises:
+            RunNotFound: ``run_id`` names no run.
+        """
+        if run_id is None:
+            reads = read_events(self._journal)
+        else:
+            check_run(run_id, self._journal.first(run_id) if isinstance(run_id, str) else None)
+            reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
+        return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact)
+
+    def refresh(self, run_id: str) -> str:
+        """Fork the run so that its stale steps and their dependents run again (P4); return its id.
+
+        Each stale step is replaced by its own definition (``fork(replace=...)``, F1): it and
+        everything downstream re-pend, every other succeeded step keeps its output. The new run
+        is not executed: ``rt.resume(new_id)`` runs it against today's memory.
+
+        Raises:
+            RunNotFound: ``run_id`` names no run.
+            ValueError: the run has no stale step.
+        """
+        found = self.stale(run_id)
+        if not found:
+            raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")
+        by_id = self.state(run_id).steps
+        replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
+        # fork (F1) owns the fork rules; refresh only chooses what to replace.
+        return self.fork(run_id, replace=replace)
+
+
+def _fork_answers(
+    run_id: str, at: int, waiting: list[str], answers: Mapping[str, str] | None
+) -> dict[str, str]:
+    """Check the answers a fork gives: only to steps waiting at ``at``, as text (F1)."""
+    if answers is None:
+        return {}
+    if not isinstance(answers, Mapping):
+        raise ValueError(
+            f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
+        )
+    for step_id, answer in answers.items():
+        if step_id not in waiting:
+            raise ValueError(
+                f"answers[{step_id!r}]: that step of run {run_id} was not waiting for an answer "
+                f"at {at} (waiting then: {', '.join(waiting) or 'none'})"
+            )
+        problem = text_problem(answer)
+        if problem:
+            raise ValueError(f"answers[{step_id!r}] {problem}")
+    return dict(answers)

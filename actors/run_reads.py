@@ -1,0 +1,273 @@
+"""Reading runs: history, state, time travel, why and listing of ``rt.runs`` (O6, O7, T1, T2).
+
+:class:`RunReads` answers from the journal alone (and the caches beside it: the checkpoint cache
+of ADR 0034, the run-summary projection of ADR 0037); :class:`~journaled.actors.runs.Runs`, which
+executes runs, is one. Any process answers the same.
+"""
+
+from __future__ import annotations
+
+import builtins
+import logging
+import threading
+
+from journaled.actors.errors import RunNotFound
+from journaled.events.base import Event
+from journaled.events.codec import topics_of
+from journaled.events.journal import Journal
+from journaled.events.orchestration import OrchestrationStarted, PassStarted
+from journaled.events.orchestration_state import fold_orchestration
+from journaled.events.plans import ExecuteResult, RunDiff, diff_results
+from journaled.events.run_audit import explain_orchestration, explain_run
+from journaled.events.run_checkpoints import RunCheckpoints
+from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_summaries import (
+    SAVE_AFTER,
+    RunSummaries,
+    RunSummary,
+    check_filters,
+    select,
+)
+from journaled.events.runs import RunForked, RunStarted
+
+log = logging.getLogger("journaled")
+
+
+class RunReads:
+    """The reading half of ``rt.runs``: every answer is a projection of the journal."""
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self.summaries = RunSummaries(journal)
+        """The run-summary projection behind :meth:`list` (T2, ADR 0037)."""
+        self.summaries_writable = True
+        """Whether :meth:`list` and ``close`` may store the projection (a read-only runtime
+        never writes)."""
+        self.checkpoints = RunCheckpoints()
+        """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
+        self._checkpoints_lock = threading.Lock()
+
+    def history(self, run_id: str) -> list[Event]:
+        """Return every event of a run, oldest first."""
+        events = self._journal.stream(run_id)
+        check_run(run_id, events[0] if events else None)
+        return events
+
+    def _first(self, run_id: str) -> Event:
+        first = self._journal.first(run_id)
+        check_run(run_id, first)
+        assert first is not None
+        return first
+
+    def state(self, run_id: str, position: int | None = None) -> RunState:
+        """Fold a run's events (up to a journal position) into its state.
+
+        The latest state starts from the run's snapshot, when there is one, and folds only the
+        events after it; a past state folds the prefix of the stream.
+        """
+        first = self._first(run_id)
+        if position is not None:
+            check_position(position)
+            if position < first.position:
+                raise ValueError(
+                    f"position {position} is before run {run_id} began "
+                    f"(its first event is at {first.position})"
+                )
+            return fold_run(self._journal.stream(run_id, upto=position))
+        snapshot = self._journal.snapshot(run_id)
+        state = RunState.restore(snapshot[1]) if snapshot is not None else None
+        if state is None:
+            return fold_run(self._journal.stream(run_id))
+        for event in self._journal.stream(run_id, after_version=state.version):
+            state.apply(event)
+        return state
+
+    def current(self, run_id: str) -> ExecuteResult:
+        """Return a run (an orchestration: its current pass) as the journal holds it now."""
+        return self.at(run_id, self._journal.position())
+
+    def at(self, run_id: str, position: int) -> ExecuteResult:
+        """Return the run exactly as it was at a journal position (O7, T1).
+
+        For an orchestration, this is the run of the pass that was current at that position.
+        A run's state is its nearest checkpoint plus the few events after it (ADR 0034).
+        """
+        return self._results_at(run_id, [position])[0]
+
+    def _results_at(
+        self, run_id: str, positions: builtins.list[int]
+    ) -> builtins.list[ExecuteResult]:
+        """Return a run (an orchestration: its current pass) at each position, checked in turn.
+
+        Time travel answers from the journal's events alone, never from a snapshot: a snapshot
+        is a cache that ``journal verify`` checks but an answer could not (ADR 0034). A run this
+        runtime has not visited yet (every command-line call) is read once, up to the last
+        position, and folded plainly: its first event comes with that read, so it is decoded
+        once (a run's first event holds its whole plan).
+        """
+        for position in positions:
+            check_position(position)
+        with self._checkpoints_lock:
+            first = self.checkpoints.first(run_id)
+        prefix: builtins.list[Event] | None = None
+        if first is None:
+            prefix = self._read_after(run_id, 0, max(positions))
+            if not prefix or max(positions) > prefix[-1].position:
+                self._check_end(positions)  # else an event of the run is at the last position
+            first = prefix[0] if prefix else self._first(run_id)
+            check_run(run_id, first)
+        else:
+            self._check_end(positions)
+        for position in positions:
+            if position < first.position:
+                raise ValueError(
+                    f"position {position} is before run {run_id} began "
+                    f"(its first event is at {first.position})"
+                )
+        if not isinstance(first.data, OrchestrationStarted):
+            results = self._checkpointed(run_id, positions, prefix)
+            assert None not in results  # the run's first event is at or before each position
+            return [r for r in results if r is not None]
+        out = []
+        for position in positions:
+            # The current pass's run, never an earlier one: after a replan the failed pass is
+            # history, and the new pass has no run until its pass-started.
+            then = fold_orchestration(self._journal.stream(run_id, upto=position))
+            current = then.current_run
+            result = self._checkpointed(current, [position])[0] if current else None
+            if result is None:
+                raise ValueError(
+                    f"run {run_id} had not started executing pass {then.pass_no} "
+                    f"at position {position}"
+                )
+            out.append(result)
+        return out
+
+    def _checkpointed(
+        self,
+        run_id: str,
+        positions: builtins.list[int],
+        prefix: builtins.list[Event] | None = None,
+    ) -> builtins.list[ExecuteResult | None]:
+        """Return a run at positions through the checkpoint cache; None before it began.
+
+        ``prefix``, when given, is the run's stream up to the last position, just read. The
+        first call for a run folds its prefix plainly, and the next builds the run's
+        checkpoints from the events it kept (ADR 0034).
+        """
+        with self._checkpoints_lock:
+            if prefix is None and run_id not in self.checkpoints:
+                prefix = self._read_after(run_id, 0, max(positions))
+            if prefix is not None and run_id not in self.checkpoints:
+                return self.checkpoints.first_results(run_id, prefix, positions)
+            return self.checkpoints.results_at(run_id, positions, self._read_after)
+
+    def _check_end(self, positions: builtins.list[int]) -> None:
+        """Raise ValueError for a position past the journal's end."""
+        end = self._journal.position()
+        for position in positions:
+            if position > end:
+                raise ValueError(f"position {position} is past the end of the journal ({end})")
+
+    def _read_after(self, run_id: str, version: int, upto: int | None) -> list[Event]:
+        return self._journal.stream(run_id, after_version=version, upto=upto)
+
+    def diff(self, run_id: str, a: int, b: int) -> RunDiff:
+        """Say what changed in a run from position ``a`` to position ``b`` (O7)."""
+        check_position(a, "a")
+        check_position(b, "b")
+        if b < a:
+            raise ValueError(f"diff needs a <= b, got a={a}, b={b}")
+        before, after = self._results_at(run_id, [a, b])
+        return diff_results(run_id, a, b, before, after)
+
+    def position_at(self, run_id: str, at: int) -> int:
+        """Return the journal position of a run's last event recorded by an epoch-ms time.
+
+        For an orchestration, the events of its passes count too.
+        """
+        events = self.history(run_id)
+        if at < events[0].data.at:
+            raise ValueError(
+                f"run {run_id} had not begun at {at} (it began at {events[0].data.at})"
+            )
+        everything = list(events)
+        for e in events:
+            if isinstance(e.data, PassStarted):
+                everything += self._journal.stream(e.data.run)
+        return max(e.position for e in everything if e.data.at <= at)
+
+    def at_time(self, run_id: str, at: int) -> ExecuteResult:
+        """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
+        return self.at(run_id, self.position_at(run_id, at))
+
+    def why(self, run_id: str) -> str:
+        """Explain, from events alone, why a run or orchestration is in its state (O6)."""
+        events = self.history(run_id)
+        if isinstance(events[0].data, OrchestrationStarted):
+            return explain_orchestration(run_id, events, self._journal.stream)
+        return explain_run(run_id, events)
+
+    def list(
+        self, status: str | None = None, since: int | None = None, limit: int | None = None
+    ) -> builtins.list[RunSummary]:
+        """Return a summary of each run and orchestration, oldest first (T2).
+
+        Each :class:`RunSummary` is its run's id (a ``str``) carrying the summary as attributes,
+        so the listing still serves where run ids are expected.
+
+        From the run-summary projection: its stored copy plus the run events after it, never a
+        read of every event of every run (ADR 0037). A runtime that may write stores the
+        projection once it is :data:`SAVE_AFTER` events ahead of the stored copy.
+
+        Args:
+            status: keep only runs in this status (one of ``RUN_STATUSES``).
+            since: keep only runs whose last event is at or after this time (epoch ms).
+            limit: keep only the newest ``limit`` runs (by start), still oldest first.
+
+        Raises:
+            ValueError: a filter is not of the documented kind; the message names it.
+        """
+        check_filters(status, since, limit)
+        found = self.summaries.read()
+        if self.summaries_writable and self.summaries.unsaved >= SAVE_AFTER:
+            self._save_summaries(0)
+        return select(found.values(), status, since, limit)
+
+    def summary(self, run_id: str) -> RunSummary:
+        """Return one run's or orchestration's summary (T2), caught up with the journal.
+
+        Raises:
+            RunNotFound: no run or orchestration has that id.
+        """
+        found = self.summaries.read().get(run_id)
+        if found is None:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
+        return found
+
+    def _save_summaries(self, min_events: int) -> None:
+        try:
+            self.summaries.save_if_behind(min_events)
+        except Exception as exc:  # a cache: a read-only or full journal still answers
+            log.warning("run summaries not stored (only a cache): %s", exc)
+
+    def ids(self) -> builtins.list[str]:
+        """Return the ids of every run and orchestration in the journal, oldest first."""
+        topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
+        return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
+
+
+def check_position(position: object, name: str = "position") -> None:
+    """Refuse a journal position that is not an int (a bool, a float, a string, None)."""
+    if not isinstance(position, int) or isinstance(position, bool):
+        raise TypeError(
+            f"{name}: a journal position is an int, got {type(position).__name__} {position!r}"
+        )
+
+
+def check_run(run_id: str, first: Event | None) -> None:
+    """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
+    if first is None:
+        raise RunNotFound(f"no run {run_id!r} in this journal")
+    if not isinstance(first.data, RunStarted | RunForked | OrchestrationStarted):
+        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
