@@ -3,14 +3,26 @@ of ADR 0034's update (issue 12): what holds is asserted, what does not is a stri
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
+import pykka
 import pytest
 
-from journaled.events.base import DomainEvent, Pending
+import journaled
+from journaled.actors.directory import quick_inbox
+from journaled.events.base import PURGED, DomainEvent, Pending
 from journaled.events.catalog import codec
 from journaled.events.codec import Codec
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed
@@ -27,12 +39,13 @@ from journaled.events.runs import (
 )
 from journaled.events.url import parse_url
 from journaled.runtime import verify
-from journaled.testing import wait_for
+from journaled.testing import ManualClock, wait_for
 
 CODEC = codec()
 MAPS = Codec(CODEC.types)  # the same types stored as maps: the layout before ADR 0040
 AT = 1_764_560_000_000
 SUCCEEDED = "run.step-succeeded@2"
+FIXTURES = Path(__file__).parent / "fixtures"
 enc = msgspec.msgpack.encode
 
 ODD_ID = "s\x00\u00e9@\U0001f600A"
@@ -380,3 +393,224 @@ def test_an_append_caught_by_a_close_raises_journal_closed(sqlite_url: str) -> N
     assert not closer.is_alive()
     assert len(failures) == 1
     assert isinstance(failures[0], JournalClosed), repr(failures[0])
+
+
+# -- verify and the runtime over positional rows ----------------------------------------------
+
+
+def _chain(url: str, steps: int = 5) -> str:
+    with journaled.open(url, clock=ManualClock(step=1)) as rt:
+        rt.register_tool("echo", lambda data: {"echo": data})
+        plan = [
+            Step(f"c{i}", tool="echo", input=i, depends_on=[f"c{i - 1}"] if i else [])
+            for i in range(steps)
+        ]
+        return rt.execute(Plan(goal="chain", steps=plan)).run_id
+
+
+TAMPERS: dict[str, Any] = {
+    "an extra value": lambda row: [*row, "smuggled"],
+    "a value dropped": lambda row: row[:-1],
+    "a map in place": lambda row: dict(enumerate(row)),
+    "a value retyped": lambda row: [row[0], row[1], str(row[2]), *row[3:]],
+    "another observation id": lambda row: [*row[:3], ["c9", *row[3][1:]], *row[4:]],
+}
+
+
+@pytest.mark.parametrize("tamper", list(TAMPERS.values()), ids=list(TAMPERS))
+def test_verify_reports_every_tamper_of_a_positional_row(sqlite_url: str, tamper: Any) -> None:
+    """R7 (ADR 0040): any rewrite of a positional step row, decodable or not, is reported at its
+    position, and nothing else in the journal is reported."""
+    run_id = _chain(sqlite_url)
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        [(position, state)] = conn.execute(
+            "SELECT rowid, state FROM stored_events WHERE originator_id = ? AND topic = ? "
+            "ORDER BY rowid LIMIT 1 OFFSET 2",
+            (run_id, SUCCEEDED),
+        ).fetchall()
+        forged = msgspec.msgpack.encode(tamper(msgspec.msgpack.decode(bytes(state))))
+        assert forged != bytes(state)
+        conn.execute("UPDATE stored_events SET state = ? WHERE rowid = ?", (forged, position))
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.position == position
+    assert report.problem.kind in {"altered", "undecodable"}, report.problem
+
+
+def test_a_journal_mixing_maps_and_arrays_forks_purges_and_verifies(tmp_path: Path) -> None:
+    """J5/F1/R2/R7 (ADR 0040): an earlier release's map rows, resumed into arrays in the same
+    stream, fold alike, fork, purge and still verify as one chain."""
+    copy = tmp_path / "maps.db"
+    shutil.copy(FIXTURES / "map-payloads-runs.db", copy)
+    expected = json.loads((FIXTURES / "map-payloads-runs.json").read_text())
+    url = f"sqlite:///{copy}"
+    wide = expected["runs"]["wide"]
+    with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
+        rt.register_tool("noop", lambda data: None)
+        rt.register_tool("echo", lambda data: {"echo": data})
+        rt.register_tool("crash", lambda data: data)
+        resumed = rt.runs.resume(wide, take_over=True)
+        end = rt.journal.position()
+        assert rt.runs.at(wide, end) == rt.runs.current(wide) == resumed
+        forked = rt.runs.fork(wide)
+        assert rt.runs.current(forked).plan.goal == resumed.plan.goal
+        again = rt.runs.resume(forked)
+        assert [o.output for o in again.observations] == [o.output for o in resumed.observations]
+        assert rt.runs.purge(wide, reason="erasure request") > 0
+        assert all(o.output in {None, PURGED} for o in rt.runs.current(wide).observations), (
+            rt.runs.current(wide).observations
+        )
+    with sqlite3.connect(copy) as conn:
+        heads = {bytes(s)[:1][0] for (s,) in conn.execute("SELECT state FROM stored_events")}
+    assert heads & {*range(0x80, 0x90)}  # maps of the earlier release
+    assert heads & {*range(0x90, 0xA0)}  # arrays of this one
+    report = verify(url)
+    assert report.ok, report.problem
+
+
+def test_sigkill_mid_append_leaves_a_journal_that_reopens_and_verifies(tmp_path: Path) -> None:
+    """J1/R7 (ADR 0039): a process killed with SIGKILL while appending on its append connection
+    leaves whole commits only: streams have no gaps and the chain verifies."""
+    db = tmp_path / "killed.db"
+    script = (
+        "import sys\n"
+        "from journaled.events.catalog import codec\n"
+        "from journaled.events.journal import Journal\n"
+        "from journaled.events.url import parse_url\n"
+        "sys.path.insert(0, sys.argv[2])\n"
+        "from test_store_attack import _result\n"
+        "j = Journal(parse_url(sys.argv[1]), codec())\n"
+        "v = 0\n"
+        "while True:\n"
+        "    v += 1\n"
+        "    j.append([_result('k', v, 'x' * 3000), _result('q', v, v)])\n"
+        "    if v == 40:\n"
+        "        print('ready', flush=True)\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", script, f"sqlite:///{db}", str(Path(__file__).parent)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "ready"
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.wait(30)
+        if child.stdout is not None:
+            child.stdout.close()
+    j = Journal(parse_url(f"sqlite:///{db}"), CODEC)
+    try:
+        k, q = j.stream("k"), j.stream("q")
+        assert len(k) >= 40
+        assert len(k) == len(q)
+        assert [e.version for e in q] == list(range(1, len(q) + 1))
+        assert [e.data.observation.output for e in q] == list(range(1, len(q) + 1))  # type: ignore[attr-defined]
+        j.append([_result("k", len(k) + 1, "after the crash")])
+    finally:
+        j.close()
+    report = verify(f"sqlite:///{db}")
+    assert report.ok, report.problem
+
+
+# -- the C inboxes ------------------------------------------------------------------------------
+
+
+class _Recorder(pykka.ThreadingActor):
+    """An actor with the executor's inbox that notes what it receives."""
+
+    _create_actor_inbox = staticmethod(quick_inbox)
+
+    def __init__(self, gate: threading.Event) -> None:
+        super().__init__()
+        self.gate = gate
+        self.seen: list[tuple[int, int]] = []
+
+    def on_receive(self, message: Any) -> Any:
+        if message == "hold":
+            self.gate.wait(30)
+            return "held"
+        if message == "seen":
+            return list(self.seen)
+        self.seen.append(message)
+        return message
+
+
+def test_tells_from_many_threads_arrive_in_each_senders_order() -> None:
+    """E12 (ADR 0039): a C inbox keeps each sender's tells in order, none lost."""
+    ref = _Recorder.start(threading.Event())
+    try:
+        barrier = threading.Barrier(6)
+
+        def send(sender: int) -> None:
+            barrier.wait()
+            for n in range(300):
+                ref.tell((sender, n))
+
+        threads = [threading.Thread(target=send, args=(s,)) for s in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        seen: list[tuple[int, int]] = ref.ask("seen", timeout=30)  # type: ignore[assignment]
+        assert len(seen) == 6 * 300
+        for sender in range(6):
+            assert [n for s, n in seen if s == sender] == list(range(300))
+    finally:
+        ref.stop()
+
+
+def test_stopping_an_actor_with_queued_asks_answers_every_waiter() -> None:
+    """E12 (ADR 0039): asks queued in a C inbox when the actor stops are each answered or fail
+    with ActorDeadError; no waiter hangs."""
+    gate = threading.Event()
+    ref = _Recorder.start(gate)
+    busy = ref.ask("hold", block=False)
+    before = [ref.ask((0, n), block=False) for n in range(50)]
+    stopped = ref.stop(block=False)
+    after: list[Any] = []
+    for n in range(50):
+        with contextlib.suppress(pykka.ActorDeadError):  # refused at once: fine too
+            after.append(ref.ask((1, n), block=False))
+    gate.set()
+    assert busy.get(timeout=30) == "held"
+    assert [f.get(timeout=30) for f in before] == [(0, n) for n in range(50)]
+    stopped.get(timeout=30)
+    for future in after:
+        with pytest.raises(pykka.ActorDeadError):
+            future.get(timeout=30)
+
+
+def _cancel_as_the_step_ends(url: str) -> None:
+    ending = threading.Event()
+
+    def last(data: Any) -> str:
+        ending.set()
+        return "done"
+
+    with journaled.open(url) as rt:
+        rt.register_tool("last", last)
+        rt.register_tool("echo", lambda data: data)
+        handle = rt.start(
+            Plan(
+                goal="race",
+                steps=[Step("a", tool="last"), Step("b", tool="echo", depends_on=["a"])],
+            )
+        )
+        assert ending.wait(30)
+        rt.cancel(handle.run_id)
+        result = handle.result(30)
+        assert result.ok or any(o.code == "cancelled" for o in result.observations), result
+        assert rt.runs.current(handle.run_id) == result
+        assert rt.runs.at(handle.run_id, rt.journal.position()) == result
+
+
+def test_cancelling_as_a_step_ends_settles_the_run_once(sqlite_url: str) -> None:
+    """E5/E12 (ADR 0039): a cancel racing a step's end leaves a run that completed or was
+    cancelled, whose journal folds to the answer given and verifies."""
+    for _ in range(5):
+        _cancel_as_the_step_ends(sqlite_url)
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
