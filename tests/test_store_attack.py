@@ -26,7 +26,7 @@ from journaled.events.base import PURGED, DomainEvent, Pending
 from journaled.events.catalog import codec
 from journaled.events.codec import Codec
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed
-from journaled.events.journal import Journal
+from journaled.events.journal import SNAPSHOT_TABLE, Journal
 from journaled.events.plans import Limits, Observation, Plan, Step
 from journaled.events.runs import (
     MemoryRead,
@@ -614,3 +614,192 @@ def test_cancelling_as_a_step_ends_settles_the_run_once(sqlite_url: str) -> None
         _cancel_as_the_step_ends(sqlite_url)
     report = verify(sqlite_url)
     assert report.ok, report.problem
+
+
+# -- memory.as_of: the lazy index, the snapshot start ------------------------------------------
+
+
+def _memory_story(rt: journaled.Runtime, clock: ManualClock) -> list[str]:
+    ids = [rt.memory.remember("deploy region is eu-west", conflict_key="region").id]
+    clock.advance(10)
+    ids.append(rt.memory.remember("deploy region is us-east", conflict_key="region").id)
+    ids.append(rt.memory.remember("rotate keys weekly", domain="ops").id)
+    assert rt.memory.checkpoint()
+    clock.advance(10)
+    ids.append(rt.memory.remember("deploy region is ap-south", conflict_key="region").id)
+    rt.memory.delete(ids[2])
+    return ids
+
+
+def _view_answers(view: Any, ids: list[str]) -> bytes:
+    return msgspec.json.encode(
+        [
+            [view.get(i) for i in ids],
+            view.all(),
+            [view.search(q) for q in ["deploy region", "rotate keys", "eu-west", "nothing"]],
+        ]
+    )
+
+
+def test_as_of_from_the_snapshot_answers_as_without_it_at_every_position(
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M12/T1 (ADR 0034): at every position, inside supersession commits and around the
+    snapshot, as_of starting from memory's snapshot answers as a fold without it."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        ids = _memory_story(rt, clock)
+        end = rt.journal.position()
+        served = [_view_answers(rt.memory.as_of(position=p), ids) for p in range(end + 1)]
+        journal = rt.memory._journal
+        assert journal.snapshot(next(k for k in _snapshot_keys(sqlite_url))) is not None
+        monkeypatch.setattr(journal, "snapshot", lambda key: None)
+        folded = [_view_answers(rt.memory.as_of(position=p), ids) for p in range(end + 1)]
+    assert served == folded
+
+
+def _snapshot_keys(url: str) -> list[str]:
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
+        return [
+            str(k)
+            for (k,) in conn.execute(
+                f"SELECT stream FROM {SNAPSHOT_TABLE} WHERE stream LIKE 'memory:%'"  # noqa: S608
+            )
+        ]
+
+
+def _race_first_searches(view: Any, ids: list[str]) -> list[bytes]:
+    barrier = threading.Barrier(8)
+    answers: list[bytes] = []
+    failures: list[BaseException] = []
+
+    def search() -> None:
+        try:
+            barrier.wait()
+            answers.append(_view_answers(view, ids))
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=search) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert failures == []
+    return answers
+
+
+def test_first_searches_of_one_view_racing_from_many_threads_agree(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M12/T1 (ADR 0034): the lazy index of a past view, built by whichever of eight racing
+    first searches wins, answers each of them as a view searched from one thread."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        ids = _memory_story(rt, clock)
+        for p in range(1, rt.journal.position() + 1):
+            expected = _view_answers(rt.memory.as_of(position=p), ids)
+            answers = _race_first_searches(rt.memory.as_of(position=p), ids)
+            assert answers == [expected] * 8, p
+
+
+def test_a_purge_racing_a_lazy_index_build_leaves_no_view_with_the_text(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """R2/M12 (ADR 0034): a purge while past views build their index fails nothing, and every
+    view made after it returns, at any position, lacks the text; the chain verifies."""
+    secret = "purge-this-token-7"
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        fact = rt.memory.remember(f"the {secret} opens the vault")
+        _memory_story(rt, clock)
+        end = rt.journal.position()
+        failures: list[BaseException] = []
+        go = threading.Barrier(5)
+
+        def search(position: int) -> None:
+            try:
+                go.wait()
+                for _ in range(5):
+                    rt.memory.as_of(position=position).search("vault")
+            except BaseException as exc:
+                failures.append(exc)
+
+        threads = [threading.Thread(target=search, args=(p,)) for p in (1, 3, end - 1, end)]
+        for t in threads:
+            t.start()
+        go.wait()
+        assert rt.memory.purge(fact.id)
+        for t in threads:
+            t.join(60)
+        assert failures == []
+        for p in range(rt.journal.position() + 1):
+            view = rt.memory.as_of(position=p)
+            assert secret not in msgspec.json.encode(view.all()).decode(), p
+            assert view.search("vault") == [] or all(
+                secret not in f.text for f in view.search("vault")
+            )
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
+
+
+def test_as_of_never_answers_an_altered_snapshot_text(sqlite_url: str, clock: ManualClock) -> None:
+    """M12/R7 (ADR 0034): a memory snapshot whose fact text was altered is not served: as_of
+    answers the journal's texts."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        ids = _memory_story(rt, clock)
+    [key] = _snapshot_keys(sqlite_url)
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        [(state,)] = conn.execute(
+            f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+            (key,),
+        )
+        snapshot = msgspec.msgpack.decode(bytes(state))
+        scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+        scope["facts"][ids[0]]["text"] = "wire the funds to account 666"
+        snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
+        conn.execute(
+            f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+            (msgspec.msgpack.encode(snapshot), key),
+        )
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        for p in range(rt.journal.position() + 1):
+            view = rt.memory.as_of(position=p)
+            assert "account 666" not in msgspec.json.encode(view.all()).decode(), p
+            assert view.search("funds account") == []
+        assert rt.memory.as_of(position=rt.journal.position()).get(ids[0]).text == (  # type: ignore[union-attr]
+            "deploy region is eu-west"
+        )
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="as_of starts from a memory snapshot whose non-text fields were altered (a fact's "
+    "confidence) and serves them, though verify reports that snapshot as altered",
+)
+def test_as_of_never_answers_an_altered_snapshot_field(sqlite_url: str, clock: ManualClock) -> None:
+    """M12/R7 (ADR 0034): as_of answers a fact as the journal's events have it, whatever a
+    forged memory snapshot says of it."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        ids = _memory_story(rt, clock)
+        end = rt.journal.position()
+        before = rt.memory.as_of(position=end).get(ids[1])
+    assert before is not None
+    [key] = _snapshot_keys(sqlite_url)
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        [(state,)] = conn.execute(
+            f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+            (key,),
+        )
+        snapshot = msgspec.msgpack.decode(bytes(state))
+        scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+        scope["facts"][ids[1]]["confidence"] = 0.01
+        snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
+        conn.execute(
+            f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+            (msgspec.msgpack.encode(snapshot), key),
+        )
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.kind == "snapshot-altered"
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        after = rt.memory.as_of(position=end).get(ids[1])
+    assert after is not None
+    assert after.confidence == before.confidence == 1.0
