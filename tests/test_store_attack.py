@@ -859,3 +859,43 @@ def test_a_nul_in_a_conflict_key_is_stored_or_refused_naming_the_field(pg_url: s
             assert "conflict_key" in str(refused), repr(refused)
             assert "\n" not in str(refused)
             assert rt.journal.position() == before
+
+
+def test_closing_with_steps_queued_answers_every_waiter_and_resumes(sqlite_url: str) -> None:
+    """R3/E12 (ADR 0039): closing while steps are in flight and queued in C inboxes answers
+    every run's waiter (suspended, none hangs); each run resumes to its end and verifies."""
+    gate = threading.Event()
+    entered: list[int] = []
+
+    def block(data: Any) -> Any:
+        entered.append(data)
+        gate.wait(30)
+        return data
+
+    rt = journaled.open(sqlite_url)
+    try:
+        rt.register_tool("block", block)
+        rt.register_tool("echo", lambda data: data)
+        plan = Plan(
+            goal="queued",
+            steps=[
+                *[Step(f"s{j}", tool="block", input=j) for j in range(4)],
+                Step("z", tool="echo", input="end", depends_on=["s0"]),
+            ],
+        )
+        handles = [rt.start(plan, max_parallel_steps=4) for _ in range(3)]
+        wait_for(lambda: len(entered) >= 3)
+    finally:
+        rt.close(drain=0.2)
+    results = [h.result(10) for h in handles]
+    assert all(r.suspended for r in results), results
+    gate.set()
+    with journaled.open(sqlite_url) as again:
+        again.register_tool("block", lambda data: data)
+        again.register_tool("echo", lambda data: data)
+        for h in handles:
+            resumed = again.runs.resume(h.run_id)
+            assert resumed.ok
+            assert [o.output for o in resumed.observations] == [0, 1, 2, 3, "end"]
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
