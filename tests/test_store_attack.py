@@ -179,7 +179,14 @@ def test_a_damaged_positional_payload_is_a_corrupt_event_naming_its_position(
 
 
 @pytest.mark.parametrize(
-    "topic", ["run.heartbeat@1", "memory.fact-remembered@1", "run.step-waiting@1"]
+    "topic",
+    [
+        "run.heartbeat@1",
+        "memory.fact-remembered@1",
+        "run.step-waiting@1",
+        "run.step-succeeded@1",  # an older version of a positional event: always a map
+        "run.started@1",
+    ],
 )
 def test_an_array_under_a_topic_always_stored_as_a_map_is_a_corrupt_event(topic: str) -> None:
     """J5 (ADR 0040): only the positional topics read arrays; elsewhere an array is corrupt."""
@@ -897,5 +904,48 @@ def test_closing_with_steps_queued_answers_every_waiter_and_resumes(sqlite_url: 
             resumed = again.runs.resume(h.run_id)
             assert resumed.ok
             assert [o.output for o in resumed.observations] == [0, 1, 2, 3, "end"]
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
+
+
+def test_two_runtimes_on_one_file_run_and_remember_from_many_threads(sqlite_url: str) -> None:
+    """J1/J3/R7 (ADR 0039): two runtimes on one SQLite file, three threads each executing
+    chains and claiming one conflict key: every run succeeds, one fact wins, the chain verifies."""
+    runtimes = [journaled.open(sqlite_url) for _ in range(2)]
+    failures: list[BaseException] = []
+    results: list[Any] = []
+
+    def work(rt: journaled.Runtime, n: int) -> None:
+        try:
+            for k in range(4):
+                steps = [
+                    Step(f"s{j}", tool="echo", input=j, depends_on=[f"s{j - 1}"] if j else [])
+                    for j in range(8)
+                ]
+                results.append(rt.execute(Plan(goal=f"g{n}-{k}", steps=steps)))
+                rt.memory.remember(f"fact {n} {k}", conflict_key="shared")
+        except BaseException as exc:
+            failures.append(exc)
+
+    try:
+        for rt in runtimes:
+            rt.register_tool("echo", lambda data: {"v": data})
+        threads = [threading.Thread(target=work, args=(runtimes[i % 2], i)) for i in range(6)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert failures == []
+        assert len(results) == 24
+        assert all(r.ok for r in results)
+        for rt in runtimes:
+            rt.refresh()
+            live = [
+                f for f in rt.memory.all() if f.conflict_key == "shared" and not f.superseded_by
+            ]
+            assert len(live) == 1
+    finally:
+        for rt in runtimes:
+            rt.close()
     report = verify(sqlite_url)
     assert report.ok, report.problem
