@@ -949,3 +949,31 @@ def test_two_runtimes_on_one_file_run_and_remember_from_many_threads(sqlite_url:
             rt.close()
     report = verify(sqlite_url)
     assert report.ok, report.problem
+
+
+def test_an_append_refused_by_a_locked_file_stores_nothing_and_the_next_chains(
+    sqlite_url: str,
+) -> None:
+    """J1/R7 (ADR 0039): when another connection holds the file's write lock past the lock
+    timeout, the append fails whole; once the lock is free the append connection chains on."""
+    j = Journal(parse_url(sqlite_url), CODEC)
+    try:
+        pool: Any = j._recorder.datastore.pool  # type: ignore[union-attr]
+        pool.lock_timeout = 0.2  # the append connection is made on the first append
+        j.append([_result("a", 1, "one")])
+        holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
+        try:
+            holder.execute("BEGIN IMMEDIATE")
+            with pytest.raises(Exception, match="locked"):
+                j.append([_result("a", 2, "refused"), _result("b", 1, "refused")])
+        finally:
+            holder.execute("ROLLBACK")
+            holder.close()
+        assert j.stream("b") == []
+        j.append([_result("a", 2, "two")])
+        assert [e.data.observation.output for e in j.stream("a")] == ["one", "two"]  # type: ignore[attr-defined]
+    finally:
+        j.close()
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
+    assert report.events == 2
