@@ -977,3 +977,26 @@ def test_an_append_refused_by_a_locked_file_stores_nothing_and_the_next_chains(
     report = verify(sqlite_url)
     assert report.ok, report.problem
     assert report.events == 2
+
+
+def test_organizations_whose_ids_share_a_prefix_and_hold_at_signs_keep_their_own_memory(
+    sqlite_url: str,
+) -> None:
+    """R1/M12 (ADR 0034): organizations "acme", "acme@corp.example", "acme@" and "acmeA", each
+    with its memory snapshot in one file, each see only their organization facts, live and
+    as_of from their own snapshot."""
+    orgs = ["acme", "acme@corp.example", "acme@", "acmeA"]
+    for org in orgs:
+        with journaled.open(sqlite_url, organization=org) as rt:
+            rt.memory.remember(f"{org} ships on Fridays", scope="organization")
+            assert rt.memory.checkpoint()
+    assert len(_snapshot_keys(sqlite_url)) == len(orgs)
+    for org in orgs:
+        with journaled.open(sqlite_url, organization=org) as rt:
+            live = sorted(f.text for f in rt.memory.all())
+            past = sorted(f.text for f in rt.memory.as_of(position=rt.journal.position()).all())
+            assert live == past == [f"{org} ships on Fridays"]
+            assert [f.text for f in rt.memory.search("ships Fridays")] == live
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
+    assert report.snapshots == len(orgs)
