@@ -28,6 +28,7 @@ from journaled.events.codec import Codec
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed
 from journaled.events.journal import SNAPSHOT_TABLE, Journal
 from journaled.events.plans import Limits, Observation, Plan, Step
+from journaled.events.run_state import fold_run
 from journaled.events.runs import (
     MemoryRead,
     RunFinished,
@@ -1000,3 +1001,27 @@ def test_organizations_whose_ids_share_a_prefix_and_hold_at_signs_keep_their_own
     report = verify(sqlite_url)
     assert report.ok, report.problem
     assert report.snapshots == len(orgs)
+
+
+def test_runs_at_on_a_mixed_stream_answers_a_plain_fold_at_every_position(
+    tmp_path: Path,
+) -> None:
+    """T1/J5 (ADR 0034, 0040): on a stream of maps then arrays, cold and warm runs.at at
+    every position (inside commits too) equal a plain fold of the events up to it."""
+    copy = tmp_path / "maps.db"
+    shutil.copy(FIXTURES / "map-payloads-runs.db", copy)
+    expected = json.loads((FIXTURES / "map-payloads-runs.json").read_text())
+    url = f"sqlite:///{copy}"
+    wide = expected["runs"]["wide"]
+    with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
+        for name in ("noop", "echo", "crash"):
+            rt.register_tool(name, lambda data: data)
+        rt.runs.resume(wide, take_over=True)
+    with journaled.open(url) as rt:
+        history = list(rt.runs.history(wide))
+        positions = [e.position for e in history]
+        cold = [rt.runs.at(wide, p) for p in reversed(positions)][::-1]
+        warm = [rt.runs.at(wide, p) for p in positions]
+    plain = [fold_run([e for e in history if e.position <= p]).result() for p in positions]
+    assert msgspec.json.encode(cold) == msgspec.json.encode(plain)
+    assert msgspec.json.encode(warm) == msgspec.json.encode(plain)
