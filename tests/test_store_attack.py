@@ -1025,3 +1025,26 @@ def test_runs_at_on_a_mixed_stream_answers_a_plain_fold_at_every_position(
     plain = [fold_run([e for e in history if e.position <= p]).result() for p in positions]
     assert msgspec.json.encode(cold) == msgspec.json.encode(plain)
     assert msgspec.json.encode(warm) == msgspec.json.encode(plain)
+
+
+@pytest.mark.parametrize("event", EDGE_EVENTS, ids=lambda e: type(e).__name__)
+def test_every_truncation_and_byte_change_of_a_positional_row_decodes_or_is_corrupt(
+    event: DomainEvent,
+) -> None:
+    """J5/R7 (ADR 0040): each prefix of a positional row, and each byte of it set to msgpack's
+    type markers, decodes to an event or is a CorruptEvent: no other exception escapes."""
+    topic, stored = CODEC.topic(event), CODEC.encode(event)
+    markers = (0x00, 0x7F, 0x90, 0x9F, 0xA0, 0xC0, 0xC1, 0xC2, 0xCC, 0xDC, 0xDD, 0xDE, 0xFF)
+    damaged = [stored[:i] for i in range(len(stored))]
+    damaged += [
+        stored[:i] + bytes((marker,)) + stored[i + 1 :]
+        for i in range(len(stored))
+        for marker in markers
+    ]
+    corrupt = 0
+    for payload in damaged:
+        try:
+            assert isinstance(CODEC.decode(topic, payload, 3), DomainEvent)
+        except CorruptEvent:
+            corrupt += 1
+    assert corrupt >= len(stored)  # at least every truncation was refused
