@@ -1048,3 +1048,42 @@ def test_every_truncation_and_byte_change_of_a_positional_row_decodes_or_is_corr
         except CorruptEvent:
             corrupt += 1
     assert corrupt >= len(stored)  # at least every truncation was refused
+
+
+def test_closing_a_runtime_while_threads_remember_fails_them_as_closed_and_loses_nothing(
+    sqlite_url: str,
+) -> None:
+    """R3/J1 (ADR 0039): remembers racing rt.close() return (and are stored) or raise
+    RuntimeClosed; no thread hangs; every acknowledged fact is there after reopening."""
+    acknowledged: list[str] = []
+    errors: list[BaseException] = []
+    rt = journaled.open(sqlite_url)
+    go = threading.Barrier(5)
+
+    def remember(n: int) -> None:
+        go.wait()
+        k = 0
+        while True:
+            try:
+                acknowledged.append(rt.memory.remember(f"fact {n} {k}").text)
+            except BaseException as exc:
+                errors.append(exc)
+                return
+            k += 1
+
+    threads = [threading.Thread(target=remember, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    go.wait()
+    wait_for(lambda: len(acknowledged) >= 20)
+    rt.close()
+    for t in threads:
+        t.join(30)
+    assert not [t for t in threads if t.is_alive()]
+    assert len(errors) == 4
+    assert all(isinstance(e, journaled.RuntimeClosed) for e in errors), errors
+    with journaled.open(sqlite_url) as again:
+        stored = {f.text for f in again.memory.all()}
+    assert set(acknowledged) <= stored
+    report = verify(sqlite_url)
+    assert report.ok, report.problem
