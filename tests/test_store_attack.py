@@ -26,7 +26,7 @@ from journaled.events.base import PURGED, DomainEvent, Pending
 from journaled.events.catalog import codec
 from journaled.events.codec import Codec
 from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed
-from journaled.events.journal import SNAPSHOT_TABLE, Journal
+from journaled.events.journal import PAYLOAD_TABLE, SNAPSHOT_TABLE, Journal
 from journaled.events.plans import Limits, Observation, Plan, Step
 from journaled.events.run_state import fold_run
 from journaled.events.runs import (
@@ -1087,3 +1087,27 @@ def test_closing_a_runtime_while_threads_remember_fails_them_as_closed_and_loses
     assert set(acknowledged) <= stored
     report = verify(sqlite_url)
     assert report.ok, report.problem
+
+
+@pytest.mark.parametrize("forgery", ["deleted", "inserted"])
+def test_verify_reports_a_side_row_deleted_or_slipped_into_a_key_range(
+    sqlite_url: str, forgery: str
+) -> None:
+    """R7 (ADR 0034): a side row of a 40-step run deleted, or one slipped into its key range
+    under a key the range read also accepts (``<run>@07``), is reported by verify."""
+    run_id = _chain(sqlite_url, steps=40)
+    with sqlite3.connect(sqlite_url.removeprefix("sqlite:///")) as conn:
+        if forgery == "deleted":
+            [(key,)] = conn.execute(
+                f"SELECT stream FROM {PAYLOAD_TABLE} WHERE stream = ?",  # noqa: S608
+                (f"{run_id}@19",),
+            )
+            conn.execute(f"DELETE FROM {PAYLOAD_TABLE} WHERE stream = ?", (key,))  # noqa: S608
+        else:
+            conn.execute(
+                f"INSERT INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
+                (f"{run_id}@07", msgspec.msgpack.encode(["forged"])),
+            )
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.kind == f"payload-{'removed' if forgery == 'deleted' else 'inserted'}"
