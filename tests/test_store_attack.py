@@ -475,7 +475,9 @@ def test_a_journal_mixing_maps_and_arrays_forks_purges_and_verifies(tmp_path: Pa
         forked = rt.runs.fork(wide)
         assert rt.runs.current(forked).plan.goal == resumed.plan.goal
         again = rt.runs.resume(forked)
-        assert [o.output for o in again.observations] == [o.output for o in resumed.observations]
+        assert {o.step_id: o.output for o in again.observations} == {
+            o.step_id: o.output for o in resumed.observations
+        }
         assert rt.runs.purge(wide, reason="erasure request") > 0
         assert all(o.output in {None, PURGED} for o in rt.runs.current(wide).observations), (
             rt.runs.current(wide).observations
@@ -904,7 +906,8 @@ def test_closing_with_steps_queued_answers_every_waiter_and_resumes(sqlite_url: 
         for h in handles:
             resumed = again.runs.resume(h.run_id)
             assert resumed.ok
-            assert [o.output for o in resumed.observations] == [0, 1, 2, 3, "end"]
+            outputs = {o.step_id: o.output for o in resumed.observations}
+            assert outputs == {"s0": 0, "s1": 1, "s2": 2, "s3": 3, "z": "end"}
     report = verify(sqlite_url)
     assert report.ok, report.problem
 
