@@ -46,6 +46,12 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
         problem = None if value is None else text_problem(value, limit=_LIMITS.get(name, 1024))
         if problem:
             raise InvalidFact(name, problem)
+    for name in ("scope", "domain", "conflict_key"):
+        value = getattr(msg, name)
+        if value is not None and "\x00" in value:
+            # They name streams and keys, which PostgreSQL keeps as text: one rule for every
+            # backend, so a fact SQLite would take is never refused by another journal.
+            raise InvalidFact(name, f"holds a NUL character at index {value.index(chr(0))}")
     for name in ("domain", "conflict_key"):
         value = getattr(msg, name)
         if value is not None and find_secrets(value):

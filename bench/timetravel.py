@@ -21,8 +21,8 @@ in the same run, with a ratio and PASS/MISS against a target. A miss is reported
 4. ``rt.memory.as_of(position=p).all()`` over a memory of 100,000 facts (quick: 10,000) at 5
    positions spread over it, p50, against the eager fold ``as_of`` made before (every text
    indexed as it comes, every payload read up front), measured in the same run; then both
-   with a first search (which builds the view's index); then at the end, started from
-   memory's snapshot. Informative: a past position still folds the journal's prefix.
+   with a first search (which builds the view's index); then at the end (a fold of the whole
+   journal: time travel never starts from a snapshot, ADR 0034).
 5. Informative: the checkpoint cache's units and traced bytes for the 10,000-step run.
 
 Run ``python bench/timetravel.py`` (full sizes) or ``python bench/timetravel.py --quick`` (< 60 s).
@@ -319,7 +319,7 @@ def bench_memory(tmp: Path, facts: int) -> list[Row]:
             _timed(lambda p=p: eager_as_of(rt, p).search(word))  # type: ignore[misc]
             for p in points
         ]
-        rt.memory.checkpoint()  # memory's snapshot at the end: as_of there starts from it
+        rt.memory.checkpoint()  # a snapshot at the end, which as_of must not start from
         at_end = statistics.median(
             _timed(lambda: rt.memory.as_of(position=end).all()) for _ in range(3)
         )
@@ -343,7 +343,7 @@ def bench_memory(tmp: Path, facts: int) -> list[Row]:
             None,
         ),
         Row(
-            "memory.as_of at the end, started from memory's snapshot",
+            "memory.as_of at the end (events alone; a snapshot lies there)",
             _ms(at_end),
             _ms(eager_end),
             f"{at_end / eager_end:.2f}x",

@@ -9,7 +9,8 @@ forms apart by the payload's first byte (an array or a map), so payloads of earl
 read as before.
 
 Reading decodes the array with a typed msgspec decoder of a generated ``array_like`` twin (which
-validates every value and fills the left-out defaults), then copies the values into the event.
+validates every value, fills the left-out defaults and refuses values past the last field), then
+copies the values into the event.
 """
 
 from __future__ import annotations
@@ -70,7 +71,12 @@ class Positional:
                 self._required = i + 1
                 twin_fields.append((f.name, twin_type))
         self.twin: type[msgspec.Struct] = msgspec.defstruct(
-            f"{cls.__name__}Row", twin_fields, array_like=True, frozen=True, gc=False
+            f"{cls.__name__}Row",
+            twin_fields,
+            array_like=True,
+            frozen=True,
+            gc=False,
+            forbid_unknown_fields=True,  # values past the last field are damage, not extras
         )
         self.decoder = msgspec.msgpack.Decoder(self.twin)
         self._unpack = self._compile()

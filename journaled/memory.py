@@ -21,15 +21,13 @@ from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, FactRemembered
 from journaled.events.memory_audit import explain
-from journaled.events.memory_past import past_memory, restore_memory
+from journaled.events.memory_past import past_memory
 from journaled.events.memory_state import (
-    MEMORY_SNAPSHOT_DECODER,
     MemoryState,
     Query,
     Stats,
     combine,
     cosine,
-    memory_snapshot_key,
     merge_hits,
     plan_terms,
     usable,
@@ -48,7 +46,6 @@ from journaled.events.messages import (
     SearchStats,
 )
 from journaled.events.provenance import Use, read_events, uses
-from journaled.events.snapshot_audit import unbacked_text
 from journaled.events.tenancy import Boundary
 
 _FOLD_BATCH = 1000
@@ -457,31 +454,26 @@ class Memory:
         return MemoryView(state, now, self._semantic)
 
     def _past(self, position: int | None, at: int | None) -> tuple[MemoryState, int]:
-        """Fold memory up to a position (or a time), from its snapshot when that lies before.
+        """Fold memory up to a position (or a time) from the journal's events alone.
 
-        Returns the state and its time: the last event's (a position) or ``at``. The texts of
-        the facts remembered are read with each batch of events, not all at once; the search
-        index is built only if the view is searched (T1).
+        Never from memory's snapshot: a snapshot is a cache outside the digest chain, which
+        ``journal verify`` checks but an answer about the past could not (ADR 0034). Returns the
+        state and its time: the last event's (a position) or ``at``. The texts of the facts
+        remembered are read with each batch of events, not all at once; the search index is
+        built only if the view is searched (T1).
         """
-        physical = list(self._scopes)
-        state: MemoryState | None = None
-        if position is not None:
-            state = self._restored(physical, position)
-        if state is None:
-            state = past_memory(physical, self._organization)
-        folded = state.position  # 0, or the snapshot's position: its event is already in
+        state = past_memory(list(self._scopes), self._organization)
         now = at if at is not None else 0
         batch: list[Event] = []
-        for event in self._journal.read(after=max(folded - 1, 0), upto=position):
+        for event in self._journal.read(upto=position):
             if at is not None and event.data.at > at:
                 break
             if at is None:
                 now = event.data.at
-            if event.position > folded:
-                batch.append(event)
-                if len(batch) >= _FOLD_BATCH:
-                    self._fold_into(state, batch)
-                    batch = []
+            batch.append(event)
+            if len(batch) >= _FOLD_BATCH:
+                self._fold_into(state, batch)
+                batch = []
         self._fold_into(state, batch)
         return state, now
 
@@ -490,23 +482,6 @@ class Memory:
         texts = self._journal.payloads(remembered) if remembered else {}
         for event in events:
             state.apply(event, texts)
-
-    def _restored(self, physical: list[str], position: int) -> MemoryState | None:
-        """Return memory at its snapshot when that lies at or before ``position`` and fits.
-
-        A snapshot whose texts are not the payloads the journal holds is not used (R7); a purge
-        drops every memory snapshot, so none holds an erased text.
-        """
-        stored = self._journal.snapshot(memory_snapshot_key(self._organization))
-        if stored is None or stored[0] > position:
-            return None
-        try:
-            snapshot = MEMORY_SNAPSHOT_DECODER.decode(stored[1])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None
-        if snapshot.position > position or unbacked_text(snapshot, self._journal.payloads):
-            return None
-        return restore_memory(snapshot, physical, self._organization)
 
     def checkpoint(self) -> bool:
         """Snapshot the memory projection now, so the next open folds only what follows.

@@ -195,10 +195,6 @@ def test_an_array_under_a_topic_always_stored_as_a_map_is_a_corrupt_event(topic:
         CODEC.decode(topic, enc([AT, "s", 1]), 9)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an array longer than its event decodes silently, its extra values dropped",
-)
 def test_a_positional_payload_with_extra_values_is_a_corrupt_event() -> None:
     """J5/R7 (ADR 0040): values past an event's last field are not dropped unreported."""
     with pytest.raises(CorruptEvent, match="4242"):
@@ -366,11 +362,6 @@ def test_a_conflicting_append_stores_nothing_and_appends_go_on(journal: Journal)
     assert report.events == 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an append that passed the open check when close began raises eventsourcing's "
-    "ConnectionPoolClosedError from the append connection, not JournalClosed",
-)
 def test_an_append_caught_by_a_close_raises_journal_closed(sqlite_url: str) -> None:
     """J1 (ADR 0039): an append waiting for the write lock while the journal closes fails with
     JournalClosed, the journal's own one-line error, never the library's."""
@@ -792,11 +783,6 @@ def test_as_of_never_answers_an_altered_snapshot_text(sqlite_url: str, clock: Ma
         )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="as_of starts from a memory snapshot whose non-text fields were altered (a fact's "
-    "confidence) and serves them, though verify reports that snapshot as altered",
-)
 def test_as_of_never_answers_an_altered_snapshot_field(sqlite_url: str, clock: ManualClock) -> None:
     """M12/R7 (ADR 0034): as_of answers a fact as the journal's events have it, whatever a
     forged memory snapshot says of it."""
@@ -848,11 +834,6 @@ def test_a_purged_run_with_many_side_rows_reads_hollow_by_the_key_range(sqlite_u
     assert report.ok, report.problem
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="a NUL in a conflict key (a stream id) is stored on SQLite but fails on PostgreSQL "
-    "with the driver's DataError wrapped in ActorsError, naming no field",
-)
 def test_a_nul_in_a_conflict_key_is_stored_or_refused_naming_the_field(pg_url: str) -> None:
     """J1/M3: a conflict key holding a NUL (its stream id holds it) is remembered on PostgreSQL
     as on SQLite, or refused with a one-line error naming conflict_key; nothing is appended."""
@@ -1114,3 +1095,14 @@ def test_verify_reports_a_side_row_deleted_or_slipped_into_a_key_range(
     report = verify(sqlite_url)
     assert report.problem is not None
     assert report.problem.kind == f"payload-{'removed' if forgery == 'deleted' else 'inserted'}"
+
+
+@pytest.mark.parametrize("field", ["scope", "domain", "conflict_key"])
+def test_a_nul_in_a_name_is_refused_on_every_backend(journal_url: str, field: str) -> None:
+    """M2: a NUL in a scope, domain or conflict key is one error naming the field, anywhere."""
+    with journaled.open(journal_url) as rt:
+        before = rt.journal.position()
+        kwargs = {"scope": "user:al\x00ice"} if field == "scope" else {field: "a\x00b"}
+        with pytest.raises(journaled.InvalidFact, match=f"{field}.*NUL"):
+            rt.memory.remember("a fact", **kwargs)  # type: ignore[arg-type]
+        assert rt.journal.position() == before

@@ -51,7 +51,13 @@ from urllib.parse import quote
 
 import msgspec
 from eventsourcing.application import Application
-from eventsourcing.persistence import IntegrityError, Mapper, PersistenceError, StoredEvent
+from eventsourcing.persistence import (
+    ConnectionPoolClosedError,
+    IntegrityError,
+    Mapper,
+    PersistenceError,
+    StoredEvent,
+)
 from eventsourcing.utils import Environment, get_topic
 
 from journaled.events.base import DomainEvent, Event, Pending, hollow
@@ -349,6 +355,8 @@ class Journal:
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
+        except ConnectionPoolClosedError as exc:  # closed while this append waited its turn
+            raise JournalClosed(f"journal {self.config.url} is closed") from exc
         if events:
             self._bump()
         return list(positions or [])
