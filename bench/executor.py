@@ -17,8 +17,9 @@ exits non-zero only when it crashes.
    Each is measured twice and labelled: served by the snapshot the executor wrote when the run
    stopped (the row says how many of the run's events it covers), and from events alone (the
    copy's snapshot of the run deleted first, so the whole stream is folded).
-4. time travel: ``rt.runs.at(run_id, position)`` at the middle of that stream (always a fold of
-   the stream's prefix: snapshots hold only the latest state).
+4. time travel: ``rt.runs.at(run_id, position)`` at the middle of that stream, repeated in one
+   runtime: the median is served by the checkpoint cache (ADR 0034); ``bench/timetravel.py``
+   measures cold calls apart.
 5. asyncio (A1): the chain of 1 through ``journaled.aio`` (``await rt.execute``) against the sync
    runtime's ``rt.execute``, interleaved in the same run on twin SQLite files (target <= 1.2x),
    with the event loop's lag during the async runs (a probe task sleeping 1 ms; target: max
@@ -537,7 +538,7 @@ def bench_resume(tmp: Path, durability: str, samples: int) -> list[Row]:
             f"{state / read:.1f}x", "-", None),
         Row(f"  rebuild state from events alone, no snapshot [{durability}]", _ms(fold), base,
             f"{fold / read:.1f}x", "-", None),
-        Row(f"  time travel, runs.at(middle), prefix fold [{durability}]", _ms(at), half,
+        Row(f"  time travel, runs.at(middle), checkpoint cache [{durability}]", _ms(at), half,
             f"{at / prefix:.1f}x", "-", None),
     ]  # fmt: skip
 
