@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from old_journals import copy_journal, register_tools
 
 import journaled
 import journaled.testing
@@ -810,24 +811,11 @@ def test_verify_catches_two_side_rows_swapped(sqlite_url: str) -> None:
 
 # -- J6/T1/T2: a journal written by the previous encoding ----------------------------------------
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
-
 
 @pytest.fixture
 def release2_url(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     """A copy of the journal release 2 wrote: every partition, whole-event side rows."""
-    import shutil
-
-    copy_path = tmp_path / "release2.db"
-    shutil.copy(FIXTURES / "release2-runs.db", copy_path)
-    expected = json.loads((FIXTURES / "release2-runs.json").read_text())
-    return f"sqlite:///{copy_path}", expected
-
-
-def _release2_tools(rt: journaled.Runtime) -> None:
-    rt.register_tool("noop", lambda data: None)
-    rt.register_tool("echo", lambda data: {"echo": data})
-    rt.register_tool("crash", lambda data: data)
+    return copy_journal(tmp_path, "release2-runs")
 
 
 def test_a_release2_journal_is_listed_and_time_travelled(
@@ -841,7 +829,7 @@ def test_a_release2_journal_is_listed_and_time_travelled(
     status = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
     assert status == {runs["chain"]: "completed", runs["wide"]: "running"}
     with journaled.open(url, clock=journaled.testing.ManualClock(start=1_800_000_000_000)) as rt:
-        _release2_tools(rt)
+        register_tools(rt)
         journal = rt.runs._journal
         end = rt.journal.position()
         for run_id in runs.values():  # the cold path first: release 2's snapshots
@@ -872,7 +860,7 @@ def test_a_release2_run_purged_today_leaves_nothing_and_verifies(
     url, expected = release2_url
     wide = expected["runs"]["wide"]
     with journaled.open(url) as rt:
-        _release2_tools(rt)
+        register_tools(rt)
         rt.runs.resume(wide, take_over=True)
         end = rt.journal.position()
         assert "{'echo'" in repr(rt.runs.at(wide, end))
@@ -1017,8 +1005,8 @@ def _without_write_rights() -> list[str]:
 
     if os.geteuid() != 0:
         return []
-    if shutil.which("setpriv") is None:
-        pytest.skip("running as root without setpriv: file permissions cannot be enforced")
+    if shutil.which("setpriv") is None:  # util-linux: on every machine the suite runs on
+        pytest.fail("running as root needs setpriv (util-linux) to enforce file permissions")
     return ["setpriv", "--bounding-set=-dac_override,-dac_read_search,-fowner"]
 
 

@@ -4,9 +4,7 @@ of ADR 0034's update (issue 12): what holds is asserted, what does not is a stri
 from __future__ import annotations
 
 import contextlib
-import json
 import os
-import shutil
 import signal
 import sqlite3
 import subprocess
@@ -19,6 +17,7 @@ from typing import Any
 import msgspec
 import pykka
 import pytest
+from old_journals import copy_journal, register_tools
 
 import journaled
 from journaled.actors.directory import quick_inbox
@@ -46,7 +45,6 @@ CODEC = codec()
 MAPS = Codec(CODEC.types)  # the same types stored as maps: the layout before ADR 0040
 AT = 1_764_560_000_000
 SUCCEEDED = "run.step-succeeded@2"
-FIXTURES = Path(__file__).parent / "fixtures"
 enc = msgspec.msgpack.encode
 
 ODD_ID = "s\x00\u00e9@\U0001f600A"
@@ -448,18 +446,13 @@ def test_verify_reports_every_tamper_of_a_positional_row(sqlite_url: str, tamper
 def test_a_journal_mixing_maps_and_arrays_forks_purges_and_verifies(tmp_path: Path) -> None:
     """J5/F1/R2/R7 (ADR 0040): an earlier release's map rows, resumed into arrays in the same
     stream, fold alike, fork, purge and still verify as one chain."""
-    copy = tmp_path / "maps.db"
-    shutil.copy(FIXTURES / "map-payloads-runs.db", copy)
-    expected = json.loads((FIXTURES / "map-payloads-runs.json").read_text())
-    url = f"sqlite:///{copy}"
+    url, expected = copy_journal(tmp_path, "map-payloads-runs")
     wide = expected["runs"]["wide"]
     old_head = verify(url).head
     assert old_head is not None
     assert len(old_head) == 64  # the earlier release's 32-byte digest
     with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
-        rt.register_tool("noop", lambda data: None)
-        rt.register_tool("echo", lambda data: {"echo": data})
-        rt.register_tool("crash", lambda data: data)
+        register_tools(rt)
         resumed = rt.runs.resume(wide, take_over=True)
         end = rt.journal.position()
         assert rt.runs.at(wide, end) == rt.runs.current(wide) == resumed
@@ -473,7 +466,7 @@ def test_a_journal_mixing_maps_and_arrays_forks_purges_and_verifies(tmp_path: Pa
         assert all(o.output in {None, PURGED} for o in rt.runs.current(wide).observations), (
             rt.runs.current(wide).observations
         )
-    with sqlite3.connect(copy) as conn:
+    with sqlite3.connect(url.removeprefix("sqlite:///")) as conn:
         heads = {bytes(s)[:1][0] for (s,) in conn.execute("SELECT state FROM stored_events")}
     assert heads & {*range(0x80, 0x90)}  # maps of the earlier release
     assert heads & {*range(0x90, 0xA0)}  # arrays of this one
@@ -992,10 +985,7 @@ def test_runs_at_on_a_mixed_stream_answers_a_plain_fold_at_every_position(
 ) -> None:
     """T1/J5 (ADR 0034, 0040): on a stream of maps then arrays, cold and warm runs.at at
     every position (inside commits too) equal a plain fold of the events up to it."""
-    copy = tmp_path / "maps.db"
-    shutil.copy(FIXTURES / "map-payloads-runs.db", copy)
-    expected = json.loads((FIXTURES / "map-payloads-runs.json").read_text())
-    url = f"sqlite:///{copy}"
+    url, expected = copy_journal(tmp_path, "map-payloads-runs")
     wide = expected["runs"]["wide"]
     with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
         for name in ("noop", "echo", "crash"):

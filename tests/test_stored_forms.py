@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
@@ -12,6 +10,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from old_journals import copy_journal, register_tools
 
 import journaled
 from journaled.events.base import DomainEvent
@@ -36,7 +35,6 @@ from journaled.events.runs import (
 from journaled.runtime import verify
 from journaled.testing import ManualClock
 
-FIXTURES = Path(__file__).parent / "fixtures"
 CODEC = codec()
 MAPS = Codec(CODEC.types)  # this codec without positional forms: the layout before ADR 0040
 AT = 1_764_560_000_000
@@ -280,10 +278,7 @@ def test_the_stored_run_summaries_are_compressed_and_read_back(sqlite_url: str) 
 @pytest.fixture
 def map_payloads(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     """Copy the journal written before ADR 0040 (every payload a map, caches uncompressed)."""
-    copy = tmp_path / "maps.db"
-    shutil.copy(FIXTURES / "map-payloads-runs.db", copy)
-    expected = json.loads((FIXTURES / "map-payloads-runs.json").read_text())
-    return f"sqlite:///{copy}", expected
+    return copy_journal(tmp_path, "map-payloads-runs")
 
 
 def test_a_journal_of_map_payloads_reads_and_verifies_identically(
@@ -310,9 +305,7 @@ def test_a_run_of_map_payloads_cut_off_by_a_crash_resumes_identically(
     """E14/J5: a run cut off in the map layout resumes to the same result, appending arrays."""
     url, expected = map_payloads
     with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
-        rt.register_tool("noop", lambda data: None)
-        rt.register_tool("echo", lambda data: {"echo": data})
-        rt.register_tool("crash", lambda data: data)
+        register_tools(rt)
         resumed = rt.runs.resume(expected["runs"]["wide"], take_over=True)
         assert msgspec.to_builtins(resumed) == expected["resumed"]
     report = verify(url)

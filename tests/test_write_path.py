@@ -3,14 +3,13 @@ information, no side row for empty content, and old journals read, verify and re
 
 from __future__ import annotations
 
-import json
-import shutil
 import sqlite3
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
+from old_journals import copy_journal, register_tools
 
 import journaled
 from journaled.events.base import PURGED, DomainEvent
@@ -21,8 +20,6 @@ from journaled.events.run_state import fold_run
 from journaled.events.runs import StepStarted, WavePartitioned, implied_partitions
 from journaled.runtime import verify
 from journaled.testing import ManualClock
-
-FIXTURES = Path(__file__).parent / "fixtures"
 
 
 def _kinds(rt: journaled.Runtime, run_id: str, kind: str) -> list[Any]:
@@ -176,16 +173,7 @@ def test_tampering_with_a_step_event_without_side_row_is_reported(sqlite_url: st
 @pytest.fixture
 def release2(tmp_path: Path) -> tuple[str, dict[str, Any]]:
     """Copy the journal release 2 wrote (make_release2_runs.py) and load its expected results."""
-    copy = tmp_path / "release2.db"
-    shutil.copy(FIXTURES / "release2-runs.db", copy)
-    expected = json.loads((FIXTURES / "release2-runs.json").read_text())
-    return f"sqlite:///{copy}", expected
-
-
-def _tools(rt: journaled.Runtime) -> None:
-    rt.register_tool("noop", lambda data: None)
-    rt.register_tool("echo", lambda data: {"echo": data})
-    rt.register_tool("crash", lambda data: data)
+    return copy_journal(tmp_path, "release2-runs")
 
 
 def test_a_release2_journal_reads_and_verifies_identically(
@@ -207,7 +195,7 @@ def test_a_release2_run_cut_off_by_a_crash_resumes_identically(
     """E14/J5: the run a crash cut off in release 2's layout resumes to release 2's result."""
     url, expected = release2
     with journaled.open(url, clock=ManualClock(start=1_800_000_000_000)) as rt:
-        _tools(rt)
+        register_tools(rt)
         resumed = rt.runs.resume(expected["runs"]["wide"], take_over=True)
         assert msgspec.to_builtins(resumed) == expected["resumed"]
     report = verify(url)
