@@ -20,6 +20,7 @@ try:
         PostgresDatastore,
         PostgresFactory,
     )
+    from eventsourcing.utils import retry
     from psycopg.rows import DictRow, tuple_row
 except ImportError as _exc:  # the "postgres" extra is not installed
     _POSTGRES_MISSING: str | None = str(_exc)
@@ -44,7 +45,14 @@ from journaled.events.journal._common import (
     erases,
     refused_after,
 )
-from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain, payload_hash
+from journaled.events.journal._digest import (
+    DIGEST_TABLE,
+    ChainBroken,
+    DigestRow,
+    chain,
+    commit_parts,
+    payload_hash,
+)
 from journaled.events.url import JournalConfig
 
 
@@ -74,6 +82,77 @@ def _pg_ddl() -> list[str]:
         f"CREATE TABLE IF NOT EXISTS public.{SCRUB_TABLE} (id int PRIMARY KEY CHECK (id = 1), "
         "erased bigint NOT NULL, scrubbed bigint NOT NULL)",
         _SUBSCRIPTION_DDL,
+        *_append_ddl(),
+    ]
+
+
+APPEND_FUNCTION = "journaled_append_v1"
+"""The server-side append (ADR 0044); a new body gets a new name, so that processes of two
+releases sharing a journal each call the body they were written for."""
+
+_CHAIN_BROKEN = "journaled: chain broken"
+"""The prefix of the append function's error when the chain already reaches its positions."""
+
+
+def _append_ddl() -> list[str]:
+    """Return the append function and its msgpack helper (ADR 0044).
+
+    One call does what an append of events and content rows needs, in one round trip and one
+    transaction (the caller is in autocommit mode): it takes the events table's EXCLUSIVE lock
+    (the lock every writer of every release takes, so ids stay in commit order, J1), inserts the
+    events, returns their positions, upserts the content rows, extends the digest chain (R7) from
+    the hashes and entries the client computed, and notifies followers with ``note``.
+
+    The chain's digest is SHA-256 over the previous digest, the msgpack array (first, last, prev)
+    and the hashes and entries (:func:`journaled.events.journal._digest.commit_digest`), so the
+    function encodes unsigned integers exactly as msgpack does: the smallest form.
+    """
+    events = EVENTS_TABLE_POSTGRES
+    return [
+        "CREATE OR REPLACE FUNCTION public.journaled_mp_uint(v bigint) RETURNS bytea "
+        "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT CASE "
+        "WHEN v IS NULL THEN '\\xc0'::bytea "
+        "WHEN v < 128 THEN substring(int8send(v) FROM 8 FOR 1) "
+        "WHEN v < 256 THEN '\\xcc'::bytea || substring(int8send(v) FROM 8 FOR 1) "
+        "WHEN v < 65536 THEN '\\xcd'::bytea || substring(int8send(v) FROM 7 FOR 2) "
+        "WHEN v < 4294967296 THEN '\\xce'::bytea || substring(int8send(v) FROM 5 FOR 4) "
+        "ELSE '\\xcf'::bytea || int8send(v) END $$",
+        f"CREATE OR REPLACE FUNCTION public.{APPEND_FUNCTION}("  # noqa: S608 - our own names
+        "ids text[], versions bigint[], topics text[], states bytea[], keys text[], "
+        "payloads bytea[], hashes bytea, entries bytea, chained boolean, channel text, note text) "
+        "RETURNS bigint[] LANGUAGE plpgsql AS $body$ "
+        "DECLARE positions bigint[]; head_position bigint; head_digest bytea; n int; "
+        "BEGIN "
+        f"LOCK TABLE public.{events} IN EXCLUSIVE MODE; "
+        f"WITH ins AS (INSERT INTO public.{events} "
+        "(originator_id, originator_version, topic, state) "
+        "SELECT * FROM unnest(ids, versions, topics, states) RETURNING notification_id) "
+        "SELECT array_agg(notification_id ORDER BY notification_id) INTO positions FROM ins; "
+        "n := cardinality(positions); "
+        "IF cardinality(keys) > 0 THEN "
+        f"INSERT INTO public.{PAYLOAD_TABLE} (stream, payload) "
+        "SELECT * FROM unnest(keys, payloads) "
+        "ON CONFLICT (stream) DO UPDATE SET payload = EXCLUDED.payload; "
+        "END IF; "
+        "IF chained THEN "
+        f"SELECT position, digest INTO head_position, head_digest FROM public.{DIGEST_TABLE} "
+        "ORDER BY position DESC LIMIT 1; "
+        "IF head_position >= positions[1] THEN "
+        f"RAISE EXCEPTION '{_CHAIN_BROKEN} %', head_position; "
+        "END IF; "
+        "IF positions[n] - positions[1] <> n - 1 THEN "
+        "RAISE EXCEPTION 'journaled: positions % of one append are not consecutive', positions; "
+        "END IF; "
+        f"INSERT INTO public.{DIGEST_TABLE} (position, first, prev, hashes, entries, digest) "
+        "VALUES (positions[n], positions[1], head_position, hashes, entries, "
+        "substring(sha256(coalesce(head_digest, ''::bytea) || '\\x93'::bytea "
+        "|| public.journaled_mp_uint(positions[1]) || public.journaled_mp_uint(positions[n]) "
+        "|| public.journaled_mp_uint(head_position) || hashes || coalesce(entries, ''::bytea)) "
+        "FROM 1 FOR 16)); "
+        "END IF; "
+        "PERFORM pg_notify(channel, note); "
+        "RETURN positions; "
+        "END $body$",
     ]
 
 
@@ -287,14 +366,73 @@ if _POSTGRES_MISSING is None:
                     "ON CONFLICT (id) DO UPDATE SET erased = s.erased + 1"
                 )
 
+        fast = False
+        """Append events and content rows through :data:`APPEND_FUNCTION` (set at open when the
+        journal has it; one migrated by an older release has not, ADR 0044)."""
+
         def insert_events(
             self, stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> Sequence[int] | None:
-            """Append as the library does, carrying a holder for the chain's head (R7)."""
+            """Append in one round trip when only events and content rows are written (ADR
+            0044); otherwise as the library does, carrying a holder for the chain's head (R7)."""
+            if (
+                self.fast
+                and stored_events
+                and not (
+                    kwargs.get("forget")
+                    or kwargs.get("snapshots")
+                    or kwargs.get("drop_snapshots")
+                    or refused_after(kwargs)
+                )
+            ):
+                return self._append(stored_events, kwargs.get("payloads") or {}, kwargs.get("note"))
+            kwargs.pop("note", None)
             positions: Sequence[int] | None = super().insert_events(
                 stored_events, **kwargs, head=[]
             )
             return positions
+
+        @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+        def _append(
+            self, stored_events: Sequence[StoredEvent], payloads: Mapping[str, bytes], note: Any
+        ) -> list[int]:
+            """Call the append function: one statement, one transaction, one round trip."""
+            events = [
+                (str(e.originator_id), e.originator_version, e.topic, e.state)
+                for e in stored_events
+            ]
+            hashes, entries = commit_parts(events, payloads, ()) if self.chained else ([], None)
+            params = [
+                [e[0] for e in events],
+                [e[1] for e in events],
+                [e[2] for e in events],
+                [e[3] for e in events],
+                list(payloads),
+                list(payloads.values()),
+                b"".join(hashes),
+                entries,
+                self.chained,
+                self.channel_name,
+                note if isinstance(note, str) else "",
+            ]
+            with (
+                self._store.get_connection() as conn,
+                conn.cursor(row_factory=tuple_row) as curs,
+            ):
+                try:
+                    curs.execute(_APPEND_CALL, params, prepare=True)
+                except psycopg.errors.RaiseException as exc:
+                    text = str(exc).strip()
+                    if text.startswith(_CHAIN_BROKEN):
+                        raise ChainBroken(
+                            f"cannot append: the journal's digest chain already reaches position "
+                            f"{text.removeprefix(_CHAIN_BROKEN).split()[0]}, so events at its end "
+                            "were removed outside the journal; run `journaled journal verify`"
+                        ) from None
+                    raise
+                found = curs.fetchone()
+            assert found is not None
+            return [int(p) for p in found[0]]
 
         def _insert_stored_events(
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -603,6 +741,21 @@ if _POSTGRES_MISSING is None:
 
     class _PostgresFactory(PostgresFactory):
         application_recorder_class = _PostgresRecorder
+
+
+_APPEND_CALL = (
+    f"SELECT public.{APPEND_FUNCTION}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
+    "%s::text[], %s::bytea[], %s::bytea, %s::bytea, %s::boolean, %s::text, %s::text)"
+)
+
+
+def _pg_has_append(config: JournalConfig) -> bool:
+    """Tell whether a PostgreSQL journal has the append function (ADR 0044)."""
+    with _pg_connect(config) as conn:
+        row = conn.execute(
+            "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_FUNCTION}"]
+        ).fetchone()
+        return bool(row and row[0])
 
 
 def _pg_row(row: tuple[Any, ...]) -> Row:
