@@ -494,7 +494,7 @@ def test_notify_wakes_followers_before_the_poll(pg_url: str) -> None:
         assert time.monotonic() - started < 5.0  # the 10 s poll could not have done it
 
 
-# -- one round trip per append, notes for followers (ADR 0044) ---------------------------------------
+# -- one round trip per append, notes for followers (ADR 0044) ------------------------------------
 
 
 def test_the_append_function_encodes_integers_as_msgpack_does(journal: Journal) -> None:
@@ -531,11 +531,12 @@ def test_an_append_of_events_and_content_is_one_statement(
         payloads={"a": b"the text of a", "b": b"the text of b"},
     )
     monkeypatch.undo()
-    assert len(sent) == 1 and "journaled_append_v1" in sent[0]
+    assert len(sent) == 1
+    assert "journaled_append_v1" in sent[0]
     assert positions == [positions[0], positions[0] + 1]
     assert journal.payloads(["a", "b"]) == {"a": b"the text of a", "b": b"the text of b"}
     report = journal.verify()
-    assert report.ok and report.events == 3 and report.chained_from == 1, report
+    assert (report.ok, report.events, report.chained_from) == (True, 3, 1), report
 
 
 def test_an_older_journal_without_the_function_appends_as_before(pg_url: str) -> None:
@@ -553,7 +554,7 @@ def test_an_older_journal_without_the_function_appends_as_before(pg_url: str) ->
     try:
         again.append([Pending(stream="b", version=1, data=_remembered("b"))])
         report = again.verify()
-        assert report.ok and report.events == 2, report
+        assert (report.ok, report.events) == (True, 2), report
     finally:
         again.close()
 

@@ -385,7 +385,9 @@ if _POSTGRES_MISSING is None:
                     or refused_after(kwargs)
                 )
             ):
-                return self._append(stored_events, kwargs.get("payloads") or {}, kwargs.get("note"))
+                side, note = kwargs.get("payloads") or {}, kwargs.get("note")
+                appended: list[int] = self._append(stored_events, side, note)
+                return appended
             kwargs.pop("note", None)
             positions: Sequence[int] | None = super().insert_events(
                 stored_events, **kwargs, head=[]
