@@ -40,7 +40,8 @@ connection to the ``postgres`` database, so the bench's own reads are counted th
 journal's database. Opening and closing a runtime costs transactions of its own: a stretch that
 opens a runtime, executes the warm-up chain and closes it is measured as well, and subtracted.
 ``pg_stat_wal`` is cluster-wide: nothing else writes during a stretch (autovacuum is off). The
-floor checks the method: N plain commits must read as N transactions and about N WAL fsyncs.
+floor checks the method: N plain commits over one new connection must read as N + 1 transactions
+(a backend's start-up runs one transaction of its own) and about N WAL fsyncs.
 
 Run ``python bench/fleet.py`` (about 2 minutes) or ``python bench/fleet.py --quick``.
 """
@@ -102,6 +103,10 @@ class Counters(NamedTuple):
 
     def __sub__(self, other: tuple[int, ...]) -> Counters:
         return Counters(*(a - b for a, b in zip(self, other, strict=True)))
+
+    def total(self) -> str:
+        """Say the counters as they are."""
+        return f"{self.xacts:,} xact, {self.wal_syncs:,} fsync, {self.wal_bytes:,} B WAL"
 
     def per(self, count: int) -> str:
         """Say the counters per unit of work, e.g. per step."""
@@ -291,8 +296,17 @@ def chain_session(url: str, n: int) -> ChainRun | None:
         return execute_chain(rt, n) if n else None
 
 
-def bench_chain(server: Server, url: str, n: int, repeats: int) -> tuple[list[Row], float, str]:
-    """Rows 1 and 2: the floor and the chain, interleaved; return rows, s/step and a run id."""
+class Chained(NamedTuple):
+    """What row 2 hands on: seconds per step, a 1,000-step run's id, and what one runtime
+    session (open, warm-up chain, close) costs the server."""
+
+    step: float
+    run_id: str
+    session: Counters
+
+
+def bench_chain(server: Server, url: str, n: int, repeats: int) -> tuple[list[Row], Chained]:
+    """Rows 1 and 2: the floor and the chain, interleaved."""
     db, stats = dbname(url), server.stats
     make_floor_table(url)
     chain_session(url, 0)  # the schema is created once, outside every measured stretch
@@ -319,22 +333,25 @@ def bench_chain(server: Server, url: str, n: int, repeats: int) -> tuple[list[Ro
     per_step = _median_counters([c - o for c, o in zip(costs, overheads, strict=True)])
     overhead = _median_counters(overheads)
     ratio = step / floor
-    label = f"[{repeats} repeats]"
+    # The method's check: n plain commits over one connection must read as n + 1 transactions
+    # (a backend's start-up runs one) and about n WAL fsyncs.
+    counted = fc.xacts == floor_n + 1 and abs(fc.wal_syncs - floor_n) <= floor_n // 50
+    label = f"best of {repeats}"
     rows = [
-        Row(f"floor: INSERT + commit, one connection {label}", _us(floor) + "/commit", "",
-            "", "-", None),
-        Row(f"  floor, per commit ({floor_n:,} commits; checks the statistics)",
-            fc.per(floor_n), "", "", "-", None),
-        Row(f"chain {n:,} no-op steps, per step {label}", _us(step), f"floor {_us(floor)}",
+        Row(f"floor: INSERT + commit per iteration, one connection, {label}",
+            _us(floor) + "/commit", "", "", "-", None),
+        Row(f"  statistics of the floor's {floor_n:,} commits + 1 connection", fc.total(),
+            f"{floor_n + 1:,} xact, {floor_n:,} fsync", "", "exact xact, ~fsync", counted),
+        Row(f"chain {n:,} no-op steps, per step, {label}", _us(step), f"floor {_us(floor)}",
             f"{ratio:.2f}x", f"<= {CHAIN_TARGET:g}x", ratio <= CHAIN_TARGET),
-        Row("  chain, per step (runtime open + warm-up + close subtracted)",
+        Row("  chain, server per step (runtime open, warm-up, close subtracted)",
             per_step.per(n), "", "", "-", None),
-        Row("  chain, client CPU per step (process time, all threads)", _us(cpu), "", "",
-            "-", None),
-        Row(f"  runtime open + {WARM}-step warm-up + close, per session", overhead.per(1), "",
+        Row("  chain, client CPU per step (this process's time, all threads)", _us(cpu), "",
             "", "-", None),
+        Row(f"  one runtime session: open, {WARM}-step warm-up chain, close", overhead.per(1),
+            "", "", "-", None),
     ]  # fmt: skip
-    return rows, step, best.run_id
+    return rows, Chained(step, best.run_id, overhead)
 
 
 def _median_counters(samples: list[Counters]) -> Counters:
@@ -368,11 +385,15 @@ def worker(url: str, steps: int, tag: str, barrier: Barrier, out: Any) -> None:
         raise
 
 
-def fleet_point(server: Server, processes: int, steps: int) -> tuple[float, list[Done]]:
-    """Run ``processes`` workers on one fresh journal; return aggregate steps/s and reports."""
+def fleet_point(
+    server: Server, processes: int, steps: int
+) -> tuple[float, list[Done], float, Counters]:
+    """Run ``processes`` workers on one fresh journal; return aggregate steps/s, reports, the
+    wall from the barrier to the last finish, and what the server counted for the workers."""
     url = server.database()
     with open_runtime(url):
         pass  # the schema, created once: processes creating it at once race on DDL
+    before = server.stats.read(dbname(url))
     context = mp.get_context("spawn")
     barrier = context.Barrier(processes + 1)
     out = context.Queue()
@@ -394,44 +415,40 @@ def fleet_point(server: Server, processes: int, steps: int) -> tuple[float, list
         raise RuntimeError("; ".join(map(str, failed)))
     done = [r for r in reports if isinstance(r, Done)]
     wall = max(d.finish for d in done) - released
-    return sum(d.steps for d in done) / wall, done
+    cost = server.stats.read(dbname(url)) - before
+    return sum(d.steps for d in done) / wall, done, wall, cost
 
 
-def bench_fleet(server: Server, step: float, seconds: float) -> list[Row]:
-    """Row 3: aggregate steps/s of 1, 2 and 4 processes on one journal."""
-    steps = max(100, math.ceil(seconds / step / 100) * 100)
+def bench_fleet(server: Server, chained: Chained, seconds: float) -> tuple[list[Row], str]:
+    """Row 3: aggregate steps/s of 1, 2 and 4 processes on one journal; rows and the curve."""
+    steps = max(100, math.ceil(seconds / chained.step / 100) * 100)
     rows: list[Row] = []
-    one = 0.0
+    rates: list[float] = []
     for processes in PROCESSES:
-        rate, done = fleet_point(server, processes, steps)
-        one = one or rate
-        ratio = rate / one
+        rate, done, wall, cost = fleet_point(server, processes, steps)
+        rates.append(rate)
+        ratio = rate / rates[0]
         spread = max(d.finish for d in done) - min(d.finish for d in done)
         cpu = statistics.median(d.cpu for d in done) / steps
         target = processes == PROCESSES[-1]
-        rows.append(
-            Row(
-                f"fleet: {processes} process(es) x {steps:,}-step chain, one journal",
-                f"{rate:,.0f} steps/s",
-                "1 process" if processes > 1 else "",
+        # Each worker is one runtime session around its chain: row 2's session cost comes off.
+        net = cost - Counters(*(processes * c for c in chained.session))
+        rows += [
+            Row(f"fleet: {processes} process(es) x {steps:,}-step chain, one journal",
+                f"{rate:,.0f} steps/s", "1 process" if processes > 1 else "",
                 f"{ratio:.2f}x" if processes > 1 else "",
                 f">= {FLEET_TARGET:g}x" if target else "-",
-                ratio >= FLEET_TARGET if target else None,
-            )
-        )
-        rows.append(
-            Row(
-                f"  {processes} process(es): finishes spread, client CPU per step",
-                f"{spread:.2f} s, {_us(cpu)}",
-                "",
-                "",
-                "-",
-                None,
-            )
-        )
-    curve = " -> ".join(f"{r.ours}" for r in rows[::2])
-    print(f"fleet curve (aggregate, 1 / 2 / 4 processes): {curve}\n")
-    return rows
+                ratio >= FLEET_TARGET if target else None),
+            Row(f"  {processes}: wall barrier to last finish, finishes spread, CPU/step",
+                f"{wall:.2f} s, {spread:.2f} s, {_us(cpu)}", "", "", "-", None),
+            Row(f"  {processes}: server per step (row 2's session cost subtracted)",
+                net.per(processes * steps), "", "", "-", None),
+        ]  # fmt: skip
+    curve = " | ".join(
+        f"{p} proc: {r:,.0f} steps/s ({r / rates[0]:.2f}x)"
+        for p, r in zip(PROCESSES, rates, strict=True)
+    )
+    return rows, f"fleet curve, aggregate steps/s: {curve}"
 
 
 # 4. time travel --------------------------------------------------------------------------------
@@ -515,10 +532,12 @@ def main() -> None:
             return
         print(server.stats.settings() + "\n")
         url = server.database()
-        rows, step, run_id = bench_chain(server, url, n, repeats)
-        rows += bench_fleet(server, step, fleet_seconds)
-        rows += bench_time_travel(url, run_id, n)
+        rows, chained = bench_chain(server, url, n, repeats)
+        fleet, curve = bench_fleet(server, chained, fleet_seconds)
+        rows += fleet
+        rows += bench_time_travel(url, chained.run_id, n)
     print_table(rows)
+    print(f"\n{curve}")
 
 
 if __name__ == "__main__":
