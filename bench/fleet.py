@@ -524,7 +524,7 @@ def bench_time_travel(url: str, run_id: str, n: int, cold_runtimes: int = 5) -> 
     )
     return [
         Row(
-            f"runs.at step {n // 2} of {n}, cold: 1st call of {cold_runtimes} new runtimes, p50",
+            f"runs.at step {n // 2:,} of {n:,}, cold: 1st call of {cold_runtimes} runtimes, p50",
             _ms(c50),
             f"stream read {_ms(read)}",
             f"{c50 / read:.2f}x",
