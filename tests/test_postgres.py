@@ -38,6 +38,7 @@ from journaled.events.journal import (
     Journal,
     migrate,
 )
+from journaled.events.journal._postgres import FLUSH_TABLE
 from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
 from journaled.events.url import parse_url
 from journaled.testing import ManualClock
@@ -228,6 +229,7 @@ def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
         DIGEST_TABLE,
         SCRUB_TABLE,
         SUBSCRIPTION_TABLE,
+        FLUSH_TABLE,
     }
     j = _journal(pg_url)
     try:
@@ -497,7 +499,7 @@ def test_notify_wakes_followers_before_the_poll(pg_url: str) -> None:
 # -- one round trip per append, notes for followers (ADR 0044) ------------------------------------
 
 
-def test_the_append_function_encodes_integers_as_msgpack_does(journal: Journal) -> None:
+def test_the_append_procedure_encodes_integers_as_msgpack_does(journal: Journal) -> None:
     """R7: the server's integer framing equals msgspec's at every size boundary (ADR 0044)."""
     import msgspec
 
@@ -539,11 +541,11 @@ def test_an_append_of_events_and_content_is_one_statement(
     assert (report.ok, report.events, report.chained_from) == (True, 3, 1), report
 
 
-def test_an_older_journal_without_the_function_appends_as_before(pg_url: str) -> None:
-    """J6, R7: a journal migrated by an older release (no append function) appends chained."""
+def test_an_older_journal_without_the_procedure_appends_as_before(pg_url: str) -> None:
+    """J6, R7: a journal migrated by an older release (no append procedure) appends chained."""
     _journal(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP FUNCTION public.journaled_append_v1")
+        conn.execute("DROP PROCEDURE public.journaled_append_v1")
     old = _journal(pg_url, create=False)
     try:
         old.append([Pending(stream="a", version=1, data=_remembered("a"))], payloads={"a": b"x"})
@@ -559,7 +561,7 @@ def test_an_older_journal_without_the_function_appends_as_before(pg_url: str) ->
         again.close()
 
 
-def test_the_append_function_refuses_a_chain_that_reaches_past_it(journal: Journal) -> None:
+def test_the_append_procedure_refuses_a_chain_that_reaches_past_it(journal: Journal) -> None:
     """R7: a digest record beyond the log's end (its events removed) stops appends, clearly."""
     from journaled.events.journal._digest import ChainBroken
 

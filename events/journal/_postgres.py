@@ -86,29 +86,44 @@ def _pg_ddl() -> list[str]:
     ]
 
 
-APPEND_FUNCTION = "journaled_append_v1"
+APPEND_PROCEDURE = "journaled_append_v1"
 """The server-side append (ADR 0044); a new body gets a new name, so that processes of two
 releases sharing a journal each call the body they were written for."""
 
+DURABLE_FUNCTION = "journaled_durable_v1"
+"""Returns the last position whose commit is on disk (ADR 0044)."""
+
+FLUSH_TABLE = "journaled_flush"
+"""One row per server process that appended: the write that makes an append's flush commit."""
+
 _CHAIN_BROKEN = "journaled: chain broken"
-"""The prefix of the append function's error when the chain already reaches its positions."""
+"""The prefix of the append procedure's error when the chain already reaches its positions."""
 
 
 def _append_ddl() -> list[str]:
-    """Return the append function and its msgpack helper (ADR 0044).
+    """Return the append procedure, its msgpack helper and the durable-position function.
 
-    One call does what an append of events and content rows needs, in one round trip and one
-    transaction (the caller is in autocommit mode): it takes the events table's EXCLUSIVE lock
-    (the lock every writer of every release takes, so ids stay in commit order, J1), inserts the
-    events, returns their positions, upserts the content rows, extends the digest chain (R7) from
-    the hashes and entries the client computed, and notifies followers with ``note``.
+    One ``CALL`` appends events and content rows in one round trip (ADR 0044). Its first
+    transaction takes the events table's EXCLUSIVE lock (the lock every writer of every release
+    takes, so ids stay in commit order, J1), inserts the events, upserts the content rows,
+    extends the digest chain (R7) from the hashes and entries the client computed, notifies
+    followers with ``note``, and commits without waiting for the disk: the lock is held for the
+    statements alone, not for an fsync. Its second transaction writes one small row and commits
+    waiting for the disk, which flushes the write-ahead log up to and past the first one: when
+    the ``CALL`` returns, the append is durable. Appends of many processes thus share fsyncs.
 
-    The chain's digest is SHA-256 over the previous digest, the msgpack array (first, last, prev)
-    and the hashes and entries (:func:`journaled.events.journal._digest.commit_digest`), so the
-    function encodes unsigned integers exactly as msgpack does: the smallest form.
+    A committed but not yet flushed append is visible to other sessions, and a server crash
+    would take it back; so readers read only up to :data:`DURABLE_FUNCTION`'s answer: the last
+    position visible, once the log is flushed past everything committed when it looked.
+
+    The chain's digest is SHA-256 over the previous digest, the msgpack array (first, last,
+    prev) and the hashes and entries (:func:`journaled.events.journal._digest.commit_digest`),
+    so the procedure encodes unsigned integers exactly as msgpack does: the smallest form.
     """
     events = EVENTS_TABLE_POSTGRES
     return [
+        f"CREATE TABLE IF NOT EXISTS public.{FLUSH_TABLE} "
+        "(pid integer PRIMARY KEY, appends bigint NOT NULL)",
         "CREATE OR REPLACE FUNCTION public.journaled_mp_uint(v bigint) RETURNS bytea "
         "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT CASE "
         "WHEN v IS NULL THEN '\\xc0'::bytea "
@@ -117,12 +132,14 @@ def _append_ddl() -> list[str]:
         "WHEN v < 65536 THEN '\\xcd'::bytea || substring(int8send(v) FROM 7 FOR 2) "
         "WHEN v < 4294967296 THEN '\\xce'::bytea || substring(int8send(v) FROM 5 FOR 4) "
         "ELSE '\\xcf'::bytea || int8send(v) END $$",
-        f"CREATE OR REPLACE FUNCTION public.{APPEND_FUNCTION}("  # noqa: S608 - our own names
+        f"CREATE OR REPLACE PROCEDURE public.{APPEND_PROCEDURE}("  # noqa: S608 - our own names
         "ids text[], versions bigint[], topics text[], states bytea[], keys text[], "
-        "payloads bytea[], hashes bytea, entries bytea, chained boolean, channel text, note text) "
-        "RETURNS bigint[] LANGUAGE plpgsql AS $body$ "
-        "DECLARE positions bigint[]; head_position bigint; head_digest bytea; n int; "
+        "payloads bytea[], hashes bytea, entries bytea, chained boolean, channel text, "
+        "note text, INOUT positions bigint[] DEFAULT NULL) "
+        "LANGUAGE plpgsql AS $body$ "
+        "DECLARE head_position bigint; head_digest bytea; n int; "
         "BEGIN "
+        "PERFORM set_config('synchronous_commit', 'off', true); "
         f"LOCK TABLE public.{events} IN EXCLUSIVE MODE; "
         f"WITH ins AS (INSERT INTO public.{events} "
         "(originator_id, originator_version, topic, state) "
@@ -151,7 +168,23 @@ def _append_ddl() -> list[str]:
         "FROM 1 FOR 16)); "
         "END IF; "
         "PERFORM pg_notify(channel, note); "
-        "RETURN positions; "
+        "COMMIT; "
+        f"INSERT INTO public.{FLUSH_TABLE} AS f VALUES (pg_backend_pid(), 1) "
+        "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1; "
+        "COMMIT; "
+        "END $body$",
+        # STABLE: its max() sees the calling statement's snapshot, so a read bounded by it never
+        # skips a row that snapshot cannot see; the log positions read afterwards are fresh.
+        f"CREATE OR REPLACE FUNCTION public.{DURABLE_FUNCTION}() RETURNS bigint "  # noqa: S608
+        "LANGUAGE plpgsql STABLE AS $body$ "
+        "DECLARE last bigint; upto pg_lsn; "
+        "BEGIN "
+        f"SELECT max(notification_id) INTO last FROM public.{events}; "
+        "IF pg_is_in_recovery() THEN RETURN coalesce(last, 0); END IF; "
+        # Read after the max: every commit it saw was inserted in the log before this point.
+        "upto := pg_current_wal_insert_lsn(); "
+        "WHILE pg_current_wal_flush_lsn() < upto LOOP PERFORM pg_sleep(0.0002); END LOOP; "
+        "RETURN coalesce(last, 0); "
         "END $body$",
     ]
 
@@ -367,8 +400,38 @@ if _POSTGRES_MISSING is None:
                 )
 
         fast = False
-        """Append events and content rows through :data:`APPEND_FUNCTION` (set at open when the
-        journal has it; one migrated by an older release has not, ADR 0044)."""
+        """Append events and content rows through :data:`APPEND_PROCEDURE`, and read only what
+        is durable (set at open when the journal has them; one migrated by an older release has
+        not, and every writer of it commits waiting for the disk, ADR 0044)."""
+
+        durable = 0
+        """A position known to be on disk with everything before it: reads up to it need no
+        check. Raised by this process's appends and by each check."""
+
+        def _known_durable(self, position: int) -> None:
+            # Two threads may race here: the lower answer winning only costs a later read a check.
+            self.durable = max(self.durable, position)
+
+        def _bounded(self, upto: int | None) -> tuple[str, list[Any]]:
+            """Return the condition that keeps a read at or below ``upto`` and what is durable."""
+            if self.fast and (upto is None or upto > self.durable):
+                clause = f" AND notification_id <= (SELECT public.{DURABLE_FUNCTION}())"
+                if upto is None:
+                    return clause, []
+                return clause + " AND notification_id <= %s", [upto]
+            if upto is None:
+                return "", []
+            return " AND notification_id <= %s", [upto]
+
+        def max_notification_id(self) -> int | None:
+            """Return the last position on disk (the library's max on an older journal)."""
+            if not self.fast:
+                found: int | None = super().max_notification_id()
+                return found
+            rows = self._fetch(_DURABLE_CALL, [])
+            position = int(rows[0][0] or 0)
+            self._known_durable(position)
+            return position
 
         def insert_events(
             self, stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -387,18 +450,21 @@ if _POSTGRES_MISSING is None:
             ):
                 side, note = kwargs.get("payloads") or {}, kwargs.get("note")
                 appended: list[int] = self._append(stored_events, side, note)
+                self._known_durable(appended[-1])
                 return appended
             kwargs.pop("note", None)
             positions: Sequence[int] | None = super().insert_events(
                 stored_events, **kwargs, head=[]
             )
+            if positions:  # committed waiting for the disk, after every lower position
+                self._known_durable(positions[-1])
             return positions
 
         @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
         def _append(
             self, stored_events: Sequence[StoredEvent], payloads: Mapping[str, bytes], note: Any
         ) -> list[int]:
-            """Call the append function: one statement, one transaction, one round trip."""
+            """Call the append procedure: one statement, one round trip; durable on return."""
             events = [
                 (str(e.originator_id), e.originator_version, e.topic, e.state)
                 for e in stored_events
@@ -572,10 +638,9 @@ if _POSTGRES_MISSING is None:
                 "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
                 f"FROM public.{self.events_table_name} WHERE notification_id > %s"
             )
-            params: list[Any] = [after]
-            if upto is not None:
-                query += " AND notification_id <= %s"
-                params.append(upto)
+            bound, more = self._bounded(upto)
+            query += bound
+            params: list[Any] = [after, *more]
             if topics:
                 query += " AND topic = ANY(%s)"
                 params.append(list(topics))
@@ -595,10 +660,9 @@ if _POSTGRES_MISSING is None:
                 f"FROM public.{self.events_table_name} "
                 "WHERE originator_id = %s AND originator_version > %s"
             )
-            params: list[Any] = [stream, after_version]
-            if upto is not None:
-                query += " AND notification_id <= %s"
-                params.append(upto)
+            bound, more = self._bounded(upto)
+            query += bound
+            params: list[Any] = [stream, after_version, *more]
             query += " ORDER BY originator_version"
             if limit is not None:
                 query += " LIMIT %s"
@@ -746,16 +810,17 @@ if _POSTGRES_MISSING is None:
 
 
 _APPEND_CALL = (
-    f"SELECT public.{APPEND_FUNCTION}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
+    f"CALL public.{APPEND_PROCEDURE}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
     "%s::text[], %s::bytea[], %s::bytea, %s::bytea, %s::boolean, %s::text, %s::text)"
 )
+_DURABLE_CALL = f"SELECT public.{DURABLE_FUNCTION}()"
 
 
 def _pg_has_append(config: JournalConfig) -> bool:
     """Tell whether a PostgreSQL journal has the append function (ADR 0044)."""
     with _pg_connect(config) as conn:
         row = conn.execute(
-            "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_FUNCTION}"]
+            "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_PROCEDURE}"]
         ).fetchone()
         return bool(row and row[0])
 
