@@ -136,22 +136,11 @@ class PostgresServer:
                 "-c autovacuum=off",
             ]
         )
+        self._options = options
         for attempt in range(3):
             self.port = _free_port()
             try:
-                self._run(
-                    "pg_ctl",
-                    "-D",
-                    str(self.data),
-                    "-l",
-                    str(self.log),
-                    "-o",
-                    f"{options} -p {self.port}",
-                    "-w",
-                    "-t",
-                    "60",
-                    "start",
-                )
+                self._pg_ctl_start()
                 break
             except RuntimeError:
                 if attempt == 2:
@@ -161,6 +150,27 @@ class PostgresServer:
 
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+
+    def _pg_ctl_start(self) -> None:
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-o",
+            f"{self._options} -p {self.port}",
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+
+    def crash_and_restart(self) -> None:
+        """Stop the server as a crash would (no shutdown checkpoint, unwritten WAL lost), then
+        start it again on the same port: it recovers from its write-ahead log."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self._pg_ctl_start()
 
     def url(self, dbname: str, *, user: str = SUPERUSER, password: str | None = None) -> str:
         """Return the URL of a database on this server."""

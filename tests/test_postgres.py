@@ -594,3 +594,42 @@ def test_followers_wake_only_for_other_processes_events_they_fold(pg_url: str) -
     finally:
         mine.close()
         other.close()
+
+
+def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
+    """J1, R5: what an append returned survives a server crash, in order and chained (ADR 0044).
+
+    The append's own transaction commits without waiting for the disk; the flush commit after
+    it, in the same call, must have made it durable before the call returned. A server that
+    fsyncs (not the suite's shared one, which does not) is crashed right after and recovered.
+    """
+    try:
+        server = pg.PostgresServer(durable=True)
+    except pg.PostgresUnavailable as exc:
+        unavailable("POSTGRES", str(exc))
+    server.start()
+    try:
+        url = pg.create_database(server.url("postgres"))
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            assert row is not None
+            assert row[0] == "on"
+        journal = _journal(url)
+        returned: list[int] = []
+        for n in range(20):
+            returned += journal.append(
+                [Pending(stream=f"s{n}", version=1, data=_remembered(f"f{n}"))],
+                payloads={f"s{n}": f"text {n}".encode()},
+            )
+        journal.close()  # closing writes nothing: what returned must already be on disk
+        server.crash_and_restart()
+        again = _journal(url)
+        try:
+            assert [e.position for e in again.read()] == returned
+            assert again.position() == returned[-1]
+            report = again.verify()
+            assert (report.ok, report.events) == (True, 20), report
+        finally:
+            again.close()
+    finally:
+        server.stop()
