@@ -95,7 +95,7 @@ def commit_parts(
     packed entries of the payloads it writes or erases (None when it touches none).
 
     Neither depends on where the commit lands in the global order, so a writer computes them
-    before it knows its positions (the PostgreSQL append function chains them, ADR 0044).
+    before it knows its positions (the PostgreSQL append procedure chains them, ADR 0044).
     """
     sha, encode, size = _sha256, _encode, HASH_SIZE
     if forget:

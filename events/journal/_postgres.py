@@ -820,7 +820,7 @@ _DURABLE_CALL = f"SELECT public.{DURABLE_FUNCTION}()"
 
 
 def _pg_has_append(config: JournalConfig) -> bool:
-    """Tell whether a PostgreSQL journal has the append function (ADR 0044)."""
+    """Tell whether a PostgreSQL journal has the append procedure (ADR 0044)."""
     with _pg_connect(config) as conn:
         row = conn.execute(
             "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_PROCEDURE}"]
