@@ -17,6 +17,7 @@ from journaled.actors.errors import ActorTimeout
 from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
 from journaled.actors.scrubber import Scrubber
+from journaled.events.catalog import NOT_MEMORY
 from journaled.events.errors import JournalClosed
 from journaled.events.journal import Journal
 from journaled.events.messages import CatchUp, SaveSnapshot
@@ -90,6 +91,14 @@ class MemoryActors:
     def _wait(self, interval: float) -> None:
         """Wait one interval, in slices so that close() never waits long for this thread."""
         deadline = time.monotonic() + interval
+        if self._journal.notifies:
+            # Told who appended what: this runtime's own appends and other processes' runs
+            # wake nothing, and the interval's end is the poll that covers a lost notice.
+            while not self._stop_following.is_set():
+                left = deadline - time.monotonic()
+                if left <= 0 or self._journal.wait_for_foreign(min(left, _WAIT_SLICE), NOT_MEMORY):
+                    return
+            return
         start = self._journal.position()
         while not self._stop_following.is_set():
             left = deadline - time.monotonic()

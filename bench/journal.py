@@ -12,15 +12,19 @@ and without it (rounds interleaved, medians compared), so both see the same file
 the ratio is the chain's extra cost per append (target: at most 5% on the durable backends).
 
 PostgreSQL: pass ``--postgres URL``, or let the script start a throwaway server (PostgreSQL 15
-binaries under /usr/lib/postgresql/15/bin), with fsync on. Run ``python bench/journal.py``
-(``--quick`` for a smoke run).
+binaries under /usr/lib/postgresql/15/bin) with durability on (``fsync``, ``synchronous_commit``
+and ``full_page_writes``), as ``bench/fleet.py`` does. On that server each append row of ours and
+of the stock recorder is followed by what one append cost the server: transactions committed in
+the journal's database, WAL fsyncs and WAL bytes (``pg_stat_database``, ``pg_stat_wal``), read as
+``bench/fleet.py`` reads them (every connection of the appends closed before the second reading;
+opening and closing the journal, or the stock recorder, measured apart and subtracted).
+Run ``python bench/journal.py`` (``--quick`` for a smoke run).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 import timeit
@@ -30,6 +34,7 @@ from pathlib import Path
 
 from eventsourcing.persistence import ApplicationRecorder, InfrastructureFactory, StoredEvent
 from eventsourcing.sqlite import SQLiteDatastore
+from fleet import Counters, Stats, dbname, durable_postgres  # the durable server, its stats
 from report import Row, header, print_table, set_synchronous
 
 from journaled.events.base import Pending
@@ -56,9 +61,15 @@ def pendings(n: int, offset: int) -> list[Pending]:
     ]
 
 
-def time_ours(url: str, n: int, batch: int) -> tuple[float, float]:
-    """Append n events in batches through our journal, then read them all; return seconds."""
+def time_ours(
+    url: str, n: int, batch: int, stats: Stats | None = None
+) -> tuple[float, float, Counters | None]:
+    """Append n events in batches through our journal, then read them all; return seconds and,
+    given ``stats``, what the server counted for the appends (with the journal's open and close).
+    """
+    before_stats = stats.read(dbname(url)) if stats is not None else None
     journal = Journal(parse_url(url), codec())
+    cost = None
     try:
         before = journal.position()
         events = pendings(n, batch * 10**7)
@@ -68,13 +79,63 @@ def time_ours(url: str, n: int, batch: int) -> tuple[float, float]:
             chunk = events[i : i + batch]
             journal.append(chunk, payloads={p.stream: texts[p.stream] for p in chunk})
         appended = time.perf_counter() - start
+        if stats is not None and before_stats is not None:
+            # The server counts a connection's work when it closes: close, read, and read the
+            # events back through a new journal, whose reads are not counted.
+            journal.close()
+            cost = stats.read(dbname(url)) - before_stats
+            journal = Journal(parse_url(url), codec())
         start = time.perf_counter()
         count = sum(1 for _ in journal.read(after=before))
         read = time.perf_counter() - start
         assert count == n
-        return appended, read
+        return appended, read, cost
     finally:
         journal.close()
+
+
+def open_close_ours(url: str) -> None:
+    """Open the journal, read its position and close it: what ``time_ours`` adds to appends."""
+    journal = Journal(parse_url(url), codec())
+    try:
+        journal.position()
+    finally:
+        journal.close()
+
+
+def open_close_stock(env: dict[str, str]) -> None:
+    """Construct the stock recorder and close it: what ``time_stock`` adds to appends."""
+    factory = InfrastructureFactory.construct(env)
+    try:
+        factory.application_recorder()
+    finally:
+        factory.close()
+
+
+def measured_stock(
+    stats: Stats | None, url: str, env: dict[str, str], n: int, batch: int, level: str | None
+) -> tuple[Counters | None, float]:
+    """Time the stock recorder's appends; given ``stats``, count what they cost the server."""
+    if stats is None:
+        return None, time_stock(env, n, batch, level)
+    return stats.measure(dbname(url), lambda: time_stock(env, n, batch, level))
+
+
+def server_row(
+    stats: Stats, url: str, env: dict[str, str], ours: Counters, stock: Counters, appends: int
+) -> Row:
+    """Return the row of what one append cost the server, ours and stock's, net of open/close."""
+    db = dbname(url)
+    ours_open = stats.measure(db, lambda: open_close_ours(url))[0]
+    stock_open = stats.measure(db, lambda: open_close_stock(env))[0]
+    return Row(
+        "  per append: transactions, WAL fsyncs, WAL bytes",
+        (ours - ours_open).per(appends),
+        "stock " + (stock - stock_open).per(appends),
+        "",
+        "-",
+        None,
+    )
 
 
 CHAIN_ROUNDS = 30
@@ -134,29 +195,25 @@ def time_stock(env: dict[str, str], n: int, batch: int, level: str | None) -> fl
 
 @contextmanager
 def postgres(url: str | None) -> Iterator[str | None]:
-    """Yield a PostgreSQL URL: the one given, a throwaway server, or None if there is none."""
-    if url is not None:
-        yield url
-        return
-    sys.path.insert(0, str(ROOT / "tests"))
-    import psycopg  # noqa: PLC0415 - only when measuring PostgreSQL
-    from pg import PostgresServer, PostgresUnavailable, create_database  # noqa: PLC0415
+    """Yield a PostgreSQL URL: the one given, a durable throwaway server, or None if none."""
+    with measured_postgres(url) as server:
+        yield None if server is None else server[0]
 
-    try:
-        server = PostgresServer()
-    except PostgresUnavailable as exc:
-        print(f"PostgreSQL skipped: {exc}\n")
-        yield None
+
+@contextmanager
+def measured_postgres(url: str | None) -> Iterator[tuple[str, Stats | None] | None]:
+    """Yield a PostgreSQL URL and a reader of its server's statistics: the URL given (with no
+    reader: others may use that server), a durable throwaway server, or None if there is none.
+    """
+    if url is not None:
+        yield url, None
         return
-    server.start()
-    try:
-        # The test server runs without fsync; a benchmark measures a durable one.
-        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET fsync = on")
-            conn.execute("SELECT pg_reload_conf()")
-        yield create_database(server.url("postgres"))
-    finally:
-        server.stop()
+    with durable_postgres() as server:
+        if server is None:
+            yield None
+            return
+        print(server.stats.settings() + "\n")
+        yield server.database(), server.stats
 
 
 Backend = tuple[str, Callable[[str], str], dict[str, str], str | None]
@@ -198,18 +255,21 @@ def main() -> None:
     rows: list[Row] = []
     with (
         tempfile.TemporaryDirectory(prefix="bench-journal-") as name,
-        postgres(args.postgres) as pg,
+        measured_postgres(args.postgres) as server,
     ):
         tmp = Path(name)
+        pg, pg_stats = server if server is not None else (None, None)
         for backend, url_for, stock_env, level in backends(tmp, pg):
+            stats = pg_stats if backend == "postgresql" else None
             for batch in () if args.chain_only else BATCHES:
                 count = n if batch > 1 else n // 5
                 label = f"{backend}-b{batch}"
-                appended, read = time_ours(url_for(label), count, batch)
+                url = url_for(label)
+                appended, read, ours_cost = time_ours(url, count, batch, stats)
                 env = dict(stock_env)
                 if "SQLITE_DBNAME" not in env and backend.startswith("sqlite"):
                     env["SQLITE_DBNAME"] = str(tmp / f"stock-{label}.sqlite")
-                stock = time_stock(env, count, batch, level)
+                stock_cost, stock = measured_stock(stats, url, env, count, batch, level)
                 rows.append(
                     Row(
                         f"{backend}: append, {batch} event(s) per commit",
@@ -220,6 +280,8 @@ def main() -> None:
                         None,
                     )
                 )
+                if stats is not None and ours_cost is not None and stock_cost is not None:
+                    rows.append(server_row(stats, url, env, ours_cost, stock_cost, count // batch))
                 if batch == BATCHES[-1]:
                     speed = f"{count / read:,.0f} ev/s"
                     rows.append(Row(f"{backend}: read back, decoded", speed, "", "", "-", None))

@@ -259,8 +259,7 @@ def fold_at(events: Sequence[Event], positions: Sequence[int]) -> list[ExecuteRe
             continue
         if held < done:
             state, done = RunState(), 0
-        for event in events[done:held]:
-            state.apply(event)
+        state.apply_all(events[done:held])
         done = held
         out.append(state.result())
     return out

@@ -7,6 +7,8 @@ Folding reads no clock and calls no user code.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import msgspec
 
 from journaled.events.base import DomainEvent, Event
@@ -85,6 +87,9 @@ def decode_snapshot(encoded: bytes) -> RunSnapshot:
 class RunState:
     """Everything known about one run at one position of its stream."""
 
+    _bulk = False
+    """Inside :meth:`apply_all`: statuses go to the table only."""
+
     def __init__(self) -> None:
         self.run_id = ""
         self.started: RunStarted | None = None
@@ -139,6 +144,26 @@ class RunState:
         """Return how the last pass ended, or None while it runs."""
         return self.finished.status if self.finished is not None else None
 
+    def apply_all(self, events: Sequence[Event]) -> None:
+        """Fold many events of this run's stream, oldest first, as :meth:`apply` one by one.
+
+        Statuses go to the table only and the kept plan is made once at the end: a fold from
+        the start sets each step's status two or three times, and a plan step with a status is
+        a new struct each time (half a cold ``runs.at``'s fold).
+        """
+        if not events:
+            return
+        self._bulk = True
+        try:
+            for event in events:
+                self.fold(event.data)
+        finally:
+            self._bulk = False
+            if self.started is not None:
+                self._rebuild_plan()
+        self.version = events[-1].version
+        self.position = events[-1].position
+
     def apply(self, event: Event) -> None:
         """Fold one event of this run's stream."""
         self.version = event.version
@@ -160,7 +185,8 @@ class RunState:
                 self.status = dict.fromkeys(self.order, "pending")
                 self._index = {step_id: n for n, step_id in enumerate(self.order)}
                 self._variants = {}
-                self._plan = [self._variant(i, "pending") for i in self.order]
+                if not self._bulk:  # apply_all makes the plan once, at its end
+                    self._plan = [self._variant(i, "pending") for i in self.order]
                 self._unsettled = len(self.order)
             case RunForked():
                 self.fold(data.started)
@@ -236,6 +262,8 @@ class RunState:
     def _set(self, step_id: str, status: StepStatus) -> None:
         """Set one step's status, in the table and in the kept plan."""
         self.status[step_id] = status
+        if self._bulk:
+            return
         n = self._index.get(step_id)
         if n is None:
             return  # not a step of the plan: plan() never showed it either
@@ -364,6 +392,5 @@ class RunState:
 def fold_run(events: list[Event]) -> RunState:
     """Fold a run's events (oldest first) into its state."""
     state = RunState()
-    for event in events:
-        state.apply(event)
+    state.apply_all(events)
     return state

@@ -5,7 +5,9 @@ listening on 127.0.0.1 and a free port only, with ``trust`` authentication for e
 :data:`PASSWORD_ROLE`, which must give :data:`PASSWORD` (the tests of wrong passwords need one role
 that checks). The server refuses to run as root: under root it runs as the ``postgres`` system user
 (created with ``useradd`` if missing) through ``runuser``. Durability is off (``fsync=off``): the
-data are thrown away with the directory when the session ends.
+data are thrown away with the directory when the session ends. Benchmarks pass ``durable=True``
+(``fsync``, ``synchronous_commit`` and ``full_page_writes`` on): settings given on the server's
+command line outrank ``ALTER SYSTEM``, so they cannot be turned on afterwards.
 """
 
 from __future__ import annotations
@@ -68,7 +70,7 @@ def _service_user() -> pwd.struct_passwd | None:
 class PostgresServer:
     """One PostgreSQL server in a temporary directory; :meth:`stop` removes every trace."""
 
-    def __init__(self, bin_dir: Path = PG_BIN) -> None:
+    def __init__(self, bin_dir: Path = PG_BIN, *, durable: bool = False) -> None:
         missing = missing_binaries(bin_dir)
         if missing:
             raise PostgresUnavailable(
@@ -76,6 +78,7 @@ class PostgresServer:
                 "(install postgresql-15, or point $JOURNALED_TEST_PG_BIN at its bin directory)"
             )
         self.bin_dir = bin_dir
+        self.durable = durable
         self.user = _service_user()
         self.root = Path(tempfile.mkdtemp(prefix="journaled-pg-"))
         self.data = self.root / "data"
@@ -120,34 +123,24 @@ class PostgresServer:
             f"host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n"
             "host all all 127.0.0.1/32 trust\n"
         )
+        durability = "on" if self.durable else "off"
         options = " ".join(
             [
                 "-c listen_addresses=127.0.0.1",
                 f"-c unix_socket_directories={self.root}",
-                "-c fsync=off",
-                "-c synchronous_commit=off",
-                "-c full_page_writes=off",
+                f"-c fsync={durability}",
+                f"-c synchronous_commit={durability}",
+                f"-c full_page_writes={durability}",
                 "-c max_connections=200",
                 "-c shared_buffers=32MB",
                 "-c autovacuum=off",
             ]
         )
+        self._options = options
         for attempt in range(3):
             self.port = _free_port()
             try:
-                self._run(
-                    "pg_ctl",
-                    "-D",
-                    str(self.data),
-                    "-l",
-                    str(self.log),
-                    "-o",
-                    f"{options} -p {self.port}",
-                    "-w",
-                    "-t",
-                    "60",
-                    "start",
-                )
+                self._pg_ctl_start()
                 break
             except RuntimeError:
                 if attempt == 2:
@@ -157,6 +150,27 @@ class PostgresServer:
 
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             conn.execute(f"CREATE ROLE {PASSWORD_ROLE} LOGIN SUPERUSER PASSWORD '{PASSWORD}'")
+
+    def _pg_ctl_start(self) -> None:
+        self._run(
+            "pg_ctl",
+            "-D",
+            str(self.data),
+            "-l",
+            str(self.log),
+            "-o",
+            f"{self._options} -p {self.port}",
+            "-w",
+            "-t",
+            "60",
+            "start",
+        )
+
+    def crash_and_restart(self) -> None:
+        """Stop the server as a crash would (no shutdown checkpoint, unwritten WAL lost), then
+        start it again on the same port: it recovers from its write-ahead log."""
+        self._run("pg_ctl", "-D", str(self.data), "-m", "immediate", "-w", "stop")
+        self._pg_ctl_start()
 
     def url(self, dbname: str, *, user: str = SUPERUSER, password: str | None = None) -> str:
         """Return the URL of a database on this server."""

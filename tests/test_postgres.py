@@ -38,6 +38,7 @@ from journaled.events.journal import (
     Journal,
     migrate,
 )
+from journaled.events.journal._postgres import FLUSH_TABLE
 from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
 from journaled.events.url import parse_url
 from journaled.testing import ManualClock
@@ -228,6 +229,7 @@ def test_migrate_is_idempotent_and_safe_under_concurrency(pg_url: str) -> None:
         DIGEST_TABLE,
         SCRUB_TABLE,
         SUBSCRIPTION_TABLE,
+        FLUSH_TABLE,
     }
     j = _journal(pg_url)
     try:
@@ -492,3 +494,142 @@ def test_notify_wakes_followers_before_the_poll(pg_url: str) -> None:
         started = time.monotonic()
         wait_for(lambda: reader.memory.get(fact.id) == fact, 5.0)
         assert time.monotonic() - started < 5.0  # the 10 s poll could not have done it
+
+
+# -- one round trip per append, notes for followers (ADR 0044) ------------------------------------
+
+
+def test_the_append_procedure_encodes_integers_as_msgpack_does(journal: Journal) -> None:
+    """R7: the server's integer framing equals msgspec's at every size boundary (ADR 0044)."""
+    import msgspec
+
+    values: list[int | None] = [None, 0, 1, 127, 128, 255, 256, 65535, 65536]
+    values += [2**32 - 1, 2**32, 2**40 + 7, 2**63 - 1]
+    with psycopg.connect(journal.config.url) as conn:
+        for value in values:
+            row = conn.execute("SELECT public.journaled_mp_uint(%s::bigint)", [value]).fetchone()
+            assert row is not None
+            assert bytes(row[0]) == msgspec.msgpack.encode(value), value
+
+
+def test_an_append_of_events_and_content_is_one_statement(
+    journal: Journal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J1, R7: events and their content rows go in one statement, chained and verifiable."""
+    sent: list[str] = []
+    execute = psycopg.Cursor.execute
+
+    def counted(self: Any, query: Any, *args: Any, **kwargs: Any) -> Any:
+        sent.append(str(query))
+        return execute(self, query, *args, **kwargs)
+
+    journal.append([Pending(stream="warm", version=1, data=_remembered("warm"))])
+    monkeypatch.setattr(psycopg.Cursor, "execute", counted)
+    positions = journal.append(
+        [
+            Pending(stream="a", version=1, data=_remembered("a")),
+            Pending(stream="b", version=1, data=_remembered("b")),
+        ],
+        payloads={"a": b"the text of a", "b": b"the text of b"},
+    )
+    monkeypatch.undo()
+    assert len(sent) == 1
+    assert "journaled_append_v1" in sent[0]
+    assert positions == [positions[0], positions[0] + 1]
+    assert journal.payloads(["a", "b"]) == {"a": b"the text of a", "b": b"the text of b"}
+    report = journal.verify()
+    assert (report.ok, report.events, report.chained_from) == (True, 3, 1), report
+
+
+def test_an_older_journal_without_the_procedure_appends_as_before(pg_url: str) -> None:
+    """J6, R7: a journal migrated by an older release (no append procedure) appends chained."""
+    _journal(pg_url).close()
+    with psycopg.connect(pg_url, autocommit=True) as conn:
+        conn.execute("DROP PROCEDURE public.journaled_append_v1")
+    old = _journal(pg_url, create=False)
+    try:
+        old.append([Pending(stream="a", version=1, data=_remembered("a"))], payloads={"a": b"x"})
+        assert old.verify().ok
+    finally:
+        old.close()
+    again = _journal(pg_url)  # a migrating open brings the function back
+    try:
+        again.append([Pending(stream="b", version=1, data=_remembered("b"))])
+        report = again.verify()
+        assert (report.ok, report.events) == (True, 2), report
+    finally:
+        again.close()
+
+
+def test_the_append_procedure_refuses_a_chain_that_reaches_past_it(journal: Journal) -> None:
+    """R7: a digest record beyond the log's end (its events removed) stops appends, clearly."""
+    from journaled.events.journal._digest import ChainBroken
+
+    journal.append([Pending(stream="a", version=1, data=_remembered("a"))])
+    with psycopg.connect(journal.config.url, autocommit=True) as conn:
+        conn.execute(
+            f"INSERT INTO {DIGEST_TABLE} (position, first, prev, hashes, entries, digest) "  # noqa: S608
+            "VALUES (1000, 1000, 1, '\\x00', NULL, '\\x00')"
+        )
+    with pytest.raises(ChainBroken, match="already reaches position 1000"):
+        journal.append([Pending(stream="b", version=1, data=_remembered("b"))])
+    assert [e.stream for e in journal.read()] == ["a"]
+
+
+def test_followers_wake_only_for_other_processes_events_they_fold(pg_url: str) -> None:
+    """J3: a follower is not woken by its own appends nor by runs; a foreign fact wakes it."""
+    from journaled.events.catalog import NOT_MEMORY, STORED_EVENTS
+    from journaled.events.runs import RunHeartbeat
+
+    codec = Codec(STORED_EVENTS)
+    mine = Journal(parse_url(pg_url), codec)
+    other = Journal(parse_url(pg_url), codec)
+    try:
+        assert not mine.wait_for_foreign(0.05, NOT_MEMORY)  # listening from now on
+        mine.append([Pending(stream="m", version=1, data=_remembered("m"))])
+        other.append([Pending(stream="run-x", version=1, data=RunHeartbeat(at=1, owner="x"))])
+        assert not mine.wait_for_foreign(0.5, NOT_MEMORY)
+        other.append([Pending(stream="f", version=1, data=_remembered("f"))])
+        assert mine.wait_for_foreign(5.0, NOT_MEMORY)
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
+    """J1, R5: what an append returned survives a server crash, in order and chained (ADR 0044).
+
+    The append's own transaction commits without waiting for the disk; the flush commit after
+    it, in the same call, must have made it durable before the call returned. A server that
+    fsyncs (not the suite's shared one, which does not) is crashed right after and recovered.
+    """
+    try:
+        server = pg.PostgresServer(durable=True)
+    except pg.PostgresUnavailable as exc:
+        unavailable("POSTGRES", str(exc))
+    server.start()
+    try:
+        url = pg.create_database(server.url("postgres"))
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW synchronous_commit").fetchone()
+            assert row is not None
+            assert row[0] == "on"
+        journal = _journal(url)
+        returned: list[int] = []
+        for n in range(20):
+            returned += journal.append(
+                [Pending(stream=f"s{n}", version=1, data=_remembered(f"f{n}"))],
+                payloads={f"s{n}": f"text {n}".encode()},
+            )
+        journal.close()  # closing writes nothing: what returned must already be on disk
+        server.crash_and_restart()
+        again = _journal(url)
+        try:
+            assert [e.position for e in again.read()] == returned
+            assert again.position() == returned[-1]
+            report = again.verify()
+            assert (report.ok, report.events) == (True, 20), report
+        finally:
+            again.close()
+    finally:
+        server.stop()

@@ -275,6 +275,10 @@ class Journal:
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
         self._content_topics = frozenset(topic_of(c) for c in codec.types if c.has_content)
         self._content_tags = frozenset(t.rpartition("@")[0] for t in self._content_topics)
+        if config.backend == "postgresql":
+            pg_recorder = self._recorder
+            assert isinstance(pg_recorder, _pg()._PostgresRecorder)
+            pg_recorder.fast = create or _pg()._pg_has_append(config)
         if config.backend == "postgresql" and not create:
             # Reading creates nothing (ADR 0012): a journal of an older release without the
             # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
@@ -284,6 +288,9 @@ class Journal:
             recorder = self._recorder
             assert isinstance(recorder, _pg()._PostgresRecorder)
             recorder.track_scrub = recorder.has_scrub_table()
+        self._token = os.urandom(6).hex()
+        """Names this journal's appends in its notifications, so that its own followers can
+        tell them from other processes' (ADR 0044)."""
         self._closed = False
         self._scrub_lock = threading.Lock()
         self._appended = threading.Condition()
@@ -351,6 +358,7 @@ class Journal:
                 forget=list(forget),
                 snapshots=dict(snapshots or {}),
                 drop_snapshots=drop_snapshots,
+                **({"note": self._note(stored)} if self.notifies else {}),
             )
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
@@ -360,6 +368,59 @@ class Journal:
         if events:
             self._bump()
         return list(positions or [])
+
+    @property
+    def notifies(self) -> bool:
+        """Whether appends notify other processes with a note of who appended what (ADR 0044)."""
+        return self.config.backend == "postgresql"
+
+    def _note(self, stored: Sequence[StoredEvent]) -> str:
+        """Return an append's notification note: this journal's token, then the families of
+        its events' topics (the part before the first dot), each once."""
+        families = dict.fromkeys(e.topic.partition(".")[0] for e in stored)
+        return " ".join((self._token, *families))
+
+    def wait_for_foreign(self, timeout: float, skip_prefixes: Sequence[str]) -> bool:
+        """Wait up to ``timeout`` seconds for another process's append a reader may need.
+
+        On PostgreSQL, listen for notifications and return True on one from another journal
+        whose events are not all of topics starting with ``skip_prefixes`` (or one that says
+        nothing of them: an append by an older release, or a snapshot or erasure); False when
+        the time runs out. Elsewhere wait the whole timeout and return True (callers poll).
+        """
+        self._check_open()
+        if not self.notifies:
+            time.sleep(timeout)
+            return True
+        deadline = time.monotonic() + timeout
+        with self._listen_lock:
+            try:
+                listener = self._listen()
+                while (left := deadline - time.monotonic()) > 0:
+                    for notice in listener.notifies(timeout=left, stop_after=1):
+                        token, _, families = notice.payload.partition(" ")
+                        if token == self._token:
+                            continue
+                        if not families or any(
+                            not f"{family}.".startswith(tuple(skip_prefixes))
+                            for family in families.split()
+                        ):
+                            return True
+                return False
+            except Exception:
+                self._drop_listener()  # the caller's poll remains the safety net
+                time.sleep(max(0.0, deadline - time.monotonic()))
+                return True
+
+    def _listen(self) -> Any:
+        """Return the connection listening on the append channel (opened on first use)."""
+        if self._listener is None:
+            conn = _pg()._pg_connect(self.config)
+            conn.autocommit = True
+            channel = getattr(self._recorder, "channel_name", "")
+            conn.execute(f'LISTEN "{channel}"')
+            self._listener = conn
+        return self._listener
 
     def scrub(self, wait: float = 1.0) -> None:
         """Make erased payload bytes unrecoverable from the files (after ``forget``).
@@ -685,13 +746,7 @@ class Journal:
             return
         with self._listen_lock:
             try:
-                if self._listener is None:
-                    conn = _pg()._pg_connect(self.config)
-                    conn.autocommit = True
-                    channel = getattr(self._recorder, "channel_name", "")
-                    conn.execute(f'LISTEN "{channel}"')
-                    self._listener = conn
-                for _ in self._listener.notifies(timeout=timeout, stop_after=1):
+                for _ in self._listen().notifies(timeout=timeout, stop_after=1):
                     pass
             except Exception:
                 self._drop_listener()  # the poll remains the safety net; retry next time

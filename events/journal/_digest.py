@@ -86,6 +86,30 @@ class ChainBroken(EventsError):
     """An append refused because the journal's chain was broken behind its back (R7)."""
 
 
+def commit_parts(
+    events: Sequence[tuple[str, int, str, bytes]],
+    payloads: Mapping[str, bytes],
+    forget: Sequence[str],
+) -> tuple[list[bytes], bytes | None]:
+    """Return what a commit's digest covers besides its positions: each event's hash, and the
+    packed entries of the payloads it writes or erases (None when it touches none).
+
+    Neither depends on where the commit lands in the global order, so a writer computes them
+    before it knows its positions (the PostgreSQL append procedure chains them, ADR 0044).
+    """
+    sha, encode, size = _sha256, _encode, HASH_SIZE
+    if forget:
+        erased = set(forget)
+        entries: list[Entry] = [
+            (k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items() if k not in erased
+        ]
+        entries += [(k, None) for k in dict.fromkeys(forget)]
+    else:
+        entries = [(k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items()]
+    packed = encode(entries) if entries else None  # stored as is: verify reads these bytes
+    return [sha(encode(e)).digest()[:size] for e in events], packed
+
+
 def chain(
     head: tuple[int, bytes] | None,
     positions: Sequence[int],
@@ -108,17 +132,7 @@ def chain(
             f"reaches position {head[0]}, so events at its end were removed outside the journal; "
             "run `journaled journal verify`"
         )
-    sha, encode, size = _sha256, _encode, HASH_SIZE
-    if forget:
-        erased = set(forget)
-        entries: list[Entry] = [
-            (k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items() if k not in erased
-        ]
-        entries += [(k, None) for k in dict.fromkeys(forget)]
-    else:
-        entries = [(k, sha(encode((k, v))).digest()[:size]) for k, v in payloads.items()]
-    packed = encode(entries) if entries else None  # stored as is: verify reads these bytes
-    hashes = [sha(encode(e)).digest()[:size] for e in events]
+    hashes, packed = commit_parts(events, payloads, forget)
     prev, prev_digest = head if head is not None else (None, None)
     count = len(positions)
     if count and positions[-1] - positions[0] == count - 1:  # consecutive: one record

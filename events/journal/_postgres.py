@@ -20,6 +20,7 @@ try:
         PostgresDatastore,
         PostgresFactory,
     )
+    from eventsourcing.utils import retry
     from psycopg.rows import DictRow, tuple_row
 except ImportError as _exc:  # the "postgres" extra is not installed
     _POSTGRES_MISSING: str | None = str(_exc)
@@ -44,7 +45,14 @@ from journaled.events.journal._common import (
     erases,
     refused_after,
 )
-from journaled.events.journal._digest import DIGEST_TABLE, DigestRow, chain, payload_hash
+from journaled.events.journal._digest import (
+    DIGEST_TABLE,
+    ChainBroken,
+    DigestRow,
+    chain,
+    commit_parts,
+    payload_hash,
+)
 from journaled.events.url import JournalConfig
 
 
@@ -74,6 +82,113 @@ def _pg_ddl() -> list[str]:
         f"CREATE TABLE IF NOT EXISTS public.{SCRUB_TABLE} (id int PRIMARY KEY CHECK (id = 1), "
         "erased bigint NOT NULL, scrubbed bigint NOT NULL)",
         _SUBSCRIPTION_DDL,
+        *_append_ddl(),
+    ]
+
+
+APPEND_PROCEDURE = "journaled_append_v1"
+"""The server-side append (ADR 0044); a new body gets a new name, so that processes of two
+releases sharing a journal each call the body they were written for."""
+
+DURABLE_FUNCTION = "journaled_durable_v1"
+"""Returns the last position whose commit is on disk (ADR 0044)."""
+
+FLUSH_TABLE = "journaled_flush"
+"""One row per server process that appended: the write that makes an append's flush commit."""
+
+_CHAIN_BROKEN = "journaled: chain broken"
+"""The prefix of the append procedure's error when the chain already reaches its positions."""
+
+
+def _append_ddl() -> list[str]:
+    """Return the append procedure, its msgpack helper and the durable-position function.
+
+    One ``CALL`` appends events and content rows in one round trip (ADR 0044). Its first
+    transaction takes the events table's EXCLUSIVE lock (the lock every writer of every release
+    takes, so ids stay in commit order, J1), inserts the events, upserts the content rows,
+    extends the digest chain (R7) from the hashes and entries the client computed, notifies
+    followers with ``note``, and commits without waiting for the disk: the lock is held for the
+    statements alone, not for an fsync. Its second transaction writes one small row and commits
+    waiting for the disk, which flushes the write-ahead log up to and past the first one: when
+    the ``CALL`` returns, the append is durable. Appends of many processes thus share fsyncs.
+
+    A committed but not yet flushed append is visible to other sessions, and a server crash
+    would take it back; so readers read only up to :data:`DURABLE_FUNCTION`'s answer: the last
+    position visible, once the log is flushed past everything committed when it looked.
+
+    The chain's digest is SHA-256 over the previous digest, the msgpack array (first, last,
+    prev) and the hashes and entries (:func:`journaled.events.journal._digest.commit_digest`),
+    so the procedure encodes unsigned integers exactly as msgpack does: the smallest form.
+    """
+    events = EVENTS_TABLE_POSTGRES
+    return [
+        f"CREATE TABLE IF NOT EXISTS public.{FLUSH_TABLE} "
+        "(pid integer PRIMARY KEY, appends bigint NOT NULL)",
+        "CREATE OR REPLACE FUNCTION public.journaled_mp_uint(v bigint) RETURNS bytea "
+        "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT CASE "
+        "WHEN v IS NULL THEN '\\xc0'::bytea "
+        "WHEN v < 128 THEN substring(int8send(v) FROM 8 FOR 1) "
+        "WHEN v < 256 THEN '\\xcc'::bytea || substring(int8send(v) FROM 8 FOR 1) "
+        "WHEN v < 65536 THEN '\\xcd'::bytea || substring(int8send(v) FROM 7 FOR 2) "
+        "WHEN v < 4294967296 THEN '\\xce'::bytea || substring(int8send(v) FROM 5 FOR 4) "
+        "ELSE '\\xcf'::bytea || int8send(v) END $$",
+        f"CREATE OR REPLACE PROCEDURE public.{APPEND_PROCEDURE}("  # noqa: S608 - our own names
+        "ids text[], versions bigint[], topics text[], states bytea[], keys text[], "
+        "payloads bytea[], hashes bytea, entries bytea, chained boolean, channel text, "
+        "note text, INOUT positions bigint[] DEFAULT NULL) "
+        "LANGUAGE plpgsql AS $body$ "
+        "DECLARE head_position bigint; head_digest bytea; n int; "
+        "BEGIN "
+        "PERFORM set_config('synchronous_commit', 'off', true); "
+        f"LOCK TABLE public.{events} IN EXCLUSIVE MODE; "
+        f"WITH ins AS (INSERT INTO public.{events} "
+        "(originator_id, originator_version, topic, state) "
+        "SELECT * FROM unnest(ids, versions, topics, states) RETURNING notification_id) "
+        "SELECT array_agg(notification_id ORDER BY notification_id) INTO positions FROM ins; "
+        "n := cardinality(positions); "
+        "IF cardinality(keys) > 0 THEN "
+        f"INSERT INTO public.{PAYLOAD_TABLE} (stream, payload) "
+        "SELECT * FROM unnest(keys, payloads) "
+        "ON CONFLICT (stream) DO UPDATE SET payload = EXCLUDED.payload; "
+        "END IF; "
+        "IF chained THEN "
+        f"SELECT position, digest INTO head_position, head_digest FROM public.{DIGEST_TABLE} "
+        "ORDER BY position DESC LIMIT 1; "
+        "IF head_position >= positions[1] THEN "
+        f"RAISE EXCEPTION '{_CHAIN_BROKEN} %', head_position; "
+        "END IF; "
+        "IF positions[n] - positions[1] <> n - 1 THEN "
+        "RAISE EXCEPTION 'journaled: positions % of one append are not consecutive', positions; "
+        "END IF; "
+        f"INSERT INTO public.{DIGEST_TABLE} (position, first, prev, hashes, entries, digest) "
+        "VALUES (positions[n], positions[1], head_position, hashes, entries, "
+        "substring(sha256(coalesce(head_digest, ''::bytea) || '\\x93'::bytea "
+        "|| public.journaled_mp_uint(positions[1]) || public.journaled_mp_uint(positions[n]) "
+        "|| public.journaled_mp_uint(head_position) || hashes || coalesce(entries, ''::bytea)) "
+        "FROM 1 FOR 16)); "
+        "END IF; "
+        "PERFORM pg_notify(channel, note); "
+        "COMMIT; "
+        f"INSERT INTO public.{FLUSH_TABLE} AS f VALUES (pg_backend_pid(), 1) "
+        "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1; "
+        "COMMIT; "
+        "END $body$",
+        # STABLE: its max() sees the calling statement's snapshot, so a read bounded by it never
+        # skips a row that snapshot cannot see; the log positions read afterwards are fresh.
+        f"CREATE OR REPLACE FUNCTION public.{DURABLE_FUNCTION}() RETURNS bigint "  # noqa: S608
+        "LANGUAGE plpgsql STABLE AS $body$ "
+        "DECLARE last bigint; upto pg_lsn; "
+        "BEGIN "
+        f"SELECT max(notification_id) INTO last FROM public.{events}; "
+        # A server that does not wait for the disk on commit (synchronous_commit = off) has
+        # chosen to show commits before they are durable; and a standby has what it replayed.
+        "IF pg_is_in_recovery() OR current_setting('synchronous_commit') = 'off' THEN "
+        "RETURN coalesce(last, 0); END IF; "
+        # Read after the max: every commit it saw was inserted in the log before this point.
+        "upto := pg_current_wal_insert_lsn(); "
+        "WHILE pg_current_wal_flush_lsn() < upto LOOP PERFORM pg_sleep(0.0002); END LOOP; "
+        "RETURN coalesce(last, 0); "
+        "END $body$",
     ]
 
 
@@ -287,14 +402,108 @@ if _POSTGRES_MISSING is None:
                     "ON CONFLICT (id) DO UPDATE SET erased = s.erased + 1"
                 )
 
+        fast = False
+        """Append events and content rows through :data:`APPEND_PROCEDURE`, and read only what
+        is durable (set at open when the journal has them; one migrated by an older release has
+        not, and every writer of it commits waiting for the disk, ADR 0044)."""
+
+        durable = 0
+        """A position known to be on disk with everything before it: reads up to it need no
+        check. Raised by this process's appends and by each check."""
+
+        def _known_durable(self, position: int) -> None:
+            # Two threads may race here: the lower answer winning only costs a later read a check.
+            self.durable = max(self.durable, position)
+
+        def _bounded(self, upto: int | None) -> tuple[str, list[Any]]:
+            """Return the condition that keeps a read at or below ``upto`` and what is durable."""
+            if self.fast and (upto is None or upto > self.durable):
+                clause = f" AND notification_id <= (SELECT public.{DURABLE_FUNCTION}())"
+                if upto is None:
+                    return clause, []
+                return clause + " AND notification_id <= %s", [upto]
+            if upto is None:
+                return "", []
+            return " AND notification_id <= %s", [upto]
+
+        def max_notification_id(self) -> int | None:
+            """Return the last position on disk (the library's max on an older journal)."""
+            if not self.fast:
+                found: int | None = super().max_notification_id()
+                return found
+            rows = self._fetch(_DURABLE_CALL, [])
+            position = int(rows[0][0] or 0)
+            self._known_durable(position)
+            return position
+
         def insert_events(
             self, stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> Sequence[int] | None:
-            """Append as the library does, carrying a holder for the chain's head (R7)."""
+            """Append in one round trip when only events and content rows are written (ADR
+            0044); otherwise as the library does, carrying a holder for the chain's head (R7)."""
+            if (
+                self.fast
+                and stored_events
+                and not (
+                    kwargs.get("forget")
+                    or kwargs.get("snapshots")
+                    or kwargs.get("drop_snapshots")
+                    or refused_after(kwargs)
+                )
+            ):
+                side, note = kwargs.get("payloads") or {}, kwargs.get("note")
+                appended: list[int] = self._append(stored_events, side, note)
+                self._known_durable(appended[-1])
+                return appended
+            kwargs.pop("note", None)
             positions: Sequence[int] | None = super().insert_events(
                 stored_events, **kwargs, head=[]
             )
+            if positions:  # committed waiting for the disk, after every lower position
+                self._known_durable(positions[-1])
             return positions
+
+        @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
+        def _append(
+            self, stored_events: Sequence[StoredEvent], payloads: Mapping[str, bytes], note: Any
+        ) -> list[int]:
+            """Call the append procedure: one statement, one round trip; durable on return."""
+            events = [
+                (str(e.originator_id), e.originator_version, e.topic, e.state)
+                for e in stored_events
+            ]
+            hashes, entries = commit_parts(events, payloads, ()) if self.chained else ([], None)
+            params = [
+                [e[0] for e in events],
+                [e[1] for e in events],
+                [e[2] for e in events],
+                [e[3] for e in events],
+                list(payloads),
+                list(payloads.values()),
+                b"".join(hashes),
+                entries,
+                self.chained,
+                self.channel_name,
+                note if isinstance(note, str) else "",
+            ]
+            with (
+                self._store.get_connection() as conn,
+                conn.cursor(row_factory=tuple_row) as curs,
+            ):
+                try:
+                    curs.execute(_APPEND_CALL, params, prepare=True, binary=True)
+                except psycopg.errors.RaiseException as exc:
+                    text = str(exc).strip()
+                    if text.startswith(_CHAIN_BROKEN):
+                        raise ChainBroken(
+                            f"cannot append: the journal's digest chain already reaches position "
+                            f"{text.removeprefix(_CHAIN_BROKEN).split()[0]}, so events at its end "
+                            "were removed outside the journal; run `journaled journal verify`"
+                        ) from None
+                    raise
+                found = curs.fetchone()
+            assert found is not None
+            return [int(p) for p in found[0]]
 
         def _insert_stored_events(
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
@@ -432,10 +641,9 @@ if _POSTGRES_MISSING is None:
                 "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
                 f"FROM public.{self.events_table_name} WHERE notification_id > %s"
             )
-            params: list[Any] = [after]
-            if upto is not None:
-                query += " AND notification_id <= %s"
-                params.append(upto)
+            bound, more = self._bounded(upto)
+            query += bound
+            params: list[Any] = [after, *more]
             if topics:
                 query += " AND topic = ANY(%s)"
                 params.append(list(topics))
@@ -455,10 +663,9 @@ if _POSTGRES_MISSING is None:
                 f"FROM public.{self.events_table_name} "
                 "WHERE originator_id = %s AND originator_version > %s"
             )
-            params: list[Any] = [stream, after_version]
-            if upto is not None:
-                query += " AND notification_id <= %s"
-                params.append(upto)
+            bound, more = self._bounded(upto)
+            query += bound
+            params: list[Any] = [stream, after_version, *more]
             query += " ORDER BY originator_version"
             if limit is not None:
                 query += " LIMIT %s"
@@ -603,6 +810,22 @@ if _POSTGRES_MISSING is None:
 
     class _PostgresFactory(PostgresFactory):
         application_recorder_class = _PostgresRecorder
+
+
+_APPEND_CALL = (
+    f"CALL public.{APPEND_PROCEDURE}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
+    "%s::text[], %s::bytea[], %s::bytea, %s::bytea, %s::boolean, %s::text, %s::text)"
+)
+_DURABLE_CALL = f"SELECT public.{DURABLE_FUNCTION}()"
+
+
+def _pg_has_append(config: JournalConfig) -> bool:
+    """Tell whether a PostgreSQL journal has the append procedure (ADR 0044)."""
+    with _pg_connect(config) as conn:
+        row = conn.execute(
+            "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_PROCEDURE}"]
+        ).fetchone()
+        return bool(row and row[0])
 
 
 def _pg_row(row: tuple[Any, ...]) -> Row:
