@@ -8,6 +8,7 @@ step, with a scripted handler (no model, no network).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import threading
@@ -25,6 +26,7 @@ import journaled
 from journaled import ExecuteResult, NeedsInput, Plan, Step
 from journaled.aio import AsyncRuntime
 from journaled.errors import ConfigurationError, InvalidArgument
+from journaled.events.bm25 import bm25_rescore
 from journaled.events.memory import FactDeleted
 from journaled.integrations.autogen import (
     JournaledMemory,
@@ -348,6 +350,65 @@ def test_bad_constructor_arguments_name_the_argument(sqlite_url: str) -> None:
             JournaledMemory(object())  # type: ignore[arg-type]
         with pytest.raises(InvalidArgument, match=r"^colour "):
             await JournaledMemory(rt).query("x", colour="red")
+
+    with_aio(sqlite_url, body)
+
+
+def test_search_scored_keeps_the_scores_search_ranks_by(journal_url: str) -> None:
+    """M6/M7: search_scored returns search's facts in its order, with the reference BM25 scores."""
+    texts = ["staging runs in eu-west-1", "the staging database", "lunch at noon", "staging"]
+    with journaled.open(journal_url) as rt:
+        for t in texts:
+            rt.memory.remember(t, scope="session")
+        rt.memory.remember("staging elsewhere", scope="user")
+        hits, ranking = rt.memory.search_scored("staging region", scopes=["session"], limit=3)
+        assert ranking == "bm25"
+        assert [f.id for _, f in hits] == [
+            f.id for f in rt.memory.search("staging region", scopes=["session"], limit=3)
+        ]
+        docs = [(f.id, f.text) for f in rt.memory.all() if f.scope == "session"]
+        reference = bm25_rescore("staging region", docs, 3)
+        assert [f.id for _, f in hits] == [i for _, i in reference]
+        assert [s for s, _ in hits] == pytest.approx([s for s, _ in reference])
+        # Semantic without an embedder falls back to BM25 and says so (M7).
+        assert rt.memory.search_scored("staging region", semantic=True)[1] == "bm25"
+
+
+def test_cancelling_the_run_cancels_the_autogen_message(sqlite_url: str) -> None:
+    """X1/E5: rt.cancel of a run cancels the CancellationToken the AutoGen handler was given."""
+    started = asyncio.Event()
+    tokens: list[bool] = []
+
+    class Waiter(RoutedAgent):
+        def __init__(self) -> None:
+            super().__init__("waits until cancelled")
+
+        @message_handler
+        async def on_step(self, message: StepMessage, ctx: MessageContext) -> StepReply:
+            cancelled = asyncio.Event()
+            ctx.cancellation_token.add_callback(cancelled.set)
+            started.set()
+            with contextlib.suppress(TimeoutError):  # bounded: a missed cancel fails, not hangs
+                await asyncio.wait_for(cancelled.wait(), 10)
+            tokens.append(ctx.cancellation_token.is_cancelled())
+            return StepReply(output="stopped")
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = SingleThreadedAgentRuntime()
+        await Waiter.register(runtime, "waiter", Waiter)
+        runtime.start()
+        try:
+            register_autogen_agent(rt, "waiter", runtime=runtime, agent_type="waiter")
+            handle = await rt.start(Plan(goal="g", steps=[Step("a", agent="waiter")]))
+            await asyncio.wait_for(started.wait(), 30)
+            await rt.cancel(handle.run_id)
+            result = await handle.result(timeout=30)
+            await runtime.stop_when_idle()
+        finally:
+            if runtime._run_context is not None:
+                await runtime.stop()
+        assert not result.ok
+        assert tokens == [True]
 
     with_aio(sqlite_url, body)
 

@@ -548,13 +548,19 @@ def register_autogen_agent(
         _check_started(runtime, agent_type)
         recipient = AgentId(agent_type, key(step, ctx) if callable(key) else key)
         token = CancellationToken()
-        sent = runtime.send_message(build(step, ctx), recipient, cancellation_token=token)
+        outgoing = build(step, ctx)
         here = asyncio.get_running_loop()
         try:
             if home is None or home is here:
-                answer = await sent
+                answer = await runtime.send_message(outgoing, recipient, cancellation_token=token)
             else:
-                answer = await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(sent, home))
+                sent = runtime.send_message(outgoing, recipient, cancellation_token=token)
+                try:
+                    future = asyncio.run_coroutine_threadsafe(sent, home)
+                except BaseException:
+                    sent.close()  # never scheduled (the loop is closed): not left un-awaited
+                    raise
+                answer = await asyncio.wrap_future(future)
         except asyncio.CancelledError:
             # Tell the agent's handler too (MessageContext.cancellation_token), on its own loop.
             (home or here).call_soon_threadsafe(token.cancel)
