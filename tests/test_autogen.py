@@ -146,6 +146,12 @@ def test_json_and_markdown_are_held_with_their_mime_type(sqlite_url: str) -> Non
             "application/json": {"service": "billing"},
             "text/markdown": "# Runbook\nrestart billing",
         }
+        by_json = await memory.query(
+            MemoryContent(content={"q": "billing"}, mime_type="application/json")
+        )
+        assert len(by_json.results) == 2
+        with pytest.raises(InvalidArgument, match="content must be a str for mime type 'image/"):
+            await memory.query(MemoryContent(content=b"\x89PNG", mime_type=MemoryMimeType.IMAGE))
         with pytest.raises(InvalidArgument, match="content is not JSON"):
             await memory.add(MemoryContent(content="{not json", mime_type="application/json"))
 

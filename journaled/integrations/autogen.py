@@ -232,12 +232,15 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         """
         self._check_open()
         _check_cancelled(cancellation_token)
-        text = query if isinstance(query, str) else _content_text(query.content, None)
+        text = (
+            query
+            if isinstance(query, str)
+            else _content_text(query.content, _mime(query.mime_type))
+        )
         unknown = set(kwargs) - {"limit", "min_confidence", "domains", "semantic"}
         if unknown:
-            raise InvalidArgument(
-                sorted(unknown)[0], "is not a query option: use limit, min_confidence, domains"
-            )
+            problem = "is not a query option: use limit, min_confidence, domains or semantic"
+            raise InvalidArgument(sorted(unknown)[0], problem)
         if not text.strip():
             return MemoryQueryResult(results=[])
         hits, ranking = await self._memory.call(
@@ -351,9 +354,9 @@ def _mime(mime_type: MemoryMimeType | str) -> str:
     return mime_type.value if isinstance(mime_type, MemoryMimeType) else str(mime_type)
 
 
-def _content_text(content: object, mime: str | None) -> str:
+def _content_text(content: object, mime: str) -> str:
     """Return a content's text; JSON content is kept as compact, key-sorted JSON."""
-    if mime == MemoryMimeType.JSON.value or (mime is None and isinstance(content, dict | list)):
+    if mime == MemoryMimeType.JSON.value:
         if isinstance(content, str):
             try:
                 json.loads(content)
