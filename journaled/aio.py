@@ -254,6 +254,29 @@ class AsyncMemory:
             self._memory.search_semantic, query, scopes, domains, min_confidence, limit, now
         )
 
+    async def search_scored(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+        *,
+        semantic: bool = False,
+    ) -> tuple[list[tuple[float, Fact]], str]:
+        """Search keeping each hit's score (see :meth:`Memory.search_scored`)."""
+        return await self._pool.run(
+            self._memory.search_scored,
+            query,
+            scopes,
+            domains,
+            min_confidence,
+            limit,
+            now,
+            semantic=semantic,
+        )
+
     async def delete(self, fact_id: str) -> Deletion:
         """Delete a fact and heal the supersession chain around it (M8)."""
         return await self._pool.run(self._memory.delete, fact_id)

@@ -17,6 +17,7 @@ from journaled.actors.errors import RuntimeClosed
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
+from journaled.events.bm25 import merge_top
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, FactRemembered
@@ -116,9 +117,22 @@ class _Semantic:
         candidates: Sequence[Fact],
         bm25: Callable[[], list[Fact]],
     ) -> list[Fact]:
+        ranked, _ = self.rank_scored(
+            text, query, candidates, lambda: [(0.0, fact) for fact in bm25()]
+        )
+        return [fact for _, fact in ranked]
+
+    def rank_scored(
+        self,
+        text: str,
+        query: Query,
+        candidates: Sequence[Fact],
+        bm25: Callable[[], list[tuple[float, Fact]]],
+    ) -> tuple[list[tuple[float, Fact]], str]:
+        """Return (score, fact) pairs best first and the ranking used: "semantic" or "bm25"."""
         embedder = self.embedder
         if embedder is None or not candidates:
-            return bm25()
+            return bm25(), "bm25"
         try:
             with self._lock:
                 need = list(dict.fromkeys(c.text for c in candidates if c.text not in self._cache))
@@ -133,13 +147,13 @@ class _Semantic:
             with self._lock:
                 docs = [(c, self._cache[c.text]) for c in candidates if c.text in self._cache]
             if not usable(query_vector) or not docs:
-                return bm25()
+                return bm25(), "bm25"
             assert query_vector is not None
             scored = [(cosine(query_vector, v), c) for c, v in docs]
         except Exception:
-            return bm25()
+            return bm25(), "bm25"
         hits = sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))
-        return [c for _, c in hits[: query.limit]]
+        return hits[: query.limit], "semantic"
 
     def forget(self, text: str) -> None:
         with self._lock:
@@ -312,6 +326,10 @@ class Memory:
         return self._bm25(q)
 
     def _bm25(self, q: Query) -> list[Fact]:
+        return merge_hits(self._bm25_hits(q), q.limit)
+
+    def _bm25_hits(self, q: Query) -> list[list[tuple[float, Fact]]]:
+        """Return each scope's (score, fact) hits for a BM25 query."""
         if not q.terms or q.limit == 0:
             return []
         stats: list[Stats] = ask_all(self._refs, SearchStats(query=q))
@@ -320,8 +338,44 @@ class Memory:
             return []
         # Only scopes holding a candidate with a query term can contribute hits.
         holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
-        hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
-        return merge_hits(hits, q.limit)
+        hits: list[list[tuple[float, Fact]]] = ask_all(
+            holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl)
+        )
+        return hits
+
+    def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
+        hits = self._bm25_hits(q)
+        by_id = {fact.id: fact for scope in hits for _, fact in scope}
+        top = merge_top(([(s, f.id) for s, f in scope] for scope in hits), q.limit)
+        return [(score, by_id[fact_id]) for score, fact_id in top]
+
+    def search_scored(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+        *,
+        semantic: bool = False,
+    ) -> tuple[list[tuple[float, Fact]], str]:
+        """Search like :meth:`search` (or :meth:`search_semantic`) and keep each hit's score.
+
+        Returns:
+            ((score, fact) pairs best first, the ranking used): "bm25" (Okapi BM25 score, M6)
+            or "semantic" (cosine similarity, M7); a semantic search that fell back says "bm25".
+        """
+        q = _query(
+            query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
+        )
+        if not semantic:
+            return self._bm25_scored(q), "bm25"
+        candidates = sorted(
+            (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
+            key=lambda f: f.id,
+        )
+        return self._semantic.rank_scored(query, q, candidates, lambda: self._bm25_scored(q))
 
     def search_semantic(
         self,

@@ -1,0 +1,641 @@
+"""AutoGen Core and journaled (SPEC X1, ADR 0041): ``pip install 'journaled[autogen]'``.
+
+Two directions:
+
+- :class:`JournaledMemory` is an ``autogen_core.memory.Memory`` over ``rt.memory`` and one scope:
+  what an AutoGen agent adds is a journaled fact (redacted, superseded by conflict key, explained
+  by ``why``), what it queries is ranked by BM25 or, when the runtime has an embedder, by meaning.
+- :func:`register_autogen_agent` makes an agent hosted on an AutoGen runtime a journaled agent
+  step: the step sends it a :class:`StepMessage`, its reply is the step's output, the model
+  requests it reports are charged as calls, and a question it asks leaves the step waiting for
+  an answer (E10).
+
+Both work with a runtime from :func:`journaled.open` or from :func:`journaled.aio.open`; neither
+blocks the event loop (the sync runtime's calls run in a thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Self
+
+try:
+    from autogen_core import AgentId, AgentRuntime, CancellationToken, Component
+    from autogen_core.memory import (
+        Memory,
+        MemoryContent,
+        MemoryMimeType,
+        MemoryQueryResult,
+        UpdateContextResult,
+    )
+    from autogen_core.model_context import ChatCompletionContext
+    from autogen_core.models import RequestUsage, SystemMessage
+except ImportError as exc:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "journaled.integrations.autogen needs autogen-core: pip install 'journaled[autogen]'"
+    ) from exc
+from pydantic import BaseModel
+
+from journaled.actors.steps import AgentContext, NeedsInput
+from journaled.aio import AsyncRuntime
+from journaled.errors import ConfigurationError, InvalidArgument
+from journaled.events.memory import Fact
+from journaled.events.plans import AgentResult, Step
+from journaled.runtime import Runtime
+from journaled.runtime import open as open_runtime
+
+__all__ = [
+    "HELD_MIME_TYPES",
+    "JournaledMemory",
+    "JournaledMemoryConfig",
+    "StepMessage",
+    "StepReply",
+    "register_autogen_agent",
+]
+
+HELD_MIME_TYPES: tuple[str, ...] = (
+    MemoryMimeType.TEXT.value,
+    MemoryMimeType.MARKDOWN.value,
+    MemoryMimeType.JSON.value,
+)
+"""The mime types a :class:`JournaledMemory` holds: a fact is text."""
+
+FACT_FIELDS: tuple[str, ...] = (
+    "domain",
+    "confidence",
+    "conflict_key",
+    "source",
+    "valid_from",
+    "valid_until",
+)
+"""Metadata keys of a ``MemoryContent`` that become the fact's own fields (M2, M3, M5)."""
+
+_ENVELOPE = "journaled.autogen"
+"""Marks a fact source that also keeps a content's mime type and other metadata."""
+
+
+# -- memory ----------------------------------------------------------------------------------
+
+
+class JournaledMemoryConfig(BaseModel):
+    """The component configuration of a :class:`JournaledMemory` (``dump_component``)."""
+
+    url: str | None = None
+    """The journal URL; None: ``$JOURNALED_URL``, then the embedded journal (J4)."""
+    scope: str = "project"
+    name: str | None = None
+    domain: str | None = None
+    source: str = "autogen"
+    limit: int = 5
+    min_confidence: float = 0.0
+    semantic: bool = True
+
+
+class _MemoryCalls:
+    """``rt.memory`` of a sync or an asyncio runtime, awaited without blocking the loop."""
+
+    def __init__(self, rt: Runtime | AsyncRuntime) -> None:
+        if isinstance(rt, AsyncRuntime):
+            self._aio: Any = rt.memory
+            self._sync: Any = None
+        elif isinstance(rt, Runtime):
+            self._aio = None
+            self._sync = rt.memory
+        else:
+            raise InvalidArgument(
+                "rt",
+                f"must be a runtime from journaled.open() or journaled.aio.open(), got "
+                f"{type(rt).__name__}",
+            )
+
+    async def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        if self._aio is not None:
+            return await getattr(self._aio, name)(*args, **kwargs)
+        # The sync runtime's calls wait on actors: a thread waits, never the loop.
+        return await asyncio.to_thread(getattr(self._sync, name), *args, **kwargs)
+
+
+class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
+    """An AutoGen Core memory whose entries are journaled facts of one scope (X1).
+
+    Args:
+        rt: a runtime from :func:`journaled.open` or :func:`journaled.aio.open`; it stays the
+            caller's to close.
+        scope: the logical scope (M1) facts are remembered into and searched in.
+        name: the memory's name (default ``journaled:<scope>``).
+        domain: the domain of added facts, unless a content's metadata names one.
+        source: the provenance of added facts, unless a content's metadata names one.
+        limit: how many facts a query returns by default.
+        min_confidence: facts below this confidence are not returned (M5).
+        semantic: rank by meaning when the runtime has an embedder (M7); BM25 otherwise (M6).
+
+    ``add`` holds text, markdown and JSON (:data:`HELD_MIME_TYPES`); a content's metadata keys
+    in :data:`FACT_FIELDS` become the fact's fields, the others are kept with the fact and come
+    back in query results' metadata. ``query`` results carry the fact's id, scope, fields, its
+    ``score`` and the ``ranking`` that produced it ("bm25" or "semantic") in their metadata.
+    ``clear`` deletes every fact of the scope through ``rt.memory.delete`` (M8), so ``why`` and
+    ``history`` explain each one.
+    """
+
+    component_type = "memory"
+    component_config_schema = JournaledMemoryConfig
+    component_provider_override = "journaled.integrations.autogen.JournaledMemory"
+    component_description: ClassVar[str | None] = "Journaled facts of one scope as AutoGen memory."
+
+    def __init__(
+        self,
+        rt: Runtime | AsyncRuntime,
+        scope: str = "project",
+        *,
+        name: str | None = None,
+        domain: str | None = None,
+        source: str = "autogen",
+        limit: int = 5,
+        min_confidence: float = 0.0,
+        semantic: bool = True,
+    ) -> None:
+        if not isinstance(scope, str) or not scope.strip():
+            raise InvalidArgument("scope", f"must be a non-empty string, got {scope!r}")
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise InvalidArgument("limit", f"must be a positive int, got {limit!r}")
+        self._rt = rt
+        self._memory = _MemoryCalls(rt)
+        self._scope = scope
+        self._name = name or f"journaled:{scope}"
+        self._domain = domain
+        self._source = source
+        self._limit = limit
+        self._min_confidence = min_confidence
+        self._semantic = semantic
+        self._owns_runtime = False
+        self._closed = False
+
+    @property
+    def name(self) -> str:
+        """Return the memory's name."""
+        return self._name
+
+    @property
+    def scope(self) -> str:
+        """Return the logical scope this memory remembers into and searches in."""
+        return self._scope
+
+    async def add(
+        self, content: MemoryContent, cancellation_token: CancellationToken | None = None
+    ) -> None:
+        """Remember a content as a fact of this scope (M2); supersedes by conflict key (M3).
+
+        Raises:
+            InvalidArgument: a mime type the memory cannot hold (an image, binary data), content
+                that does not match its mime type, or metadata that cannot be stored.
+            InvalidFact: the fact itself cannot be stored (empty text, bad confidence, ...).
+        """
+        self._check_open()
+        _check_cancelled(cancellation_token)
+        mime = _mime(content.mime_type)
+        if mime not in HELD_MIME_TYPES:
+            raise InvalidArgument(
+                "mime_type",
+                f"{mime!r} cannot be held by JournaledMemory, which holds "
+                f"{', '.join(HELD_MIME_TYPES)}: remember a text that describes it instead",
+            )
+        text = _content_text(content.content, mime)
+        metadata = dict(content.metadata or {})
+        fields = {key: metadata.pop(key) for key in FACT_FIELDS if key in metadata}
+        provenance = fields.pop("source", self._source)
+        await self._memory.call(
+            "remember",
+            text,
+            scope=self._scope,
+            domain=fields.get("domain", self._domain),
+            confidence=fields.get("confidence"),
+            conflict_key=fields.get("conflict_key"),
+            source=_pack_source(provenance, mime, metadata),
+            valid_from=fields.get("valid_from"),
+            valid_until=fields.get("valid_until"),
+        )
+
+    async def query(
+        self,
+        query: str | MemoryContent,
+        cancellation_token: CancellationToken | None = None,
+        **kwargs: Any,
+    ) -> MemoryQueryResult:
+        """Return this scope's facts relevant to ``query``, best first, scores in the metadata.
+
+        Keyword arguments: ``limit``, ``min_confidence``, ``domains`` (a list of names) and
+        ``semantic`` override the memory's settings for this query. An empty or
+        all-punctuation query finds nothing (M6).
+        """
+        self._check_open()
+        _check_cancelled(cancellation_token)
+        text = (
+            query
+            if isinstance(query, str)
+            else _content_text(query.content, _mime(query.mime_type))
+        )
+        unknown = set(kwargs) - {"limit", "min_confidence", "domains", "semantic"}
+        if unknown:
+            problem = "is not a query option: use limit, min_confidence, domains or semantic"
+            raise InvalidArgument(sorted(unknown)[0], problem)
+        if not text.strip():
+            return MemoryQueryResult(results=[])
+        hits, ranking = await self._memory.call(
+            "search_scored",
+            text,
+            scopes=[self._scope],
+            domains=kwargs.get("domains"),
+            min_confidence=kwargs.get("min_confidence", self._min_confidence),
+            limit=kwargs.get("limit", self._limit),
+            semantic=kwargs.get("semantic", self._semantic),
+        )
+        return MemoryQueryResult(
+            results=[_as_content(fact, score, ranking) for score, fact in hits]
+        )
+
+    async def update_context(self, model_context: ChatCompletionContext) -> UpdateContextResult:
+        """Add the facts relevant to the last message to ``model_context`` as a SystemMessage.
+
+        As AutoGen's own memories do: the last message's text is the query; when facts are
+        found, one ``SystemMessage`` listing them (best first) is appended. Nothing is added when
+        there is no message, no text in the last one, or no relevant fact.
+        """
+        self._check_open()
+        messages = await model_context.get_messages()
+        text = _message_text(messages[-1]) if messages else ""
+        if not text.strip():
+            return UpdateContextResult(memories=MemoryQueryResult(results=[]))
+        found = await self.query(text)
+        if found.results:
+            lines = [f"{i}. {_shown(item.content)}" for i, item in enumerate(found.results, 1)]
+            memory_context = "\nRelevant memory content (most relevant first):\n"
+            await model_context.add_message(
+                SystemMessage(content=memory_context + "\n".join(lines) + "\n")
+            )
+        return UpdateContextResult(memories=found)
+
+    async def clear(self) -> None:
+        """Delete every fact of this scope through ``rt.memory.delete`` (M8): each is journaled."""
+        self._check_open()
+        facts: list[Fact] = await self._memory.call("all")
+        for fact in facts:
+            if fact.scope == self._scope:
+                await self._memory.call("delete", fact.id)
+
+    async def close(self) -> None:
+        """Stop using the runtime; it is closed too only when this memory opened it (config)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_runtime:
+            await _close(self._rt)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"memory {self._name!r} is closed: make a new JournaledMemory")
+
+    def _to_config(self) -> JournaledMemoryConfig:
+        url = self._rt.journal.url
+        if url.startswith("memory://"):
+            raise ConfigurationError(
+                "an in-memory journal (memory://) lives in one process and cannot be written "
+                "into a component config: open the runtime on a SQLite or PostgreSQL URL"
+            )
+        return JournaledMemoryConfig(
+            url=url,
+            scope=self._scope,
+            name=self._name,
+            domain=self._domain,
+            source=self._source,
+            limit=self._limit,
+            min_confidence=self._min_confidence,
+            semantic=self._semantic,
+        )
+
+    @classmethod
+    def _from_config(cls, config: JournaledMemoryConfig) -> Self:
+        """Open the configured journal; the memory owns that runtime and closes it in close()."""
+        if config.url is not None and "***" in config.url:
+            raise ConfigurationError(
+                "url has its password masked (***): give the full URL in the config, or leave "
+                "url empty and set JOURNALED_URL"
+            )
+        rt = open_runtime(config.url)
+        memory = cls(
+            rt,
+            config.scope,
+            name=config.name,
+            domain=config.domain,
+            source=config.source,
+            limit=config.limit,
+            min_confidence=config.min_confidence,
+            semantic=config.semantic,
+        )
+        memory._owns_runtime = True
+        return memory
+
+
+async def _close(rt: Runtime | AsyncRuntime) -> None:
+    if isinstance(rt, AsyncRuntime):
+        await rt.close()
+    else:
+        await asyncio.to_thread(rt.close)
+
+
+def _check_cancelled(token: CancellationToken | None) -> None:
+    if token is not None and token.is_cancelled():
+        raise asyncio.CancelledError("the operation's cancellation token was cancelled")
+
+
+def _mime(mime_type: MemoryMimeType | str) -> str:
+    return mime_type.value if isinstance(mime_type, MemoryMimeType) else str(mime_type)
+
+
+def _content_text(content: object, mime: str) -> str:
+    """Return a content's text; JSON content is kept as compact, key-sorted JSON."""
+    if mime == MemoryMimeType.JSON.value:
+        if isinstance(content, str):
+            try:
+                json.loads(content)
+            except ValueError as exc:
+                raise InvalidArgument("content", f"is not JSON ({exc})") from None
+            return content
+        try:
+            return json.dumps(content, ensure_ascii=False, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument("content", f"cannot be written as JSON: {exc}") from None
+    if not isinstance(content, str):
+        raise InvalidArgument(
+            "content", f"must be a str for mime type {mime!r}, got {type(content).__name__}"
+        )
+    return content
+
+
+def _pack_source(provenance: object, mime: str, extra: Mapping[str, Any]) -> str | None:
+    """Return the fact's source; a non-plain mime type and other metadata are kept in it.
+
+    The source is redacted like the text (M9) and shown by ``why``, so what is kept beside a
+    fact stays as safe and as visible as the fact.
+    """
+    if provenance is not None and not isinstance(provenance, str):
+        raise InvalidArgument(
+            "metadata['source']", f"must be a string, got {type(provenance).__name__}"
+        )
+    if mime == MemoryMimeType.TEXT.value and not extra:
+        return provenance
+    envelope = {_ENVELOPE: 1, "source": provenance, "mime_type": mime, "metadata": dict(extra)}
+    try:
+        return json.dumps(envelope, ensure_ascii=False, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        key = next((k for k, v in extra.items() if not _jsonable(v)), "?")
+        raise InvalidArgument(f"metadata[{key!r}]", f"cannot be kept: {exc}") from None
+
+
+def _jsonable(value: object) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError):
+        return False
+    return True
+
+
+def _unpack_source(source: str | None) -> tuple[str | None, str, dict[str, Any]]:
+    """Return (provenance, mime type, other metadata) of a fact's source."""
+    plain = MemoryMimeType.TEXT.value
+    if source is None or not source.startswith("{"):
+        return source, plain, {}
+    try:
+        envelope = json.loads(source)
+    except ValueError:
+        return source, plain, {}
+    if not isinstance(envelope, dict) or envelope.get(_ENVELOPE) != 1:
+        return source, plain, {}
+    metadata = envelope.get("metadata")
+    return (
+        envelope.get("source"),
+        str(envelope.get("mime_type", plain)),
+        metadata if isinstance(metadata, dict) else {},
+    )
+
+
+def _as_content(fact: Fact, score: float, ranking: str) -> MemoryContent:
+    provenance, mime, extra = _unpack_source(fact.source)
+    content: Any = fact.text
+    if mime == MemoryMimeType.JSON.value:
+        try:
+            content = json.loads(fact.text)
+        except ValueError:  # redaction (M9) may have cut it: the text is still the fact
+            mime = MemoryMimeType.TEXT.value
+    known = {
+        "id": fact.id,
+        "scope": fact.scope,
+        "score": score,
+        "ranking": ranking,
+        "confidence": fact.confidence,
+        "created_at": fact.created_at,
+        "domain": fact.domain,
+        "conflict_key": fact.conflict_key,
+        "source": provenance,
+        "valid_from": fact.valid_from,
+        "valid_until": fact.valid_until,
+    }
+    metadata = {**extra, **{k: v for k, v in known.items() if v is not None}}
+    return MemoryContent(content=content, mime_type=mime, metadata=metadata)
+
+
+def _shown(content: object) -> str:
+    """Return a query result's content as the model should read it (JSON as JSON)."""
+    if isinstance(content, str):
+        return content
+    return json.dumps(content, ensure_ascii=False, sort_keys=True, default=str)
+
+
+def _message_text(message: object) -> str:
+    """Return the text of a model-context message (its string parts, for multimodal content)."""
+    content = getattr(message, "content", None)
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(part for part in content if isinstance(part, str))
+    return ""
+
+
+# -- agents ----------------------------------------------------------------------------------
+
+
+@dataclass
+class StepMessage:
+    """What a journaled agent step sends its AutoGen agent (unless ``message=`` says otherwise).
+
+    Handle it in a ``RoutedAgent`` with ``@message_handler`` and answer with a
+    :class:`StepReply`, a ``journaled.AgentResult``, or any journalable value (the output).
+    """
+
+    task: Any
+    """The step's input."""
+    run_id: str
+    step_id: str
+    attempt: int
+    """1 for the first execution, higher when the step runs again (after an answer, a crash)."""
+    answer: str | None = None
+    """The human answer given on resume, after the agent asked a question (E10)."""
+    reservation: int | None = None
+    """Model calls reserved for this step (E6); None: unbounded."""
+
+
+@dataclass
+class StepReply:
+    """An AutoGen agent's answer to a :class:`StepMessage`.
+
+    ``usage`` lists one ``RequestUsage`` per model request the agent made: the step is charged
+    that many calls (E8), and the token counts are journaled in the observation's ``data``.
+    ``needs_input`` asks a human: the step waits for an answer (E10). ``error`` fails the step.
+    """
+
+    output: Any = None
+    usage: list[RequestUsage] = field(default_factory=list)
+    needs_input: str | None = None
+    error: str | None = None
+
+
+MessageFactory = Callable[[Step, AgentContext], Any]
+ReplyReader = Callable[[Any], AgentResult]
+
+
+def register_autogen_agent(
+    rt: Runtime | AsyncRuntime,
+    name: str,
+    *,
+    runtime: AgentRuntime,
+    agent_type: str,
+    key: str | Callable[[Step, AgentContext], str] = "default",
+    loop: asyncio.AbstractEventLoop | None = None,
+    message: MessageFactory | None = None,
+    reply: ReplyReader | None = None,
+) -> None:
+    """Register an agent hosted on an AutoGen runtime as journaled agent ``name`` (X1, E9).
+
+    A plan's step ``Step(id, agent=name, input=...)`` sends the AutoGen agent
+    ``AgentId(agent_type, key)`` a :class:`StepMessage` (or ``message(step, ctx)``) on
+    ``runtime``; the reply becomes the step's observation (see :class:`StepReply`; ``reply(r)``
+    reads other reply types). The agent may also raise ``journaled.NeedsInput(question)`` to
+    wait for an answer. Cancelling the run cancels the message's ``CancellationToken``.
+
+    Args:
+        rt: the journaled runtime (sync or asyncio) whose plans use the agent.
+        name: the agent's name in plans.
+        runtime: the AutoGen runtime hosting the agent; it must be started.
+        agent_type: the AutoGen agent type registered on ``runtime``.
+        key: the agent key, or ``key(step, ctx)`` (e.g. one agent instance per run).
+        loop: the event loop ``runtime`` runs on; default: the loop running when this is called,
+            else the loop the step runs on. Give it when a sync journaled runtime drives an
+            AutoGen runtime running in another thread.
+        message: builds the message sent for a step.
+        reply: turns the agent's reply into an ``AgentResult``.
+    """
+    if not isinstance(agent_type, str) or not agent_type:
+        raise InvalidArgument("agent_type", f"must be a non-empty string, got {agent_type!r}")
+    if loop is None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+    home = loop
+    build = message or _step_message
+    read = reply or _read_reply
+
+    async def run_step(step: Step, ctx: AgentContext) -> AgentResult:
+        _check_started(runtime, agent_type)
+        recipient = AgentId(agent_type, key(step, ctx) if callable(key) else key)
+        token = CancellationToken()
+        outgoing = build(step, ctx)
+        here = asyncio.get_running_loop()
+        try:
+            if home is None or home is here:
+                answer = await runtime.send_message(outgoing, recipient, cancellation_token=token)
+            else:
+                sent = runtime.send_message(outgoing, recipient, cancellation_token=token)
+                try:
+                    future = asyncio.run_coroutine_threadsafe(sent, home)
+                except BaseException:
+                    sent.close()  # never scheduled (the loop is closed): not left un-awaited
+                    raise
+                answer = await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            # Tell the agent's handler too (MessageContext.cancellation_token), on its own loop.
+            (home or here).call_soon_threadsafe(token.cancel)
+            raise
+        except NeedsInput:
+            raise
+        except Exception as exc:
+            raise RuntimeError(f"AutoGen agent {recipient} failed: {exc}") from exc
+        return read(answer)
+
+    rt.register_agent(name, run_step)
+
+
+def _check_started(runtime: AgentRuntime, agent_type: str) -> None:
+    # A message sent to a SingleThreadedAgentRuntime that was never started waits forever:
+    # fail the step instead, saying how to fix it. (No public attribute tells; this one is
+    # pinned by the autogen-core version range of the extra.)
+    if getattr(runtime, "_run_context", True) is None:
+        raise RuntimeError(
+            f"the AutoGen runtime hosting {agent_type!r} is not started: call runtime.start() "
+            "before running plans that use it"
+        )
+
+
+def _step_message(step: Step, ctx: AgentContext) -> StepMessage:
+    return StepMessage(
+        task=step.input,
+        run_id=ctx.run_id,
+        step_id=ctx.step_id,
+        attempt=ctx.attempt,
+        answer=ctx.answer,
+        reservation=ctx.reservation,
+    )
+
+
+def _read_reply(answer: Any) -> AgentResult:
+    """Turn an AutoGen agent's reply into an ``AgentResult`` (E8: reported usage is charged)."""
+    if isinstance(answer, AgentResult):
+        return answer
+    if isinstance(answer, StepReply):
+        if answer.needs_input is not None:
+            raise NeedsInput(answer.needs_input)
+        calls, data = _usage(answer.usage)
+        if answer.error is not None:
+            return AgentResult(
+                ok=False, error=answer.error, code="agent-failed", calls_used=calls, data=data
+            )
+        return AgentResult(ok=True, output=_plain(answer.output), calls_used=calls, data=data)
+    # Another reply (e.g. an AgentChat message): its ``models_usage`` is charged when present.
+    calls, data = _usage(getattr(answer, "models_usage", None))
+    return AgentResult(ok=True, output=_plain(answer), calls_used=calls, data=data)
+
+
+def _usage(usage: object) -> tuple[int | None, dict[str, int] | None]:
+    """Return (calls, token counts) of reported usage; (None, None) when nothing was reported."""
+    if usage is None:
+        return None, None
+    if isinstance(usage, RequestUsage):
+        requests = [usage]
+    elif isinstance(usage, list | tuple):
+        requests = [u for u in usage if isinstance(u, RequestUsage)]
+    else:
+        return None, None
+    if not requests:
+        return 0, None
+    prompt = sum(int(u.prompt_tokens) for u in requests)
+    completion = sum(int(u.completion_tokens) for u in requests)
+    return len(requests), {"prompt_tokens": prompt, "completion_tokens": completion}
+
+
+def _plain(value: Any) -> Any:
+    """Return a reply value as journalable builtins where it is a pydantic model."""
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    return value
