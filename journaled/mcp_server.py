@@ -511,7 +511,8 @@ def answer(rt: journaled.Runtime, spec: ToolSpec, arguments: dict[str, Any] | No
     except RunNotFound as exc:
         raise ToolError("run_id", str(exc)) from None
     except InvalidFact as exc:
-        raise ToolError(exc.field, str(exc).removeprefix("cannot remember this fact: ")) from None
+        said = str(exc).removeprefix("cannot remember this fact: ").removeprefix(f"{exc.field} ")
+        raise ToolError(exc.field, said) from None
     except InvalidArgument as exc:
         raise ToolError(exc.field, exc.problem) from None
     except (ValueError, KeyError) as exc:
