@@ -42,6 +42,7 @@ from journaled import cli_render as render
 from journaled.actors.errors import InvalidFact, RunNotFound
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
+from journaled.events.errors import EventsError
 from journaled.events.memory import Fact
 from journaled.events.provenance import Stale
 from journaled.events.run_summaries import RunSummary
@@ -515,6 +516,8 @@ def answer(rt: journaled.Runtime, spec: ToolSpec, arguments: dict[str, Any] | No
         raise ToolError(exc.field, said) from None
     except InvalidArgument as exc:
         raise ToolError(exc.field, exc.problem) from None
+    except EventsError:
+        raise  # a journal that cannot be read is no argument's fault
     except (ValueError, KeyError) as exc:
         message = str(exc.args[0]) if exc.args else str(exc)
         raise ToolError(spec.blame or "arguments", message) from None
@@ -559,6 +562,9 @@ def build_server(rt: journaled.Runtime) -> Server[Any]:
         except ToolError as exc:
             log.info("tool %s refused: %s", spec.name, exc)
             return _error(exc)
+        except EventsError as exc:  # e.g. a damaged event: the message names its position
+            log.error("tool %s: the journal cannot be read: %s", spec.name, exc)
+            raise MCPError(mt.INTERNAL_ERROR, f"the journal cannot be read: {exc}") from exc
         return _result(*pair)
 
     return Server(

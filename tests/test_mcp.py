@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -12,7 +13,7 @@ from typing import Any
 import anyio
 import pytest
 
-pytest.importorskip("mcp")
+pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install -e '.[mcp]'")
 
 import mcp.types as mt
 from mcp import ClientSession, StdioServerParameters, stdio_client
@@ -20,6 +21,7 @@ from mcp.shared.exceptions import MCPError
 
 import journaled
 from journaled import Plan, Step
+from journaled.events.journal import SNAPSHOT_TABLE
 from journaled.events.run_summaries import RUN_STATUSES
 
 pytestmark = pytest.mark.slow
@@ -447,3 +449,30 @@ def test_without_the_extra_the_command_says_what_to_install(sqlite_url: str) -> 
     assert done.stdout == ""
     (line,) = done.stderr.strip().splitlines()
     assert "pip install 'journaled[mcp]'" in line
+
+
+def test_a_damaged_journal_is_a_protocol_error_not_a_bad_argument(
+    sqlite_url: str, tmp_path: Path
+) -> None:
+    """X2, J5: a run event that cannot be decoded is INTERNAL_ERROR naming its position."""
+    run_id, _, _ = _a_run_that_read_a_fact(sqlite_url)
+    with journaled.open(sqlite_url) as rt:
+        broken = rt.runs.history(run_id)[-1].position
+    path = sqlite_url.removeprefix("sqlite:///")
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE stored_events SET state = x'00' WHERE rowid = ?", [broken])
+        conn.execute(f"DELETE FROM {SNAPSHOT_TABLE}")  # noqa: S608 - fold everything again
+    errors: list[MCPError] = []
+
+    async def session(client: ClientSession) -> None:
+        try:
+            await client.call_tool("runs_why", {"run_id": run_id})
+        except MCPError as exc:
+            errors.append(exc)
+        _ok(await client.call_tool("memory_search", {"query": "release"}))  # still serving
+
+    _talk(sqlite_url, session, tmp_path / "stderr.log")
+    (error,) = errors
+    assert error.code == mt.INTERNAL_ERROR
+    assert error.message.startswith("the journal cannot be read: ")
+    assert f"position {broken}" in error.message
