@@ -102,8 +102,14 @@ def mcp_command(ctx: click.Context) -> None:
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="journaled mcp: %(message)s"
     )
+    interrupted = False
     with open_runtime(ctx, create=True) as rt:
-        mcp_server.serve(rt)
+        try:
+            mcp_server.serve(rt)
+        except KeyboardInterrupt:  # Ctrl-C in a terminal: the runtime still closes, quietly
+            interrupted = True
+    if interrupted:
+        ctx.exit(130)
 
 
 # -- journal ---------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -476,3 +477,35 @@ def test_a_damaged_journal_is_a_protocol_error_not_a_bad_argument(
     assert error.code == mt.INTERNAL_ERROR
     assert error.message.startswith("the journal cannot be read: ")
     assert f"position {broken}" in error.message
+
+
+def test_ctrl_c_stops_the_server_quietly_with_status_130(sqlite_url: str) -> None:
+    """X2: SIGINT (Ctrl-C in a terminal) closes the runtime and exits 130 without a traceback."""
+    server = subprocess.Popen(
+        [sys.executable, "-m", "journaled.cli", "mcp", "--url", sqlite_url],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert server.stdin is not None
+    assert server.stdout is not None
+    hello = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "raw", "version": "0"},
+        },
+    }
+    server.stdin.write(json.dumps(hello) + "\n")
+    server.stdin.flush()
+    assert json.loads(server.stdout.readline())["id"] == 1  # serving: the runtime is open
+    server.send_signal(signal.SIGINT)
+    _, stderr = server.communicate(timeout=60)
+    assert server.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.verify().ok
