@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sqlite3
 import subprocess
@@ -361,7 +362,7 @@ def test_the_server_exits_cleanly_when_the_client_closes(sqlite_url: str, tmp_pa
 
 
 def test_nothing_but_the_protocol_reaches_stdout(sqlite_url: str) -> None:
-    """X2: every line the server writes to stdout is a JSON-RPC message; it exits 0 at EOF."""
+    """X2: stdout carries JSON-RPC only; the journal comes from $JOURNALED_URL; EOF exits 0."""
     lines: list[dict[str, Any]] = [
         {
             "jsonrpc": "2.0",
@@ -389,11 +390,12 @@ def test_nothing_but_the_protocol_reaches_stdout(sqlite_url: str) -> None:
         },
     ]
     server = subprocess.Popen(
-        [sys.executable, "-m", "journaled.cli", "mcp", "--url", sqlite_url],
+        [sys.executable, "-m", "journaled.cli", "mcp"],  # the journal from $JOURNALED_URL
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "JOURNALED_URL": sqlite_url},
     )
     assert server.stdin is not None
     assert server.stdout is not None
@@ -411,6 +413,8 @@ def test_nothing_but_the_protocol_reaches_stdout(sqlite_url: str) -> None:
     by_id = {reply["id"]: reply["result"] for reply in replies}
     assert by_id[3]["structuredContent"]["text"] == "stdout stays clean"
     assert by_id[4]["isError"] is True
+    with journaled.open(sqlite_url) as rt:
+        assert [f.text for f in rt.memory.all()] == ["stdout stays clean"]
 
 
 def test_neither_import_journaled_nor_help_imports_mcp() -> None:
