@@ -9,6 +9,7 @@ each command's ``--help`` and defined in :mod:`journaled.cli_render`.
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sqlite3
@@ -75,6 +76,40 @@ def demo(ctx: click.Context, human_delay: float) -> None:
     run_id = demo_story.run(ctx.obj["url"], console, human_delay=human_delay)
     if wants_json(ctx):
         emit(render.DemoDone(run_id=run_id))
+
+
+def _set_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
+    if value is not None:
+        ctx.obj["url"] = value
+
+
+@main.command("mcp")
+@click.option("--url", expose_value=False, callback=_set_url, help=URL_HELP)
+@click.pass_context
+def mcp_command(ctx: click.Context) -> None:
+    """Serve memory and runs as Model Context Protocol tools over stdio (X2, ADR 0042).
+
+    An MCP client starts this command and talks JSON-RPC on its stdin and stdout; logs go to
+    stderr. Tools: memory_remember, memory_search, memory_why, memory_history, memory_as_of,
+    runs_list, runs_why, runs_at, runs_stale; each result is the matching command's --json.
+    Creates the journal if needed (memory_remember writes). Ends when the client closes stdin.
+    Needs the extra: pip install 'journaled[mcp]'.
+    """
+    try:
+        from journaled import mcp_server
+    except ImportError as exc:
+        fail(f"journaled mcp needs the mcp extra: pip install 'journaled[mcp]' ({exc})")
+    logging.basicConfig(
+        stream=sys.stderr, level=logging.WARNING, format="journaled mcp: %(message)s"
+    )
+    interrupted = False
+    with open_runtime(ctx, create=True) as rt:
+        try:
+            mcp_server.serve(rt)
+        except KeyboardInterrupt:  # Ctrl-C in a terminal: the runtime still closes, quietly
+            interrupted = True
+    if interrupted:
+        ctx.exit(130)
 
 
 # -- journal ---------------------------------------------------------------------------------------
