@@ -1,11 +1,12 @@
 """Child processes for the global-order tests on PostgreSQL (J1, J3): writers and readers.
 
-Run as ``python tests/pg_order_worker.py writer URL NAME WORKDIR COUNT`` or
+Run as ``python tests/pg_order_worker.py writer URL NAME WORKDIR COUNT plans|facts GATE`` or
 ``python tests/pg_order_worker.py reader URL NAME WORKDIR``. They talk to the test through files
 in WORKDIR only, so that a writer killed with SIGKILL leaves behind exactly what it had
 acknowledged:
 
-- ``NAME.ready``: the process has opened its runtime; it then waits for ``go`` to exist.
+- ``NAME.ready``: the process has opened its runtime; a writer then waits for the file GATE
+  (``go`` for all at once) to exist.
 - a writer's ``NAME.log``: ``try TEXT`` before each append, ``fact ID TEXT`` once a remember
   returned (committed), ``run ID`` once a plan's run finished; ``done`` after its runtime closed.
   COUNT 0 means "until ``stop-writers`` exists".
@@ -30,14 +31,14 @@ PLAN_EVERY = 5
 SCOPES = ("user", "project", "repository")
 
 
-def writer(url: str, name: str, workdir: Path, count: int, plans: bool) -> None:
+def writer(url: str, name: str, workdir: Path, count: int, plans: bool, gate: str) -> None:
     """Append until told to stop: remembers in the writer's own domain, and short runs."""
     scope = SCOPES[sum(map(ord, name)) % len(SCOPES)]
     with (workdir / f"{name}.log").open("a", buffering=1) as log:
         with journaled.open(url, follow=None) as rt:
             rt.register_tool("echo", lambda x: x)
             (workdir / f"{name}.ready").touch()
-            wait_for((workdir / "go").exists, WAIT)
+            wait_for((workdir / gate).exists, WAIT)
             stop = workdir / "stop-writers"
             i = 0
             while (i < count) if count else not stop.exists():
@@ -96,6 +97,6 @@ def reader(url: str, name: str, workdir: Path) -> None:
 if __name__ == "__main__":
     role, url, who, where = sys.argv[1:5]
     if role == "writer":
-        writer(url, who, Path(where), int(sys.argv[5]), plans=sys.argv[6] == "plans")
+        writer(url, who, Path(where), int(sys.argv[5]), sys.argv[6] == "plans", sys.argv[7])
     else:
         reader(url, who, Path(where))

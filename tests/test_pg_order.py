@@ -18,10 +18,12 @@ The children live in tests/pg_order_worker.py and talk to the test through files
 
 from __future__ import annotations
 
+import os
 import random
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -63,10 +65,14 @@ class Fleet:
         self.procs[name] = proc
         return proc
 
-    def writer(self, name: str, count: int = 0, *, plans: bool = True) -> subprocess.Popen[bytes]:
-        """Start a writer of ``count`` appends (0: until :meth:`stop_writers`)."""
+    def writer(
+        self, name: str, count: int = 0, *, plans: bool = True, gate: str = "go"
+    ) -> subprocess.Popen[bytes]:
+        """Start a writer of ``count`` appends (0: until :meth:`stop_writers`) once ``gate``
+        exists in the work directory (:meth:`go` for most)."""
         kind = "plans" if plans else "facts"
-        return self._start(name, "writer", self.url, name, str(self.workdir), str(count), kind)
+        args = [self.url, name, str(self.workdir), str(count), kind, gate]
+        return self._start(name, "writer", *args)
 
     def reader(self, name: str) -> subprocess.Popen[bytes]:
         """Start a reader polling the log."""
@@ -114,6 +120,10 @@ class Fleet:
         """Return a writer's complete log lines."""
         return _lines(self.workdir / f"{name}.log")
 
+    def committed(self, name: str) -> int:
+        """Count the appends a writer saw committed so far."""
+        return sum(line.startswith(("fact ", "run ")) for line in self.log(name))
+
     def seen(self, name: str) -> list[Seen]:
         """Return what a reader wrote down so far, in the order it read it."""
         out: list[Seen] = []
@@ -139,6 +149,63 @@ class Fleet:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait(timeout=WAIT)
+
+
+def client_ports(pid: int) -> list[int]:
+    """Return the local TCP ports of a process's sockets: its connections' ``client_port``."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    ports = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[9] in inodes:
+                ports.append(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
+_WRITING = (
+    "SELECT state FROM pg_stat_activity "
+    "WHERE client_port = ANY(%s) AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
+)
+"""The states of a process's sessions whose open transaction has written something."""
+
+
+def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> bool:
+    """SIGKILL a writer while a transaction of its own that has written is open; tell whether
+    one was caught within ``within`` seconds (else the writer is left running).
+
+    The writer is frozen (SIGSTOP) as soon as one of its sessions holds a transaction id; if,
+    once the server has done what it was sent, that session is idle in its transaction, the
+    writer dies there: between taking its place in the log and committing it.
+    """
+    pid = fleet.procs[name].pid
+    deadline = time.monotonic() + within
+    with psycopg.connect(fleet.url, autocommit=True) as monitor:
+
+        def writing(ports: list[int]) -> set[str]:
+            return {str(state) for (state,) in monitor.execute(_WRITING, [ports])}
+
+        while time.monotonic() < deadline:
+            ports = client_ports(pid)
+            if not writing(ports):
+                continue
+            os.kill(pid, signal.SIGSTOP)
+            try:
+                wait_for(lambda p=ports: "active" not in writing(p), WAIT)  # type: ignore[misc]
+                if "idle in transaction" in writing(ports):
+                    fleet.kill(name)
+                    return True
+            finally:
+                if fleet.procs[name].poll() is None:
+                    os.kill(pid, signal.SIGCONT)
+    return False
 
 
 def _lines(path: Path) -> list[str]:
@@ -247,30 +314,32 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
     appends are all in the one order, its uncommitted one never appears."""
     steady = ["w0", "w1"]
     readers = ["r0", "r1"]
+    victims = [f"victim{k}" for k in range(4)]
     for name in steady:
         fleet.writer(name)
+    for name in victims:  # each starts appending when its turn comes
+        fleet.writer(name, plans=False, gate=f"{name}.go")
     for name in readers:
         fleet.reader(name)
-    fleet.ready(*steady, *readers)
+    fleet.ready(*steady, *victims, *readers)
     fleet.go()
     seed = random.randrange(2**32)
     rng = random.Random(seed)
-    victims = [f"victim{k}" for k in range(4)]
     with journaled.open(fleet.url, follow=None, agents=False) as rt:
-        for name in victims:
-            fleet.writer(name, plans=False)
-            fleet.ready(name)
+        for k, name in enumerate(victims):
+            (fleet.workdir / f"{name}.go").touch()
             after = rng.randint(1, 12)
 
-            def in_flight(name: str = name, after: int = after) -> bool:
-                log = fleet.log(name)
-                done = sum(line.startswith("fact ") for line in log)
-                return done >= after and log[-1].startswith("try ")
+            def in_flight(name: str = name) -> bool:
+                return fleet.log(name)[-1].startswith("try ")
 
-            # Killed while its log says an append is under way: before it is sent, while its
-            # transaction is open, or between the commit and the caller hearing of it.
-            wait_for(in_flight, WAIT, interval=0.001)
-            fleet.kill(name)
+            # Half of them killed while a transaction of theirs is open (where the writer holds
+            # one across round trips), the rest while the log says an append is under way:
+            # before it is sent, while the server holds it, or before the caller hears back.
+            wait_for(lambda n=name, a=after: fleet.committed(n) >= a, WAIT)  # type: ignore[misc]
+            if not (k % 2 and kill_mid_transaction(fleet, name, 5.0)):
+                wait_for(in_flight, WAIT, interval=0.001)
+                fleet.kill(name)
             mark = rt.journal.position()
 
             def passed(mark: int = mark) -> bool:
