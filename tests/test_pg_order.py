@@ -154,6 +154,14 @@ class Fleet:
                 proc.wait(timeout=WAIT)
 
 
+def waited(condition: Callable[[], bool], timeout: float, what: str) -> None:
+    """Wait for ``condition``, or fail the test saying ``what`` did not happen."""
+    try:
+        wait_for(condition, timeout, interval=0.001)
+    except TimeoutError:
+        pytest.fail(f"{what} within {timeout}s")
+
+
 def client_ports(pid: int) -> list[int]:
     """Return the local TCP ports of a process's sockets: its connections' ``client_port``."""
     inodes = set()
@@ -174,10 +182,13 @@ def client_ports(pid: int) -> list[int]:
 
 
 _WRITING = (
-    "SELECT state FROM pg_stat_activity "
+    "SELECT CASE WHEN state = 'active' AND wait_event_type IS DISTINCT FROM 'Lock' "
+    "THEN 'busy' ELSE state END FROM pg_stat_activity "
     "WHERE client_port = ANY(%s) AND backend_xid IS NOT NULL AND pid <> pg_backend_pid()"
 )
-"""The states of a process's sessions whose open transaction has written something."""
+"""The states of a process's sessions whose open transaction has written something: ``busy``
+while the server works on what it was sent (one waiting for a lock, maybe held by a sibling
+session of the frozen process, is not)."""
 
 
 def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> bool:
@@ -201,10 +212,12 @@ def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> bool:
                 continue
             os.kill(pid, signal.SIGSTOP)
             try:
-                wait_for(lambda p=ports: "active" not in writing(p), WAIT)  # type: ignore[misc]
+                wait_for(lambda p=ports: "busy" not in writing(p), 2.0)  # type: ignore[misc]
                 if "idle in transaction" in writing(ports):
                     fleet.kill(name)
                     return True
+            except TimeoutError:  # still at work when it was frozen: let it go and try again
+                pass
             finally:
                 if fleet.procs[name].poll() is None:
                     os.kill(pid, signal.SIGCONT)
@@ -339,9 +352,13 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
             # Half of them killed while a transaction of theirs is open (where the writer holds
             # one across round trips), the rest while the log says an append is under way:
             # before it is sent, while the server holds it, or before the caller hears back.
-            wait_for(lambda n=name, a=after: fleet.committed(n) >= a, WAIT)  # type: ignore[misc]
+            waited(
+                lambda n=name, a=after: fleet.committed(n) >= a,  # type: ignore[misc]
+                WAIT,
+                f"{name} did not commit {after} appends",
+            )
             if not (k % 2 and kill_mid_transaction(fleet, name, 5.0)):
-                wait_for(in_flight, WAIT, interval=0.001)
+                waited(in_flight, WAIT, f"{name} was never seen appending")
                 fleet.kill(name)
             mark = rt.journal.position()
 
