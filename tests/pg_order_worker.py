@@ -13,6 +13,8 @@ acknowledged:
 - a reader's ``NAME.seen``: one ``POSITION STREAM VERSION KIND`` line per event read, in the order
   read. It reads ``rt.journal.read(after=last)`` over and over; once ``stop-readers`` holds a
   position P, it reads until it has passed P and a read finds nothing more, then writes ``done``.
+- a reader's ``NAME.ahead``: ``HEAD LAST`` whenever ``rt.journal.position()`` said HEAD but the
+  read right after it reached only LAST (a consumer starting after HEAD would miss events).
 """
 
 from __future__ import annotations
@@ -69,6 +71,7 @@ def reader(url: str, name: str, workdir: Path) -> None:
     stop = workdir / "stop-readers"
     with (
         (workdir / f"{name}.seen").open("a", buffering=1) as out,
+        (workdir / f"{name}.ahead").open("a", buffering=1) as ahead,
         journaled.open(url, follow=None, agents=False) as rt,
     ):
         (workdir / f"{name}.ready").touch()
@@ -81,10 +84,13 @@ def reader(url: str, name: str, workdir: Path) -> None:
                 if text.endswith("\n"):
                     target = int(text)
                     deadline = time.monotonic() + WAIT
+            head = rt.journal.position()
             events = rt.journal.read(after=last)
             for event in events:
                 out.write(f"{event.position} {event.stream} {event.version} {event.kind}\n")
                 last = event.position
+            if last < head:
+                ahead.write(f"{head} {last}\n")
             if target is not None and last >= target and not events:
                 break
             if deadline is not None and time.monotonic() > deadline:

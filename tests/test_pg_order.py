@@ -5,7 +5,8 @@ reader processes poll ``rt.journal.read(after=last)`` and write down every event
 Whatever makes appends from many processes safe (a table lock, a sequence checked against
 transaction ids, an append service), these must hold:
 
-- each reader sees positions strictly increase: nothing ever appears behind what it passed;
+- each reader sees positions strictly increase: nothing ever appears behind what it passed, nor
+  at or before a position ``rt.journal.position()`` already named;
 - once the writers are done, a full read equals exactly what each reader saw, in order (nothing
   skipped, nothing twice), and every stream's versions run 1, 2, 3... in that order;
 - every append a writer saw committed is there; one killed mid-append leaves no reader stuck and
@@ -154,10 +155,12 @@ class Fleet:
                 proc.wait(timeout=WAIT)
 
 
-def waited(condition: Callable[[], bool], timeout: float, what: str) -> None:
+def waited(
+    condition: Callable[[], bool], timeout: float, what: str, interval: float = 0.01
+) -> None:
     """Wait for ``condition``, or fail the test saying ``what`` did not happen."""
     try:
-        wait_for(condition, timeout, interval=0.001)
+        wait_for(condition, timeout, interval)
     except TimeoutError:
         pytest.fail(f"{what} within {timeout}s")
 
@@ -191,9 +194,19 @@ while the server works on what it was sent (one waiting for a lock, maybe held b
 session of the frozen process, is not)."""
 
 
-def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> bool:
-    """SIGKILL a writer while a transaction of its own that has written is open; tell whether
-    one was caught within ``within`` seconds (else the writer is left running).
+def sessions(url: str, ports: list[int]) -> list[int]:
+    """Return the server processes of the sessions connected from these client ports."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        found = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE client_port = ANY(%s)", [ports]
+        ).fetchall()
+        return [int(pid) for (pid,) in found]
+
+
+def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> list[int]:
+    """SIGKILL a writer while a transaction of its own that has written is open; return its
+    client ports then, or [] when none was caught within ``within`` seconds (the writer is
+    left running).
 
     The writer is frozen (SIGSTOP) as soon as one of its sessions holds a transaction id; if,
     once the server has done what it was sent, that session is idle in its transaction, the
@@ -215,13 +228,13 @@ def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> bool:
                 wait_for(lambda p=ports: "busy" not in writing(p), 2.0)  # type: ignore[misc]
                 if "idle in transaction" in writing(ports):
                     fleet.kill(name)
-                    return True
+                    return ports
             except TimeoutError:  # still at work when it was frozen: let it go and try again
                 pass
             finally:
                 if fleet.procs[name].poll() is None:
                     os.kill(pid, signal.SIGCONT)
-    return False
+    return []
 
 
 def _lines(path: Path) -> list[str]:
@@ -267,6 +280,11 @@ def check_order(fleet: Fleet, readers: list[str], final: list[Seen]) -> None:
         assert not missed, f"{name} never saw {len(missed)} events, first {missed[:3]}"
         assert not extra, f"{name} saw {len(extra)} events the log does not hold: {extra[:3]}"
         assert seen == final
+        ahead = _lines(fleet.workdir / f"{name}.ahead")
+        assert not ahead, (
+            f"rt.journal.position() named a position the read right after it did not reach "
+            f"(head, reached): {ahead[:3]}"
+        )
     versions: dict[str, list[int]] = defaultdict(list)
     for _, stream, version, _ in final:
         versions[stream].append(version)
@@ -341,6 +359,7 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
     fleet.go()
     seed = random.randrange(2**32)
     rng = random.Random(seed)
+    at_death: dict[str, set[str]] = {}
     with journaled.open(fleet.url, follow=None, agents=False) as rt:
         for k, name in enumerate(victims):
             (fleet.workdir / f"{name}.go").touch()
@@ -357,8 +376,10 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
                 WAIT,
                 f"{name} did not commit {after} appends",
             )
-            if not (k % 2 and kill_mid_transaction(fleet, name, 5.0)):
-                waited(in_flight, WAIT, f"{name} was never seen appending")
+            ports = kill_mid_transaction(fleet, name, 5.0) if k % 2 else []
+            if not ports:
+                waited(in_flight, WAIT, f"{name} was never seen appending", 0.001)
+                ports = client_ports(fleet.procs[name].pid)
                 fleet.kill(name)
             mark = rt.journal.position()
 
@@ -372,6 +393,14 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
                 pytest.fail(
                     f"readers stuck after {name} was killed (seed {seed}): {stuck} <= {mark}"
                 )
+            # Once the server has ended the dead writer's sessions, what it left is final.
+            waited(
+                lambda p=ports: not sessions(fleet.url, p),  # type: ignore[misc]
+                WAIT,
+                f"the server did not end {name}'s sessions",
+            )
+            rt.refresh()
+            at_death[name] = {f.text for f in rt.memory.all() if f.domain == name}
         fleet.stop_writers()
         fleet.finished(*steady)
         final = fleet.drain_readers(*readers)
@@ -389,6 +418,9 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
         assert len(tried - committed) == 1, f"{name} had not exactly one append in flight"
         assert committed <= stored, f"{name}'s committed facts lost: {committed - stored}"
         assert stored <= tried, f"{name} shows facts it never appended: {stored - tried}"
+        assert stored == at_death[name], (
+            f"{name}'s facts changed after it died: {stored ^ at_death[name]}"
+        )
 
 
 # -- a foreign transaction left open -----------------------------------------------------------
