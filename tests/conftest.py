@@ -74,6 +74,30 @@ def postgres_databases() -> Iterator[pg.Databases]:
 
 
 @pytest.fixture(scope="session")
+def durable_postgres_databases(postgres_databases: pg.Databases) -> Iterator[pg.Databases]:
+    """Start a second throwaway server that fsyncs and commits synchronously, as production does
+    (the session's shared one does neither, for speed); only tests that ask for it start it."""
+    server = pg.PostgresServer(durable=True)
+    try:
+        server.start()
+        databases = pg.Databases(server.url("postgres"))
+        try:
+            yield databases
+        finally:
+            databases.close()
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def durable_pg_url(durable_postgres_databases: pg.Databases) -> Iterator[str]:
+    """Yield the URL of a fresh database on the durable server (fsync and synchronous commit on)."""
+    url = durable_postgres_databases.take()
+    yield url
+    durable_postgres_databases.give_back(url)
+
+
+@pytest.fixture(scope="session")
 def postgres_url(postgres_databases: pg.Databases) -> str:
     """Return a superuser URL to one database on the session's PostgreSQL server (shared)."""
     return postgres_databases.take()

@@ -251,11 +251,17 @@ def full_log(url: str) -> list[Seen]:
         return [(e.position, e.stream, e.version, e.kind) for e in rt.journal.read()]
 
 
-@pytest.fixture
-def fleet(pg_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    """Yield an empty fleet on a fresh PostgreSQL journal; kill whatever is left at the end."""
-    journaled.open(pg_url, follow=None, agents=False).close()  # tables made before the children
-    fleet = Fleet(pg_url, tmp_path)
+@pytest.fixture(params=["fast"])
+def fleet(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Fleet]:
+    """Yield an empty fleet on a fresh PostgreSQL journal; kill whatever is left at the end.
+
+    ``durable`` (indirect parameter) puts it on a server that fsyncs and commits synchronously:
+    there an append's commit is visible before it is on disk, and reads must stop at what is
+    (ADR 0044); the shared server commits without waiting, so its reads never wait.
+    """
+    url: str = request.getfixturevalue("durable_pg_url" if request.param == "durable" else "pg_url")
+    journaled.open(url, follow=None, agents=False).close()  # tables made before the children
+    fleet = Fleet(url, tmp_path)
     try:
         yield fleet
     finally:
@@ -321,6 +327,7 @@ def check_acknowledged(fleet: Fleet, writers: list[str], final: list[Seen]) -> i
 # -- J1 under concurrent appenders -------------------------------------------------------------
 
 
+@pytest.mark.parametrize("fleet", ["fast", "durable"], indirect=True)
 def test_concurrent_appenders_leave_one_order_every_reader_sees_whole(fleet: Fleet) -> None:
     """J1/J3: 4 writer processes append at once; 2 polling readers each see the log exactly once,
     in one strictly increasing order that never grows behind them, streams gap-free."""
@@ -426,6 +433,7 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
 # -- a foreign transaction left open -----------------------------------------------------------
 
 
+@pytest.mark.parametrize("fleet", ["fast", "durable"], indirect=True)
 @pytest.mark.parametrize("foreign", ["commit", "rollback", "backup"])
 def test_an_open_foreign_transaction_blocks_no_writer_and_hides_nothing(
     fleet: Fleet, foreign: str
