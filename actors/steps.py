@@ -535,8 +535,13 @@ class StepWorker(pykka.ThreadingActor):
             reads=reads,
             read_ops=ops,
         )
-        # If the run ended without this step (it timed out), nobody is at that address any more.
-        services.directory.tell(message.reply_to, done)
+        # The executor takes the result in this thread when it is free: on a chain the next step
+        # comes back to this worker without crossing a thread (ADR 0043). Otherwise it is told;
+        # if the run ended without this step (it timed out), nobody is at that address any more.
+        box = services.directory.lookup(message.reply_to)
+        take = getattr(box, "take_result", None)
+        if take is None or not take(done):
+            services.directory.tell(message.reply_to, done)
         return None
 
 
