@@ -179,7 +179,7 @@ class Executor(pykka.ThreadingActor):
         """Messages taken from the inbox so far: fewer than were put means one waits (its turn
         comes before a result a worker would take, so a cancel or drain told first acts first)."""
         self._failed = False
-        """A result taken in a worker's thread raised: the executor stops with that error."""
+        """Handling a message or taking a result raised: the executor stops with that error."""
         self._mailbox = _Mailbox(self)
 
     # -- messages --------------------------------------------------------------------------------
@@ -188,8 +188,15 @@ class Executor(pykka.ThreadingActor):
         """Dispatch one message, holding the run's turn."""
         with self._turn:
             self._handled += 1
-            if not self._failed:
+            if self._failed:
+                return None
+            try:
                 self._receive(message)
+            except BaseException:
+                # Failed before the turn is given back: no worker may take a result into the
+                # broken run meanwhile; pykka stops the actor and on_failure answers.
+                self._failed = True
+                raise
         return None
 
     def take_result(self, done: StepDone) -> bool:
@@ -227,11 +234,11 @@ class Executor(pykka.ThreadingActor):
                     self.recorder.stage(event)
                 self._begun = True
                 self._waves = waves([self.state.steps[i] for i in self.state.order])
-                self._arm_heartbeat()  # first: the first step's worker finds the run free sooner
                 if self._cancel_early:
                     self._on_cancel()
                 else:
                     self._advance()
+                self._arm_heartbeat()
             case Heartbeat():
                 self._on_heartbeat()
             case StepDone():
