@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
+import queue
 import threading
 import time
 from collections.abc import Callable
@@ -20,7 +21,7 @@ from typing import Any
 
 import pykka
 
-from journaled.actors.directory import failure, quick_inbox
+from journaled.actors.directory import failure
 from journaled.actors.ownership import HEARTBEAT_SECONDS
 from journaled.actors.run_recorder import Progress, RunRecorder, Trace
 from journaled.actors.steps import Services, StepWorker, missing
@@ -76,6 +77,23 @@ log = logging.getLogger("journaled.executor")
 _STOP_TIMEOUT = 5.0
 
 
+class _Inbox(queue.SimpleQueue[Any]):
+    """The executor's inbox (C, as the workers', ADR 0039) counting what was put into it, so a
+    worker taking its result can tell whether a message waits (ADR 0043)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = threading.Lock()
+        self.puts = 0
+        """Messages put so far; counted before each is queued."""
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Count the message, then queue it."""
+        with self._count:
+            self.puts += 1
+        super().put(item, block, timeout)
+
+
 class Executor(pykka.ThreadingActor):
     """Execute one run to its next stop: completion, failure, a budget stop, a wait or a cancel."""
 
@@ -83,7 +101,7 @@ class Executor(pykka.ThreadingActor):
     """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
     and closes first (R3)."""
 
-    _create_actor_inbox = staticmethod(quick_inbox)
+    _create_actor_inbox = staticmethod(_Inbox)
 
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     """How long the run may be quiet before the executor appends a heartbeat."""
@@ -154,11 +172,62 @@ class Executor(pykka.ThreadingActor):
         """(seconds the runtime drains, why) as told by :class:`Drain`."""
         self._interrupted: list[str] = []
         """Steps that came back without a result because the runtime is closing (R3)."""
+        self._turn = threading.Lock()
+        """Held while the run's state changes: by this actor's thread for each message, or by a
+        worker's thread taking its own result (:meth:`take_result`, ADR 0043)."""
+        self._handled = 0
+        """Messages taken from the inbox so far: fewer than were put means one waits (its turn
+        comes before a result a worker would take, so a cancel or drain told first acts first)."""
+        self._failed = False
+        """Handling a message or taking a result raised: the executor stops with that error."""
+        self._mailbox = _Mailbox(self)
 
     # -- messages --------------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> object:
-        """Dispatch one message."""
+        """Dispatch one message, holding the run's turn."""
+        with self._turn:
+            self._handled += 1
+            if self._failed:
+                return None
+            try:
+                self._receive(message)
+            except BaseException:
+                # Failed before the turn is given back: no worker may take a result into the
+                # broken run meanwhile; pykka stops the actor and on_failure answers.
+                self._failed = True
+                raise
+        return None
+
+    def take_result(self, done: StepDone) -> bool:
+        """Fold and append a step's result in the calling (worker's) thread, if the run is free.
+
+        Returns False, having done nothing, when the executor is busy with a message or has one
+        waiting in its inbox (told before this result, it is handled first: a cancel stops
+        scheduling, E5, and a drain starts nothing more, R3), has not begun or has ended, or
+        spans are derived (T3 derives them in the executor's thread): the caller then tells the
+        result to the executor's address. An error stops the executor with that error, as it
+        would in the executor's own thread.
+        """
+        if self.recorder.tracing is not None or not self._turn.acquire(blocking=False):
+            return False
+        try:
+            inbox = self.actor_inbox
+            waiting = not isinstance(inbox, _Inbox) or inbox.puts != self._handled
+            if waiting or self._failed or self._finished or not self._begun:
+                return False
+            try:
+                self._on_done(done)
+            except BaseException as exc:
+                self._failed = True
+                self._error = exc
+                log.debug("taking the result of step %s failed", done.step_id, exc_info=True)
+                self.stop()  # on_stop answers whoever waits with the error (see _settle)
+            return True
+        finally:
+            self._turn.release()
+
+    def _receive(self, message: object) -> None:
         match message:
             case Begin():
                 for event in self._opening:
@@ -184,7 +253,6 @@ class Executor(pykka.ThreadingActor):
                 self._on_suspend()
             case _:
                 raise TypeError(f"executor got an unknown message {type(message).__name__}")
-        return None
 
     def _arm_heartbeat(self) -> None:
         if self._finished:
@@ -210,11 +278,12 @@ class Executor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         """Take this executor's address, where step workers tell it how their steps went."""
-        self.services.directory.register(self.address, self.actor_ref)
+        self.services.directory.register(self.address, self._mailbox)
 
     def on_stop(self) -> None:
         """Answer whoever waits for the run (see :meth:`_settle`)."""
-        self._settle()
+        with self._turn:  # a worker that ended the run may still be on its way out
+            self._settle()
 
     def on_failure(self, exc_type: Any, exc_value: Any, traceback: Any) -> None:
         """Answer whoever waits for the run with the error that stopped the executor.
@@ -224,7 +293,8 @@ class Executor(pykka.ThreadingActor):
         """
         if isinstance(exc_value, BaseException):
             self._error = exc_value
-        self._settle()
+        with self._turn:
+            self._settle()
 
     def _settle(self) -> None:
         """Stop the heartbeat and the workers, free the address, answer the run's starter once.
@@ -238,7 +308,7 @@ class Executor(pykka.ThreadingActor):
         self._answered = True
         if self._heartbeat is not None:
             self._heartbeat.cancel()
-        self.services.directory.unregister(self.address, self.actor_ref)
+        self.services.directory.unregister(self.address, self._mailbox)
         for undispatched in self._to_dispatch:  # their workers, which would close them, never ran
             self.services.cancellations.close(
                 undispatched.run_id, undispatched.step.id, undispatched.attempt
@@ -705,3 +775,19 @@ class Executor(pykka.ThreadingActor):
         started = self.state.started
         assert started is not None
         return started
+
+
+class _Mailbox:
+    """An executor's address: messages go to its inbox; a worker may take its result itself."""
+
+    def __init__(self, executor: Executor) -> None:
+        self._executor = executor
+        self._ref = executor.actor_ref
+
+    def tell(self, message: Any) -> None:
+        """Put a message in the executor's inbox."""
+        self._ref.tell(message)
+
+    def take_result(self, done: StepDone) -> bool:
+        """Fold and append a step's result in this thread if the executor is free (ADR 0043)."""
+        return self._executor.take_result(done)

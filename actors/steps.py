@@ -1,7 +1,8 @@
 """The step worker: the actor that runs one step of any kind (skill, tool, agent) at a time.
 
 A worker runs user code in its own thread, so a busy step never blocks the executor: it is told a
-:class:`RunStep` and tells a :class:`StepDone` back to the executor's address. An exception in user
+:class:`RunStep` and tells a :class:`StepDone` back to the executor's address, or, when the
+executor is free, has it take the result in this thread (ADR 0043). An exception in user
 code becomes a failed observation (E11). An output that cannot be journaled (not msgspec-encodable,
 or larger than :data:`MAX_OUTPUT_BYTES`) fails its own step rather than the run. ``async def``
 functions run on the runtime's event loop (:mod:`journaled.actors.loop`) while the worker waits.
@@ -535,8 +536,13 @@ class StepWorker(pykka.ThreadingActor):
             reads=reads,
             read_ops=ops,
         )
-        # If the run ended without this step (it timed out), nobody is at that address any more.
-        services.directory.tell(message.reply_to, done)
+        # The executor takes the result in this thread when it is free: on a chain the next step
+        # comes back to this worker without crossing a thread (ADR 0043). Otherwise it is told;
+        # if the run ended without this step (it timed out), nobody is at that address any more.
+        box = services.directory.lookup(message.reply_to)
+        take = getattr(box, "take_result", None)
+        if take is None or not take(done):
+            services.directory.tell(message.reply_to, done)
         return None
 
 
