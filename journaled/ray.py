@@ -78,6 +78,8 @@ class RaySteps:
         self._task = ray.remote(max_retries=0)(_run_remote)
         self._functions: dict[int, tuple[Callable[..., Any], Any]] = {}
         """id(fn) -> (fn, its ObjectRef): a function is sent to the object store once."""
+        self._tasks: dict[str, Any] = {}
+        """Resources (as text) -> the remote function with those options."""
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
@@ -106,8 +108,7 @@ class RaySteps:
                 f"Ray: its function must pickle ({first})"
             )
             return _failed(step, storable_text(error)), None
-        options = {**self._defaults, **(resources or {})}
-        ref = self._task.options(**options).remote(function, msg, with_ctx)
+        ref = self._task_for(resources).remote(function, msg, with_ctx)
         # A cancel of the run or the step's deadline stops the task where it runs: a worker
         # busy in user code cannot be asked, so the cancel is forced.
         token.on_set(lambda: _cancel(ref))
@@ -126,6 +127,17 @@ class RaySteps:
         if not isinstance(observation, Observation):
             return _failed(step, f"the Ray task of step {step.id!r} returned no observation"), None
         return observation, question
+
+    def _task_for(self, resources: Mapping[str, Any] | None) -> Any:
+        """Return the remote function with these resources, made once per distinct set."""
+        key = repr(sorted((resources or {}).items()))
+        with self._lock:
+            task = self._tasks.get(key)
+            if task is None:
+                task = self._tasks[key] = self._task.options(
+                    **{**self._defaults, **(resources or {})}
+                )
+            return task
 
     def _stored(self, fn: Callable[..., Any]) -> Any:
         with self._lock:

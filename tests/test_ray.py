@@ -313,6 +313,43 @@ def test_a_waiting_agent_on_ray_resumes_with_its_answer(steps: RaySteps, sqlite_
     assert second.observations[-1].output == "notes.txt"
 
 
+PROBE = """
+import sys
+import journaled
+with journaled.open("memory://") as rt:
+    rt.register_tool("t", print, resources={"num_cpus": 1})
+assert "ray" not in sys.modules, "import journaled imported ray"
+assert journaled.ray.RaySteps.__name__ == "RaySteps"
+assert "ray" in sys.modules
+print("ok")
+"""
+
+
+def test_import_journaled_never_imports_ray() -> None:
+    """S1: `import journaled`, a runtime and resources on a registration leave Ray unimported;
+    `journaled.ray` imports it."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: RaySteps(""), "address must be a non-empty string or None, got ''"),
+        (lambda: RaySteps(resources={"gpus": 1}), "resources has an unknown key 'gpus'"),
+        (lambda: journaled.open("memory://", steps=object()), "steps must be a placement"),
+    ],
+)
+def test_a_bad_placement_is_refused_by_name(make: Any, message: str) -> None:
+    """S1: a bad address, bad default resources or a steps= that is no placement raise one line
+    naming what is wrong."""
+    with pytest.raises(journaled.ConfigurationError, match="^" + message):
+        make()
+
+
 DRIVER = """
 import json, os, sys, time
 from pathlib import Path
