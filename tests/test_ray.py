@@ -18,7 +18,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import ray
@@ -340,7 +340,10 @@ def test_import_journaled_never_imports_ray() -> None:
     [
         (lambda: RaySteps(""), "address must be a non-empty string or None, got ''"),
         (lambda: RaySteps(resources={"gpus": 1}), "resources has an unknown key 'gpus'"),
-        (lambda: journaled.open("memory://", steps=object()), "steps must be a placement"),
+        (
+            lambda: journaled.open("memory://", steps=cast(Any, object())),
+            "steps must be a placement",
+        ),
     ],
 )
 def test_a_bad_placement_is_refused_by_name(make: Any, message: str) -> None:
