@@ -204,6 +204,14 @@ def _run_remote(
     step = msg.step
     loop = _worker_loop()
     if step.agent is not None:
-        return run_agent(step, fn, msg, loop=loop)
+        return run_agent(step, fn, msg, loop=loop, child_runner=_no_child_runs)
     ctx = ToolContext(msg, None) if with_ctx else None
     return run_callable(step.kind or "tool", step, fn, loop, None, ctx), None
+
+
+def _no_child_runs(*args: Any, **kwargs: Any) -> Any:
+    """Refuse ``ctx.execute`` on Ray: a child run needs the runtime that owns its parent."""
+    raise RuntimeError(
+        "ctx.execute is not available to an agent running on Ray: a child run needs the local "
+        "runtime; register this agent in a runtime opened without steps="
+    )

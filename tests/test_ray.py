@@ -313,6 +313,26 @@ def test_a_waiting_agent_on_ray_resumes_with_its_answer(steps: RaySteps, sqlite_
     assert second.observations[-1].output == "notes.txt"
 
 
+def spawns_a_child(step: Step, ctx: Any) -> journaled.AgentResult:
+    """Try to run a child plan (not possible on Ray)."""
+    ctx.execute(Plan(goal="child", steps=[Step("x", tool="where")]))
+    return journaled.AgentResult(ok=True)
+
+
+def test_an_agent_on_ray_cannot_start_a_child_run(steps: RaySteps, sqlite_url: str) -> None:
+    """S1, E9: ctx.execute on Ray fails the agent step with an error saying why and what to do;
+    no child run is journaled."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_agent("spawns", spawns_a_child)
+        rt.register_tool("where", where)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", agent="spawns")]))
+        runs = rt.runs.list()
+    (obs,) = result.observations
+    assert obs.code == "agent-failed"
+    assert (obs.error or "").startswith("ctx.execute is not available to an agent running on Ray")
+    assert len(runs) == 1
+
+
 PROBE = """
 import sys
 import journaled
