@@ -141,6 +141,20 @@ def test_skill_tool_and_agent_steps_run_in_ray_workers(steps: RaySteps, sqlite_u
     assert again.observations == result.observations
 
 
+def test_the_asyncio_runtime_places_steps_on_ray(steps: RaySteps) -> None:
+    """S1, A1: journaled.aio.open(..., steps=RaySteps()) runs its async tools on Ray too."""
+
+    async def main() -> journaled.ExecuteResult:
+        async with journaled.aio.open("memory://", steps=steps) as rt:
+            rt.register_tool("where_async", where_async, resources={"num_cpus": 1})
+            return await rt.execute(Plan(goal="g", steps=[Step("a", tool="where_async", input=5)]))
+
+    result = asyncio.run(main())
+    assert result.ok, result.observations
+    assert result.observations[0].output["value"] == 5
+    assert result.observations[0].output["pid"] != os.getpid()
+
+
 def test_registered_resources_reach_the_task(steps: RaySteps, sqlite_url: str) -> None:
     """S1: a registration's resources are what the Ray task is given."""
     with journaled.open(sqlite_url, steps=steps) as rt:
