@@ -1,6 +1,6 @@
 """Steps on a real local Ray cluster (SPEC S1-S3): placement, loss, cancel, many drivers.
 
-One cluster serves the whole test session (started here, stopped at teardown); its two CPU
+One cluster serves every test here (started by a fixture, stopped at its teardown); its two CPU
 slots are the worker processes. Step functions defined in this module are sent by value, as a
 user's own module on a real cluster would be installed on its hosts.
 """
@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import pykka
 import pytest
 import ray
 from crash import ROOT, kill_when_in_flight
@@ -33,9 +34,13 @@ from journaled.testing import wait_for
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_address() -> Iterator[str]:
-    """Start one local Ray cluster (2 CPUs, a custom resource) for the session; stop it after."""
+    """Start one local Ray cluster (2 CPUs, a custom resource); stop it after this module.
+
+    Only this module uses a cluster, so it is started once per test session all the same, and
+    its processes are gone before the rest of the suite runs.
+    """
     ray.init(
         num_cpus=2,
         resources={"special": 1},
@@ -244,6 +249,8 @@ def test_a_step_timeout_cancels_the_ray_task(
         result = handle.result(timeout=60)
     assert result.observations[0].error == "timed out after 3.0s"
     wait_for(lambda: not _alive(pid), 30)
+    # The abandoned step worker ends once Ray reports the task cancelled.
+    wait_for(lambda: not pykka.ActorRegistry.get_all(), 30)
 
 
 def test_a_killed_worker_fails_its_step_naming_the_loss(
