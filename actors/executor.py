@@ -726,7 +726,7 @@ class Executor(pykka.ThreadingActor):
         elif self._draining:
             self._interrupted.append(step_id)
         else:
-            self._start(step)
+            self._batch_queue.insert(0, step)  # first in line, when its cap has room (E3)
         self._carry_on()
 
     def _release(self, step: Step) -> None:

@@ -189,3 +189,39 @@ def test_a_bad_retry_or_resources_is_refused_and_nothing_registered(
         assert "\n" not in str(info.value)
         with pytest.raises(journaled.PlanRejected, match="not registered"):
             rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
+
+
+def test_a_retried_attempt_waits_for_room_under_its_cap(sqlite_url: str) -> None:
+    """S2, E3: a retried attempt starts only when its tool's cap has room again."""
+    running = 0
+    most = 0
+    failed_once: set[str] = set()
+    lock = threading.Lock()
+
+    def capped(value: dict[str, Any]) -> str:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        try:
+            if value["name"] == "flaky" and "flaky" not in failed_once:
+                failed_once.add("flaky")
+                raise RuntimeError("first attempt fails")
+            time.sleep(value["sleep"])
+            return value["name"]
+        finally:
+            with lock:
+                running -= 1
+
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="t", input={"name": "flaky", "sleep": 0.0}),
+            Step("b", tool="t", input={"name": "slow", "sleep": 0.5}),
+        ],
+    )
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("t", capped, retry=Retry(attempts=2, backoff=0.01))
+        result = rt.execute(plan, limits=journaled.Limits(per_tool={"t": 1}))
+    assert result.ok, result.observations
+    assert most == 1
