@@ -208,7 +208,7 @@ def test_a_retried_attempt_waits_for_room_under_its_cap(sqlite_url: str) -> None
                 failed_once.add("flaky")
                 raise RuntimeError("first attempt fails")
             time.sleep(value["sleep"])
-            return value["name"]
+            return str(value["name"])
         finally:
             with lock:
                 running -= 1
