@@ -99,16 +99,22 @@ class RaySteps:
     ) -> tuple[Observation, str | None]:
         """Run one step attempt as a Ray task and return its observation (S1, S2)."""
         step = msg.step
+        if not ray.is_initialized():
+            error = f"step {step.id!r} could not run: this process is no longer connected to Ray"
+            return _failed(step, error), None
         try:
             function = self._stored(fn)
         except Exception as exc:  # Ray raises TypeError, or what the function's __reduce__ raised
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             error = (
                 f"{step.kind or 'step'} {step.target!r} of step {step.id!r} cannot be sent to "
-                f"Ray: its function must pickle ({first})"
+                f"Ray: its function must pickle ({_first_line(exc)})"
             )
             return _failed(step, storable_text(error)), None
-        ref = self._task_for(resources).remote(function, msg, with_ctx)
+        try:
+            ref = self._task_for(resources).remote(function, msg, with_ctx)
+        except Exception as exc:  # bad resources for this cluster, Ray shutting down, ...
+            error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
+            return _failed(step, storable_text(error)), None
         # A cancel of the run or the step's deadline stops the task where it runs: a worker
         # busy in user code cannot be asked, so the cancel is forced.
         token.on_set(lambda: _cancel(ref))
@@ -152,9 +158,14 @@ class RaySteps:
 
 def lost_error(step: Step, exc: BaseException) -> str:
     """Say that the worker running ``step`` was lost, and how (S2)."""
-    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-    reason = f"{type(exc).__name__}: {detail}" if detail else type(exc).__name__
+    reason = f"{type(exc).__name__}: {_first_line(exc)}" if str(exc).strip() else type(exc).__name__
     return storable_text(f"lost: the Ray worker running step {step.id!r} died ({reason})")
+
+
+def _first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's message (Ray's run to many), or its type."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _cancel(ref: Any) -> None:

@@ -176,6 +176,18 @@ def test_registered_resources_reach_the_task(steps: RaySteps, sqlite_url: str) -
     assert outputs["b"] == {"CPU": 1.0}
 
 
+def test_resources_ray_refuses_fail_the_step_not_the_run(steps: RaySteps, sqlite_url: str) -> None:
+    """S1, E11: resources Ray refuses when the task is submitted fail that step, named; the run
+    ends and its other steps run."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("odd", where, resources={"resources": {"CPU": 1}})
+        rt.register_tool("where", where)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="odd"), Step("b", tool="where")]))
+    errors = {o.step_id: o.error for o in result.observations}
+    assert (errors["a"] or "").startswith("step 'a' could not be submitted to Ray: ")
+    assert errors["b"] is None
+
+
 def test_caps_and_budget_hold_on_ray(steps: RaySteps, sqlite_url: str, tmp_path: Path) -> None:
     """S1, E3, E7: a per-tool cap of 1 keeps Ray tasks of that tool apart; a budget stop still
     pauses before the wave that does not fit."""
