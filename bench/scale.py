@@ -11,7 +11,7 @@ Two measurements, in one run, on a local Ray cluster started here with one CPU s
 Ray starts its worker processes at niceness 15, so that on a host busy with other work they
 yield to everything else; the threads run at the driver's own. The comparison sets the workers'
 niceness to 0 (``--niceness`` to change it), as a cluster dedicated to steps would
-(``ray start --system-config='{"worker_niceness": 0}'``).
+(``RAY_worker_niceness=0 ray start ...``).
 
 Ray's workers are warmed up by one small run first (a cluster serves many runs; starting its
 worker processes is not a per-step cost). The journal is an in-memory one on both sides. Each
