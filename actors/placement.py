@@ -71,3 +71,34 @@ def _amount(value: object) -> bool:
         and math.isfinite(value)
         and value >= 0
     )
+
+
+def run_placed(
+    placement: Placement,
+    msg: RunStep,
+    fn: Callable[..., Any],
+    *,
+    with_ctx: bool,
+    resources: Mapping[str, Any] | None,
+    token: StepToken,
+) -> tuple[Observation, str | None]:
+    """Run a step attempt on ``placement``; a placement that raises fails the step (E11).
+
+    The worker must answer the executor whatever happens, or the run would wait forever.
+    """
+    try:
+        return placement.run_step(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
+    except Exception as exc:
+        step = msg.step
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        error = f"step {step.id!r} could not be placed: {type(exc).__name__}: {text}"
+        obs = Observation(
+            step_id=step.id,
+            ok=False,
+            error=error[:4096],
+            skill=step.skill,
+            tool=step.tool,
+            agent=step.agent,
+            code="agent-failed" if step.agent is not None else None,
+        )
+        return obs, None

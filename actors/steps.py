@@ -27,7 +27,7 @@ import pykka
 from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
-from journaled.actors.placement import Placement, resources_problem
+from journaled.actors.placement import Placement, resources_problem, run_placed
 from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, text_problem
 from journaled.events.memory import Fact
@@ -553,7 +553,8 @@ class StepWorker(pykka.ThreadingActor):
             if fn is None:
                 obs = missing(step)
             elif services.placement is not None:  # elsewhere (S1): no ctx.memory, no child runs
-                obs, question = services.placement.run_step(
+                obs, question = run_placed(
+                    services.placement,
                     message,
                     fn,
                     with_ctx=takes_ctx,
