@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+import pykka
 import pytest
 
 import journaled
@@ -107,6 +108,8 @@ def test_a_timed_out_attempt_is_retried(sqlite_url: str) -> None:
             events = _types(rt, result.run_id)
     finally:
         release.set()
+    # The abandoned first attempt's worker ends once its user code returns.
+    wait_for(lambda: not pykka.ActorRegistry.get_all(), 10)
     assert result.ok
     assert [o.output for o in result.observations] == ["in time"]
     retrying = [e for e in events if isinstance(e, StepRetrying)]
