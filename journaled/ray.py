@@ -20,6 +20,7 @@ the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -122,10 +123,17 @@ class RaySteps:
             observation, question = ray.get(ref)
         except ray_errors.TaskCancelledError:
             return _cancelled(step), None
-        except ray_errors.RayTaskError as exc:  # the wrapper itself failed: say so, as an error
-            return _failed(
-                step, storable_text(f"the Ray task of step {step.id!r} failed: {exc}")
-            ), None
+        except ray_errors.RayTaskError as exc:
+            # Not user code (that is observed inside the task): its function or input could
+            # not be loaded there — a module not installed on that host, most often.
+            cause = getattr(exc, "cause", None)
+            why = (
+                f"{type(cause).__name__}: {_first_line(cause)}"
+                if isinstance(cause, BaseException)
+                else _first_line(exc)
+            )
+            error = f"the Ray task of step {step.id!r} failed: {why}"
+            return _failed(step, storable_text(error)), None
         except ray_errors.RayError as exc:
             if token.is_set():
                 return _cancelled(step), None
@@ -163,9 +171,14 @@ def lost_error(step: Step, exc: BaseException) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    """Return the first line of an exception's message (Ray's run to many), or its type."""
-    text = str(exc).strip()
+    """Return the first line of an exception's message (Ray's run to many, in colour), or its
+    type."""
+    text = _COLOUR.sub("", str(exc)).strip()
     return text.splitlines()[0] if text else type(exc).__name__
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""Terminal colour codes, which Ray puts in its messages."""
 
 
 def _cancel(ref: Any) -> None:

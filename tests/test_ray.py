@@ -8,6 +8,7 @@ user's own module on a real cluster would be installed on its hosts.
 from __future__ import annotations
 
 import asyncio
+import importlib
 import itertools
 import json
 import os
@@ -331,6 +332,24 @@ def test_an_unpicklable_function_fails_its_step_by_name(steps: RaySteps, sqlite_
         "tool 'locked' of step 'a' cannot be sent to Ray: its function must pickle"
     )
     assert errors["b"] is None
+
+
+def test_a_module_missing_on_the_workers_fails_the_step_saying_so(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S1: a step whose function's module is not installed where Ray runs it fails with one
+    line naming the missing module; the run ends."""
+    (tmp_path / "only_here.py").write_text("def f(value):\n    return value\n")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable here, not in the Ray workers
+    only_here = importlib.import_module("only_here")
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("f", only_here.f)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="f", input=1)]))
+    error = result.observations[0].error or ""
+    assert error.startswith("the Ray task of step 'a' failed: "), error
+    assert "No module named 'only_here'" in error
+    assert "\n" not in error
+    assert "\x1b" not in error
 
 
 def test_a_waiting_agent_on_ray_resumes_with_its_answer(steps: RaySteps, sqlite_url: str) -> None:
