@@ -53,6 +53,7 @@ from journaled.events.run_messages import (
     RunStep,
     StepDeadline,
     StepDone,
+    StepRetryDue,
     Suspend,
 )
 from journaled.events.run_state import RunState
@@ -66,6 +67,7 @@ from journaled.events.runs import (
     RunStatus,
     RunSuspended,
     StepFailed,
+    StepRetrying,
     StepsSkipped,
     StepStarted,
     StepSucceeded,
@@ -251,6 +253,8 @@ class Executor(pykka.ThreadingActor):
                 self._on_drain(drain, cause)
             case Suspend():
                 self._on_suspend()
+            case StepRetryDue(step_id=step_id, attempt=attempt):
+                self._on_retry_due(step_id, attempt)
             case _:
                 raise TypeError(f"executor got an unknown message {type(message).__name__}")
 
@@ -548,13 +552,17 @@ class Executor(pykka.ThreadingActor):
                         ops=msg.read_ops,
                     )
                 )
-            self._record(step, msg.attempt, msg.observation, msg.question)
+            if not (
+                self.registry.retries
+                and self._retry_later(step, msg.attempt, msg.observation, msg.question)
+            ):
+                self._record(step, msg.attempt, msg.observation, msg.question)
         self._carry_on()
 
     def _on_deadline(self, step_id: str, attempt: int) -> None:
         flight = self._in_flight.get(step_id)
-        if flight is None or flight[0] != attempt:
-            return
+        if flight is None or flight[0] != attempt or flight[1] is None:
+            return  # it answered, or it waits to be retried (S2)
         _, worker, _ = self._in_flight.pop(step_id)
         token = self._step_tokens.pop(step_id, None)
         if token is not None:
@@ -574,7 +582,8 @@ class Executor(pykka.ThreadingActor):
             tool=step.tool,
             agent=step.agent,
         )
-        self._record(step, attempt, obs, None)
+        if not (self.registry.retries and self._retry_later(step, attempt, obs, None)):
+            self._record(step, attempt, obs, None)
         self._carry_on()
 
     def _carry_on(self) -> None:
@@ -600,6 +609,8 @@ class Executor(pykka.ThreadingActor):
         self.cancel_token.set()
         for token in self._step_tokens.values():
             token.set()
+        if self.registry.retries:
+            self._retries_due_now()
         self.recorder.stage(CancelRequested(at=self.clock()))
         if self._batch_queue:
             self._skip_for_cancel(self._batch_queue)
@@ -613,6 +624,8 @@ class Executor(pykka.ThreadingActor):
         """Stop taking work; suspend at once if nothing is in flight (R3)."""
         self._draining = True
         self._drain = (drain, cause)
+        if self.registry.retries:
+            self._retries_due_now()
         if self._begun and not self._finished and not self._in_flight:
             self._advance()
 
@@ -632,8 +645,9 @@ class Executor(pykka.ThreadingActor):
             token = self._step_tokens.get(step_id)
             if token is not None:
                 token.set()  # its result is no longer wanted: it runs again on resume
-            worker.stop(block=False)  # busy in user code: abandoned, it ends when that returns
-            self._workers.remove(worker)
+            if worker is not None:  # None: it waited to be retried (S2)
+                worker.stop(block=False)  # busy in user code: abandoned, it ends when that returns
+                self._workers.remove(worker)
         pending = {i for i, _ in abandoned} | set(self._interrupted)
         drain, cause = self._drain
         self.recorder.stage(
@@ -715,6 +729,75 @@ class Executor(pykka.ThreadingActor):
         self.recorder.stage(event)
         if overrun is not None:
             self.recorder.stage(overrun)
+
+    # -- retries (S2, ADR 0046): none of this runs unless a registration has a retry policy -----
+
+    def _retry_later(
+        self, step: Step, attempt: int, obs: Observation, question: str | None
+    ) -> bool:
+        """Journal a failed attempt as ``run.step-retrying`` and arm its backoff, if its policy
+        allows another attempt; False when the failure is the step's result."""
+        policy = self.registry.retry_of(step)
+        if (
+            policy is None
+            or obs.ok
+            or question is not None
+            or attempt >= policy.attempts
+            or obs.code in ("cancelled", "agent-not-enabled")
+            or self.state.cancel_requested
+            or self._draining
+        ):
+            return False
+        if step.skill is not None:
+            charged = 1  # the model call was made (E8)
+        elif step.agent is not None:
+            reserved = self._reservations.get(step.id, 0)
+            charged = obs.calls_used if obs.calls_used is not None else (reserved or 0)
+        else:
+            charged = 0
+        delay = policy.delay(attempt)
+        self.recorder.stage(
+            StepRetrying(
+                at=self.clock(),
+                step_id=step.id,
+                attempt=attempt,
+                observation=obs,
+                charged=charged,
+                delay=delay,
+                attempts=policy.attempts,
+            )
+        )
+        timer = threading.Timer(
+            delay, self.actor_ref.tell, args=(StepRetryDue(step_id=step.id, attempt=attempt),)
+        )
+        timer.daemon = True
+        timer.start()
+        # In flight with no worker while it waits: the batch does not move on without it.
+        self._in_flight[step.id] = (attempt, None, timer)
+        return True
+
+    def _retries_due_now(self) -> None:
+        """End every backoff at once: a cancel or a drain does not wait for them."""
+        for step_id, (attempt, worker, timer) in list(self._in_flight.items()):
+            if worker is None and timer is not None:
+                timer.cancel()
+                self.actor_ref.tell(StepRetryDue(step_id=step_id, attempt=attempt))
+
+    def _on_retry_due(self, step_id: str, attempt: int) -> None:
+        """Start the step's next attempt — or, once the run is cancelled or the runtime closes,
+        skip it (E5) or leave it to run again on resume (R3)."""
+        flight = self._in_flight.get(step_id)
+        if flight is None or flight[0] != attempt or flight[1] is not None:
+            return
+        del self._in_flight[step_id]
+        step = self.state.steps[step_id]
+        if self.state.cancel_requested:
+            self._skip_for_cancel([step])
+        elif self._draining:
+            self._interrupted.append(step_id)
+        else:
+            self._batch_queue.insert(0, step)  # first in line, when its cap has room (E3)
+        self._carry_on()
 
     def _release(self, step: Step) -> None:
         key = cap_key(step)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -28,10 +28,19 @@ import pykka
 from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
+from journaled.actors.placement import Placement, resources_problem, run_placed
 from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, text_problem
 from journaled.events.memory import Fact
-from journaled.events.plans import AgentResult, ExecuteResult, Observation, Plan, Step
+from journaled.events.plans import (
+    AgentResult,
+    ExecuteResult,
+    Observation,
+    Plan,
+    Retry,
+    Step,
+    retry_problem,
+)
 from journaled.events.run_messages import RunStep, StepDone
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -153,21 +162,59 @@ class Registry:
         self.agents: dict[str, Callable[[Step, AgentContext], AgentResult]] = {}
         self.with_ctx: set[tuple[str, str]] = set()
         """(kind, name) of the skills and tools that take ``ctx``: decided once, at registration."""
+        self.resources: dict[tuple[str, str], dict[str, Any]] = {}
+        """(kind, name) -> what its steps ask of the placement that runs them (S1)."""
+        self.retries: dict[tuple[str, str], Retry] = {}
+        """(kind, name) -> its retry policy (S2); empty for most runtimes, checked first."""
         self._lock = threading.Lock()
 
-    def register(self, kind: str, name: str, fn: Callable[..., Any]) -> None:
-        """Register (or replace) a function under a kind and name."""
+    def register(
+        self,
+        kind: str,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        resources: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+    ) -> None:
+        """Register (or replace) a function under a kind and name, with its placement needs
+        and retry policy (S1, S2)."""
         if not isinstance(name, str) or not name:
             raise ValueError(f"a {kind} name must be a non-empty string, got {name!r}")
         if not callable(fn):
             raise TypeError(f"{kind} {name!r} must be callable, got {type(fn).__name__}")
+        problem = None if resources is None else resources_problem(resources)
+        if problem:
+            raise ValueError(f"resources of {kind} {name!r} {problem}")
+        problem = None if retry is None else retry_problem(retry)
+        if problem:
+            raise ValueError(f"retry of {kind} {name!r} {problem}")
+        key = (kind, name)
         with self._lock:
             table: dict[str, Any] = getattr(self, kind + "s")
             table[name] = fn
             if kind != "agent" and wants_ctx(fn):
-                self.with_ctx.add((kind, name))
+                self.with_ctx.add(key)
             else:
-                self.with_ctx.discard((kind, name))
+                self.with_ctx.discard(key)
+            if resources is None:
+                self.resources.pop(key, None)
+            else:
+                self.resources[key] = dict(resources)
+            if retry is None:
+                self.retries.pop(key, None)
+            else:
+                self.retries[key] = retry
+
+    def resources_of(self, step: Step) -> dict[str, Any] | None:
+        """Return what the step's registration asks of its placement, or None."""
+        with self._lock:
+            return self.resources.get((step.kind or "", step.target))
+
+    def retry_of(self, step: Step) -> Retry | None:
+        """Return the retry policy of the step's skill, tool or agent, or None (S2)."""
+        with self._lock:
+            return self.retries.get((step.kind or "", step.target))
 
     def takes_ctx(self, step: Step) -> bool:
         """Tell whether the skill or tool a step names was registered with a ``ctx`` parameter."""
@@ -461,6 +508,8 @@ class Services:
     """The runtime's memory, offered to steps as ``ctx.memory`` (P1)."""
     tracing: Tracing | None = None
     """Spans for runs, waves and steps (T3); None: tracing off, nothing imported or emitted."""
+    placement: Placement | None = None
+    """Where user code runs (S1); None: in the worker's own thread."""
 
 
 class StepWorker(pykka.ThreadingActor):
@@ -504,6 +553,15 @@ class StepWorker(pykka.ThreadingActor):
                 scope.__enter__()
             if fn is None:
                 obs = missing(step)
+            elif services.placement is not None:  # elsewhere (S1): no ctx.memory, no child runs
+                obs, question = run_placed(
+                    services.placement,
+                    message,
+                    fn,
+                    with_ctx=takes_ctx,
+                    resources=services.registry.resources_of(step),
+                    token=token,
+                )
             elif step.agent is not None:
                 try:
                     obs, question = run_agent(

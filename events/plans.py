@@ -76,6 +76,50 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     per_agent: dict[str, int] = {}
 
 
+class Retry(msgspec.Struct, frozen=True, kw_only=True):
+    """How often a failed step is tried again, and how long to wait in between (S2).
+
+    Registered with a skill, tool or agent (``register_tool(name, fn, retry=Retry(...))``), it
+    applies to every placement. An attempt that fails — its function raised, its deadline passed,
+    its worker process was lost — is journaled ``run.step-retrying`` and started again after
+    ``backoff * multiplier ** (attempt - 1)`` seconds (at most ``max_backoff``), until the step
+    has had ``attempts`` attempts in all (counted across resumes). A waiting agent, a cancelled
+    run, a closing runtime or a missing function is never retried.
+    """
+
+    attempts: int = 3
+    """Attempts in all, the first included (1: no retry)."""
+    backoff: float = 0.0
+    """Seconds to wait before the second attempt."""
+    multiplier: float = 2.0
+    """Factor by which the wait grows at each further attempt."""
+    max_backoff: float = 60.0
+    """The longest wait between two attempts, in seconds."""
+
+    def delay(self, attempt: int) -> float:
+        """Return the seconds to wait after failed attempt number ``attempt`` (from 1)."""
+        return float(min(self.max_backoff, self.backoff * self.multiplier ** max(0, attempt - 1)))
+
+
+def retry_problem(retry: object) -> str | None:
+    """Say what is wrong with a retry policy, or None when it is usable."""
+    if not isinstance(retry, Retry):
+        return f"must be a journaled.Retry, got {type(retry).__name__}"
+    if isinstance(retry.attempts, bool) or not isinstance(retry.attempts, int):
+        return f"attempts must be an int, got {retry.attempts!r}"
+    if not 1 <= retry.attempts <= 1000:
+        return f"attempts must be between 1 and 1000, got {retry.attempts}"
+    for name in ("backoff", "multiplier", "max_backoff"):
+        value = getattr(retry, name)
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or not 0 <= value < float("inf")
+        ):
+            return f"{name} must be a non-negative finite number, got {value!r}"
+    return None
+
+
 class Observation(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What one execution of a step produced (or why it did not run)."""
 

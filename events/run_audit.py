@@ -42,6 +42,7 @@ from journaled.events.runs import (
     RunStarted,
     RunSuspended,
     StepFailed,
+    StepRetrying,
     StepsSkipped,
     StepStarted,
     StepSucceeded,
@@ -94,6 +95,13 @@ def describe_run_event(event: Event) -> str | None:
             )
         case StepFailed():
             return f"step {data.step_id!r} failed: {flat(data.observation.error)}"
+        case StepRetrying():
+            charged = f", charged {data.charged} call(s)" if data.charged else ""
+            return (
+                f"step {data.step_id!r} attempt {data.attempt} failed{charged}: "
+                f"{flat(data.observation.error)}; retrying in {data.delay:g}s "
+                f"(at most {data.attempts} attempt(s))"
+            )
         case StepWaiting():
             return f"step {data.step_id!r} waits for an answer: {flat(data.question)}"
         case StepsSkipped():

@@ -75,6 +75,14 @@ class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline
     attempt: int
 
 
+class StepRetryDue(RunMessage, frozen=True, kw_only=True, tag="run.step-retry-due"):
+    """A failed attempt's backoff is over: start the step's next attempt (S2)."""
+
+    step_id: str
+    attempt: int
+    """The attempt that failed."""
+
+
 class Heartbeat(RunMessage, frozen=True, kw_only=True, tag="run.heartbeat-tick"):
     """Time to show the run's owner is alive, if it appended nothing for a while."""
 

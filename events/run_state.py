@@ -30,6 +30,7 @@ from journaled.events.runs import (
     RunStatus,
     RunSuspended,
     StepFailed,
+    StepRetrying,
     StepsSkipped,
     StepStarted,
     StepSucceeded,
@@ -215,6 +216,9 @@ class RunState:
                 self.calls_used += data.charged
                 self._observe(data.observation, "failed")
                 self.failures[data.step_id] = data.observation.error or "failed"
+            case StepRetrying():
+                # The step stays running: its next attempt follows, or a resume re-runs it.
+                self.calls_used += data.charged
             case StepWaiting():
                 self.calls_used += data.charged
                 self._observe(data.observation, "pending")

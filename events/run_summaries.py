@@ -41,6 +41,7 @@ from journaled.events.runs import (
     RunStarted,
     RunSuspended,
     StepFailed,
+    StepRetrying,
     StepsSkipped,
     StepStarted,
     StepSucceeded,
@@ -290,6 +291,8 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
             tracked.steps[data.step_id] = (
                 "succeeded" if isinstance(data, StepSucceeded) else "failed"
             )
+        case StepRetrying():
+            tracked.calls_used += data.charged
         case StepWaiting():
             tracked.calls_used += data.charged
             tracked.steps[data.step_id] = "pending"

@@ -112,6 +112,33 @@ class StepFailed(DomainEvent, frozen=True, kw_only=True, tag="run.step-failed"):
         return msgspec.structs.replace(self, observation=map_observation(self.observation, f))
 
 
+class StepRetrying(DomainEvent, frozen=True, kw_only=True, tag="run.step-retrying"):
+    """A step's attempt failed and its retry policy starts it again after ``delay`` (S2).
+
+    The step stays in flight: the next attempt's ``step-started`` follows once the delay is
+    over, and a crash before that runs it again on resume. The failed attempt's observation is
+    kept here, not among the run's observations: only the last attempt's result is the step's.
+    """
+
+    step_id: str
+    attempt: int
+    """The attempt that failed."""
+    observation: Observation
+    charged: int = 0
+    """Model calls charged for the failed attempt (a skill's call was made, E8)."""
+    delay: float = 0.0
+    """Seconds until the next attempt starts."""
+    attempts: int = 1
+    """Attempts in all that the policy allows."""
+
+    version: ClassVar[int] = 2
+    has_content: ClassVar[bool] = True
+
+    def map_content(self, f: Callable[[Any], Any]) -> Self:
+        """Apply ``f`` to the observation's output, error, data and artifacts."""
+        return msgspec.structs.replace(self, observation=map_observation(self.observation, f))
+
+
 class StepWaiting(DomainEvent, frozen=True, kw_only=True, tag="run.step-waiting"):
     """An agent step needs an answer: it stays pending and the run pauses after its wave (E10)."""
 
@@ -360,6 +387,7 @@ RUN_EVENTS: tuple[type[DomainEvent], ...] = (
     CallsOverrun,
     RunForked,
     MemoryRead,
+    StepRetrying,
 )
 
 POSITIONAL_RUN_EVENTS: tuple[type[DomainEvent], ...] = (

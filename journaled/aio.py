@@ -30,6 +30,7 @@ from journaled.actors.asking import ASK_TIMEOUT
 from journaled.actors.clock import Clock
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.orchestrator import Planner
+from journaled.actors.placement import Placement
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs
 from journaled.errors import ConfigurationError
@@ -530,17 +531,17 @@ class AsyncRuntime:
 
     # -- registration: plain methods ---------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[..., Any]) -> None:
+    def register_skill(self, name: str, fn: Callable[..., Any], **placing: Any) -> None:
         """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
-        self._sync.register_skill(name, fn)
+        self._sync.register_skill(name, fn, **placing)
 
-    def register_tool(self, name: str, fn: Callable[..., Any]) -> None:
+    def register_tool(self, name: str, fn: Callable[..., Any], **placing: Any) -> None:
         """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
-        self._sync.register_tool(name, fn)
+        self._sync.register_tool(name, fn, **placing)
 
-    def register_agent(self, name: str, fn: AgentFunction) -> None:
+    def register_agent(self, name: str, fn: AgentFunction, **placing: Any) -> None:
         """Register an agent: ``fn(step, ctx)``, sync or ``async def``; raise NeedsInput to wait."""
-        self._sync.register_agent(name, fn)
+        self._sync.register_agent(name, fn, **placing)
 
     # -- runs --------------------------------------------------------------------------------------
 
@@ -786,6 +787,7 @@ def open(
     follow: float | None = 0.2,
     drain: float = DRAIN,
     workers: int = WORKERS,
+    steps: Placement | None = None,
 ) -> _Opening:
     """Open an asyncio runtime over the journal at ``url``: ``await`` it or ``async with`` it.
 
@@ -805,5 +807,6 @@ def open(
         "agents": agents,
         "follow": follow,
         "drain": drain,
+        "steps": steps,
     }
     return _Opening(url, workers, options)

@@ -54,6 +54,7 @@ from journaled.events.runs import (
     RunStarted,
     RunSuspended,
     StepFailed,
+    StepRetrying,
     StepsSkipped,
     StepStarted,
     StepSucceeded,
@@ -185,7 +186,7 @@ class OtelTracing(Tracing):
                 self._on_wave(run_id, current, event)
             case StepStarted():
                 self._on_step_started(state, current, event)
-            case StepSucceeded() | StepFailed() | StepWaiting():
+            case StepSucceeded() | StepFailed() | StepWaiting() | StepRetrying():
                 self._on_step_ended(state, current, event)
             case BudgetStopped():
                 attributes = {
@@ -330,7 +331,10 @@ class OtelTracing(Tracing):
         current.steps[step.id] = (event.attempt, span)
 
     def _on_step_ended(
-        self, state: RunState, current: _Pass, event: StepSucceeded | StepFailed | StepWaiting
+        self,
+        state: RunState,
+        current: _Pass,
+        event: StepSucceeded | StepFailed | StepWaiting | StepRetrying,
     ) -> None:
         flight = current.steps.get(event.step_id)
         if flight is None or flight[0] != event.attempt:
@@ -349,8 +353,10 @@ class OtelTracing(Tracing):
         elif isinstance(event, StepSucceeded):
             attributes["journaled.step.outcome"] = "succeeded"
             span.set_status(trace.StatusCode.OK)
-        else:
-            attributes["journaled.step.outcome"] = _failure(state, obs)
+        else:  # failed, or failed and tried again (S2)
+            attributes["journaled.step.outcome"] = (
+                "retrying" if isinstance(event, StepRetrying) else _failure(state, obs)
+            )
             attributes["error.type"] = obs.code or "_OTHER"
             error = obs.error or "failed"
             span.add_event("exception", {"exception.message": error})

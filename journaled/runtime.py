@@ -18,6 +18,7 @@ from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.gateway import ProtocolDoor
 from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator import Orchestrations, Planner
+from journaled.actors.placement import Placement
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs
 from journaled.actors.runtime import MemoryActors
@@ -29,7 +30,7 @@ from journaled.events.inputs import text_problem
 from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
-from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Step
+from journaled.events.plans import AgentResult, ExecuteResult, Limits, Plan, Retry, Step
 from journaled.events.run_summaries import SAVE_AFTER
 from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
@@ -152,6 +153,7 @@ class Runtime:
         follow: float | None = 0.2,
         drain: float = DRAIN,
         loop: asyncio.AbstractEventLoop | None = None,
+        steps: Placement | None = None,
     ) -> None:
         """Open the journal and start the actors; see :func:`open`.
 
@@ -178,6 +180,11 @@ class Runtime:
             raise ConfigurationError("clock must be a callable returning epoch milliseconds")
         if embedder is not None and not callable(getattr(embedder, "embed", None)):
             raise ConfigurationError("embedder must have an embed(list[str]) -> list[list[float]]")
+        if steps is not None and not callable(getattr(steps, "run_step", None)):
+            raise ConfigurationError(
+                "steps must be a placement such as journaled.ray.RaySteps(), got "
+                f"{type(steps).__name__}"
+            )
         self.organization = organization
         self.agents = agents
         self._journal = Journal(config, codec(), create=create)
@@ -209,7 +216,11 @@ class Runtime:
         )
         self._registry = Registry(agents_enabled=agents)
         self._services = Services(
-            self._registry, self._directory, loop=LoopRunner(loop), memory=self.memory
+            self._registry,
+            self._directory,
+            loop=LoopRunner(loop),
+            memory=self.memory,
+            placement=steps,
         )
         self.runs = Runs(
             self._journal,
@@ -234,25 +245,56 @@ class Runtime:
 
     # -- registration ----------------------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[..., Any]) -> None:
+    def register_skill(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        resources: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+    ) -> None:
         """Register a skill: ``fn(input) -> output``; raising fails the step; costs 1 model call.
 
         A function declaring a keyword parameter ``ctx`` is called ``fn(input, ctx=ctx)``:
-        ``ctx.memory`` reads are journaled with the step (P1).
-        """
-        self._registry.register("skill", name, fn)
+        ``ctx.memory`` reads are journaled with the step (P1). ``resources`` (``num_cpus``,
+        ``num_gpus``, ``memory``, ``resources``, ``accelerator_type``) say what each step needs
+        from the placement given as ``open(steps=...)`` (S1); ``retry`` is the policy for its
+        failed attempts, on every placement (S2). Each attempt of a skill costs 1 model call.
 
-    def register_tool(self, name: str, fn: Callable[..., Any]) -> None:
+        Raises:
+            ValueError: a bad name, ``resources`` or ``retry``, named; nothing is registered.
+        """
+        self._registry.register("skill", name, fn, resources=resources, retry=retry)
+
+    def register_tool(
+        self,
+        name: str,
+        fn: Callable[..., Any],
+        *,
+        resources: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+    ) -> None:
         """Register a tool: ``fn(input) -> output``; raising fails the step; costs no model call.
 
         A function declaring a keyword parameter ``ctx`` is called ``fn(input, ctx=ctx)``:
-        ``ctx.memory`` reads are journaled with the step (P1).
+        ``ctx.memory`` reads are journaled with the step (P1). ``resources`` and ``retry`` as
+        for :meth:`register_skill` (S1, S2).
         """
-        self._registry.register("tool", name, fn)
+        self._registry.register("tool", name, fn, resources=resources, retry=retry)
 
-    def register_agent(self, name: str, fn: AgentFunction) -> None:
-        """Register an agent: ``fn(step, ctx) -> AgentResult``; raise NeedsInput to wait."""
-        self._registry.register("agent", name, fn)
+    def register_agent(
+        self,
+        name: str,
+        fn: AgentFunction,
+        *,
+        resources: Mapping[str, Any] | None = None,
+        retry: Retry | None = None,
+    ) -> None:
+        """Register an agent: ``fn(step, ctx) -> AgentResult``; raise NeedsInput to wait.
+
+        ``resources`` and ``retry`` as for :meth:`register_skill` (S1, S2).
+        """
+        self._registry.register("agent", name, fn, resources=resources, retry=retry)
 
     # -- runs ------------------------------------------------------------------------------------
 
@@ -582,6 +624,7 @@ def open(
     agents: bool = True,
     follow: float | None = 0.2,
     drain: float = DRAIN,
+    steps: Placement | None = None,
 ) -> Runtime:
     """Open a runtime over the journal at ``url`` (default ``$JOURNALED_URL``, then the
     embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors.
@@ -590,6 +633,8 @@ def open(
     (None: only on ``rt.refresh()`` or a write conflict); in-process journals never poll.
     ``drain`` is how long ``close()`` waits for steps in flight before suspending their runs
     (R3); a process that exits without closing its runtimes closes them the same way.
+    ``steps`` is where skill, tool and agent functions run: None, in threads of this process;
+    ``journaled.ray.RaySteps()``, as tasks on a Ray cluster (S1). The run's executor stays here.
     """
     return Runtime(
         url,
@@ -599,6 +644,7 @@ def open(
         agents=agents,
         follow=follow,
         drain=drain,
+        steps=steps,
     )
 
 

@@ -53,6 +53,7 @@ from journaled.events.runs import (
     RunResumed,
     RunStarted,
     StepFailed,
+    StepRetrying,
     StepWaiting,
 )
 from journaled.runtime import Runtime
@@ -66,6 +67,7 @@ _FLAGS: dict[type, Flag] = {
     ApprovalRequested: "approval",
     PlanApproved: "approval",
     StepFailed: "failed",
+    StepRetrying: "failed",
     PlanningFailed: "failed",
     AnswersGiven: "answer",
     ClarificationGiven: "answer",

@@ -575,3 +575,25 @@ def test_an_asyncio_runtime_traces_its_runs_under_the_callers_span(sqlite_url: s
     runs = [s for s in exporter.get_finished_spans() if s.name == "journaled.run"]
     assert [_attrs(s)["journaled.run.id"] for s in runs] == [run_id]
     assert _parent(runs[0]) == request_id
+
+
+def test_each_retried_attempt_has_its_own_failed_step_span(traced: Traced) -> None:
+    """T3, S2: a failed attempt retried under its policy ends its own span as ERROR, outcome
+    retrying; the next attempt's span succeeds."""
+    calls: list[int] = []
+
+    def flaky(x: Any) -> Any:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("try again")
+        return x
+
+    traced.rt.register_tool("flaky", flaky, retry=journaled.Retry(attempts=2))
+    result = traced.rt.execute(Plan(goal="g", steps=[Step("a", tool="flaky", input=1)]))
+    assert result.ok
+    first = traced.one("journaled.step", **{"journaled.step.attempt": 1})
+    second = traced.one("journaled.step", **{"journaled.step.attempt": 2})
+    assert first.status.status_code is StatusCode.ERROR
+    assert first.status.description == "try again"
+    assert _attrs(first)["journaled.step.outcome"] == "retrying"
+    assert second.status.status_code is StatusCode.OK

@@ -1,0 +1,241 @@
+"""Steps on a Ray cluster: ``journaled.open(..., steps=RaySteps())`` (S1-S3, ADR 0045).
+
+Each skill, tool and agent step runs as a Ray task in a worker process of the cluster, with the
+resources its registration names (``register_tool(name, fn, resources={"num_cpus": 2})``).
+The run's executor stays in the opening process and remains the run's single writer: a step
+worker thread there submits the task, waits for its observation through Ray's object store and
+tells it to the executor as for a local step. So batches, caps, the call budget, waiting,
+deadlines, cancellation and resume behave as in E*; a step's deadline or a cancel of its run
+cancels its task (``ray.cancel``, forced: the worker process is stopped).
+
+A worker process lost mid-step (killed, out of memory, its node gone) fails that attempt with an
+observation naming the loss; a registration's :class:`journaled.Retry` policy tries it again.
+Ray's own task retries are off, so every attempt is journaled.
+
+What does not cross: a remote step has no ``ctx.memory`` (it is None) and an agent cannot start
+child runs with ``ctx.execute``; the function, its input and its output must pickle. Requires
+the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never imports Ray.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import threading
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import ray
+from ray import exceptions as ray_errors
+
+from journaled.actors.loop import LoopRunner, StepToken
+from journaled.actors.placement import resources_problem
+from journaled.actors.steps import ToolContext, run_agent, run_callable, storable_text
+from journaled.errors import ConfigurationError
+from journaled.events.plans import CANCELLED_ABORT, Observation, Step
+from journaled.events.run_messages import RunStep
+
+__all__ = ["RaySteps", "lost_error"]
+
+DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
+"""What a step asks of the cluster when its registration names no ``resources``."""
+
+
+class RaySteps:
+    """Run a runtime's steps as Ray tasks: pass it as ``journaled.open(..., steps=RaySteps())``.
+
+    Args:
+        address: the cluster to join (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``).
+            None: the cluster this process is already connected to, else ``$RAY_ADDRESS``,
+            else a local cluster started now (and stopped with the process).
+        resources: what a step asks when its registration names none (default one CPU).
+        init: more keywords for ``ray.init`` when this object connects (``runtime_env``,
+            ``namespace``, ``num_cpus`` for a local cluster, ...).
+
+    Raises:
+        ConfigurationError: a bad keyword, named.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        resources: Mapping[str, Any] | None = None,
+        init: Mapping[str, Any] | None = None,
+    ) -> None:
+        if address is not None and (not isinstance(address, str) or not address):
+            raise ConfigurationError(f"address must be a non-empty string or None, got {address!r}")
+        chosen = dict(DEFAULT_RESOURCES if resources is None else resources)
+        problem = resources_problem(chosen)
+        if problem:
+            raise ConfigurationError(f"resources {problem}")
+        self._defaults = chosen
+        self.connected_here = False
+        """Whether this object connected the process to Ray (then :meth:`shutdown` disconnects)."""
+        if not ray.is_initialized():
+            options = {"include_dashboard": False, "log_to_driver": False, **dict(init or {})}
+            ray.init(address=address, **options)
+            self.connected_here = True
+        self._task = ray.remote(max_retries=0)(_run_remote)
+        self._functions: dict[int, tuple[Callable[..., Any], Any]] = {}
+        """id(fn) -> (fn, its ObjectRef): a function is sent to the object store once."""
+        self._tasks: dict[str, Any] = {}
+        """Resources (as text) -> the remote function with those options."""
+        self._lock = threading.Lock()
+
+    def shutdown(self) -> None:
+        """Disconnect from Ray if this object connected (a local cluster it started stops)."""
+        if self.connected_here and ray.is_initialized():
+            ray.shutdown()
+        self.connected_here = False
+
+    def run_step(
+        self,
+        msg: RunStep,
+        fn: Callable[..., Any],
+        *,
+        with_ctx: bool,
+        resources: Mapping[str, Any] | None,
+        token: StepToken,
+    ) -> tuple[Observation, str | None]:
+        """Run one step attempt as a Ray task and return its observation (S1, S2)."""
+        step = msg.step
+        if not ray.is_initialized():
+            error = f"step {step.id!r} could not run: this process is no longer connected to Ray"
+            return _failed(step, error), None
+        try:
+            function = self._stored(fn)
+        except Exception as exc:  # Ray raises TypeError, or what the function's __reduce__ raised
+            error = (
+                f"{step.kind or 'step'} {step.target!r} of step {step.id!r} cannot be sent to "
+                f"Ray: its function must pickle ({_first_line(exc)})"
+            )
+            return _failed(step, storable_text(error)), None
+        try:
+            ref = self._task_for(resources).remote(function, msg, with_ctx)
+        except Exception as exc:  # bad resources for this cluster, Ray shutting down, ...
+            error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
+            return _failed(step, storable_text(error)), None
+        # A cancel of the run or the step's deadline stops the task where it runs: a worker
+        # busy in user code cannot be asked, so the cancel is forced.
+        token.on_set(lambda: _cancel(ref))
+        try:
+            observation, question = ray.get(ref)
+        except ray_errors.TaskCancelledError:
+            return _cancelled(step), None
+        except ray_errors.RayTaskError as exc:
+            # Not user code (that is observed inside the task): its function or input could
+            # not be loaded there — a module not installed on that host, most often.
+            cause = getattr(exc, "cause", None)
+            why = (
+                f"{type(cause).__name__}: {_first_line(cause)}"
+                if isinstance(cause, BaseException)
+                else _first_line(exc)
+            )
+            error = f"the Ray task of step {step.id!r} failed: {why}"
+            return _failed(step, storable_text(error)), None
+        except ray_errors.RayError as exc:
+            if token.is_set():
+                return _cancelled(step), None
+            return _failed(step, lost_error(step, exc)), None
+        if not isinstance(observation, Observation):
+            return _failed(step, f"the Ray task of step {step.id!r} returned no observation"), None
+        return observation, question
+
+    def _task_for(self, resources: Mapping[str, Any] | None) -> Any:
+        """Return the remote function with these resources, made once per distinct set."""
+        key = repr(sorted((resources or {}).items()))
+        with self._lock:
+            task = self._tasks.get(key)
+            if task is None:
+                task = self._tasks[key] = self._task.options(
+                    **{**self._defaults, **(resources or {})}
+                )
+            return task
+
+    def _stored(self, fn: Callable[..., Any]) -> Any:
+        with self._lock:
+            held = self._functions.get(id(fn))
+            if held is not None and held[0] is fn:
+                return held[1]
+        ref = ray.put(fn)
+        with self._lock:
+            self._functions[id(fn)] = (fn, ref)
+        return ref
+
+
+def lost_error(step: Step, exc: BaseException) -> str:
+    """Say that the worker running ``step`` was lost, and how (S2)."""
+    reason = f"{type(exc).__name__}: {_first_line(exc)}" if str(exc).strip() else type(exc).__name__
+    return storable_text(f"lost: the Ray worker running step {step.id!r} died ({reason})")
+
+
+def _first_line(exc: BaseException) -> str:
+    """Return the first line of an exception's message (Ray's run to many, in colour), or its
+    type."""
+    text = _COLOUR.sub("", str(exc)).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+_COLOUR = re.compile(r"\x1b\[[0-9;]*m")
+"""Terminal colour codes, which Ray puts in its messages."""
+
+
+def _cancel(ref: Any) -> None:
+    try:
+        ray.cancel(ref, force=True)
+    except Exception:  # already finished, or Ray is shutting down: nothing left to stop
+        return
+
+
+def _failed(step: Step, error: str) -> Observation:
+    return Observation(
+        step_id=step.id,
+        ok=False,
+        error=error,
+        skill=step.skill,
+        tool=step.tool,
+        agent=step.agent,
+        code="agent-failed" if step.agent is not None else None,
+    )
+
+
+def _cancelled(step: Step) -> Observation:
+    return Observation(
+        step_id=step.id,
+        ok=False,
+        error=CANCELLED_ABORT,
+        skill=step.skill,
+        tool=step.tool,
+        agent=step.agent,
+        code="cancelled",
+    )
+
+
+@functools.cache
+def _worker_loop() -> LoopRunner:
+    """Return this worker process's loop for ``async def`` steps, started on first use.
+
+    A Ray worker runs one task at a time, so the first call is never raced.
+    """
+    return LoopRunner()
+
+
+def _run_remote(
+    fn: Callable[..., Any], msg: RunStep, with_ctx: bool
+) -> tuple[Observation, str | None]:
+    """Run one step attempt in a Ray worker process, as a step worker would (E9-E11)."""
+    step = msg.step
+    loop = _worker_loop()
+    if step.agent is not None:
+        return run_agent(step, fn, msg, loop=loop, child_runner=_no_child_runs)
+    ctx = ToolContext(msg, None) if with_ctx else None
+    return run_callable(step.kind or "tool", step, fn, loop, None, ctx), None
+
+
+def _no_child_runs(*args: Any, **kwargs: Any) -> Any:
+    """Refuse ``ctx.execute`` on Ray: a child run needs the runtime that owns its parent."""
+    raise RuntimeError(
+        "ctx.execute is not available to an agent running on Ray: a child run needs the local "
+        "runtime; register this agent in a runtime opened without steps="
+    )
