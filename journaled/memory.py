@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import pykka
@@ -27,10 +26,8 @@ from journaled.events.memory_state import (
     Query,
     Stats,
     combine,
-    cosine,
     merge_hits,
     plan_terms,
-    usable,
 )
 from journaled.events.messages import (
     All,
@@ -47,17 +44,12 @@ from journaled.events.messages import (
 )
 from journaled.events.provenance import Use, read_events, uses
 from journaled.events.tenancy import Boundary
+from journaled.semantic import Embedder, Semantic
+
+__all__ = ["Embedder", "Memory", "MemoryView"]  # Embedder: re-exported as journaled.Embedder
 
 _FOLD_BATCH = 1000
 """Events folded per read of their facts' texts by :meth:`Memory.as_of`."""
-
-
-class Embedder(Protocol):
-    """Anything that turns texts into vectors."""
-
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """Return one vector per text."""
-        ...
 
 
 def _query(
@@ -101,55 +93,10 @@ def _names(field: str, names: Iterable[str] | None) -> frozenset[str] | None:
     return out
 
 
-class _Semantic:
-    """Rank by cosine with a per-runtime cache of usable vectors, falling back to BM25 (M7)."""
-
-    def __init__(self, embedder: Embedder | None) -> None:
-        self.embedder = embedder
-        self._cache: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def rank(
-        self,
-        text: str,
-        query: Query,
-        candidates: Sequence[Fact],
-        bm25: Callable[[], list[Fact]],
-    ) -> list[Fact]:
-        embedder = self.embedder
-        if embedder is None or not candidates:
-            return bm25()
-        try:
-            with self._lock:
-                need = list(dict.fromkeys(c.text for c in candidates if c.text not in self._cache))
-            if need:
-                vectors = embedder.embed(need)
-                with self._lock:
-                    for t, v in zip(need, vectors, strict=False):
-                        if usable(v):
-                            self._cache[t] = [float(x) for x in v]
-            query_vectors = embedder.embed([text])
-            query_vector = query_vectors[0] if query_vectors else None
-            with self._lock:
-                docs = [(c, self._cache[c.text]) for c in candidates if c.text in self._cache]
-            if not usable(query_vector) or not docs:
-                return bm25()
-            assert query_vector is not None
-            scored = [(cosine(query_vector, v), c) for c, v in docs]
-        except Exception:
-            return bm25()
-        hits = sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))
-        return [c for _, c in hits[: query.limit]]
-
-    def forget(self, text: str) -> None:
-        with self._lock:
-            self._cache.pop(text, None)
-
-
 class MemoryView:
     """The memory store as it was at one journal position (M12): get, all, search."""
 
-    def __init__(self, state: MemoryState, now: int, semantic: _Semantic) -> None:
+    def __init__(self, state: MemoryState, now: int, semantic: Semantic) -> None:
         self._state = state
         self._now = now
         self._semantic = semantic
@@ -188,9 +135,23 @@ class MemoryView:
     ) -> list[Fact]:
         """Rank semantically as the store would have then (M7 fallbacks included)."""
         q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
-        return self._semantic.rank(
-            query, q, self._state.candidates(q), lambda: self._state.search(q)
-        )
+        return self._semantic.rank(query, q, self._state.candidates(q), self._bm25(q))
+
+    def search_hybrid(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Fuse BM25 and semantic ranks as the store would have then (ADR 0047)."""
+        q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
+        return self._semantic.hybrid(query, q, self._state.candidates(q), self._bm25(q))
+
+    def _bm25(self, q: Query) -> Callable[[int], list[Fact]]:
+        return lambda n: self._state.search(msgspec.structs.replace(q, limit=n))
 
 
 class Memory:
@@ -215,7 +176,7 @@ class Memory:
         self._refs = list(scopes.values())
         self._clock = clock
         self._organization = organization
-        self._semantic = _Semantic(embedder)
+        self._semantic = Semantic(embedder, journal)
         self._boundary = Boundary(organization, journal.first)
 
     def remember(
@@ -336,11 +297,40 @@ class Memory:
         q = _query(
             query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
         )
-        candidates = sorted(
+        return self._semantic.rank(query, q, self._candidates(q), self._bm25_top(q))
+
+    def search_hybrid(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Fuse the BM25 and semantic rankings of the filtered candidates (ADR 0047).
+
+        Reciprocal rank fusion (k = 60) of each ranking's top ``max(limit, 100)``: a fact scores
+        the sum of ``1 / (60 + rank)`` over the rankings that hold it; ties by id. Same filters
+        and arguments as :meth:`search`. Without an embedder that can help — none configured,
+        no candidates, the embedder raises, an unusable query vector, no candidate embedded
+        usably — it answers exactly what :meth:`search` answers (M7's fallbacks).
+        """
+        q = _query(
+            query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
+        )
+        if q.limit == 0:
+            return []
+        return self._semantic.hybrid(query, q, self._candidates(q), self._bm25_top(q))
+
+    def _candidates(self, q: Query) -> list[Fact]:
+        return sorted(
             (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
             key=lambda f: f.id,
         )
-        return self._semantic.rank(query, q, candidates, lambda: self._bm25(q))
+
+    def _bm25_top(self, q: Query) -> Callable[[int], list[Fact]]:
+        return lambda n: self._bm25(msgspec.structs.replace(q, limit=n))
 
     def delete(self, fact_id: str) -> Deletion:
         """Delete a fact and heal the supersession chain around it, atomically (M8)."""
@@ -355,11 +345,9 @@ class Memory:
         """
         if reason is not None:
             _check("reason", text_problem(reason))
-        before = self.get(fact_id)
         purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
         if purged:
-            if before is not None:
-                self._semantic.forget(before.text)
+            self._semantic.forget(fact_id)
             # The erasure is committed; scrubbing the files gives way to readers and retries
             # in the background, so a backup or report holding old data never fails a purge
             # nor holds up a remember (see scrub()).
