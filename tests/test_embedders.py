@@ -13,8 +13,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from click.testing import CliRunner
 
 import journaled
+from journaled.cli import main
 from journaled.embedders import (
     EmbeddingsError,
     OpenAIEmbeddings,
@@ -212,3 +214,35 @@ def test_local_without_the_library_says_which_extra(monkeypatch: pytest.MonkeyPa
     monkeypatch.setitem(sys.modules, "sentence_transformers", None)  # import then fails
     with pytest.raises(ImportError, match=r"journaled\[local\]"):
         SentenceTransformerEmbeddings("all-MiniLM-L6-v2")
+
+
+# -- the command line ------------------------------------------------------------------------------
+
+
+def test_cli_search_hybrid(server: str, sqlite_url: str, clock: ManualClock) -> None:
+    """ADR 0047: `memory search --hybrid --embedder` ranks by meaning; without one, by BM25."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        cat = rt.memory.remember("the cat sleeps")
+        rt.memory.remember("stock market news")
+    runner = CliRunner()
+    spec = f"openai:toy-embed@{server}"
+    found = runner.invoke(
+        main,
+        ["--url", sqlite_url, "--json", "memory", "search", "kitten", "--hybrid"],
+        env={"JOURNALED_EMBEDDER": spec},
+    )
+    assert found.exit_code == 0, found.output
+    assert [f["id"] for f in json.loads(found.stdout)] == [cat.id]
+    bm25 = runner.invoke(
+        main,
+        ["--url", sqlite_url, "memory", "search", "kitten", "--hybrid"],
+        env={"JOURNALED_EMBEDDER": ""},
+    )
+    assert bm25.exit_code == 0, bm25.output
+    assert "BM25 alone" in bm25.stdout
+    assert cat.id not in bm25.stdout
+    bad = runner.invoke(
+        main, ["--url", sqlite_url, "memory", "search", "cat", "--hybrid", "--embedder", "x:y"]
+    )
+    assert bad.exit_code != 0
+    assert "--embedder" in bad.output

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 import sqlite3
 from pathlib import Path
@@ -9,8 +10,10 @@ from pathlib import Path
 import pytest
 
 import journaled
+import journaled.aio
 from journaled.embedders import VectorCache, digest
 from journaled.events.fusion import reciprocal_rank_fusion
+from journaled.events.runs import MemoryRead
 from journaled.testing import KeywordEmbedder, ManualClock, ScriptedEmbedder
 
 # -- fusion ----------------------------------------------------------------------------------------
@@ -232,3 +235,36 @@ def test_memory_cache_forgets_unlinked_vectors() -> None:
     assert cache.get("m", [b"d1", b"d3"]) == {b"d1": [1.0]}
     cache.put("m", [("f3", b"d3", [2.0])])  # a late put for a purged fact is refused
     assert len(cache) == 1
+
+
+# -- the other doors -------------------------------------------------------------------------------
+
+
+def test_hybrid_through_asyncio(sqlite_url: str, clock: ManualClock) -> None:
+    """ADR 0047, A1: rt.memory.search_hybrid and a view's search_hybrid await on the aio runtime."""
+
+    async def main() -> None:
+        embedder = ScriptedEmbedder(VECTORS)
+        async with journaled.aio.open(sqlite_url, clock=clock, embedder=embedder) as rt:
+            a = await rt.memory.remember("alpha beta")
+            b = await rt.memory.remember("alpha alpha")
+            c = await rt.memory.remember("gamma")
+            expected = [a.id, *sorted([b.id, c.id])]
+            assert [f.id for f in await rt.memory.search_hybrid("alpha")] == expected
+            view = await rt.memory.as_of(position=await rt.journal.position())
+            assert [f.id for f in await view.search_hybrid("alpha")] == expected
+
+    asyncio.run(main())
+
+
+def test_hybrid_through_ctx_memory_is_journaled(sqlite_url: str, clock: ManualClock) -> None:
+    """ADR 0047, P2: a step's ctx.memory.search_hybrid reads are journaled with their ids."""
+    with journaled.open(sqlite_url, clock=clock, embedder=ScriptedEmbedder(VECTORS)) as rt:
+        gamma = rt.memory.remember("gamma")
+        rt.register_tool("recall", lambda q, ctx: [f.id for f in ctx.memory.search_hybrid(q)])
+        plan = journaled.Plan(goal="g", steps=[journaled.Step("r", tool="recall", input="alpha")])
+        result = rt.runs.execute(plan)
+        assert result.ok, result
+        assert result.observations[0].output == [gamma.id]
+        reads = [e.data for e in rt.journal.read() if isinstance(e.data, MemoryRead)]
+        assert [(r.fact_ids, r.ops) for r in reads] == [((gamma.id,), ("search_hybrid",))]
