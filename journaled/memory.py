@@ -26,7 +26,7 @@ from journaled.events.memory_state import (
     Query,
     Stats,
     combine,
-    merge_hits,
+    merge_scored,
     plan_terms,
 )
 from journaled.events.messages import (
@@ -150,8 +150,8 @@ class MemoryView:
         q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
         return self._semantic.hybrid(query, q, self._state.candidates(q), self._bm25(q))
 
-    def _bm25(self, q: Query) -> Callable[[int], list[Fact]]:
-        return lambda n: self._state.search(msgspec.structs.replace(q, limit=n))
+    def _bm25(self, q: Query) -> Callable[[int], list[tuple[float, Fact]]]:
+        return lambda n: self._state.search_scored(msgspec.structs.replace(q, limit=n))
 
 
 class Memory:
@@ -273,6 +273,9 @@ class Memory:
         return self._bm25(q)
 
     def _bm25(self, q: Query) -> list[Fact]:
+        return [f for _, f in self._bm25_scored(q)]
+
+    def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
         if not q.terms or q.limit == 0:
             return []
         stats: list[Stats] = ask_all(self._refs, SearchStats(query=q))
@@ -282,7 +285,7 @@ class Memory:
         # Only scopes holding a candidate with a query term can contribute hits.
         holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
         hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
-        return merge_hits(hits, q.limit)
+        return merge_scored(hits, q.limit)
 
     def search_semantic(
         self,
@@ -310,11 +313,12 @@ class Memory:
     ) -> list[Fact]:
         """Fuse the BM25 and semantic rankings of the filtered candidates (ADR 0047).
 
-        Reciprocal rank fusion (k = 60) of each ranking's top ``max(limit, 100)``: a fact scores
-        the sum of ``1 / (60 + rank)`` over the rankings that hold it; ties by id. Same filters
-        and arguments as :meth:`search`. Without an embedder that can help — none configured,
-        no candidates, the embedder raises, an unusable query vector, no candidate embedded
-        usably — it answers exactly what :meth:`search` answers (M7's fallbacks).
+        Each ranking's top ``max(limit, 100)`` hits are fused by their scores: a fact scores
+        ``0.5 * bm25 / best bm25 + 0.5 * cosine`` (0 where a ranking lacks it; cosine <= 0
+        is dropped, as in M7); ties by id. Same filters and arguments as :meth:`search`.
+        Without an embedder that can help — none configured, no candidates, the embedder
+        raises, an unusable query vector, no candidate embedded usably — it answers exactly
+        what :meth:`search` answers (M7's fallbacks).
         """
         q = _query(
             query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
@@ -329,8 +333,8 @@ class Memory:
             key=lambda f: f.id,
         )
 
-    def _bm25_top(self, q: Query) -> Callable[[int], list[Fact]]:
-        return lambda n: self._bm25(msgspec.structs.replace(q, limit=n))
+    def _bm25_top(self, q: Query) -> Callable[[int], list[tuple[float, Fact]]]:
+        return lambda n: self._bm25_scored(msgspec.structs.replace(q, limit=n))
 
     def delete(self, fact_id: str) -> Deletion:
         """Delete a fact and heal the supersession chain around it, atomically (M8)."""

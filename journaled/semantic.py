@@ -1,7 +1,7 @@
 """Semantic and hybrid ranking for ``rt.memory`` (SPEC M7; hybrid: ADR 0047).
 
 Both rank the candidates that survived the same filters as BM25. Semantic ranking orders them by
-cosine with the query's vector; hybrid fuses that order with BM25's by reciprocal rank fusion.
+cosine with the query's vector; hybrid fuses cosine with BM25 by a convex combination of scores.
 Either falls back to BM25 — never raises, never returns silently empty — when the embedder cannot
 help: no embedder, no candidates, the embedder raises, an unusable query vector, or no candidate
 embedded usably.
@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from journaled.embedders.cache import VectorCache, digest
-from journaled.events.fusion import FUSION_WINDOW, reciprocal_rank_fusion
+from journaled.events.fusion import FUSION_WINDOW, convex_fusion
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact
 from journaled.events.memory_state import Query, cosine, usable
@@ -102,35 +102,36 @@ class Semantic:
         text: str,
         query: Query,
         candidates: Sequence[Fact],
-        bm25: Callable[[int], list[Fact]],
+        bm25: Callable[[int], list[tuple[float, Fact]]],
     ) -> list[Fact]:
         """Return the top ``query.limit`` by cosine (> 0), ties by id; else BM25's (M7)."""
         scored = self.scores(text, candidates)
         if scored is None:
-            return bm25(query.limit)
-        return _by_cosine(scored)[: query.limit]
+            return [f for _, f in bm25(query.limit)]
+        return [f for _, f in _by_cosine(scored)[: query.limit]]
 
     def hybrid(
         self,
         text: str,
         query: Query,
         candidates: Sequence[Fact],
-        bm25: Callable[[int], list[Fact]],
+        bm25: Callable[[int], list[tuple[float, Fact]]],
     ) -> list[Fact]:
-        """Fuse BM25's and cosine's top ``max(limit, FUSION_WINDOW)`` by reciprocal rank fusion.
+        """Fuse BM25's and cosine's top ``max(limit, FUSION_WINDOW)`` by their scores.
 
-        Falls back to BM25's answer exactly when semantic ranking would (M7).
+        ``0.5 * bm25 / max(bm25) + 0.5 * cosine`` (:func:`convex_fusion`), ties by id. Falls
+        back to BM25's answer exactly when semantic ranking would (M7).
         """
         if query.limit == 0:
             return []
         scored = self.scores(text, candidates)
         if scored is None:
-            return bm25(query.limit)
+            return [f for _, f in bm25(query.limit)]
         window = max(query.limit, FUSION_WINDOW)
         lexical = bm25(window)
         semantic = _by_cosine(scored)[:window]
-        by_id = {f.id: f for f in (*candidates, *lexical)}
-        fused = reciprocal_rank_fusion([[f.id for f in lexical], [f.id for f in semantic]])
+        by_id = {f.id: f for f in candidates} | {f.id: f for _, f in lexical}
+        fused = convex_fusion([(s, f.id) for s, f in lexical], [(s, f.id) for s, f in semantic])
         return [by_id[i] for _, i in fused[: query.limit]]
 
     def forget(self, fact_id: str) -> None:
@@ -138,6 +139,5 @@ class Semantic:
         self.cache.forget_facts([fact_id])
 
 
-def _by_cosine(scored: list[tuple[float, Fact]]) -> list[Fact]:
-    hits = sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))
-    return [c for _, c in hits]
+def _by_cosine(scored: list[tuple[float, Fact]]) -> list[tuple[float, Fact]]:
+    return sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))

@@ -12,15 +12,27 @@ import pytest
 import journaled
 import journaled.aio
 from journaled.embedders import VectorCache, digest
-from journaled.events.fusion import reciprocal_rank_fusion
+from journaled.events.fusion import convex_fusion, reciprocal_rank_fusion
 from journaled.events.runs import MemoryRead
 from journaled.testing import KeywordEmbedder, ManualClock, ScriptedEmbedder
 
 # -- fusion ----------------------------------------------------------------------------------------
 
 
+def test_convex_fusion_by_hand() -> None:
+    """ADR 0047: fused = 0.5 * bm25 / best bm25 + 0.5 * cosine; absent counts 0; ties by id."""
+    fused = convex_fusion([(4.0, "b"), (3.0, "a"), (1.0, "x")], [(0.9, "c"), (0.8, "a")])
+    assert [d for _, d in fused] == ["a", "b", "c", "x"]
+    assert [s for s, _ in fused] == pytest.approx([0.375 + 0.4, 0.5, 0.45, 0.125])
+    assert convex_fusion([(2.0, "z")], [(1.0, "y")]) == [(0.5, "y"), (0.5, "z")]
+    assert convex_fusion([], [(0.5, "y")], weight=0.0) == [(0.5, "y")]
+    assert convex_fusion([], []) == []
+    with pytest.raises(ValueError, match="weight"):
+        convex_fusion([], [], weight=1.5)
+
+
 def test_rrf_sums_reciprocal_ranks_by_hand() -> None:
-    """ADR 0047: a fused score is sum 1/(60 + rank); ties by id; absent from a list adds 0."""
+    """ADR 0047 (the alternative measured): a score is sum 1/(60 + rank); ties by id."""
     fused = reciprocal_rank_fusion([["b", "a", "x"], ["c", "d", "a"]])
     assert fused == [
         (1 / 62 + 1 / 63, "a"),
@@ -49,7 +61,11 @@ VECTORS = {
 
 
 def test_hybrid_fuses_bm25_and_cosine_ranks(journal_url: str, clock: ManualClock) -> None:
-    """ADR 0047: BM25 [B, A] and cosine [C, D, A] fuse to A, then B and C tied by id, then D."""
+    """ADR 0047: BM25 [B, A] and cosine [C, D, A] fuse to A, then B and C tied by id, then D.
+
+    Every text has two tokens, so one length norm (1.2): BM25 = idf * 2.2 * tf / (tf + 1.2),
+    A (tf 1) = idf * 1.0 and B (tf 2) = idf * 1.375; A's normalised BM25 is 1 / 1.375.
+    """
     with journaled.open(journal_url, clock=clock, embedder=ScriptedEmbedder(VECTORS)) as rt:
         a = rt.memory.remember("alpha beta")
         b = rt.memory.remember("alpha alpha")
@@ -57,7 +73,7 @@ def test_hybrid_fuses_bm25_and_cosine_ranks(journal_url: str, clock: ManualClock
         d = rt.memory.remember("delta")
         assert [f.id for f in rt.memory.search("alpha")] == [b.id, a.id]
         assert [f.id for f in rt.memory.search_semantic("alpha")] == [c.id, d.id, a.id]
-        # A: 1/62 + 1/63; B: 1/61; C: 1/61; D: 1/62.
+        # A: 0.5 / 1.375 + 0.5 * 0.6 = 0.664; B: 0.5 * 1 = 0.5; C: 0.5 * 1 = 0.5; D: 0.5 * 0.8.
         expected = [a.id, *sorted([b.id, c.id]), d.id]
         assert [f.id for f in rt.memory.search_hybrid("alpha")] == expected
         assert [f.id for f in rt.memory.search_hybrid("alpha", limit=2)] == expected[:2]
