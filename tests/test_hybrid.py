@@ -8,12 +8,16 @@ import sqlite3
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import journaled
 import journaled.aio
 from journaled.embedders import VectorCache, digest
 from journaled.events.fusion import convex_fusion, reciprocal_rank_fusion
+from journaled.events.memory_state import cosine
 from journaled.events.runs import MemoryRead
+from journaled.semantic import _cosines
 from journaled.testing import KeywordEmbedder, ManualClock, ScriptedEmbedder
 
 # -- fusion ----------------------------------------------------------------------------------------
@@ -284,3 +288,15 @@ def test_hybrid_through_ctx_memory_is_journaled(sqlite_url: str, clock: ManualCl
         assert result.observations[0].output == [gamma.id]
         reads = [e.data for e in rt.journal.read() if isinstance(e.data, MemoryRead)]
         assert [(r.fact_ids, r.ops) for r in reads] == [((gamma.id,), ("search_hybrid",))]
+
+
+@given(
+    st.lists(st.floats(-1e3, 1e3), min_size=1, max_size=6),
+    st.lists(st.lists(st.floats(-1e3, 1e3), min_size=0, max_size=7), max_size=5),
+)
+def test_fast_cosines_equal_m7_cosine_bit_for_bit(
+    query: list[float], docs: list[list[float]]
+) -> None:
+    """M7: the ranker's cosine (query norm taken once) equals memory_state.cosine exactly."""
+    facts = [(f"f{i}", v) for i, v in enumerate(docs)]
+    assert [s for s, _ in _cosines(query, facts)] == [cosine(query, v) for v in docs]  # type: ignore[arg-type]
