@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sqlite3
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
@@ -57,7 +58,12 @@ class Semantic:
         self.embedder = embedder
         self._journal = journal
         self._model = model_of(embedder) or ""
-        self.cache = VectorCache(cache_path(journal, embedder) if embedder is not None else None)
+        path = cache_path(journal, embedder) if embedder is not None else None
+        try:
+            self.cache = VectorCache(path)
+        except (sqlite3.Error, OSError):
+            # A journal read where nothing can be written: vectors last as long as the runtime.
+            self.cache = VectorCache(None)
 
     def scores(self, text: str, candidates: Sequence[Fact]) -> list[tuple[float, Fact]] | None:
         """Return ``(cosine, fact)`` for every usably embedded candidate, or None to fall back."""

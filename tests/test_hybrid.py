@@ -300,3 +300,16 @@ def test_fast_cosines_equal_m7_cosine_bit_for_bit(
     """M7: the ranker's cosine (query norm taken once) equals memory_state.cosine exactly."""
     facts = [(f"f{i}", v) for i, v in enumerate(docs)]
     assert [s for s, _ in _cosines(query, facts)] == [cosine(query, v) for v in docs]  # type: ignore[arg-type]
+
+
+def test_unwritable_cache_keeps_vectors_in_memory(tmp_path: Path, clock: ManualClock) -> None:
+    """ADR 0048: where no cache file can be made, search works with a per-runtime cache."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=clock) as rt:
+        cat = rt.memory.remember("cat")
+    (tmp_path / "journal.sqlite.vectors").mkdir()  # a directory where the file would go
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder) as rt:
+        assert [f.id for f in rt.memory.search_semantic("cat")] == [cat.id]
+        assert [f.id for f in rt.memory.search_semantic("cat")] == [cat.id]
+    assert embedder.calls == [["cat"], ["cat"], ["cat"]]  # the fact once, the query twice
