@@ -2,9 +2,10 @@
 
 Data: LoCoMo (Maharana et al., "Evaluating Very Long-Term Conversational Memory of LLM Agents",
 ACL 2024), the ten-conversation release: 272 sessions of two people talking over months, and
-1,986 questions each annotated with the dialogue turns that hold its answer. The file is not
-shipped here (its authors publish it under CC BY-NC 4.0); pass ``--data`` a ``locomo10.json``
-or a directory of the release's per-conversation files, or set ``JOURNALED_RECALL_DATA``.
+1,986 questions each annotated with the dialogue turns that hold its answer (2.5 MB of JSON). It
+is not shipped here: the release states no licence, so it is not redistributed. Pass ``--data``
+a ``locomo10.json`` or a directory of the release's per-conversation files, or set
+``JOURNALED_RECALL_DATA``.
 Without data the script says so and exits 0.
 
 Method: every turn of a conversation is one fact (``speaker: text``, plus the caption of a photo
