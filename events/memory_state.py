@@ -62,6 +62,9 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     n_docs: int
     total_length: int
     df: dict[str, int]
+    hits: tuple[tuple[float, Fact], ...] | None = None
+    """This scope's top hits under its own statistics, when asked to score alone: exact
+    whenever no other scope holds a candidate (then its statistics are the global ones)."""
 
 
 class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):

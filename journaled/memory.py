@@ -177,6 +177,8 @@ class Memory:
         self._clock = clock
         self._organization = organization
         self._semantic = Semantic(embedder, journal)
+        self._lone_scope = True
+        """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first)
 
     def remember(
@@ -278,10 +280,18 @@ class Memory:
     def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
         if not q.terms or q.limit == 0:
             return []
-        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q))
+        alone = self._lone_scope
+        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q, score_alone=alone))
         idfs, avgdl, n_docs = combine(stats, q.terms)
         if not n_docs or not idfs:
             return []
+        filled = [st for st in stats if st.n_docs]
+        # Where one scope holds every candidate, its statistics are the global ones and its
+        # hits the exact answer: one round of asks. Whether to ask for them follows the last
+        # search, so stores spread over scopes do not pay for scoring twice.
+        self._lone_scope = len(filled) == 1
+        if len(filled) == 1 and filled[0].hits is not None:
+            return list(filled[0].hits)
         # Only scopes holding a candidate with a query term can contribute hits.
         holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
         hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))

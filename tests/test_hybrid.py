@@ -6,6 +6,7 @@ import asyncio
 import math
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -13,7 +14,9 @@ from hypothesis import strategies as st
 
 import journaled
 import journaled.aio
+from journaled.actors.asking import ask_all
 from journaled.embedders import VectorCache, digest
+from journaled.events.bm25 import bm25_rescore
 from journaled.events.fusion import convex_fusion, reciprocal_rank_fusion
 from journaled.events.memory_state import cosine
 from journaled.events.runs import MemoryRead
@@ -313,3 +316,40 @@ def test_unwritable_cache_keeps_vectors_in_memory(tmp_path: Path, clock: ManualC
         assert [f.id for f in rt.memory.search_semantic("cat")] == [cat.id]
         assert [f.id for f in rt.memory.search_semantic("cat")] == [cat.id]
     assert embedder.calls == [["cat"], ["cat"], ["cat"]]  # the fact once, the query twice
+
+
+# -- one round of asks when one scope holds every candidate (M6) -----------------------------------
+
+
+def test_search_in_one_scope_takes_one_round_and_stays_exact(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M6: candidates in one scope are answered by one round of asks, equal to a rescore."""
+    import journaled.memory as door
+
+    texts = ["tea at five", "tea and biscuits", "coffee at nine", "tea tea tea", "green tea"]
+    facts = [rt.memory.remember(t) for t in texts]
+    rt.memory.remember("tea in the user scope", scope="user")
+    rounds: list[str] = []
+    real = ask_all
+
+    def counting(refs: Any, message: Any, *args: Any, **kwargs: Any) -> Any:
+        rounds.append(type(message).__name__)
+        return real(refs, message, *args, **kwargs)
+
+    monkeypatch.setattr(door, "ask_all", counting)
+    expected = bm25_rescore("tea five", [(f.id, f.text) for f in facts], 3)
+    found = rt.memory.search("tea five", scopes=["project"], limit=3)
+    assert [f.id for f in found] == [i for _, i in expected]
+    assert rounds == ["SearchStats"]
+    rounds.clear()
+    both = rt.memory.search("tea", limit=10)  # two scopes hold candidates: two rounds, exact
+    assert rounds == ["SearchStats", "SearchScore"]
+    every = [*facts, *[f for f in rt.memory.all() if f.scope == "user"]]
+    assert [f.id for f in both] == [
+        i for _, i in bm25_rescore("tea", [(f.id, f.text) for f in every], 10)
+    ]
+    rounds.clear()
+    rt.memory.search("tea five", scopes=["project"], limit=3)  # not asked alone after a spread
+    rt.memory.search("tea five", scopes=["project"], limit=3)  # ... then asked alone again
+    assert rounds == ["SearchStats", "SearchScore", "SearchStats"]
