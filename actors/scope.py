@@ -6,7 +6,7 @@ import msgspec
 import pykka
 
 from journaled.events.memory import FactRemembered
-from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState
+from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState, combine
 from journaled.events.messages import (
     All,
     Apply,
@@ -57,8 +57,13 @@ class ScopeActor(pykka.ThreadingActor):
                     listing=tuple(state.listing(fact_id)),
                     superseded=tuple(state.superseded_by(fact_id)),
                 )
-            case SearchStats(query=query):
-                return state.stats(query)
+            case SearchStats(query=query, score_alone=alone):
+                stats = state.stats(query)
+                if alone and stats.n_docs and any(stats.df.values()):
+                    idfs, avgdl, _ = combine([stats], query.terms)
+                    hits = tuple(state.score(query, idfs, avgdl))
+                    return msgspec.structs.replace(stats, hits=hits)
+                return stats
             case SearchScore(query=query, idfs=idfs, avgdl=avgdl):
                 return state.score(query, idfs, avgdl)
             case Candidates(query=query):

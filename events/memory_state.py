@@ -62,6 +62,9 @@ class Stats(msgspec.Struct, frozen=True, kw_only=True):
     n_docs: int
     total_length: int
     df: dict[str, int]
+    hits: tuple[tuple[float, Fact], ...] | None = None
+    """This scope's top hits under its own statistics, when asked to score alone: exact
+    whenever no other scope holds a candidate (then its statistics are the global ones)."""
 
 
 class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -406,12 +409,19 @@ def combine(stats: Iterable[Stats], terms: Sequence[str]) -> tuple[dict[str, flo
 
 def merge_hits(per_scope: Iterable[list[tuple[float, Fact]]], limit: int) -> list[Fact]:
     """Merge per-scope hit lists into the global top ``limit``: score desc, id asc."""
+    return [f for _, f in merge_scored(per_scope, limit)]
+
+
+def merge_scored(
+    per_scope: Iterable[list[tuple[float, Fact]]], limit: int
+) -> list[tuple[float, Fact]]:
+    """Merge per-scope hit lists into the global top ``limit`` (score, fact), as merge_hits."""
     by_id: dict[str, Fact] = {}
     lists: list[list[tuple[float, str]]] = []
     for hits in per_scope:
         lists.append([(s, f.id) for s, f in hits])
         by_id.update((f.id, f) for _, f in hits)
-    return [by_id[i] for _, i in merge_top(lists, limit)]
+    return [(s, by_id[i]) for s, i in merge_top(lists, limit)]
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:
@@ -484,13 +494,19 @@ class MemoryState:
 
     def search(self, query: Query) -> list[Fact]:
         """Rank the filtered candidates by BM25 (M6)."""
+        return [f for _, f in self.search_scored(query)]
+
+    def search_scored(self, query: Query) -> list[tuple[float, Fact]]:
+        """Rank the filtered candidates by BM25 (M6), with their scores."""
         if not query.terms:
             return []
         stats = [s.stats(query) for s in self.scopes.values()]
         idfs, avgdl, n_docs = combine(stats, query.terms)
         if not n_docs or not idfs:
             return []
-        return merge_hits((s.score(query, idfs, avgdl) for s in self.scopes.values()), query.limit)
+        return merge_scored(
+            (s.score(query, idfs, avgdl) for s in self.scopes.values()), query.limit
+        )
 
     def candidates(self, query: Query) -> list[Fact]:
         """Return every filtered candidate across scopes, in id order."""

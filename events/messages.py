@@ -136,6 +136,9 @@ class SearchStats(Message, frozen=True, kw_only=True, tag="memory.search-stats")
     """Answer BM25 statistics over this scope's filtered candidates."""
 
     query: Query
+    score_alone: bool = False
+    """Also answer the top hits under these statistics alone (``Stats.hits``), so that a search
+    whose candidates all live in one scope needs one round of asks, not two."""
 
 
 class SearchScore(Message, frozen=True, kw_only=True, tag="memory.search-score"):

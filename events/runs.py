@@ -265,7 +265,8 @@ class MemoryRead(DomainEvent, frozen=True, kw_only=True, tag="run.memory-read"):
     fact_ids: tuple[str, ...] = ()
     """Every distinct fact id the attempt's reads returned, in first-read order."""
     ops: tuple[str, ...] = ()
-    """The distinct read operations used (``search``, ``search_semantic``, ``get``, ``all``)."""
+    """The distinct read operations used (``search``, ``search_semantic``, ``search_hybrid``,
+    ``get``, ``all``)."""
 
 
 class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):

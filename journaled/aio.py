@@ -178,6 +178,10 @@ class AsyncMemoryView:
         """Rank semantically as the store would have then (M7)."""
         return await self._pool.run(self._view.search_semantic, query, **options)
 
+    async def search_hybrid(self, query: str, **options: Any) -> list[Fact]:
+        """Fuse BM25 and semantic ranks as the store would have then (ADR 0047)."""
+        return await self._pool.run(self._view.search_hybrid, query, **options)
+
 
 class AsyncMemory:
     """``rt.memory`` for asyncio: every method of :class:`journaled.Memory` as a coroutine."""
@@ -253,6 +257,20 @@ class AsyncMemory:
         """Rank by cosine similarity, falling back to BM25 (M7); the embedder runs in the pool."""
         return await self._pool.run(
             self._memory.search_semantic, query, scopes, domains, min_confidence, limit, now
+        )
+
+    async def search_hybrid(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Fuse BM25 and semantic ranks, falling back to BM25 (ADR 0047); runs in the pool."""
+        return await self._pool.run(
+            self._memory.search_hybrid, query, scopes, domains, min_confidence, limit, now
         )
 
     async def search_scored(

@@ -47,10 +47,12 @@ def call(read: Callable[[], T]) -> T:
 
 
 @contextmanager
-def open_runtime(ctx: click.Context, *, create: bool = False) -> Iterator[journaled.Runtime]:
+def open_runtime(
+    ctx: click.Context, *, create: bool = False, embedder: Any = None
+) -> Iterator[journaled.Runtime]:
     """Open the journal; for reading (the default) a journal that does not exist is an error."""
     try:
-        rt = journaled.Runtime(ctx.obj["url"], create=create)
+        rt = journaled.Runtime(ctx.obj["url"], create=create, embedder=embedder)
     except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
         fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
     try:

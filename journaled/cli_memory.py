@@ -76,15 +76,45 @@ def memory_remember(
 @click.argument("query")
 @click.option("--limit", default=10, show_default=True)
 @click.option("--scope", "scopes", multiple=True, help="Logical scope to keep (repeatable).")
+@click.option(
+    "--hybrid",
+    is_flag=True,
+    help="Fuse BM25 with semantic ranks (needs --embedder; without one, BM25 alone).",
+)
+@click.option(
+    "--embedder",
+    "embedder_spec",
+    envvar="JOURNALED_EMBEDDER",
+    default=None,
+    help="openai:MODEL@BASE_URL or local:MODEL_DIR (default $JOURNALED_EMBEDDER).",
+)
 @json_option
 @click.pass_context
-def memory_search(ctx: click.Context, query: str, limit: int, scopes: tuple[str, ...]) -> None:
-    """Search facts valid now by BM25. JSON: a list of Fact, best first."""
-    with open_runtime(ctx) as rt:
-        facts = call(lambda: rt.memory.search(query, scopes=list(scopes) or None, limit=limit))
+def memory_search(
+    ctx: click.Context,
+    query: str,
+    limit: int,
+    scopes: tuple[str, ...],
+    hybrid: bool,
+    embedder_spec: str | None,
+) -> None:
+    """Search facts valid now by BM25, or fused with meaning (--hybrid). JSON: a list of Fact."""
+    embedder = None
+    if hybrid and embedder_spec:
+        from journaled.embedders import from_spec
+
+        try:
+            embedder = from_spec(embedder_spec)
+        except (ValueError, ImportError) as exc:
+            fail(f"--embedder: {exc}")
+    with open_runtime(ctx, embedder=embedder) as rt:
+        search = rt.memory.search_hybrid if hybrid else rt.memory.search
+        facts = call(lambda: search(query, scopes=list(scopes) or None, limit=limit))
         if wants_json(ctx):
             emit(facts)
             return
+        if hybrid and embedder is None:
+            render.echo("no embedder (--embedder or JOURNALED_EMBEDDER): ranked by BM25 alone")
         render.console().print(render.facts_table(facts))
 
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import math
-import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import pykka
@@ -17,7 +16,6 @@ from journaled.actors.errors import RuntimeClosed
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
-from journaled.events.bm25 import merge_top
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, FactRemembered
@@ -28,10 +26,8 @@ from journaled.events.memory_state import (
     Query,
     Stats,
     combine,
-    cosine,
-    merge_hits,
+    merge_scored,
     plan_terms,
-    usable,
 )
 from journaled.events.messages import (
     All,
@@ -48,17 +44,12 @@ from journaled.events.messages import (
 )
 from journaled.events.provenance import Use, read_events, uses
 from journaled.events.tenancy import Boundary
+from journaled.semantic import Embedder, Semantic, by_cosine
+
+__all__ = ["Embedder", "Memory", "MemoryView"]  # Embedder: re-exported as journaled.Embedder
 
 _FOLD_BATCH = 1000
 """Events folded per read of their facts' texts by :meth:`Memory.as_of`."""
-
-
-class Embedder(Protocol):
-    """Anything that turns texts into vectors."""
-
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """Return one vector per text."""
-        ...
 
 
 def _query(
@@ -102,68 +93,10 @@ def _names(field: str, names: Iterable[str] | None) -> frozenset[str] | None:
     return out
 
 
-class _Semantic:
-    """Rank by cosine with a per-runtime cache of usable vectors, falling back to BM25 (M7)."""
-
-    def __init__(self, embedder: Embedder | None) -> None:
-        self.embedder = embedder
-        self._cache: dict[str, list[float]] = {}
-        self._lock = threading.Lock()
-
-    def rank(
-        self,
-        text: str,
-        query: Query,
-        candidates: Sequence[Fact],
-        bm25: Callable[[], list[Fact]],
-    ) -> list[Fact]:
-        ranked, _ = self.rank_scored(
-            text, query, candidates, lambda: [(0.0, fact) for fact in bm25()]
-        )
-        return [fact for _, fact in ranked]
-
-    def rank_scored(
-        self,
-        text: str,
-        query: Query,
-        candidates: Sequence[Fact],
-        bm25: Callable[[], list[tuple[float, Fact]]],
-    ) -> tuple[list[tuple[float, Fact]], str]:
-        """Return (score, fact) pairs best first and the ranking used: "semantic" or "bm25"."""
-        embedder = self.embedder
-        if embedder is None or not candidates:
-            return bm25(), "bm25"
-        try:
-            with self._lock:
-                need = list(dict.fromkeys(c.text for c in candidates if c.text not in self._cache))
-            if need:
-                vectors = embedder.embed(need)
-                with self._lock:
-                    for t, v in zip(need, vectors, strict=False):
-                        if usable(v):
-                            self._cache[t] = [float(x) for x in v]
-            query_vectors = embedder.embed([text])
-            query_vector = query_vectors[0] if query_vectors else None
-            with self._lock:
-                docs = [(c, self._cache[c.text]) for c in candidates if c.text in self._cache]
-            if not usable(query_vector) or not docs:
-                return bm25(), "bm25"
-            assert query_vector is not None
-            scored = [(cosine(query_vector, v), c) for c, v in docs]
-        except Exception:
-            return bm25(), "bm25"
-        hits = sorted(((s, c) for s, c in scored if s > 0), key=lambda h: (-h[0], h[1].id))
-        return hits[: query.limit], "semantic"
-
-    def forget(self, text: str) -> None:
-        with self._lock:
-            self._cache.pop(text, None)
-
-
 class MemoryView:
     """The memory store as it was at one journal position (M12): get, all, search."""
 
-    def __init__(self, state: MemoryState, now: int, semantic: _Semantic) -> None:
+    def __init__(self, state: MemoryState, now: int, semantic: Semantic) -> None:
         self._state = state
         self._now = now
         self._semantic = semantic
@@ -202,9 +135,23 @@ class MemoryView:
     ) -> list[Fact]:
         """Rank semantically as the store would have then (M7 fallbacks included)."""
         q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
-        return self._semantic.rank(
-            query, q, self._state.candidates(q), lambda: self._state.search(q)
-        )
+        return self._semantic.rank(query, q, self._state.candidates(q), self._bm25(q))
+
+    def search_hybrid(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Fuse BM25 and semantic ranks as the store would have then (ADR 0047)."""
+        q = _query(query, self._now if now is None else now, scopes, domains, min_confidence, limit)
+        return self._semantic.hybrid(query, q, self._state.candidates(q), self._bm25(q))
+
+    def _bm25(self, q: Query) -> Callable[[int], list[tuple[float, Fact]]]:
+        return lambda n: self._state.search_scored(msgspec.structs.replace(q, limit=n))
 
 
 class Memory:
@@ -229,7 +176,9 @@ class Memory:
         self._refs = list(scopes.values())
         self._clock = clock
         self._organization = organization
-        self._semantic = _Semantic(embedder)
+        self._semantic = Semantic(embedder, journal)
+        self._lone_scope = True
+        """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first)
 
     def remember(
@@ -326,28 +275,27 @@ class Memory:
         return self._bm25(q)
 
     def _bm25(self, q: Query) -> list[Fact]:
-        return merge_hits(self._bm25_hits(q), q.limit)
+        return [f for _, f in self._bm25_scored(q)]
 
-    def _bm25_hits(self, q: Query) -> list[list[tuple[float, Fact]]]:
-        """Return each scope's (score, fact) hits for a BM25 query."""
+    def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
         if not q.terms or q.limit == 0:
             return []
-        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q))
+        alone = self._lone_scope
+        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q, score_alone=alone))
         idfs, avgdl, n_docs = combine(stats, q.terms)
         if not n_docs or not idfs:
             return []
+        filled = [st for st in stats if st.n_docs]
+        # Where one scope holds every candidate, its statistics are the global ones and its
+        # hits the exact answer: one round of asks. Whether to ask for them follows the last
+        # search, so stores spread over scopes do not pay for scoring twice.
+        self._lone_scope = len(filled) == 1
+        if len(filled) == 1 and filled[0].hits is not None:
+            return list(filled[0].hits)
         # Only scopes holding a candidate with a query term can contribute hits.
         holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
-        hits: list[list[tuple[float, Fact]]] = ask_all(
-            holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl)
-        )
-        return hits
-
-    def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
-        hits = self._bm25_hits(q)
-        by_id = {fact.id: fact for scope in hits for _, fact in scope}
-        top = merge_top(([(s, f.id) for s, f in scope] for scope in hits), q.limit)
-        return [(score, by_id[fact_id]) for score, fact_id in top]
+        hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
+        return merge_scored(hits, q.limit)
 
     def search_scored(
         self,
@@ -371,11 +319,10 @@ class Memory:
         )
         if not semantic:
             return self._bm25_scored(q), "bm25"
-        candidates = sorted(
-            (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
-            key=lambda f: f.id,
-        )
-        return self._semantic.rank_scored(query, q, candidates, lambda: self._bm25_scored(q))
+        scored = self._semantic.scores(query, self._candidates(q))
+        if scored is None:
+            return self._bm25_scored(q), "bm25"
+        return by_cosine(scored)[: q.limit], "semantic"
 
     def search_semantic(
         self,
@@ -390,11 +337,41 @@ class Memory:
         q = _query(
             query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
         )
-        candidates = sorted(
+        return self._semantic.rank(query, q, self._candidates(q), self._bm25_top(q))
+
+    def search_hybrid(
+        self,
+        query: str,
+        scopes: Iterable[str] | None = None,
+        domains: Iterable[str] | None = None,
+        min_confidence: float = 0.0,
+        limit: int = 10,
+        now: int | None = None,
+    ) -> list[Fact]:
+        """Fuse the BM25 and semantic rankings of the filtered candidates (ADR 0047).
+
+        Each ranking's top ``max(limit, 100)`` hits are fused by their scores: a fact scores
+        ``0.5 * bm25 / best bm25 + 0.5 * cosine`` (0 where a ranking lacks it; cosine <= 0
+        is dropped, as in M7); ties by id. Same filters and arguments as :meth:`search`.
+        Without an embedder that can help — none configured, no candidates, the embedder
+        raises, an unusable query vector, no candidate embedded usably — it answers exactly
+        what :meth:`search` answers (M7's fallbacks).
+        """
+        q = _query(
+            query, self._clock() if now is None else now, scopes, domains, min_confidence, limit
+        )
+        if q.limit == 0:
+            return []
+        return self._semantic.hybrid(query, q, self._candidates(q), self._bm25_top(q))
+
+    def _candidates(self, q: Query) -> list[Fact]:
+        return sorted(
             (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
             key=lambda f: f.id,
         )
-        return self._semantic.rank(query, q, candidates, lambda: self._bm25(q))
+
+    def _bm25_top(self, q: Query) -> Callable[[int], list[tuple[float, Fact]]]:
+        return lambda n: self._bm25_scored(msgspec.structs.replace(q, limit=n))
 
     def delete(self, fact_id: str) -> Deletion:
         """Delete a fact and heal the supersession chain around it, atomically (M8)."""
@@ -409,11 +386,9 @@ class Memory:
         """
         if reason is not None:
             _check("reason", text_problem(reason))
-        before = self.get(fact_id)
         purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
         if purged:
-            if before is not None:
-                self._semantic.forget(before.text)
+            self._semantic.forget(fact_id)
             # The erasure is committed; scrubbing the files gives way to readers and retries
             # in the background, so a backup or report holding old data never fails a purge
             # nor holds up a remember (see scrub()).

@@ -1,10 +1,10 @@
 """A representative story touching every part of the protocol, for the schema and message tests.
 
-Memory: conflict keys and a supersession, a search, a delete and a purge. Runs: a plan with a
-tool, a skill, an agent that waits and is answered and an agent that runs a child plan through
-``ctx.execute``; a step timeout; a cancel; an orchestration, and one cancelled while its planner
-thinks; a run purge; and a close that drains a run in flight and suspends it, and stops an
-orchestration whose planner thinks.
+Memory: conflict keys and a supersession, a search over two scopes, a delete and a purge.
+Runs: a plan with a tool, a skill, an agent that waits and is answered and an agent that runs a
+child plan through ``ctx.execute``; a step timeout; a cancel; an orchestration, and one cancelled
+while its planner thinks; a run purge; and a close that drains a run in flight and suspends it,
+and stops an orchestration whose planner thinks.
 """
 
 from __future__ import annotations
@@ -43,7 +43,8 @@ def _memory(rt: journaled.Runtime) -> None:
     rt.memory.remember("deploys go straight to production", conflict_key="deploy.path")
     rota = rt.memory.remember("the rota is in the wiki", source="https://wiki.example/rota")
     secret = rt.memory.remember("alice's phone is 555-0100", confidence=0.9)
-    assert rt.memory.search("deploys")
+    rt.memory.remember("deploys need my approval", scope="user")
+    assert rt.memory.search("deploys")  # two scopes hold candidates: stats, then scores
     assert rt.memory.delete(rota.id).primary
     assert rt.memory.purge(secret.id, reason="erasure request")
 

