@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +136,20 @@ def rt(journal_url: str, clock: ManualClock, flavour: str) -> Iterator[journaled
     """Yield an open runtime on each backend, closed after the test."""
     with open_runtime(flavour, journal_url, clock=clock) as runtime:
         yield runtime
+
+
+@pytest.fixture
+def sigint_reaches_children() -> Iterator[None]:
+    """Make the processes a test starts take SIGINT as from a terminal (Ctrl-C).
+
+    A run started in the background by a shell without job control inherits SIGINT ignored, and
+    an ignored signal stays ignored across exec: the children would never see the test's SIGINT.
+    A handled one is reset to the default in them, so Python installs its KeyboardInterrupt.
+    """
+    before = signal.getsignal(signal.SIGINT)
+    if before is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -54,6 +54,7 @@ with journaled.open(cfg["url"], drain=30) as rt:
 """
 
 
+@pytest.mark.usefixtures("sigint_reaches_children")
 def test_ctrl_c_in_execute_still_drains_and_suspends_the_run(tmp_path: Path) -> None:
     """R3: Ctrl-C in execute: the step in flight drains, nothing more starts, the run suspends."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"

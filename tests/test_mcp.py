@@ -483,6 +483,7 @@ def test_a_damaged_journal_is_a_protocol_error_not_a_bad_argument(
     assert f"position {broken}" in error.message
 
 
+@pytest.mark.usefixtures("sigint_reaches_children")
 def test_ctrl_c_stops_the_server_quietly_with_status_130(sqlite_url: str) -> None:
     """X2: SIGINT (Ctrl-C in a terminal) closes the runtime and exits 130 without a traceback."""
     server = subprocess.Popen(
