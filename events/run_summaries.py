@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable
+from typing import Literal, get_args
 
 import msgspec
 
@@ -55,7 +56,7 @@ SCHEMA = 2
 """Bump when the stored projection changes incompatibly: older ones are then refolded."""
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
-RUN_STATUSES = (
+SummaryStatus = Literal[
     "running",
     "completed",
     "failed",
@@ -68,7 +69,9 @@ RUN_STATUSES = (
     "waiting_for_approval",
     "dry_run",
     "purged",
-)
+]
+"""A run summary's status, as a type (the MCP server's schema names them from it)."""
+RUN_STATUSES: tuple[str, ...] = get_args(SummaryStatus)
 """Every status a summary can have; ``runs.list(status=...)`` accepts these. ``forked``: a fork
 not yet resumed (F1); ``running``: started or resumed and not settled (a run whose process died
 mid-step stays ``running`` until it is resumed)."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal, get_type_hints
+from typing import Annotated, Any, get_type_hints
 
 import msgspec
 
@@ -25,7 +25,7 @@ from journaled.events.base import Event
 from journaled.events.errors import EventsError
 from journaled.events.memory import Fact
 from journaled.events.provenance import Stale
-from journaled.events.run_summaries import RunSummary
+from journaled.events.run_summaries import RunSummary, SummaryStatus
 
 # -- arguments -------------------------------------------------------------------------------------
 
@@ -34,20 +34,7 @@ NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
 EpochMs = Annotated[int, msgspec.Meta(ge=0)]
 Position = Annotated[int, msgspec.Meta(ge=0, description="A journal position (0 or more).")]
 Limit = Annotated[int, msgspec.Meta(ge=1, le=1000, description="Most results to return.")]
-RunStatus = Literal[
-    "running",
-    "completed",
-    "failed",
-    "cancelled",
-    "suspended",
-    "forked",
-    "waiting_for_budget",
-    "waiting_for_input",
-    "waiting_for_clarification",
-    "waiting_for_approval",
-    "dry_run",
-    "purged",
-]
+RunStatus = SummaryStatus
 
 
 class _Args(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
