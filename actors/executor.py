@@ -807,10 +807,12 @@ class Executor(pykka.ThreadingActor):
         state = self.state
         if state.stopped_for_budget:
             return "stopped_for_budget"
+        if all(state.status[i] == "succeeded" for i in state.order):
+            # Also after a cancel that came too late to stop anything: every step ran and
+            # succeeded, so the run's work is complete and is not reported otherwise (E5).
+            return "completed"
         if state.cancel_requested:
             return "cancelled"
-        if all(state.status[i] == "succeeded" for i in state.order):
-            return "completed"
         return "failed"
 
     def _finish(self, status: RunStatus) -> None:
