@@ -133,7 +133,7 @@ class StepRetrying(DomainEvent, frozen=True, kw_only=True, tag="run.step-retryin
     delay: float = 0.0
     """Seconds until the next attempt starts."""
     attempts: int = 1
-    """Attempts in all that the policy allows."""
+    """Failed attempts in all that the policy allows (``Retry.attempts``)."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True
