@@ -648,7 +648,9 @@ class Executor(pykka.ThreadingActor):
             if worker is not None:  # None: it waited to be retried (S2)
                 worker.stop(block=False)  # busy in user code: abandoned, it ends when that returns
                 self._workers.remove(worker)
-        pending = {i for i, _ in abandoned} | set(self._interrupted)
+        # A retry queued for room under its cap is in flight too: started, with no result yet.
+        queued = {s.id for s in self._batch_queue if self.state.status.get(s.id) == "running"}
+        pending = {i for i, _ in abandoned} | set(self._interrupted) | queued
         drain, cause = self._drain
         self.recorder.stage(
             RunSuspended(
@@ -685,28 +687,13 @@ class Executor(pykka.ThreadingActor):
         charged nothing; an agent reporting more calls than its reservation is charged what it
         reported and the overrun is journaled next to its result.
         """
-        reserved = self._reservations.get(step.id, 0)
-        overrun: CallsOverrun | None = None
         if not ran:
-            charged = 0
-        elif step.skill is not None:
-            charged = 1
-        elif step.agent is None or obs.code == "agent-not-enabled":
-            charged = 0
-        elif obs.calls_used is not None:
-            charged = obs.calls_used
-            if reserved is not None and charged > reserved:
-                overrun = CallsOverrun(
-                    at=self.clock(),
-                    step_id=step.id,
-                    attempt=attempt,
-                    reserved=reserved,
-                    reported=charged,
-                )
-        elif question is not None:
-            charged = 0  # it waits and runs again: the reservation is charged when it finishes
+            charged, overrun = 0, None
+        elif question is not None and step.agent is not None and obs.calls_used is None:
+            # It waits and runs again: the reservation is charged when it finishes.
+            charged, overrun = 0, None
         else:
-            charged = reserved or 0  # an unbounded reservation (no budget) charges what it reports
+            charged, overrun = self._charge(step, attempt, obs)
         at = self.clock()
         event: DomainEvent
         if question is not None:
@@ -723,12 +710,41 @@ class Executor(pykka.ThreadingActor):
                 at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
             )
         else:
+            policy = self.registry.retry_of(step) if self.registry.retries else None
             event = StepFailed(
-                at=at, step_id=step.id, attempt=attempt, observation=obs, charged=charged
+                at=at,
+                step_id=step.id,
+                attempt=attempt,
+                observation=obs,
+                charged=charged,
+                attempts=0 if policy is None else policy.attempts,
             )
         self.recorder.stage(event)
         if overrun is not None:
             self.recorder.stage(overrun)
+
+    def _charge(
+        self, step: Step, attempt: int, obs: Observation
+    ) -> tuple[int, CallsOverrun | None]:
+        """Return what an attempt that ran is charged (E8) and its overrun, if it had one (R6).
+
+        A skill made its model call; a tool is free; an agent is charged what it reported,
+        else its reservation (an unbounded one, with no budget, charges nothing unreported).
+        """
+        if step.skill is not None:
+            return 1, None
+        if step.agent is None or obs.code == "agent-not-enabled":
+            return 0, None
+        reserved = self._reservations.get(step.id, 0)
+        if obs.calls_used is None:
+            return reserved or 0, None
+        charged = obs.calls_used
+        if reserved is None or charged <= reserved:
+            return charged, None
+        overrun = CallsOverrun(
+            at=self.clock(), step_id=step.id, attempt=attempt, reserved=reserved, reported=charged
+        )
+        return charged, overrun
 
     # -- retries (S2, ADR 0046): none of this runs unless a registration has a retry policy -----
 
@@ -736,26 +752,26 @@ class Executor(pykka.ThreadingActor):
         self, step: Step, attempt: int, obs: Observation, question: str | None
     ) -> bool:
         """Journal a failed attempt as ``run.step-retrying`` and arm its backoff, if its policy
-        allows another attempt; False when the failure is the step's result."""
+        allows another attempt; False when the failure is the step's result.
+
+        The policy's ``attempts`` bounds failed attempts (``run.step-retrying`` folded into
+        ``RunState.retried``), not started ones: an attempt a crash cut short and resume started
+        again (E14) costs nothing. An attempt failing while the runtime closes is journaled as
+        retrying but not started again here: it is left in flight for resume (R3).
+        """
         policy = self.registry.retry_of(step)
+        failures = self.state.retried.get(step.id, 0) + 1
         if (
             policy is None
             or obs.ok
             or question is not None
-            or attempt >= policy.attempts
+            or failures >= policy.attempts
             or obs.code in ("cancelled", "agent-not-enabled")
             or self.state.cancel_requested
-            or self._draining
         ):
             return False
-        if step.skill is not None:
-            charged = 1  # the model call was made (E8)
-        elif step.agent is not None:
-            reserved = self._reservations.get(step.id, 0)
-            charged = obs.calls_used if obs.calls_used is not None else (reserved or 0)
-        else:
-            charged = 0
-        delay = policy.delay(attempt)
+        charged, overrun = self._charge(step, attempt, obs)
+        delay = policy.delay(failures)
         self.recorder.stage(
             StepRetrying(
                 at=self.clock(),
@@ -767,6 +783,11 @@ class Executor(pykka.ThreadingActor):
                 attempts=policy.attempts,
             )
         )
+        if overrun is not None:  # each attempt's overrun is told, not only the last one's (R6)
+            self.recorder.stage(overrun)
+        if self._draining:
+            self._interrupted.append(step.id)  # no new attempt now: resume runs it (R3)
+            return True
         timer = threading.Timer(
             delay, self.actor_ref.tell, args=(StepRetryDue(step_id=step.id, attempt=attempt),)
         )

@@ -7,6 +7,7 @@ kept as msgspec builtins (str, int, float, bool, None, lists and str-keyed dicts
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Literal
 
@@ -82,23 +83,51 @@ class Retry(msgspec.Struct, frozen=True, kw_only=True):
     Registered with a skill, tool or agent (``register_tool(name, fn, retry=Retry(...))``), it
     applies to every placement. An attempt that fails — its function raised, its deadline passed,
     its worker process was lost — is journaled ``run.step-retrying`` and started again after
-    ``backoff * multiplier ** (attempt - 1)`` seconds (at most ``max_backoff``), until the step
-    has had ``attempts`` attempts in all (counted across resumes). A waiting agent, a cancelled
-    run, a closing runtime or a missing function is never retried.
+    ``backoff * multiplier ** (failures - 1)`` seconds (at most :attr:`cap`), until ``attempts``
+    attempts of the step have failed (counted across resumes; an attempt cut short by a crash
+    or by the runtime closing is not a failure). A waiting agent, a cancelled run or a missing
+    function is never retried.
     """
 
     attempts: int = 3
-    """Attempts in all, the first included (1: no retry)."""
+    """Failed attempts in all before the step fails, the first included (1: no retry)."""
     backoff: float = 0.0
     """Seconds to wait before the second attempt."""
     multiplier: float = 2.0
-    """Factor by which the wait grows at each further attempt."""
-    max_backoff: float = 60.0
-    """The longest wait between two attempts, in seconds."""
+    """Factor (at least 1) by which the wait grows at each further attempt."""
+    max_backoff: float | None = None
+    """The longest wait between two attempts, in seconds, at least ``backoff``; None: 60 s, or
+    ``backoff`` when ``backoff`` is larger."""
 
-    def delay(self, attempt: int) -> float:
-        """Return the seconds to wait after failed attempt number ``attempt`` (from 1)."""
-        return float(min(self.max_backoff, self.backoff * self.multiplier ** max(0, attempt - 1)))
+    @property
+    def cap(self) -> float:
+        """Return the longest wait between two attempts, in seconds (``max_backoff`` resolved)."""
+        if self.max_backoff is None:
+            return float(max(_DEFAULT_MAX_BACKOFF, self.backoff))
+        return float(self.max_backoff)
+
+    def delay(self, failures: int) -> float:
+        """Return the seconds to wait after the step's ``failures``-th failed attempt (from 1).
+
+        The wait grows by ``multiplier`` per failure up to :attr:`cap` and stays there: the
+        power is computed only while it is below the cap, so no count of failures overflows.
+        """
+        cap = self.cap
+        backoff = float(self.backoff)
+        steps = max(0, failures - 1)
+        if backoff <= 0.0 or cap <= 0.0:
+            return 0.0
+        if backoff >= cap:
+            return cap
+        if steps == 0 or self.multiplier <= 1.0:
+            return backoff
+        if steps * math.log(self.multiplier) >= math.log(cap / backoff):
+            return cap
+        return min(cap, backoff * self.multiplier**steps)
+
+
+_DEFAULT_MAX_BACKOFF = 60.0
+"""Seconds: :attr:`Retry.cap` when ``max_backoff`` is None and ``backoff`` is not larger."""
 
 
 def retry_problem(retry: object) -> str | None:
@@ -111,12 +140,24 @@ def retry_problem(retry: object) -> str | None:
         return f"attempts must be between 1 and 1000, got {retry.attempts}"
     for name in ("backoff", "multiplier", "max_backoff"):
         value = getattr(retry, name)
+        if name == "max_backoff" and value is None:
+            continue
         if (
             isinstance(value, bool)
             or not isinstance(value, int | float)
             or not 0 <= value < float("inf")
         ):
             return f"{name} must be a non-negative finite number, got {value!r}"
+    if retry.multiplier < 1:
+        return (
+            f"multiplier must be at least 1 (below 1 each wait would be shorter than the one "
+            f"before), got {retry.multiplier!r}"
+        )
+    if retry.max_backoff is not None and retry.max_backoff < retry.backoff:
+        return (
+            f"max_backoff must be at least backoff ({retry.backoff!r}s), got "
+            f"{retry.max_backoff!r}: raise it, or leave it None for max(60, backoff)"
+        )
     return None
 
 

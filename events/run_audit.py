@@ -94,7 +94,7 @@ def describe_run_event(event: Event) -> str | None:
                 f", charged {data.charged} call(s)" if data.charged else ""
             )
         case StepFailed():
-            return f"step {data.step_id!r} failed: {flat(data.observation.error)}"
+            return f"step {data.step_id!r} {_failed_in(data)}: {flat(data.observation.error)}"
         case StepRetrying():
             charged = f", charged {data.charged} call(s)" if data.charged else ""
             return (
@@ -150,6 +150,22 @@ def describe_run_event(event: Event) -> str | None:
                 + ", ".join(data.fact_ids)
             )
     return None
+
+
+def _failed_in(data: StepFailed) -> str:
+    """Say which attempt failed, against the retry policy's bound when it had one (S2).
+
+    The attempt number counts every start, so after a crash or a closing runtime cut attempts
+    short (they run again, E14, R3) it may exceed the failures the policy allows.
+    """
+    if data.attempts <= 0:
+        return "failed"
+    if data.attempt <= data.attempts:
+        return f"failed in attempt {data.attempt} of {data.attempts}"
+    return (
+        f"failed in attempt {data.attempt} (its retry policy allows {data.attempts} failed "
+        "attempt(s); attempts cut short by a crash or a closing runtime do not count)"
+    )
 
 
 def describe_fork(data: RunForked) -> str:

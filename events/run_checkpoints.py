@@ -52,9 +52,11 @@ counts as 4: its tuple and its slot). Measured on a 10,000-step chain: about 1 K
 
 _SHARED = frozenset({"started", "order", "steps", "_index", "_variants", "run_id"})
 """State fields set by the first event alone: shared by every checkpoint, never copied."""
-_REBUILT = frozenset({"status", "observations", "_plan", "attempts", "failures", "cancelled"})
+_REBUILT = frozenset(
+    {"status", "observations", "_plan", "attempts", "retried", "failures", "cancelled"}
+)
 """Fields a checkpoint keeps otherwise (plan, observation count) or not at all: a state
-rebuilt from it is exact for :meth:`RunState.result`, which reads none of the last three."""
+rebuilt from it is exact for :meth:`RunState.result`, which reads none of the last four."""
 
 
 @dataclass(frozen=True)
@@ -238,6 +240,7 @@ class RunTimeline:
         state.status = _Statuses(state, self.head._index)
         state.observations = self.head.observations[: checkpoint.observed]
         state.attempts = {}
+        state.retried = {}
         state.failures = {}
         state.cancelled = set()
         return state

@@ -38,8 +38,11 @@ from journaled.events.runs import (
     WavePartitioned,
 )
 
-SNAPSHOT_SCHEMA = 1
-"""Bump when :class:`RunSnapshot` changes incompatibly: older snapshots are then ignored."""
+SNAPSHOT_SCHEMA = 2
+"""Bump when :class:`RunSnapshot` changes incompatibly: older snapshots are then ignored.
+
+2: ``retried`` (a snapshot of schema 1 has no such count, and reading it as empty would give
+its steps their whole retry budget again; it is rebuilt from the journal instead)."""
 
 
 class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
@@ -69,6 +72,8 @@ class RunSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     suspended: RunSuspended | None = None
     reserve: str | None = None
     forked: RunForked | None = None
+    retried: dict[str, int] = {}
+    """Each step's failed attempts journaled ``run.step-retrying`` (S2)."""
 
 
 _SNAPSHOT_ENCODER = msgspec.msgpack.Encoder()
@@ -104,6 +109,10 @@ class RunState:
         self.questions: dict[str, str] = {}
         self.answers: dict[str, str] = {}
         self.attempts: dict[str, int] = {}
+        """Each step's last attempt number (its ``step-started`` count, crashes included)."""
+        self.retried: dict[str, int] = {}
+        """Each step's failed attempts that its retry policy ran again (``step-retrying``): the
+        retry budget counts failures, not starts, so an attempt a crash cut short is free (S2)."""
         self.stopped_for_budget = False
         self.budget_stop: BudgetStopped | None = None
         self.cancel_requested = False
@@ -219,6 +228,7 @@ class RunState:
             case StepRetrying():
                 # The step stays running: its next attempt follows, or a resume re-runs it.
                 self.calls_used += data.charged
+                self.retried[data.step_id] = self.retried.get(data.step_id, 0) + 1
             case StepWaiting():
                 self.calls_used += data.charged
                 self._observe(data.observation, "pending")
@@ -330,6 +340,7 @@ class RunState:
                 suspended=self.suspended,
                 reserve=self.reserve,
                 forked=self.forked,
+                retried=self.retried,
             )
         )
 
@@ -366,6 +377,7 @@ class RunState:
         state.suspended = snap.suspended
         state.reserve = snap.reserve
         state.forked = snap.forked
+        state.retried = dict(snap.retried)
         state._rebuild_plan()
         return state
 

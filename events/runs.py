@@ -103,6 +103,10 @@ class StepFailed(DomainEvent, frozen=True, kw_only=True, tag="run.step-failed"):
     attempt: int
     observation: Observation
     charged: int = 0
+    attempts: int = 0
+    """Failed attempts in all that the step's retry policy allowed (S2); 0: it had no policy,
+    or the event was written before this was recorded (a trailing default: old payloads read
+    as before)."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True
@@ -129,7 +133,7 @@ class StepRetrying(DomainEvent, frozen=True, kw_only=True, tag="run.step-retryin
     delay: float = 0.0
     """Seconds until the next attempt starts."""
     attempts: int = 1
-    """Attempts in all that the policy allows."""
+    """Failed attempts in all that the policy allows (``Retry.attempts``)."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True
