@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
@@ -37,18 +38,20 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
     raise ImportError(
         "journaled.integrations.autogen needs autogen-core: pip install 'journaled[autogen]'"
     ) from exc
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.aio import AsyncRuntime
 from journaled.errors import ConfigurationError, InvalidArgument
-from journaled.events.memory import Fact
+from journaled.events.inputs import int_problem, short, text_problem
+from journaled.events.memory import Fact, physical_scope
 from journaled.events.plans import AgentResult, Step
 from journaled.runtime import Runtime
 from journaled.runtime import open as open_runtime
 
 __all__ = [
     "HELD_MIME_TYPES",
+    "RESULT_FIELDS",
     "JournaledMemory",
     "JournaledMemoryConfig",
     "StepMessage",
@@ -73,6 +76,9 @@ FACT_FIELDS: tuple[str, ...] = (
 )
 """Metadata keys of a ``MemoryContent`` that become the fact's own fields (M2, M3, M5)."""
 
+RESULT_FIELDS: tuple[str, ...] = ("id", "scope", "score", "ranking", "created_at")
+"""Metadata keys ``query`` sets on each result besides :data:`FACT_FIELDS`; ``add`` refuses them."""
+
 _ENVELOPE = "journaled.autogen"
 """Marks a fact source that also keeps a content's mime type and other metadata."""
 
@@ -81,7 +87,13 @@ _ENVELOPE = "journaled.autogen"
 
 
 class JournaledMemoryConfig(BaseModel):
-    """The component configuration of a :class:`JournaledMemory` (``dump_component``)."""
+    """The component configuration of a :class:`JournaledMemory` (``dump_component``).
+
+    Strict: a hand-edited config with a value of the wrong type (``limit: "5"``, ``semantic: 1``)
+    or an unknown key (a typo) is refused naming it, instead of being coerced or ignored.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid")
 
     url: str | None = None
     """The journal URL; None: ``$JOURNALED_URL``, then the embedded journal (J4)."""
@@ -157,12 +169,29 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         min_confidence: float = 0.0,
         semantic: bool = True,
     ) -> None:
-        if not isinstance(scope, str) or not scope.strip():
-            raise InvalidArgument("scope", f"must be a non-empty string, got {scope!r}")
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidArgument("limit", f"must be a positive int, got {limit!r}")
-        self._rt = rt
+        problem = _settings_problem(
+            scope=scope,
+            name=name,
+            domain=domain,
+            source=source,
+            limit=limit,
+            min_confidence=min_confidence,
+            semantic=semantic,
+        )
+        if problem is not None:
+            raise InvalidArgument(*problem)
         self._memory = _MemoryCalls(rt)
+        if _is_closed(rt):
+            raise InvalidArgument(
+                "rt", "is a closed runtime: open one with journaled.open() or journaled.aio.open()"
+            )
+        if physical_scope(scope) == "organization" and rt.organization is None:
+            raise InvalidArgument(
+                "scope",
+                "'organization' needs an organization: pass organization=\"acme\" to "
+                "journaled.open() or set JOURNALED_ORGANIZATION (M1)",
+            )
+        self._rt = rt
         self._scope = scope
         self._name = name or f"journaled:{scope}"
         self._domain = domain
@@ -204,6 +233,17 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
             )
         text = _content_text(content.content, mime)
         metadata = dict(content.metadata or {})
+        for key in metadata:
+            if not isinstance(key, str):
+                raise InvalidArgument(
+                    "metadata", f"keys must be strings, got {type(key).__name__} {short(key)}"
+                )
+            if key in RESULT_FIELDS:
+                raise InvalidArgument(
+                    f"metadata[{key!r}]",
+                    "is set by query on every result (one of "
+                    f"{', '.join(RESULT_FIELDS)}): rename the key",
+                )
         fields = {key: metadata.pop(key) for key in FACT_FIELDS if key in metadata}
         provenance = fields.pop("source", self._source)
         await self._memory.call(
@@ -232,15 +272,28 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         """
         self._check_open()
         _check_cancelled(cancellation_token)
-        text = (
-            query
-            if isinstance(query, str)
-            else _content_text(query.content, _mime(query.mime_type))
-        )
+        text: str
+        if isinstance(query, str):
+            text = query
+        elif isinstance(query, MemoryContent):
+            text = _content_text(query.content, _mime(query.mime_type))
+        else:
+            raise InvalidArgument(
+                "query", f"must be a str or a MemoryContent, got {type(query).__name__}"
+            )
         unknown = set(kwargs) - {"limit", "min_confidence", "domains", "semantic"}
         if unknown:
             problem = "is not a query option: use limit, min_confidence, domains or semantic"
             raise InvalidArgument(sorted(unknown)[0], problem)
+        checks = {
+            "limit": _limit_problem,
+            "min_confidence": _confidence_problem,
+            "semantic": _bool_problem,
+        }
+        for option, check in checks.items():
+            bad = check(kwargs[option]) if option in kwargs else None
+            if bad:
+                raise InvalidArgument(option, bad)
         if not text.strip():
             return MemoryQueryResult(results=[])
         hits, ranking = await self._memory.call(
@@ -264,6 +317,11 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         there is no message, no text in the last one, or no relevant fact.
         """
         self._check_open()
+        if not isinstance(model_context, ChatCompletionContext):
+            got = type(model_context).__name__
+            raise InvalidArgument(
+                "model_context", f"must be an autogen_core ChatCompletionContext, got {got}"
+            )
         messages = await model_context.get_messages()
         text = _message_text(messages[-1]) if messages else ""
         if not text.strip():
@@ -323,10 +381,8 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
                 "url has its password masked (***): give the full URL in the config, or leave "
                 "url empty and set JOURNALED_URL"
             )
-        rt = open_runtime(config.url)
-        memory = cls(
-            rt,
-            config.scope,
+        problem = _settings_problem(
+            scope=config.scope,
             name=config.name,
             domain=config.domain,
             source=config.source,
@@ -334,8 +390,89 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
             min_confidence=config.min_confidence,
             semantic=config.semantic,
         )
+        if problem is not None:  # refused before a journal is opened (or a file made)
+            arg, why = problem
+            raise ConfigurationError(f"the JournaledMemory config's {arg} {why}")
+        rt = open_runtime(config.url)
+        try:
+            memory = cls(
+                rt,
+                config.scope,
+                name=config.name,
+                domain=config.domain,
+                source=config.source,
+                limit=config.limit,
+                min_confidence=config.min_confidence,
+                semantic=config.semantic,
+            )
+        except InvalidArgument as exc:  # e.g. an organization scope the journal has none for
+            rt.close()
+            raise ConfigurationError(f"the JournaledMemory config's {exc}") from None
         memory._owns_runtime = True
         return memory
+
+
+_NAME_BYTES = 1024
+"""UTF-8 bytes a scope or a domain may hold: the bound ``remember`` applies to them (M2)."""
+
+_SOURCE_BYTES = 64 * 1024
+"""UTF-8 bytes a fact's source may hold (M2)."""
+
+
+def _settings_problem(
+    *,
+    scope: object,
+    name: object,
+    domain: object,
+    source: object,
+    limit: object,
+    min_confidence: object,
+    semantic: object,
+) -> tuple[str, str] | None:
+    """Return (argument, problem) for the first unusable setting of a memory, or None."""
+    checks: list[tuple[str, str | None]] = [
+        ("scope", _name_problem(scope, _NAME_BYTES)),
+        ("name", None if name is None else _name_problem(name, _NAME_BYTES)),
+        ("domain", None if domain is None else _name_problem(domain, _NAME_BYTES)),
+        ("source", _name_problem(source, _SOURCE_BYTES)),
+        ("limit", _limit_problem(limit)),
+        ("min_confidence", _confidence_problem(min_confidence)),
+        ("semantic", _bool_problem(semantic)),
+    ]
+    return next(((arg, problem) for arg, problem in checks if problem), None)
+
+
+def _name_problem(value: object, limit: int) -> str | None:
+    if not isinstance(value, str):
+        return f"must be a non-empty string, got {type(value).__name__} {short(value)}"
+    problem = text_problem(value, limit=limit, empty=False)
+    if problem is None and "\x00" in value:
+        # Scopes and domains name streams, which PostgreSQL keeps as text (M2's rule).
+        problem = f"holds a NUL character at index {value.index(chr(0))}"
+    return problem
+
+
+def _limit_problem(value: object) -> str | None:
+    return int_problem(value, low=1, unit="a positive int")
+
+
+def _confidence_problem(value: object) -> str | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"must be a number in [0, 1], got {type(value).__name__} {short(value)}"
+    if math.isnan(value) or not 0 <= value <= 1:
+        return f"is {value!r}, outside [0, 1]: confidences are clamped into it (M2)"
+    return None
+
+
+def _bool_problem(value: object) -> str | None:
+    if isinstance(value, bool):
+        return None
+    return f"must be True or False, got {type(value).__name__} {short(value)}"
+
+
+def _is_closed(rt: Runtime | AsyncRuntime) -> bool:
+    """Tell whether a runtime is closing or closed (it serves nothing any more)."""
+    return bool(rt.runs.closing)
 
 
 async def _close(rt: Runtime | AsyncRuntime) -> None:
@@ -442,7 +579,9 @@ def _as_content(fact: Fact, score: float, ranking: str) -> MemoryContent:
         "valid_from": fact.valid_from,
         "valid_until": fact.valid_until,
     }
-    metadata = {**extra, **{k: v for k, v in known.items() if v is not None}}
+    # Keys query sets are the fact's, whatever an old envelope kept under those names.
+    kept = {k: v for k, v in extra.items() if k not in known}
+    metadata = {**kept, **{k: v for k, v in known.items() if v is not None}}
     return MemoryContent(content=content, mime_type=mime, metadata=metadata)
 
 

@@ -1,0 +1,328 @@
+"""The AutoGen Core integration under hostile and careless use (SPEC X1, A1, ADR 0041).
+
+Every case runs against the real autogen-core: bad settings refused where they are given,
+metadata that would be confused with query's own, an AutoGen runtime or loop stopped under a
+step, replies and usage reports that are not what they should be.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+from autogen_core.memory import MemoryContent, MemoryMimeType
+from autogen_core.model_context import UnboundedChatCompletionContext
+from autogen_core.models import SystemMessage, UserMessage
+from pydantic import ValidationError
+
+import journaled
+from journaled.aio import AsyncRuntime
+from journaled.errors import ConfigurationError, InvalidArgument
+from journaled.integrations.autogen import (
+    RESULT_FIELDS,
+    JournaledMemory,
+)
+
+T = TypeVar("T")
+
+
+def text(content: str, **metadata: Any) -> MemoryContent:
+    return MemoryContent(content=content, mime_type=MemoryMimeType.TEXT, metadata=metadata or None)
+
+
+def with_aio(url: str, body: Callable[[AsyncRuntime], Awaitable[T]], **options: Any) -> T:
+    """Run ``body(rt)`` on a fresh asyncio runtime over ``url``."""
+
+    async def main() -> T:
+        async with journaled.aio.open(url, **options) as rt:
+            return await body(rt)
+
+    return asyncio.run(main())
+
+
+# -- settings --------------------------------------------------------------------------------
+
+BAD_SETTINGS: list[tuple[dict[str, Any], str]] = [
+    ({"scope": 5}, "scope"),
+    ({"scope": "   "}, "scope"),
+    ({"scope": "a\x00b"}, "scope"),
+    ({"scope": "s" * 2000}, "scope"),
+    ({"name": 5}, "name"),
+    ({"name": ""}, "name"),
+    ({"domain": 5}, "domain"),
+    ({"domain": ""}, "domain"),
+    ({"source": None}, "source"),
+    ({"source": ""}, "source"),
+    ({"limit": True}, "limit"),
+    ({"limit": 0}, "limit"),
+    ({"limit": -3}, "limit"),
+    ({"limit": 2.5}, "limit"),
+    ({"min_confidence": "high"}, "min_confidence"),
+    ({"min_confidence": float("nan")}, "min_confidence"),
+    ({"min_confidence": 1.5}, "min_confidence"),
+    ({"min_confidence": True}, "min_confidence"),
+    ({"semantic": "no"}, "semantic"),
+    ({"semantic": 1}, "semantic"),
+]
+
+
+@pytest.mark.parametrize(("settings", "arg"), BAD_SETTINGS)
+def test_a_bad_memory_setting_is_refused_at_construction_naming_it(
+    sqlite_url: str, settings: dict[str, Any], arg: str
+) -> None:
+    """X1: JournaledMemory(...) refuses each unusable setting at once, naming the argument."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        with pytest.raises(InvalidArgument) as caught:
+            JournaledMemory(rt, **settings)
+        assert caught.value.field == arg
+        assert "\n" not in str(caught.value)
+
+    with_aio(sqlite_url, body)
+
+
+def test_a_closed_runtime_is_refused_at_construction(sqlite_url: str) -> None:
+    """X1: a memory over a closed runtime (sync or asyncio) is refused, naming rt."""
+    rt = journaled.open(sqlite_url)
+    rt.close()
+    with pytest.raises(InvalidArgument, match=r"^rt is a closed runtime"):
+        JournaledMemory(rt)
+
+    async def main() -> None:
+        art = await journaled.aio.open(sqlite_url)
+        await art.close()
+        with pytest.raises(InvalidArgument, match=r"^rt is a closed runtime"):
+            JournaledMemory(art)
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("rt", [None, "sqlite:///x.db", object()])
+def test_something_else_than_a_runtime_is_refused(rt: object) -> None:
+    """X1: a memory over a URL or any non-runtime object names rt and what to pass."""
+    with pytest.raises(InvalidArgument, match=r"^rt must be a runtime from journaled.open"):
+        JournaledMemory(rt)  # type: ignore[arg-type]
+
+
+def test_the_organization_scope_needs_an_organization(sqlite_url: str) -> None:
+    """X1/M1: scope='organization' without a configured organization is refused at once."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        with pytest.raises(InvalidArgument, match=r"^scope 'organization' needs an organization"):
+            JournaledMemory(rt, "organization")
+
+    with_aio(sqlite_url, body)
+
+    async def configured(rt: AsyncRuntime) -> None:
+        assert JournaledMemory(rt, "organization").scope == "organization"
+
+    with_aio(sqlite_url, configured, organization="acme")
+
+
+def dumped(sqlite_url: str) -> dict[str, Any]:
+    async def body(rt: AsyncRuntime) -> dict[str, Any]:
+        return JournaledMemory(rt, "session").dump_component().model_dump()
+
+    return with_aio(sqlite_url, body)
+
+
+@pytest.mark.parametrize(
+    ("edit", "arg"),
+    [
+        ({"scope": ""}, "scope"),
+        ({"limit": 0}, "limit"),
+        ({"min_confidence": 7.0}, "min_confidence"),
+        ({"source": ""}, "source"),
+        ({"name": ""}, "name"),
+        ({"scope": "organization"}, "scope"),
+    ],
+)
+def test_a_hand_edited_config_with_a_bad_value_is_refused_before_opening(
+    tmp_path: Path, edit: dict[str, Any], arg: str
+) -> None:
+    """X1: load_component of an edited config names the setting; no journal is opened."""
+    model = dumped(f"sqlite:///{tmp_path / 'journal.sqlite'}")
+    fresh = tmp_path / "fresh.sqlite"
+    model["config"] = {**model["config"], "url": f"sqlite:///{fresh}", **edit}
+    with pytest.raises(ConfigurationError, match=rf"^the JournaledMemory config's {arg} "):
+        JournaledMemory.load_component(model)
+    if edit.get("scope") != "organization":  # the rest is refused before opening anything
+        assert not fresh.exists()
+
+
+@pytest.mark.parametrize(
+    ("edit", "field"),
+    [({"limit": "5"}, "limit"), ({"semantic": 1}, "semantic"), ({"limt": 3}, "limt")],
+)
+def test_a_config_of_the_wrong_type_or_with_a_typo_is_refused(
+    sqlite_url: str, edit: dict[str, Any], field: str
+) -> None:
+    """X1: the config is strict: a value of another type or an unknown key names the field."""
+    model = dumped(sqlite_url)
+    model["config"] = {**model["config"], **edit}
+    with pytest.raises(ValidationError, match=field):
+        JournaledMemory.load_component(model)
+
+
+# -- add and query ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("key", RESULT_FIELDS)
+def test_metadata_named_like_a_result_field_is_refused_and_nothing_appended(
+    sqlite_url: str, key: str
+) -> None:
+    """X1: add refuses metadata keys query sets (id, score, ...), naming the key; no event."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt, "session")
+        before = await rt.journal.position()
+        with pytest.raises(InvalidArgument) as caught:
+            await memory.add(text("staging runs in eu-west-1", **{key: "mine"}))
+        assert caught.value.field == f"metadata[{key!r}]"
+        assert "is set by query" in str(caught.value)
+        assert await rt.journal.position() == before
+
+    with_aio(sqlite_url, body)
+
+
+def test_metadata_keys_that_are_not_strings_are_refused(sqlite_url: str) -> None:
+    """X1: a metadata key that is not a str is refused naming metadata; nothing appended."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        before = await rt.journal.position()
+        content = MemoryContent(content="x", mime_type="text/plain", metadata={"a": 1})
+        content.metadata = {1: "one", "b": 2}  # type: ignore[dict-item]
+        with pytest.raises(InvalidArgument, match=r"^metadata keys must be strings, got int 1"):
+            await memory.add(content)
+        assert await rt.journal.position() == before
+
+    with_aio(sqlite_url, body)
+
+
+@pytest.mark.parametrize("query", [5, None, b"staging", ["staging"]])
+def test_a_query_that_is_neither_text_nor_content_names_it(sqlite_url: str, query: Any) -> None:
+    """X1: query(5), query(None)... raise InvalidArgument naming query, not AttributeError."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        with pytest.raises(InvalidArgument, match=r"^query must be a str or a MemoryContent"):
+            await JournaledMemory(rt).query(query)
+
+    with_aio(sqlite_url, body)
+
+
+def test_a_huge_query_is_refused_by_its_size_and_a_blank_one_finds_nothing(
+    sqlite_url: str,
+) -> None:
+    """X1/M6: a query over the text bound names its size; a blank query returns no result."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        await memory.add(text("staging runs in eu-west-1"))
+        with pytest.raises(InvalidArgument, match=r"^query is \d+ bytes in UTF-8, over"):
+            await memory.query("staging " * 200_000)
+        assert (await memory.query(" \n\t ")).results == []
+        assert (await memory.query("?!")).results == []
+
+    with_aio(sqlite_url, body)
+
+
+@pytest.mark.parametrize(
+    ("options", "arg"),
+    [
+        ({"limit": True}, "limit"),
+        ({"limit": 0}, "limit"),
+        ({"min_confidence": 3}, "min_confidence"),
+        ({"semantic": "no"}, "semantic"),
+        ({"domains": "infra"}, "domains"),
+    ],
+)
+def test_a_bad_query_option_names_it(sqlite_url: str, options: dict[str, Any], arg: str) -> None:
+    """X1: query's per-call options are checked like the memory's settings."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        await memory.add(text("staging runs in eu-west-1"))
+        with pytest.raises(InvalidArgument) as caught:
+            await memory.query("staging", **options)
+        assert caught.value.field == arg
+
+    with_aio(sqlite_url, body)
+
+
+# -- update_context, clear, close ------------------------------------------------------------
+
+
+def test_update_context_refuses_what_is_not_a_model_context(sqlite_url: str) -> None:
+    """X1: update_context(None) or a list names model_context instead of an AttributeError."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        for bad in (None, [UserMessage(content="hi", source="user")]):
+            with pytest.raises(InvalidArgument, match=r"^model_context must be an autogen_core"):
+                await memory.update_context(bad)  # type: ignore[arg-type]
+
+    with_aio(sqlite_url, body)
+
+
+def test_update_context_on_an_empty_context_or_an_empty_memory_adds_nothing(
+    sqlite_url: str,
+) -> None:
+    """X1: no message, a message without text, or no fact: nothing appended to the context."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        context = UnboundedChatCompletionContext()
+        assert (await memory.update_context(context)).memories.results == []
+        await context.add_message(UserMessage(content="where does staging run?", source="user"))
+        assert (await memory.update_context(context)).memories.results == []
+        assert len(await context.get_messages()) == 1
+        await memory.add(text("staging runs in eu-west-1"))
+        await memory.update_context(context)
+        messages = await context.get_messages()
+        assert isinstance(messages[-1], SystemMessage)
+
+    with_aio(sqlite_url, body)
+
+
+def test_clear_on_an_empty_scope_twice_and_with_superseded_facts(sqlite_url: str) -> None:
+    """X1/M8: clear of an empty scope appends nothing; superseded facts are cleared too."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt, "session")
+        start = await rt.journal.position()
+        await memory.clear()
+        await memory.clear()
+        assert await rt.journal.position() == start
+        await memory.add(text("staging is in us-east-1", conflict_key="region"))
+        await memory.add(text("staging is in eu-west-1", conflict_key="region"))
+        await memory.clear()
+        assert [f for f in await rt.memory.all() if f.scope == "session"] == []
+        after = await rt.journal.position()
+        await memory.clear()
+        assert await rt.journal.position() == after
+
+    with_aio(sqlite_url, body)
+
+
+def test_every_call_after_close_names_the_closed_memory(sqlite_url: str) -> None:
+    """X1: add, query, update_context and clear after close raise; close stays idempotent."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt, name="notes")
+        await memory.close()
+        await memory.close()
+        calls: list[Callable[[], Awaitable[Any]]] = [
+            lambda: memory.add(text("x")),
+            lambda: memory.query("x"),
+            lambda: memory.update_context(UnboundedChatCompletionContext()),
+            memory.clear,
+        ]
+        for call in calls:
+            with pytest.raises(RuntimeError, match="memory 'notes' is closed"):
+                await call()
+
+    with_aio(sqlite_url, body)
