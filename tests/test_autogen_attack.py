@@ -8,22 +8,29 @@ step, replies and usage reports that are not what they should be.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+import threading
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from autogen_core import MessageContext, RoutedAgent, SingleThreadedAgentRuntime, message_handler
 from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.model_context import UnboundedChatCompletionContext
 from autogen_core.models import SystemMessage, UserMessage
 from pydantic import ValidationError
 
 import journaled
+from journaled import Plan, Step
 from journaled.aio import AsyncRuntime
 from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.integrations.autogen import (
     RESULT_FIELDS,
     JournaledMemory,
+    StepMessage,
+    StepReply,
+    register_autogen_agent,
 )
 
 T = TypeVar("T")
@@ -326,3 +333,219 @@ def test_every_call_after_close_names_the_closed_memory(sqlite_url: str) -> None
                 await call()
 
     with_aio(sqlite_url, body)
+
+
+# -- agents: arguments -----------------------------------------------------------------------
+
+
+class Holder(RoutedAgent):
+    """An AutoGen agent that holds each StepMessage until released or cancelled (no model)."""
+
+    def __init__(self, gate: Gate) -> None:
+        super().__init__("holds messages")
+        self._gate = gate
+
+    @message_handler
+    async def on_step(self, message: StepMessage, ctx: MessageContext) -> StepReply:
+        cancelled = asyncio.Event()
+        ctx.cancellation_token.add_callback(cancelled.set)
+        self._gate.started.set()
+        with contextlib.suppress(TimeoutError):  # bounded: a test that goes wrong fails, not hangs
+            await asyncio.wait_for(cancelled.wait(), 10)
+        self._gate.cancelled.append(ctx.cancellation_token.is_cancelled())
+        return StepReply(output="late")
+
+
+class Gate:
+    """What a test learns from a :class:`Holder`, from any thread."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+        self.cancelled: list[bool] = []
+
+
+async def start_holder(gate: Gate) -> SingleThreadedAgentRuntime:
+    runtime = SingleThreadedAgentRuntime()
+    await Holder.register(runtime, "holder", lambda: Holder(gate))
+    runtime.start()
+    return runtime
+
+
+def test_bad_register_arguments_are_refused_naming_them(sqlite_url: str) -> None:
+    """X1: register_autogen_agent names a non-runtime, a bad agent type, key, factory or loop."""
+    closed = asyncio.new_event_loop()
+    closed.close()
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = SingleThreadedAgentRuntime()
+        good: dict[str, Any] = {"runtime": runtime, "agent_type": "writer"}
+        cases: list[tuple[Any, dict[str, Any], str]] = [
+            (object(), good, "rt"),
+            (rt, {**good, "runtime": object()}, "runtime"),
+            (rt, {**good, "runtime": "runtime"}, "runtime"),
+            (rt, {**good, "agent_type": "has space"}, "agent_type"),
+            (rt, {**good, "agent_type": ""}, "agent_type"),
+            (rt, {**good, "agent_type": 5}, "agent_type"),
+            (rt, {**good, "key": 5}, "key"),
+            (rt, {**good, "key": ""}, "key"),
+            (rt, {**good, "message": "hello"}, "message"),
+            (rt, {**good, "reply": 5}, "reply"),
+            (rt, {**good, "loop": "loop"}, "loop"),
+            (rt, {**good, "loop": closed}, "loop"),
+        ]
+        for target, kwargs, arg in cases:
+            with pytest.raises(InvalidArgument) as caught:
+                register_autogen_agent(target, "writer", **kwargs)
+            assert caught.value.field == arg, kwargs
+
+    with_aio(sqlite_url, body)
+
+
+def test_a_key_function_returning_no_string_fails_the_step_naming_key(sqlite_url: str) -> None:
+    """X1: key(step, ctx) returning an int fails that step with an error naming key."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = SingleThreadedAgentRuntime()
+        await Holder.register(runtime, "holder", lambda: Holder(Gate()))
+        runtime.start()
+        try:
+            register_autogen_agent(
+                rt, "holder", runtime=runtime, agent_type="holder", key=lambda step, ctx: 7
+            )
+            result = await rt.execute(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        finally:
+            await runtime.stop()
+        assert result.observations[-1].error == (
+            "key function must return a non-empty string, got int 7"
+        )
+
+    with_aio(sqlite_url, body)
+
+
+# -- agents: the AutoGen side stops ----------------------------------------------------------
+
+
+def test_stopping_the_autogen_runtime_mid_step_fails_the_step_promptly(sqlite_url: str) -> None:
+    """X1/A1: runtime.stop() while the message is in flight fails the step, naming the agent."""
+    gate = Gate()
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = await start_holder(gate)
+        register_autogen_agent(rt, "holder", runtime=runtime, agent_type="holder")
+        handle = await rt.start(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        await asyncio.to_thread(gate.started.wait, 30)
+        loop = asyncio.get_running_loop()
+        stopped_at = loop.time()
+        await runtime.stop()
+        result = await handle.result(timeout=20)
+        took = loop.time() - stopped_at
+        assert not result.ok
+        error = result.observations[-1].error
+        assert error is not None
+        assert error.startswith("the AutoGen runtime hosting 'holder' was stopped while the ")
+        assert "holder/default" in error
+        assert took < 5  # the handler holds it 10 s: the step did not wait for that
+        for _ in range(100):  # the handler hears the cancel through its token
+            if gate.cancelled:
+                break
+            await asyncio.sleep(0.05)
+        assert gate.cancelled == [True]
+
+    with_aio(sqlite_url, body)
+
+
+def test_a_stopped_autogen_runtime_fails_the_step_before_sending(sqlite_url: str) -> None:
+    """X1: a step after runtime.stop() fails at once saying to start the runtime again."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = await start_holder(Gate())
+        await runtime.stop()
+        register_autogen_agent(rt, "holder", runtime=runtime, agent_type="holder")
+        result = await rt.execute(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        error = result.observations[-1].error
+        assert error is not None
+        assert "'holder' is not started (or was stopped)" in error
+
+    with_aio(sqlite_url, body)
+
+
+class LoopThread:
+    """An event loop in a thread of its own, as a sync program hosting AutoGen would run it."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+
+    def run(self, coro: Awaitable[T]) -> T:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=10)  # type: ignore[arg-type]
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def autogen_thread() -> Iterator[LoopThread]:
+    """Yield an AutoGen loop thread; afterwards run what is left on it, then close it."""
+    host = LoopThread()
+    try:
+        yield host
+    finally:
+        if host.thread.is_alive():
+            host.stop()
+        if not host.loop.is_closed():
+            # Let the cancels scheduled on the stopped loop run, so nothing is left pending.
+            pending = asyncio.all_tasks(host.loop)
+            host.loop.run_until_complete(asyncio.wait_for(_settle(pending), 15))
+            host.loop.close()
+
+
+async def _settle(tasks: set[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def test_stopping_the_autogen_loop_thread_mid_step_fails_the_step_promptly(
+    sqlite_url: str, autogen_thread: LoopThread
+) -> None:
+    """X1: the AutoGen loop stopping while a sync runtime's step waits fails that step."""
+    gate = Gate()
+    runtime = autogen_thread.run(start_holder(gate))
+    with journaled.open(sqlite_url) as rt:
+        register_autogen_agent(rt, "holder", runtime=runtime, agent_type="holder")
+        handle = rt.start(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        assert gate.started.wait(30)
+        autogen_thread.stop()
+        result = handle.result(timeout=20)
+    error = result.observations[-1].error
+    assert error is not None
+    assert error.startswith("the event loop of the AutoGen runtime hosting 'holder' is stopped")
+    assert "in flight" in error
+
+
+@pytest.mark.parametrize("state", ["stopped", "closed"])
+def test_a_stopped_or_closed_autogen_loop_fails_the_step_before_sending(
+    sqlite_url: str, autogen_thread: LoopThread, state: str
+) -> None:
+    """X1: a step whose AutoGen loop no longer runs fails at once: the message is not sent."""
+    gate = Gate()
+    runtime = autogen_thread.run(start_holder(gate))
+    with journaled.open(sqlite_url) as rt:
+        register_autogen_agent(
+            rt, "holder", runtime=runtime, agent_type="holder", loop=autogen_thread.loop
+        )
+        autogen_thread.stop()
+        if state == "closed":  # closed as asyncio.run closes: its tasks cancelled first
+            loop = autogen_thread.loop
+            loop.run_until_complete(_settle(asyncio.all_tasks(loop)))
+            loop.close()
+        handle = rt.start(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        result = handle.result(timeout=20)
+    assert result.observations[-1].error == (
+        f"the event loop of the AutoGen runtime hosting 'holder' is {state}: the message was "
+        "not sent"
+    )
+    assert not gate.started.is_set()
