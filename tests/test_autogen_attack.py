@@ -18,7 +18,7 @@ import pytest
 from autogen_core import MessageContext, RoutedAgent, SingleThreadedAgentRuntime, message_handler
 from autogen_core.memory import MemoryContent, MemoryMimeType
 from autogen_core.model_context import UnboundedChatCompletionContext
-from autogen_core.models import SystemMessage, UserMessage
+from autogen_core.models import RequestUsage, SystemMessage, UserMessage
 from pydantic import ValidationError
 
 import journaled
@@ -548,3 +548,125 @@ def test_a_stopped_or_closed_autogen_loop_fails_the_step_before_sending(
         "not sent"
     )
     assert not gate.started.is_set()
+
+
+# -- agents: replies -------------------------------------------------------------------------
+
+
+class Replier(RoutedAgent):
+    """An AutoGen agent answering every StepMessage with ``answer(message)`` (no model)."""
+
+    def __init__(self, answer: Callable[[StepMessage], Any]) -> None:
+        super().__init__("answers from a script")
+        self._answer = answer
+
+    @message_handler
+    async def on_step(self, message: StepMessage, ctx: MessageContext) -> Any:
+        return self._answer(message)
+
+
+def run_one(
+    sqlite_url: str, answer: Callable[[StepMessage], Any], **options: Any
+) -> journaled.ExecuteResult:
+    """Execute one step of an AutoGen agent replying ``answer(message)``; return the result."""
+
+    async def body(rt: AsyncRuntime) -> journaled.ExecuteResult:
+        runtime = SingleThreadedAgentRuntime()
+        await Replier.register(runtime, "writer", lambda: Replier(answer))
+        runtime.start()
+        try:
+            register_autogen_agent(rt, "writer", runtime=runtime, agent_type="writer", **options)
+            return await rt.execute(Plan(goal="g", steps=[Step("a", agent="writer", input="x")]))
+        finally:
+            await runtime.stop()
+
+    return with_aio(sqlite_url, body)
+
+
+def test_usage_with_bad_token_counts_is_charged_and_says_which_count(sqlite_url: str) -> None:
+    """X1/E8: negative, missing or non-usage reports still cost a call; the totals skip them."""
+    usage: list[Any] = [
+        RequestUsage(prompt_tokens=10, completion_tokens=5),
+        RequestUsage(prompt_tokens=-3, completion_tokens=2),
+        RequestUsage(prompt_tokens=None, completion_tokens=1),  # type: ignore[arg-type]
+        {"prompt_tokens": 1, "completion_tokens": 1},
+    ]
+    result = run_one(sqlite_url, lambda m: StepReply(output="draft", usage=usage))
+    assert result.ok
+    (obs,) = result.observations
+    assert (obs.output, obs.calls_used, result.calls_used) == ("draft", 4, 4)
+    assert obs.data is not None
+    assert (obs.data["prompt_tokens"], obs.data["completion_tokens"]) == (10, 5)
+    assert obs.data["usage_problem"].startswith(
+        "usage[1].prompt_tokens is -3, not a token count (3 of 4 requests left out"
+    )
+
+
+def test_a_reply_error_without_text_still_says_why(sqlite_url: str) -> None:
+    """X1/E11: StepReply(error='') fails the step with an error that is not empty."""
+    result = run_one(sqlite_url, lambda m: StepReply(error="  "))
+    obs = result.observations[-1]
+    assert not obs.ok
+    assert obs.error == "the AutoGen agent replied StepReply(error=...) with no text: say why"
+
+
+class Opaque:
+    """A reply no journal can hold."""
+
+
+def test_a_reply_that_cannot_be_journaled_fails_the_step(sqlite_url: str) -> None:
+    """X1/E11: a reply that is neither a StepReply nor journalable fails naming the agent."""
+    result = run_one(sqlite_url, lambda m: Opaque())
+    error = result.observations[-1].error
+    assert error is not None
+    assert error.startswith("the output of agent 'writer' cannot be journaled")
+
+
+def test_coroutine_message_and_reply_functions_are_awaited(sqlite_url: str) -> None:
+    """X1/A1: message= and reply= may be async def; their results are used, not journaled."""
+
+    async def message(step: Step, ctx: Any) -> StepMessage:
+        await asyncio.sleep(0)
+        return StepMessage(task=f"async {step.input}", run_id=ctx.run_id, step_id="a", attempt=1)
+
+    async def reply(answer: Any) -> journaled.AgentResult:
+        await asyncio.sleep(0)
+        return journaled.AgentResult(output=f"read {answer}", calls_used=1)
+
+    result = run_one(sqlite_url, lambda m: m.task, message=message, reply=reply)
+    assert result.ok
+    assert result.observations[-1].output == "read async x"
+    assert result.calls_used == 1
+
+
+def test_cancelling_the_run_while_the_reply_is_read_cancels_the_reader(sqlite_url: str) -> None:
+    """X1/E5: rt.cancel while an async reply reader runs cancels it; the run ends cancelled."""
+    reading = asyncio.Event()
+    seen: list[str] = []
+
+    async def reply(answer: Any) -> journaled.AgentResult:
+        reading.set()
+        try:
+            await asyncio.sleep(10)  # bounded: a missed cancel fails the test, not hangs it
+        except asyncio.CancelledError:
+            seen.append("cancelled")
+            raise
+        seen.append("finished")
+        return journaled.AgentResult(output=answer)
+
+    async def body(rt: AsyncRuntime) -> journaled.ExecuteResult:
+        runtime = SingleThreadedAgentRuntime()
+        await Replier.register(runtime, "writer", lambda: Replier(lambda m: "draft"))
+        runtime.start()
+        try:
+            register_autogen_agent(rt, "writer", runtime=runtime, agent_type="writer", reply=reply)
+            handle = await rt.start(Plan(goal="g", steps=[Step("a", agent="writer")]))
+            await asyncio.wait_for(reading.wait(), 30)
+            await rt.cancel(handle.run_id)
+            return await handle.result(timeout=5)
+        finally:
+            await runtime.stop()
+
+    result = with_aio(sqlite_url, body)
+    assert not result.ok
+    assert seen == ["cancelled"]

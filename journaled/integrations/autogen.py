@@ -20,7 +20,7 @@ import asyncio
 import inspect
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self, cast
@@ -645,7 +645,7 @@ class StepReply:
 
 
 MessageFactory = Callable[[Step, AgentContext], Any]
-ReplyReader = Callable[[Any], AgentResult]
+ReplyReader = Callable[[Any], AgentResult | Awaitable[AgentResult]]
 
 LOOP_POLL = 0.1
 """Seconds between two looks at another thread's AutoGen loop while a step waits on it: a
