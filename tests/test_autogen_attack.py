@@ -353,6 +353,7 @@ class Holder(RoutedAgent):
         with contextlib.suppress(TimeoutError):  # bounded: a test that goes wrong fails, not hangs
             await asyncio.wait_for(cancelled.wait(), 10)
         self._gate.cancelled.append(ctx.cancellation_token.is_cancelled())
+        self._gate.finished.set()
         return StepReply(output="late")
 
 
@@ -361,6 +362,7 @@ class Gate:
 
     def __init__(self) -> None:
         self.started = threading.Event()
+        self.finished = threading.Event()
         self.cancelled: list[bool] = []
 
 
@@ -444,10 +446,8 @@ def test_stopping_the_autogen_runtime_mid_step_fails_the_step_promptly(sqlite_ur
         assert error.startswith("the AutoGen runtime hosting 'holder' was stopped while the ")
         assert "holder/default" in error
         assert took < 5  # the handler holds it 10 s: the step did not wait for that
-        for _ in range(100):  # the handler hears the cancel through its token
-            if gate.cancelled:
-                break
-            await asyncio.sleep(0.05)
+        # The handler hears the cancel through its token (it would hold 10 s otherwise).
+        assert await asyncio.to_thread(gate.finished.wait, 5)
         assert gate.cancelled == [True]
 
     with_aio(sqlite_url, body)
@@ -670,3 +670,39 @@ def test_cancelling_the_run_while_the_reply_is_read_cancels_the_reader(sqlite_ur
     result = with_aio(sqlite_url, body)
     assert not result.ok
     assert seen == ["cancelled"]
+
+
+def test_update_context_with_a_huge_or_broken_last_message_still_finds_facts(
+    sqlite_url: str,
+) -> None:
+    """X1: a last message over the query bound, or with a lone surrogate, is searched, not fatal."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt)
+        await memory.add(text("staging runs in eu-west-1"))
+        for message in ("where is staging? " + "log line " * 200_000, "staging \ud800 region"):
+            context = UnboundedChatCompletionContext()
+            await context.add_message(UserMessage(content=message, source="tool"))
+            found = await memory.update_context(context)
+            assert [r.content for r in found.memories.results] == ["staging runs in eu-west-1"]
+            assert isinstance((await context.get_messages())[-1], SystemMessage)
+
+    with_aio(sqlite_url, body)
+
+
+def test_cancelling_a_sync_runtime_step_cancels_the_message_on_the_autogen_thread(
+    sqlite_url: str, autogen_thread: LoopThread
+) -> None:
+    """X1/E5: rt.cancel reaches the handler on another thread's loop through its token."""
+    gate = Gate()
+    runtime = autogen_thread.run(start_holder(gate))
+    with journaled.open(sqlite_url) as rt:
+        register_autogen_agent(rt, "holder", runtime=runtime, agent_type="holder")
+        handle = rt.start(Plan(goal="g", steps=[Step("a", agent="holder")]))
+        assert gate.started.wait(30)
+        rt.cancel(handle.run_id)
+        result = handle.result(timeout=20)
+    assert not result.ok
+    assert gate.finished.wait(5)  # on its own loop, soon after: not after its 10 s hold
+    autogen_thread.run(runtime.stop())
+    assert gate.cancelled == [True]

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict
 from journaled.actors.steps import AgentContext, NeedsInput
 from journaled.aio import AsyncRuntime
 from journaled.errors import ConfigurationError, InvalidArgument
-from journaled.events.inputs import int_problem, short, text_problem
+from journaled.events.inputs import MAX_TEXT_BYTES, int_problem, short, text_problem
 from journaled.events.memory import Fact, physical_scope
 from journaled.events.plans import AgentResult, Step
 from journaled.runtime import Runtime
@@ -316,9 +316,10 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
     async def update_context(self, model_context: ChatCompletionContext) -> UpdateContextResult:
         """Add the facts relevant to the last message to ``model_context`` as a SystemMessage.
 
-        As AutoGen's own memories do: the last message's text is the query; when facts are
-        found, one ``SystemMessage`` listing them (best first) is appended. Nothing is added when
-        there is no message, no text in the last one, or no relevant fact.
+        As AutoGen's own memories do: the last message's text is the query (its first
+        ``MAX_TEXT_BYTES``, lone surrogates replaced); when facts are found, one
+        ``SystemMessage`` listing them (best first) is appended. Nothing is added when there is
+        no message, no text in the last one, or no relevant fact.
         """
         self._check_open()
         if not isinstance(model_context, ChatCompletionContext):
@@ -327,7 +328,7 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
                 "model_context", f"must be an autogen_core ChatCompletionContext, got {got}"
             )
         messages = await model_context.get_messages()
-        text = _message_text(messages[-1]) if messages else ""
+        text = _searchable(_message_text(messages[-1])) if messages else ""
         if not text.strip():
             return UpdateContextResult(memories=MemoryQueryResult(results=[]))
         found = await self.query(text)
@@ -587,6 +588,18 @@ def _as_content(fact: Fact, score: float, ranking: str) -> MemoryContent:
     kept = {k: v for k, v in extra.items() if k not in known}
     metadata = {**kept, **{k: v for k, v in known.items() if v is not None}}
     return MemoryContent(content=content, mime_type=mime, metadata=metadata)
+
+
+def _searchable(text: str) -> str:
+    """Return a message's text as a query can take it: its first MAX_TEXT_BYTES, valid UTF-8.
+
+    A model context's last message may be a long tool output, or hold a lone surrogate: it
+    still finds what its text is about rather than failing the agent's turn.
+    """
+    raw = text.encode("utf-8", "replace")
+    if len(raw) <= MAX_TEXT_BYTES and raw.decode("utf-8") == text:
+        return text
+    return raw[:MAX_TEXT_BYTES].decode("utf-8", "ignore")
 
 
 def _shown(content: object) -> str:
