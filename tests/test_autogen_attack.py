@@ -706,3 +706,40 @@ def test_cancelling_a_sync_runtime_step_cancels_the_message_on_the_autogen_threa
     assert gate.finished.wait(5)  # on its own loop, soon after: not after its 10 s hold
     autogen_thread.run(runtime.stop())
     assert gate.cancelled == [True]
+
+
+class Releasable(RoutedAgent):
+    """An AutoGen agent that answers once the test releases it."""
+
+    def __init__(self, started: asyncio.Event, release: asyncio.Event) -> None:
+        super().__init__("answers when released")
+        self._started = started
+        self._release = release
+
+    @message_handler
+    async def on_step(self, message: StepMessage, ctx: MessageContext) -> StepReply:
+        self._started.set()
+        await asyncio.wait_for(self._release.wait(), 10)
+        return StepReply(output="done", usage=[RequestUsage(1, 1)])
+
+
+def test_stop_when_idle_lets_the_message_in_flight_answer(sqlite_url: str) -> None:
+    """X1: stop_when_idle waits for the reply in flight: the step gets it, not a stop error."""
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def body(rt: AsyncRuntime) -> journaled.ExecuteResult:
+        runtime = SingleThreadedAgentRuntime()
+        await Releasable.register(runtime, "writer", lambda: Releasable(started, release))
+        runtime.start()
+        register_autogen_agent(rt, "writer", runtime=runtime, agent_type="writer")
+        handle = await rt.start(Plan(goal="g", steps=[Step("a", agent="writer")]))
+        await asyncio.wait_for(started.wait(), 30)
+        stopping = asyncio.ensure_future(runtime.stop_when_idle())
+        release.set()
+        result = await handle.result(timeout=20)
+        await asyncio.wait_for(stopping, 10)
+        return result
+
+    result = with_aio(sqlite_url, body)
+    assert result.ok
+    assert (result.observations[-1].output, result.calls_used) == ("done", 1)
