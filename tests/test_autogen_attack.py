@@ -743,3 +743,37 @@ def test_stop_when_idle_lets_the_message_in_flight_answer(sqlite_url: str) -> No
     result = with_aio(sqlite_url, body)
     assert result.ok
     assert (result.observations[-1].output, result.calls_used) == ("done", 1)
+
+
+def test_a_handler_that_cancels_itself_fails_the_step_naming_the_agent(sqlite_url: str) -> None:
+    """X1/E11: CancelledError raised on the AutoGen side is the agent's failure, not a cancel."""
+
+    def cancel(message: StepMessage) -> StepReply:
+        raise asyncio.CancelledError
+
+    result = run_one(sqlite_url, cancel)
+    assert not result.ok
+    assert result.observations[-1].error == (
+        "AutoGen agent writer/default failed: its handler was cancelled on the AutoGen side "
+        "(it raised CancelledError, or its CancellationToken was cancelled there)"
+    )
+
+
+def test_an_agent_type_not_registered_on_the_autogen_runtime_says_so(sqlite_url: str) -> None:
+    """X1: a step whose agent type the AutoGen runtime does not know says to register it."""
+
+    async def body(rt: AsyncRuntime) -> journaled.ExecuteResult:
+        runtime = SingleThreadedAgentRuntime()
+        runtime.start()
+        try:
+            register_autogen_agent(rt, "writer", runtime=runtime, agent_type="writer")
+            return await rt.execute(Plan(goal="g", steps=[Step("a", agent="writer")]))
+        finally:
+            await runtime.stop()
+
+    error = with_aio(sqlite_url, body).observations[-1].error
+    assert error is not None
+    assert error.startswith(
+        "AutoGen agent writer/default failed: no agent type 'writer' is registered on the "
+        "AutoGen runtime"
+    )

@@ -223,6 +223,13 @@ async def _exchange(runtime: AgentRuntime, outgoing: Any, recipient: AgentId) ->
             f"the AutoGen runtime hosting {recipient.type!r} is not started (or was stopped): "
             "call runtime.start() before running plans that use it"
         )
+    known = getattr(runtime, "_known_agent_names", None)
+    if isinstance(known, set) and recipient.type not in known:
+        raise LookupError(
+            f"no agent type {recipient.type!r} is registered on the AutoGen runtime: register "
+            f"it (await MyAgent.register(runtime, {recipient.type!r}, factory)) before running "
+            "plans that use it"
+        )
     reader = getattr(context, "_run_task", None)
     token = CancellationToken()
     sending = asyncio.ensure_future(
@@ -251,6 +258,11 @@ async def _exchange(runtime: AgentRuntime, outgoing: Any, recipient: AgentId) ->
         raise
     finally:
         reader.remove_done_callback(on_stop)
+    if sending.cancelled():  # not by this step (that raises above): by the AutoGen side
+        raise RuntimeError(
+            "its handler was cancelled on the AutoGen side (it raised CancelledError, or its "
+            "CancellationToken was cancelled there)"
+        )
     if sending.done():
         return sending.result()
     token.cancel()
