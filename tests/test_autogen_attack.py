@@ -374,7 +374,7 @@ async def start_holder(gate: Gate) -> SingleThreadedAgentRuntime:
 
 
 def test_bad_register_arguments_are_refused_naming_them(sqlite_url: str) -> None:
-    """X1: register_autogen_agent names a non-runtime, a bad agent type, key, factory or loop."""
+    """X1: register_autogen_agent names a bad or closed rt, agent type, key, factory or loop."""
     closed = asyncio.new_event_loop()
     closed.close()
 
@@ -399,6 +399,10 @@ def test_bad_register_arguments_are_refused_naming_them(sqlite_url: str) -> None
             with pytest.raises(InvalidArgument) as caught:
                 register_autogen_agent(target, "writer", **kwargs)
             assert caught.value.field == arg, kwargs
+        done = journaled.open("memory://")
+        done.close()
+        with pytest.raises(InvalidArgument, match=r"^rt is a closed runtime"):
+            register_autogen_agent(done, "writer", **good)
 
     with_aio(sqlite_url, body)
 

@@ -125,6 +125,10 @@ def register_autogen_agent(
             "must be a runtime from journaled.open() or journaled.aio.open(), got "
             f"{type(rt).__name__}",
         )
+    if rt.runs.closing:
+        raise InvalidArgument(
+            "rt", "is a closed runtime: open one with journaled.open() or journaled.aio.open()"
+        )
     if not isinstance(runtime, AgentRuntime):
         raise InvalidArgument(
             "runtime",
