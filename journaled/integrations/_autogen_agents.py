@@ -108,10 +108,10 @@ def register_autogen_agent(
         runtime: the AutoGen runtime hosting the agent; it must be started.
         agent_type: the AutoGen agent type registered on ``runtime``.
         key: the agent key, or ``key(step, ctx)`` returning one (e.g. one agent per run).
-        loop: the event loop ``runtime`` runs on; default: the loop of a started
-            ``SingleThreadedAgentRuntime``, else the loop running when this is called, else the
-            loop the step runs on. Give it when a sync journaled runtime drives an AutoGen
-            runtime of another kind running in another thread.
+        loop: the event loop ``runtime`` runs on, for a runtime that does not tell: a started
+            ``SingleThreadedAgentRuntime`` is reached on the loop its message loop runs on
+            whatever is given here. Default: the loop running when this is called, else the
+            loop the step runs on.
         message: builds the message sent for a step (a function or a coroutine function).
         reply: turns the agent's reply into an ``AgentResult`` (a function or a coroutine
             function).
