@@ -1,0 +1,144 @@
+"""A journal whose write lock another process holds refuses in time (SPEC §6, J2; ADR 0039).
+
+Another process (a backup, a ``sqlite3`` shell in ``BEGIN IMMEDIATE``, a long VACUUM; on
+PostgreSQL a session holding ``LOCK TABLE``) keeps the journal's write lock. A write then waits
+at most ``lock_wait`` — below the time its caller waits for an answer — and fails with
+``JournalBusy``, nothing appended; once the other process lets go, the next write succeeds.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import msgspec
+import pytest
+
+import journaled
+from journaled.actors import asking
+from journaled.events.base import Pending
+from journaled.events.catalog import codec
+from journaled.events.journal import Journal
+from journaled.events.memory import ConflictKeyClaimed
+from journaled.events.url import parse_url
+
+ASK = 1.5
+"""The ask timeout these tests run with (the production one is 30 s)."""
+
+_HOLDER = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN IMMEDIATE")
+print("held", flush=True)
+sys.stdin.readline()
+conn.execute("ROLLBACK")
+conn.close()
+"""
+
+
+@contextmanager
+def sqlite_lock_held(path: str) -> Iterator[None]:
+    """Hold the SQLite file's write lock from another process until the block ends."""
+    with subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, path],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    ) as holder:
+        assert holder.stdin is not None
+        assert holder.stdout is not None
+        try:
+            assert holder.stdout.readline().strip() == "held"
+            yield
+        finally:
+            holder.stdin.write("\n")
+            holder.stdin.flush()
+            assert holder.wait(timeout=10) == 0
+
+
+@pytest.fixture
+def short_asks(monkeypatch: pytest.MonkeyPatch) -> float:
+    """Make callers wait :data:`ASK` seconds for an answer, as they wait 30 s in production."""
+    monkeypatch.setattr(asking, "ASK_TIMEOUT", ASK)
+    return ASK
+
+
+def _stored_texts(url: str) -> list[str]:
+    """Return the texts of the facts a fresh runtime finds in the journal."""
+    with journaled.open(url, follow=None) as rt:
+        return sorted(f.text for f in rt.memory.all())
+
+
+def test_a_remember_that_waits_out_the_lock_fails_busy_and_leaves_nothing(
+    tmp_path: Path, short_asks: float
+) -> None:
+    """§6, J2: another process holds the write lock; remember raises JournalBusy before its
+    caller gives up, and once the lock is let go the fact is not in the journal."""
+    path = str(tmp_path / "journal.sqlite")
+    url = f"sqlite:///{path}"
+    with journaled.open(url, follow=None) as rt:
+        rt.memory.remember("before the backup")
+        with sqlite_lock_held(path):
+            started = time.monotonic()
+            with pytest.raises(journaled.JournalBusy) as caught:
+                rt.memory.remember("during the backup")
+            waited = time.monotonic() - started
+        assert waited < short_asks
+        assert str(tmp_path) in str(caught.value)
+        assert "lock_wait" in str(caught.value)
+        # The lock is let go: a remember now succeeds, and the refused one never lands.
+        rt.memory.remember("after the backup")
+        assert sorted(f.text for f in rt.memory.all()) == ["after the backup", "before the backup"]
+    assert _stored_texts(url) == ["after the backup", "before the backup"]
+
+
+def test_the_default_lock_wait_is_below_the_ask_timeout(tmp_path: Path) -> None:
+    """§6: with the production ask timeout, the journal's lock wait is 5/6 of it, never more."""
+    with journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}", follow=None) as rt:
+        assert rt._journal.config.lock_wait == pytest.approx(asking.ASK_TIMEOUT * 5 / 6)
+        assert rt._journal.config.lock_wait < asking.ASK_TIMEOUT
+
+
+@pytest.mark.parametrize("bad", [0, -1, 30, 31.5, float("nan"), float("inf"), True, "5"])
+def test_a_lock_wait_not_below_the_ask_timeout_is_refused(tmp_path: Path, bad: object) -> None:
+    """§6: open() refuses a lock_wait that is not a number of seconds in (0, ask timeout)."""
+    with pytest.raises(journaled.ConfigurationError, match="lock_wait must be"):
+        journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}", lock_wait=bad)  # type: ignore[arg-type]
+    assert not (tmp_path / "j.sqlite").exists()
+
+
+def test_a_journal_append_waits_lock_wait_then_raises_busy(tmp_path: Path) -> None:
+    """J2: Journal.append waits about lock_wait for another process's lock, then raises
+    JournalBusy naming the journal and the wait; the journal is unchanged."""
+    path = str(tmp_path / "journal.sqlite")
+    config = parse_url(f"sqlite:///{path}")
+    journal = Journal(msgspec.structs.replace(config, lock_wait=0.3), codec())
+    try:
+        before = journal.position()
+        with sqlite_lock_held(path):
+            started = time.monotonic()
+            with pytest.raises(journaled.JournalBusy) as caught:
+                journal.append(_one_event())
+            waited = time.monotonic() - started
+        assert 0.25 <= waited < 1.5
+        assert caught.value.journal == config.url
+        assert caught.value.waited >= 0.25
+        assert journal.position() == before
+        journal.append(_one_event())
+        assert journal.position() == before + 1
+    finally:
+        journal.close()
+
+
+def _one_event() -> list[Pending]:
+    return [
+        Pending(
+            stream=f"k-{time.monotonic_ns()}",
+            version=1,
+            data=ConflictKeyClaimed(at=1, conflict_key="k", fact_id="f"),
+        )
+    ]
