@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import msgspec
@@ -24,6 +24,7 @@ from journaled.events.base import Pending
 from journaled.events.catalog import codec
 from journaled.events.journal import Journal
 from journaled.events.memory import ConflictKeyClaimed
+from journaled.events.runs import StepSucceeded
 from journaled.events.url import parse_url
 
 ASK = 1.5
@@ -142,3 +143,44 @@ def _one_event() -> list[Pending]:
             data=ConflictKeyClaimed(at=1, conflict_key="k", fact_id="f"),
         )
     ]
+
+
+def test_a_step_result_that_waits_out_the_lock_stops_the_run_and_resume_redoes_it(
+    tmp_path: Path, short_asks: float
+) -> None:
+    """§6, R4, E14: a step's result append that meets another process's lock fails the run's
+    handle with JournalBusy, storing no result; after the lock is let go, resume runs the step
+    again and the run holds exactly one result for it."""
+    path = str(tmp_path / "journal.sqlite")
+    url = f"sqlite:///{path}"
+    calls: list[str] = []
+    with ExitStack() as held, journaled.open(url, follow=None) as rt:
+
+        def fetch(value: str) -> str:
+            calls.append(value)
+            if len(calls) == 1:  # a backup begins while the step runs
+                held.enter_context(sqlite_lock_held(path))
+            return f"fetched {value}"
+
+        rt.register_tool("fetch", fetch)
+        plan = journaled.Plan(
+            goal="fetch and read",
+            steps=[
+                journaled.Step("a", tool="fetch", input="x"),
+                journaled.Step("b", tool="fetch", input="y", depends_on=["a"]),
+            ],
+        )
+        handle = rt.start(plan)
+        with pytest.raises(journaled.JournalBusy):
+            handle.result(timeout=10)
+        held.close()  # the backup ends
+        assert not [e for e in rt.runs.history(handle.run_id) if isinstance(e.data, StepSucceeded)]
+        result = rt.resume(handle.run_id)
+        assert result.ok
+        assert calls == ["x", "x", "y"]
+        succeeded = [
+            e.data.step_id
+            for e in rt.runs.history(handle.run_id)
+            if isinstance(e.data, StepSucceeded)
+        ]
+        assert succeeded == ["a", "b"]
