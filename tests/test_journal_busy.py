@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -97,6 +99,44 @@ def test_a_remember_that_waits_out_the_lock_fails_busy_and_leaves_nothing(
     assert _stored_texts(url) == ["after the backup", "before the backup"]
 
 
+def test_a_remember_queued_behind_a_busy_append_fails_before_its_caller_gives_up(
+    tmp_path: Path, short_asks: float, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """§6: a remember that queued while the writer waited for the lock waits only what its own
+    caller has left: both callers are told JournalBusy, and neither fact is ever stored."""
+    path = str(tmp_path / "journal.sqlite")
+    url = f"sqlite:///{path}"
+    with journaled.open(url, follow=None) as rt:
+        rt.memory.remember("before the backup")
+        journal = rt._journal
+        appending = threading.Event()
+        append = journal.append
+
+        def signalling_append(*args: Any, **kwargs: Any) -> list[int]:
+            appending.set()
+            return append(*args, **kwargs)
+
+        monkeypatch.setattr(journal, "append", signalling_append)
+        told: dict[str, str] = {}
+
+        def remember(text: str) -> None:
+            try:
+                rt.memory.remember(text)
+                told[text] = "stored"
+            except Exception as exc:
+                told[text] = type(exc).__name__
+
+        with sqlite_lock_held(path):
+            first = threading.Thread(target=remember, args=("first",))
+            first.start()
+            assert appending.wait(timeout=5)  # the writer now waits for the lock
+            remember("second")  # queued behind that wait
+            first.join(timeout=10)
+        assert told == {"first": "JournalBusy", "second": "JournalBusy"}
+        rt.memory.remember("after the backup")
+    assert _stored_texts(url) == ["after the backup", "before the backup"]
+
+
 def test_the_default_lock_wait_is_below_the_ask_timeout(tmp_path: Path) -> None:
     """§6: with the production ask timeout, the journal's lock wait is 5/6 of it, never more."""
     with journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}", follow=None) as rt:
@@ -176,6 +216,7 @@ def test_a_step_result_that_waits_out_the_lock_stops_the_run_and_resume_redoes_i
         held.close()  # the backup ends
         assert not [e for e in rt.runs.history(handle.run_id) if isinstance(e.data, StepSucceeded)]
         result = rt.resume(handle.run_id)
+        assert isinstance(result, journaled.ExecuteResult)
         assert result.ok
         assert calls == ["x", "x", "y"]
         succeeded = [
