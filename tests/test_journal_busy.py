@@ -25,6 +25,7 @@ from journaled.actors import asking
 from journaled.events.base import Pending
 from journaled.events.catalog import codec
 from journaled.events.journal import Journal
+from journaled.events.journal._common import EVENTS_TABLE_POSTGRES
 from journaled.events.memory import ConflictKeyClaimed
 from journaled.events.runs import StepSucceeded
 from journaled.events.url import parse_url
@@ -225,3 +226,40 @@ def test_a_step_result_that_waits_out_the_lock_stops_the_run_and_resume_redoes_i
             if isinstance(e.data, StepSucceeded)
         ]
         assert succeeded == ["a", "b"]
+
+
+@contextmanager
+def pg_table_locked(url: str) -> Iterator[None]:
+    """Hold ACCESS EXCLUSIVE on the journal's events table from another session."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        conn.execute(f"LOCK TABLE {EVENTS_TABLE_POSTGRES} IN ACCESS EXCLUSIVE MODE")
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
+def test_postgres_writes_that_wait_out_a_table_lock_fail_busy_and_leave_nothing(
+    pg_url: str, short_asks: float
+) -> None:
+    """§6, J2: another session holds LOCK TABLE on the events table; a remember (one-call
+    append) and a purge (the library's append) each raise JournalBusy before their caller
+    gives up, and once the lock is let go neither is in the journal."""
+    with journaled.open(pg_url, follow=None) as rt:
+        kept = rt.memory.remember("before the lock")
+        position = rt.journal.position()
+        with pg_table_locked(pg_url):
+            for write in (
+                lambda: rt.memory.remember("during the lock"),
+                lambda: rt.memory.purge(kept.id),
+            ):
+                started = time.monotonic()
+                with pytest.raises(journaled.JournalBusy, match="lock_wait"):
+                    write()
+                assert time.monotonic() - started < short_asks
+        assert rt.journal.position() == position
+        rt.memory.remember("after the lock")
+        assert rt.memory.get(kept.id) is not None
+    assert _stored_texts(pg_url) == ["after the lock", "before the lock"]
