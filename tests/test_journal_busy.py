@@ -263,3 +263,23 @@ def test_postgres_writes_that_wait_out_a_table_lock_fail_busy_and_leave_nothing(
         rt.memory.remember("after the lock")
         assert rt.memory.get(kept.id) is not None
     assert _stored_texts(pg_url) == ["after the lock", "before the lock"]
+
+
+def test_a_postgres_append_with_less_time_left_waits_only_that(pg_url: str) -> None:
+    """§6, J2: an append given a lock_wait shorter than the journal's (a caller short of time)
+    waits only that behind LOCK TABLE, then raises JournalBusy; unlocked, it appends, and the
+    connection goes back to the journal's own wait."""
+    journal = Journal(msgspec.structs.replace(parse_url(pg_url), lock_wait=20.0), codec())
+    try:
+        assert len(journal.append(_one_event(), lock_wait=0.3)) == 1
+        with pg_table_locked(pg_url):
+            started = time.monotonic()
+            with pytest.raises(journaled.JournalBusy):
+                journal.append(_one_event(), lock_wait=0.3)
+            assert time.monotonic() - started < 5
+        assert journal.position() == 1
+        assert len(journal.append(_one_event())) == 1
+        with journal._recorder.datastore.get_connection() as conn:
+            assert conn.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "20s"}
+    finally:
+        journal.close()

@@ -570,6 +570,7 @@ if _POSTGRES_MISSING is None:
                         assert lock_wait is not None
                         curs.execute(f"SET lock_timeout = '{max(1, int(lock_wait * 1000))}ms'")
                     curs.execute(_APPEND_CALL, params, prepare=True, binary=True)
+                    found = curs.fetchone()  # before a RESET takes the cursor's result
                 except psycopg.errors.LockNotAvailable as exc:
                     raise LockWaitExpired(lock_wait or self.lock_wait) from exc
                 except psycopg.errors.RaiseException as exc:
@@ -584,7 +585,6 @@ if _POSTGRES_MISSING is None:
                 finally:
                     if own:
                         curs.execute("RESET lock_timeout")
-                found = curs.fetchone()
             assert found is not None
             return [int(p) for p in found[0]]
 
