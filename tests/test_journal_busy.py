@@ -279,7 +279,8 @@ def test_a_postgres_append_with_less_time_left_waits_only_that(pg_url: str) -> N
             assert time.monotonic() - started < 5
         assert journal.position() == 1
         assert len(journal.append(_one_event())) == 1
-        with journal._recorder.datastore.get_connection() as conn:
+        recorder: Any = journal._recorder
+        with recorder.datastore.get_connection() as conn:
             assert conn.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "20s"}
     finally:
         journal.close()
