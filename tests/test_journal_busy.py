@@ -8,6 +8,7 @@ at most ``lock_wait`` — below the time its caller waits for an answer — and 
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -284,3 +285,33 @@ def test_a_postgres_append_with_less_time_left_waits_only_that(pg_url: str) -> N
             assert conn.execute("SHOW lock_timeout").fetchone() == {"lock_timeout": "20s"}
     finally:
         journal.close()
+
+
+def test_an_old_journal_that_stays_locked_does_not_open_without_its_chain(tmp_path: Path) -> None:
+    """R7, §6: opening a journal that still lacks the digest columns waits lock_wait for the
+    lock to add them, then raises JournalBusy instead of going on unchained; once the lock is
+    let go it opens with them."""
+    path = str(tmp_path / "journal.sqlite")
+    config = msgspec.structs.replace(parse_url(f"sqlite:///{path}"), lock_wait=0.3)
+    Journal(config, codec()).close()
+    old = sqlite3.connect(path)
+    for column in ("chain_first", "chain_prev", "chain_hashes", "chain_entries", "chain_digest"):
+        old.execute(f"ALTER TABLE stored_events DROP COLUMN {column}")
+    old.close()
+    with sqlite_lock_held(path):
+        started = time.monotonic()
+        with pytest.raises(journaled.JournalBusy):
+            Journal(config, codec())
+        assert time.monotonic() - started < 5
+    journal = Journal(config, codec())
+    try:
+        journal.append(_one_event())
+        assert journal.verify().ok
+    finally:
+        journal.close()
+    check = sqlite3.connect(path)
+    try:
+        columns = {row[1] for row in check.execute("PRAGMA table_info(stored_events)")}
+    finally:
+        check.close()
+    assert "chain_digest" in columns
