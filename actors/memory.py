@@ -30,7 +30,7 @@ from journaled.actors.remember_rules import validate_remember
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
-from journaled.events.errors import ConcurrencyConflict, CorruptEvent
+from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalBusy
 from journaled.events.inputs import decode_text
 from journaled.events.journal import Journal
 from journaled.events.memory import (
@@ -132,6 +132,9 @@ class MemoryWriter(pykka.ThreadingActor):
         self._group_keys: set[str] = set()
         self._stale = False
         """The projection fell behind the journal (a fold failed after a commit): rebuild it."""
+        self._deadline: float | None = None
+        """When the command being decided must hold the journal's lock (its earliest caller's
+        ``deadline``): its appends wait for the lock no longer (ADR 0039)."""
 
     # -- dispatch --------------------------------------------------------------------------------
 
@@ -151,12 +154,12 @@ class MemoryWriter(pykka.ThreadingActor):
         if self._stale and isinstance(message, Remember | Delete | Purge):
             raise ActorsError("memory is behind the journal and could not be rebuilt yet")
         match message:
-            case Remember():
-                return self._retrying(lambda: self._remember(message))
-            case Delete(fact_id=fact_id):
-                return self._retrying(lambda: self._delete(fact_id))
-            case Purge(fact_id=fact_id, reason=reason):
-                return self._retrying(lambda: self._purge(fact_id, reason))
+            case Remember(deadline=deadline):
+                return self._before(deadline, lambda: self._remember(message))
+            case Delete(fact_id=fact_id, deadline=deadline):
+                return self._before(deadline, lambda: self._delete(fact_id))
+            case Purge(fact_id=fact_id, reason=reason, deadline=deadline):
+                return self._before(deadline, lambda: self._purge(fact_id, reason))
             case CatchUp(initial=initial):
                 if initial:
                     self._replay()
@@ -201,18 +204,32 @@ class MemoryWriter(pykka.ThreadingActor):
             self._commit_group()
 
     def _commit_group(self) -> None:
-        """Store the grouped remembers in one transaction and answer each (never raises)."""
+        """Store the grouped remembers in one transaction and answer each (never raises).
+
+        A remember whose caller has given up waiting (its deadline passed while the writer
+        waited for a busy journal) is answered ``JournalBusy`` and not stored; the others wait
+        for the journal's lock only until the earliest of their deadlines.
+        """
         group, self._group = self._group, []
         self._group_keys.clear()
+        now = time.time()
+        for message in group:
+            if message.deadline is not None and message.deadline <= now:
+                self._answer(message, None, self._busy(message.deadline))
+        group = [m for m in group if m.deadline is None or m.deadline > now]
         if group:
-            commit_remembers(
-                group,
-                decide=self._decide_remember,
-                append=lambda staged, payloads: self._append(staged, payloads=payloads),
-                catch_up=self._catch_up,
-                attempts=_RETRIES,
-                answer=self._answer,
-            )
+            self._deadline = min((m.deadline for m in group if m.deadline), default=None)
+            try:
+                commit_remembers(
+                    group,
+                    decide=self._decide_remember,
+                    append=lambda staged, payloads: self._append(staged, payloads=payloads),
+                    catch_up=self._catch_up,
+                    attempts=_RETRIES,
+                    answer=self._answer,
+                )
+            finally:
+                self._deadline = None
 
     def _answer(self, message: Remember, fact: Fact | None, error: Exception | None) -> None:
         """Tell a remember's asker its stored fact or its error, by address (A4)."""
@@ -223,6 +240,19 @@ class MemoryWriter(pykka.ThreadingActor):
             self.directory.tell(message.reply_to, Remembered(correlation=correlation, fact=fact))
         else:
             self.directory.tell(message.reply_to, reply)
+
+    def _before(self, deadline: float | None, decide_and_append: Callable[[], Any]) -> Any:
+        """Decide and append a command whose appends must hold the lock by ``deadline``."""
+        self._deadline = deadline
+        try:
+            return self._retrying(decide_and_append)
+        finally:
+            self._deadline = None
+
+    def _busy(self, deadline: float) -> JournalBusy:
+        """Return the error for a command whose deadline passed before it held the lock."""
+        config = self.journal.config
+        return JournalBusy(config.url, max(0.0, config.lock_wait - (deadline - time.time())))
 
     def _retrying(self, decide_and_append: Callable[[], Any]) -> Any:
         for attempt in range(_RETRIES):
@@ -402,8 +432,17 @@ class MemoryWriter(pykka.ThreadingActor):
             version = counters.get(stream, self.versions.get(stream, 0)) + 1
             counters[stream] = version
             pending.append(Pending(stream=stream, version=version, data=data))
+        left: float | None = None
+        if self._deadline is not None:
+            left = self._deadline - time.time()
+            if left <= 0:  # the caller gives up before the lock could be had: append nothing
+                raise self._busy(self._deadline)
         positions = self.journal.append(
-            pending, payloads=payloads, forget=forget, drop_snapshots=drop_snapshots
+            pending,
+            payloads=payloads,
+            forget=forget,
+            drop_snapshots=drop_snapshots,
+            lock_wait=left,
         )
         # Committed: the command has happened, and its callers are told so whatever folding it
         # costs. A fold that fails leaves the projection behind the journal; it is rebuilt

@@ -7,6 +7,7 @@ callers can catch either::
     ├── JournalUrlError (ValueError)         a journal URL that cannot be used
     │   └── JournalUnreadable                the file or database at the URL is no journal
     ├── JournalClosed (RuntimeError)         the journal was used after close()
+    ├── JournalBusy                          another connection held the write lock too long
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
     │   └── UnknownEventType                 a stored topic this release does not know
@@ -31,6 +32,27 @@ class JournalUnreadable(JournalUrlError):
 
 class JournalClosed(EventsError, RuntimeError):
     """The journal was used after it was closed."""
+
+
+class JournalBusy(EventsError):
+    """Another connection held the journal's write lock for longer than ``lock_wait``.
+
+    Nothing of the append was stored: the caller may try again once the other writer is done.
+    """
+
+    def __init__(self, journal: str, waited: float) -> None:
+        self.journal = journal
+        self.waited = waited
+        super().__init__(
+            f"journal {journal} is busy: another connection held its write lock for "
+            f"{waited:.3g}s, so nothing was appended. Try again once that writer is done (a "
+            "backup, a VACUUM, a transaction left open in a sqlite3 or psql shell, or a "
+            "LOCK TABLE), or give journaled.open() a longer lock_wait="
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.journal, self.waited))
 
 
 class ConcurrencyConflict(EventsError):

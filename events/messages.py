@@ -62,12 +62,20 @@ class Remember(Message, frozen=True, kw_only=True, tag="memory.remember"):
     the fact is stored. With one, remembers that arrive together are stored in one transaction
     (group commit); without one the fact is the answer to an ask."""
     correlation: str | None = None
+    deadline: float | None = None
+    """Wall-clock time (``time.time()``) by which the writer must hold the journal's lock for
+    this command, its caller giving up soon after (ADR 0039); past it the writer answers
+    ``JournalBusy`` and appends nothing. None: the journal's own ``lock_wait``."""
 
 
 class Delete(Message, frozen=True, kw_only=True, tag="memory.delete"):
     """Delete a fact and heal the supersession links around it (M8)."""
 
     fact_id: str
+    deadline: float | None = None
+    """Wall-clock time (``time.time()``) by which the writer must hold the journal's lock for
+    this command, its caller giving up soon after (ADR 0039); past it the writer answers
+    ``JournalBusy`` and appends nothing. None: the journal's own ``lock_wait``."""
 
 
 class Purge(Message, frozen=True, kw_only=True, tag="memory.purge"):
@@ -75,6 +83,10 @@ class Purge(Message, frozen=True, kw_only=True, tag="memory.purge"):
 
     fact_id: str
     reason: str | None = None
+    deadline: float | None = None
+    """Wall-clock time (``time.time()``) by which the writer must hold the journal's lock for
+    this command, its caller giving up soon after (ADR 0039); past it the writer answers
+    ``JournalBusy`` and appends nothing. None: the journal's own ``lock_wait``."""
 
 
 class CatchUp(Message, frozen=True, kw_only=True, tag="memory.catch-up"):

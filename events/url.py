@@ -30,6 +30,10 @@ DEFAULT_SQLITE_PATH = Path(".journaled") / "journal.sqlite"
 DEFAULT_POSTGRES_PORT = 5432
 DEFAULT_POOL_SIZE = 5
 MAX_POOL_SIZE = 50
+DEFAULT_LOCK_WAIT = 25.0
+"""Seconds an append waits for the journal's write lock before it gives up with
+:class:`~journaled.events.errors.JournalBusy`: 5/6 of the runtime's 30 s ask timeout, which
+sets its own from its timeout (ADR 0039)."""
 
 
 class JournalConfig(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +53,11 @@ class JournalConfig(msgspec.Struct, frozen=True, kw_only=True):
     dbname: str | None = None
     pool_size: int = DEFAULT_POOL_SIZE
     """PostgreSQL connections kept open by one journal."""
+    lock_wait: float = DEFAULT_LOCK_WAIT
+    """Longest wait (seconds) of a write for the journal's lock, held by another connection or
+    process (a backup, a VACUUM, an open shell transaction); then the write fails with
+    ``JournalBusy`` and nothing is stored. Kept below the caller's ask timeout, so a caller told
+    of a failure never finds the write appended later (SPEC §6)."""
 
     def __repr__(self) -> str:
         """Show every field but the password, which is masked when set."""

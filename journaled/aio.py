@@ -806,6 +806,7 @@ def open(
     drain: float = DRAIN,
     workers: int = WORKERS,
     steps: Placement | None = None,
+    lock_wait: float | None = None,
 ) -> _Opening:
     """Open an asyncio runtime over the journal at ``url``: ``await`` it or ``async with`` it.
 
@@ -826,5 +827,6 @@ def open(
         "follow": follow,
         "drain": drain,
         "steps": steps,
+        "lock_wait": lock_wait,
     }
     return _Opening(url, workers, options)

@@ -9,6 +9,7 @@
     ├── JournalUrlError (ValueError)
     │   └── JournalUnreadable                  the file or database is no journal
     ├── JournalClosed (RuntimeError)
+    ├── JournalBusy                            another writer held the lock past lock_wait
     ├── ConcurrencyConflict
     └── CorruptEvent (ValueError)
         └── UnknownEventType
@@ -42,6 +43,7 @@ from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
     EventsError,
+    JournalBusy,
     JournalClosed,
     JournalUnreadable,
     JournalUrlError,
@@ -80,6 +82,7 @@ __all__ = [
     "EventsError",
     "InvalidArgument",
     "InvalidFact",
+    "JournalBusy",
     "JournalClosed",
     "JournalUnreadable",
     "JournalUrlError",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from typing import Any
@@ -237,7 +238,10 @@ class Memory:
         try:
             self._writer.tell(
                 msgspec.structs.replace(
-                    request, reply_to=self._inbox.address, correlation=correlation
+                    request,
+                    reply_to=self._inbox.address,
+                    correlation=correlation,
+                    deadline=request.deadline or self._deadline(),
                 )
             )
         except pykka.ActorDeadError:
@@ -246,6 +250,11 @@ class Memory:
                 "the runtime is closed: open a new one with journaled.open()"
             ) from None
         return correlation, reply
+
+    def _deadline(self) -> float:
+        """Return when a write asked now must hold the journal's lock, its asker giving up
+        :data:`~journaled.actors.asking.ASK_TIMEOUT` after asking (ADR 0039)."""
+        return time.time() + self._journal.config.lock_wait
 
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""
@@ -375,7 +384,7 @@ class Memory:
 
     def delete(self, fact_id: str) -> Deletion:
         """Delete a fact and heal the supersession chain around it, atomically (M8)."""
-        deletion: Deletion = ask(self._writer, Delete(fact_id=fact_id))
+        deletion: Deletion = ask(self._writer, Delete(fact_id=fact_id, deadline=self._deadline()))
         return deletion
 
     def purge(self, fact_id: str, reason: str | None = None) -> bool:
@@ -386,7 +395,9 @@ class Memory:
         """
         if reason is not None:
             _check("reason", text_problem(reason))
-        purged: bool = ask(self._writer, Purge(fact_id=fact_id, reason=reason))
+        purged: bool = ask(
+            self._writer, Purge(fact_id=fact_id, reason=reason, deadline=self._deadline())
+        )
         if purged:
             self._semantic.forget(fact_id)
             # The erasure is committed; scrubbing the files gives way to readers and retries

@@ -12,6 +12,9 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping
 from types import TracebackType
 from typing import Any
 
+import msgspec
+
+from journaled.actors import asking
 from journaled.actors.clock import Clock, system_clock
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
@@ -154,6 +157,7 @@ class Runtime:
         drain: float = DRAIN,
         loop: asyncio.AbstractEventLoop | None = None,
         steps: Placement | None = None,
+        lock_wait: float | None = None,
     ) -> None:
         """Open the journal and start the actors; see :func:`open`.
 
@@ -162,7 +166,7 @@ class Runtime:
         """
         self._drain = _check_drain(drain)
         resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
-        config = parse_url(resolved)
+        config = msgspec.structs.replace(parse_url(resolved), lock_wait=_check_lock_wait(lock_wait))
         if organization is None:
             organization = os.environ.get(ENV_ORGANIZATION) or None
         if organization is not None and (
@@ -625,6 +629,7 @@ def open(
     follow: float | None = 0.2,
     drain: float = DRAIN,
     steps: Placement | None = None,
+    lock_wait: float | None = None,
 ) -> Runtime:
     """Open a runtime over the journal at ``url`` (default ``$JOURNALED_URL``, then the
     embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors.
@@ -635,6 +640,10 @@ def open(
     (R3); a process that exits without closing its runtimes closes them the same way.
     ``steps`` is where skill, tool and agent functions run: None, in threads of this process;
     ``journaled.ray.RaySteps()``, as tasks on a Ray cluster (S1). The run's executor stays here.
+    ``lock_wait`` is how long a write waits for the journal's lock while another process holds
+    it (a backup, a VACUUM, a shell's open transaction) before it fails with
+    :class:`JournalBusy`, nothing stored (None: 5/6 of the 30 s a caller waits for an answer;
+    it must stay below that, so a caller told of a failure never finds the write made later).
     """
     return Runtime(
         url,
@@ -645,7 +654,31 @@ def open(
         follow=follow,
         drain=drain,
         steps=steps,
+        lock_wait=lock_wait,
     )
+
+
+LOCK_WAIT_SHARE = 5 / 6
+"""The default ``lock_wait`` as a share of the ask timeout: what remains covers the append itself
+and the answer's way back (ADR 0039)."""
+
+
+def _check_lock_wait(lock_wait: object) -> float:
+    """Return the lock wait to journal with: ``lock_wait``, checked, or the default."""
+    ask = asking.ASK_TIMEOUT  # read now: the timeout this runtime's callers will wait
+    if lock_wait is None:
+        return ask * LOCK_WAIT_SHARE
+    if (
+        isinstance(lock_wait, bool)
+        or not isinstance(lock_wait, int | float)
+        or not 0 < lock_wait < ask
+    ):
+        raise ConfigurationError(
+            f"lock_wait must be a number of seconds above 0 and below {ask:g} (how long a caller "
+            f"waits for an answer), got {lock_wait!r}: pass e.g. lock_wait={ask / 2:g} to "
+            "journaled.open()"
+        )
+    return float(lock_wait)
 
 
 def _check_drain(drain: object) -> float:

@@ -8,14 +8,13 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from eventsourcing.persistence import ConnectionUnavailableError
 
 import journaled
 from journaled.actors.executor import Executor
 from journaled.actors.steps import StepWorker, ToolContext
 from journaled.events.base import Pending
 from journaled.events.codec import Codec
-from journaled.events.errors import ConcurrencyConflict
+from journaled.events.errors import ConcurrencyConflict, JournalBusy
 from journaled.events.journal import Journal
 from journaled.events.journal._sqlite import _Pool
 from journaled.events.memory import MEMORY_EVENTS, FactRemembered
@@ -59,12 +58,13 @@ def test_append_after_a_conflict_from_another_thread(journal: Journal) -> None:
 
 
 def test_append_takes_turns_with_the_pool_writers(journal: Journal) -> None:
-    """J1: an append waits while another writer of the journal's pool holds its write lock."""
+    """J1, §6: an append waits while another writer of the journal's pool holds its write lock,
+    at most ``lock_wait`` (ADR 0039)."""
     pool = _pool(journal)
-    pool.pool_timeout = 0.05
+    pool.lock_wait = 0.05
     conn = pool.get_connection(is_writer=True)
     try:
-        with pytest.raises(ConnectionUnavailableError):
+        with pytest.raises(JournalBusy):
             journal.append([_event("a")])
     finally:
         pool.put_connection(conn)

@@ -65,6 +65,7 @@ from journaled.events.codec import Codec, topic_of
 from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
+    JournalBusy,
     JournalClosed,
     JournalUnreadable,
     JournalUrlError,
@@ -78,6 +79,7 @@ from journaled.events.journal._common import (
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
     SUBSCRIPTION_TABLE,
+    LockWaitExpired,
     Row,
     SnapshotRefused,
     _MsgspecMapper,
@@ -204,7 +206,7 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
         return {
             "PERSISTENCE_MODULE": get_topic(_SQLiteFactory),
             "SQLITE_DBNAME": _sqlite_name(config.path, create),
-            "SQLITE_LOCK_TIMEOUT": "30",
+            "JOURNALED_LOCK_WAIT": repr(config.lock_wait),
             "ORIGINATOR_ID_TYPE": "text",
             "CREATE_TABLE": "y",
             "JOURNALED_DURABILITY": config.durability,
@@ -227,6 +229,7 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
             "POSTGRES_CONNECT_TIMEOUT": str(_PG_CONNECT_TIMEOUT),
             "ORIGINATOR_ID_TYPE": "text",
             "CREATE_TABLE": "n",  # migrate() made them; the library's own DDL races
+            "JOURNALED_LOCK_WAIT": repr(config.lock_wait),
         }
     raise JournalUrlError(f"journal backend {config.backend!r} is not available in this release")
 
@@ -265,6 +268,8 @@ class Journal:
                 )
         try:
             self._app = _JournalApp(_settings(config, create), codec)
+        except LockWaitExpired as exc:
+            raise JournalBusy(config.url, exc.waited) from exc
         except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
             raise _unreadable(config.path, exc) from exc
         except PersistenceError as exc:
@@ -316,6 +321,7 @@ class Journal:
         forget: Sequence[str] = (),
         snapshots: Mapping[str, tuple[int, bytes]] | None = None,
         drop_snapshots: str | None = None,
+        lock_wait: float | None = None,
     ) -> list[int]:
         """Append events, payloads, erasures and snapshots in one transaction; return positions.
 
@@ -326,8 +332,13 @@ class Journal:
 
         Each append also extends the digest chain (R7, ADR 0021) in the same transaction.
 
+        The wait for the journal's write lock, which another connection or process may hold, is
+        bounded by ``lock_wait`` (default: the config's): a caller whose own caller gives up
+        sooner passes what it has left, so that no append lands after it was reported failed.
+
         Raises:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
+            JournalBusy: the lock stayed taken for the whole wait; nothing was appended.
             ValueError: payloads or erasures without any event (no digest record would cover
                 them).
         """
@@ -359,7 +370,10 @@ class Journal:
                 snapshots=dict(snapshots or {}),
                 drop_snapshots=drop_snapshots,
                 **({"note": self._note(stored)} if self.notifies else {}),
+                **({"lock_wait": max(0.0, lock_wait)} if lock_wait is not None else {}),
             )
+        except LockWaitExpired as exc:
+            raise JournalBusy(self.config.url, exc.waited) from exc
         except IntegrityError as exc:
             streams = sorted({p.stream for p in events})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc

@@ -35,6 +35,18 @@ _PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed w
 _PG_ATTEMPTS = 3  # a read retried on a dropped connection
 
 
+class LockWaitExpired(Exception):
+    """Raised by a recorder when a write waited ``lock_wait`` for the journal's lock in vain.
+
+    Nothing of the write was stored; :class:`~journaled.events.journal.Journal` names the
+    journal in the :class:`~journaled.events.errors.JournalBusy` it raises instead.
+    """
+
+    def __init__(self, waited: float) -> None:
+        self.waited = waited
+        super().__init__(f"waited {waited:.3g}s for the journal's write lock")
+
+
 class SnapshotRefused(Exception):
     """Raised inside a snapshot's transaction to roll it back: an erasure came after its state."""
 

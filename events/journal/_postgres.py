@@ -39,6 +39,7 @@ from journaled.events.journal._common import (
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
     SUBSCRIPTION_TABLE,
+    LockWaitExpired,
     Row,
     SnapshotRefused,
     content_key,
@@ -53,7 +54,7 @@ from journaled.events.journal._digest import (
     commit_parts,
     payload_hash,
 )
-from journaled.events.url import JournalConfig
+from journaled.events.url import DEFAULT_LOCK_WAIT, JournalConfig
 
 
 def _pg_ddl() -> list[str]:
@@ -98,6 +99,25 @@ FLUSH_TABLE = "journaled_flush"
 
 _CHAIN_BROKEN = "journaled: chain broken"
 """The prefix of the append procedure's error when the chain already reaches its positions."""
+
+
+_LOCK_SLACK = 0.05
+"""Seconds by which an append's own ``lock_wait`` must undercut the session's before the append
+sets it for itself (a round trip more): callers pass what they have left, a hair below it."""
+_LIBRARY_ATTEMPTS = 10
+"""Attempts of the library's append on a dropped connection, as its own ``retry`` makes."""
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Tell whether an error, or what caused it, is PostgreSQL's lock timeout (55P03)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        if getattr(seen, "sqlstate", None) == "55P03":
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 def _append_ddl() -> list[str]:
@@ -339,6 +359,19 @@ if _POSTGRES_MISSING is None:
         """Extend the digest chain on append (R7): off on a journal without its tables (and to
         measure its cost, bench/journal.py)."""
 
+        lock_wait: float = DEFAULT_LOCK_WAIT
+        """Seconds an append waits for the events table's lock (``JournalConfig.lock_wait``):
+        every connection's ``lock_timeout``, set when it connects (ADR 0039)."""
+
+        def _lock_table(self, curs: psycopg.Cursor[DictRow]) -> None:
+            # The library's sets ``lock_timeout`` to its own setting first (0: wait forever);
+            # the connection's, or the one :meth:`_insert_events` set for the append, bounds it.
+            curs.execute(self._lock_statement, prepare=True)
+
+        @property
+        def _lock_statement(self) -> Any:
+            return self.lock_table_statements[-1]
+
         @property
         def _store(self) -> PostgresDatastore:
             store: PostgresDatastore = self.datastore
@@ -351,6 +384,9 @@ if _POSTGRES_MISSING is None:
             forget: Sequence[str] = kwargs.get("forget") or ()
             dropped: str | None = kwargs.get("drop_snapshots")
             snapshots: Mapping[str, tuple[int, bytes]] = kwargs.get("snapshots") or {}
+            wait: float | None = kwargs.get("lock_wait")
+            if wait is not None and wait < self.lock_wait - _LOCK_SLACK:
+                curs.execute(f"SET LOCAL lock_timeout = '{max(1, int(wait * 1000))}ms'")
             if not (payloads or forget or dropped or snapshots):
                 return
             self._lock_table(curs)
@@ -440,7 +476,25 @@ if _POSTGRES_MISSING is None:
             self, stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> Sequence[int] | None:
             """Append in one round trip when only events and content rows are written (ADR
-            0044); otherwise as the library does, carrying a holder for the chain's head (R7)."""
+            0044); otherwise as the library does, carrying a holder for the chain's head (R7).
+
+            Raises:
+                LockWaitExpired: the events table stayed locked for ``lock_wait`` (the
+                    keyword's, else the journal's); nothing was stored.
+            """
+            started = time.monotonic()
+            try:
+                return self._insert(stored_events, **kwargs)
+            except LockWaitExpired:
+                raise
+            except Exception as exc:
+                if lock_timed_out(exc):
+                    raise LockWaitExpired(time.monotonic() - started) from exc
+                raise
+
+        def _insert(
+            self, stored_events: Sequence[StoredEvent], **kwargs: Any
+        ) -> Sequence[int] | None:
             if (
                 self.fast
                 and stored_events
@@ -452,22 +506,42 @@ if _POSTGRES_MISSING is None:
                 )
             ):
                 side, note = kwargs.get("payloads") or {}, kwargs.get("note")
-                appended: list[int] = self._append(stored_events, side, note)
+                appended: list[int] = self._append(
+                    stored_events, side, note, kwargs.get("lock_wait")
+                )
                 self._known_durable(appended[-1])
                 return appended
             kwargs.pop("note", None)
-            positions: Sequence[int] | None = super().insert_events(
-                stored_events, **kwargs, head=[]
-            )
+            # The library's append without its retry, which would also retry a lock timeout
+            # (ten waits of ``lock_wait``): a dropped connection is retried here, a timeout not.
+            library_append = PostgresApplicationRecorder.insert_events.__wrapped__
+            for attempt in range(_LIBRARY_ATTEMPTS):
+                try:
+                    positions: Sequence[int] | None = library_append(
+                        self, stored_events, **kwargs, head=[]
+                    )
+                    break
+                except (InterfaceError, OperationalError) as exc:
+                    if lock_timed_out(exc) or attempt == _LIBRARY_ATTEMPTS - 1:
+                        raise
+                    time.sleep(0.2)
             if positions:  # committed waiting for the disk, after every lower position
                 self._known_durable(positions[-1])
             return positions
 
         @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
         def _append(
-            self, stored_events: Sequence[StoredEvent], payloads: Mapping[str, bytes], note: Any
+            self,
+            stored_events: Sequence[StoredEvent],
+            payloads: Mapping[str, bytes],
+            note: Any,
+            lock_wait: float | None = None,
         ) -> list[int]:
-            """Call the append procedure: one statement, one round trip; durable on return."""
+            """Call the append procedure: one statement, one round trip; durable on return.
+
+            A ``lock_wait`` shorter than the connection's is set around the call (two round
+            trips more, only for a caller short of time). A lock timeout is not retried.
+            """
             events = [
                 (str(e.originator_id), e.originator_version, e.topic, e.state)
                 for e in stored_events
@@ -490,8 +564,15 @@ if _POSTGRES_MISSING is None:
                 self._store.get_connection() as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
             ):
+                own = lock_wait is not None and lock_wait < self.lock_wait - _LOCK_SLACK
                 try:
+                    if own:
+                        assert lock_wait is not None
+                        curs.execute(f"SET lock_timeout = '{max(1, int(lock_wait * 1000))}ms'")
                     curs.execute(_APPEND_CALL, params, prepare=True, binary=True)
+                    found = curs.fetchone()  # before a RESET takes the cursor's result
+                except psycopg.errors.LockNotAvailable as exc:
+                    raise LockWaitExpired(lock_wait or self.lock_wait) from exc
                 except psycopg.errors.RaiseException as exc:
                     text = str(exc).strip()
                     if text.startswith(_CHAIN_BROKEN):
@@ -501,7 +582,9 @@ if _POSTGRES_MISSING is None:
                             "were removed outside the journal; run `journaled journal verify`"
                         ) from None
                     raise
-                found = curs.fetchone()
+                finally:
+                    if own:
+                        curs.execute("RESET lock_timeout")
             assert found is not None
             return [int(p) for p in found[0]]
 
@@ -810,6 +893,22 @@ if _POSTGRES_MISSING is None:
 
     class _PostgresFactory(PostgresFactory):
         application_recorder_class = _PostgresRecorder
+
+        def __init__(self, env: Any) -> None:
+            super().__init__(env)
+            self.lock_wait = float(self.env.get("JOURNALED_LOCK_WAIT") or DEFAULT_LOCK_WAIT)
+            # Every connection's default, so that ``RESET lock_timeout`` returns to it too.
+            ms = max(1, int(self.lock_wait * 1000))
+            options = self.datastore.pool.kwargs
+            assert isinstance(options, dict)
+            options["options"] = f"-c lock_timeout={ms}"
+
+        def application_recorder(self) -> Any:
+            """Return the recorder, bounding its appends' lock waits by ``lock_wait``."""
+            recorder = super().application_recorder()
+            assert isinstance(recorder, _PostgresRecorder)
+            recorder.lock_wait = self.lock_wait
+            return recorder
 
 
 _APPEND_CALL = (

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sqlite3 as _driver  # the pool's own name: tests stand in for ``sqlite3`` in DDL
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,10 +12,10 @@ from eventsourcing.persistence import (
     ConnectionPoolClosedError,
     ConnectionUnavailableError,
     InterfaceError,
+    OperationalError,
     StoredEvent,
 )
 from eventsourcing.sqlite import (
-    SQLITE3_DEFAULT_LOCK_TIMEOUT,
     SQLiteApplicationRecorder,
     SQLiteConnection,
     SQLiteConnectionPool,
@@ -30,6 +31,7 @@ from journaled.events.journal._common import (
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
     SUBSCRIPTION_TABLE,
+    LockWaitExpired,
     Row,
     SnapshotRefused,
     content_key,
@@ -37,6 +39,7 @@ from journaled.events.journal._common import (
     refused_after,
 )
 from journaled.events.journal._digest import DigestRow, chain, payload_hash
+from journaled.events.url import DEFAULT_LOCK_WAIT
 
 _CHAIN_COLUMNS = {
     "chain_first": "INTEGER",
@@ -63,10 +66,32 @@ def _integer(column: str) -> str:
     return f"CASE WHEN typeof({column}) IN ('integer', 'null') THEN {column} ELSE -1 END"
 
 
+_BUSY_SLACK_MS = 50
+"""How far the append connection's busy timeout may differ from the time an append has left
+before it is set again: an append that waited longer than this for the pool's own lock waits
+that much less in SQLite's busy handler, and the common case runs no extra statement."""
+
+
+def busy(exc: BaseException) -> bool:
+    """Tell whether an error is SQLite's "database is locked": its busy handler gave up."""
+    for error in (exc, exc.__cause__, exc.__context__):
+        if (
+            isinstance(error, sqlite3.OperationalError)
+            and getattr(error, "sqlite_errorcode", 0) & 0xFF == sqlite3.SQLITE_BUSY
+        ):
+            return True
+    return False
+
+
 class _Pool(SQLiteConnectionPool):
     """Connections that erase deleted bytes and commit with the configured durability."""
 
     synchronous = "NORMAL"
+    lock_wait: float = DEFAULT_LOCK_WAIT
+    """Seconds a connection waits for the file's write lock held by another connection (its
+    busy timeout), and an append for the pool's own write lock: ``JournalConfig.lock_wait``."""
+    _writer_busy_ms = 0
+    """The append connection's busy timeout as last set, in milliseconds."""
 
     def _create_connection(self) -> SQLiteConnection:
         # As the library's (eventsourcing 9.5.6, sqlite.py), but with a statement cache: its
@@ -79,7 +104,7 @@ class _Pool(SQLiteConnectionPool):
                 check_same_thread=False,
                 isolation_level=None,
                 cached_statements=STATEMENT_CACHE,
-                timeout=self.lock_timeout or SQLITE3_DEFAULT_LOCK_TIMEOUT,
+                timeout=self.lock_wait,
             )
         except (sqlite3.Error, TypeError) as exc:
             raise InterfaceError(exc) from exc
@@ -118,10 +143,22 @@ class _Pool(SQLiteConnectionPool):
                 raise ConnectionPoolClosedError
             if self._writer is None:
                 self._writer = self._create_connection()
+                self._writer_busy_ms = round(self.lock_wait * 1000)
         except BaseException:
             self._writer_lock.release()
             raise
         return self._writer
+
+    def bound_busy(self, conn: SQLiteConnection, left: float) -> None:
+        """Let the append connection wait at most ``left`` seconds more for the file's lock.
+
+        Set only when it differs by more than :data:`_BUSY_SLACK_MS` from the last setting: an
+        append that took the pool's lock at once keeps the connection's timeout as it is.
+        """
+        wanted = max(0, int(left * 1000))
+        if abs(wanted - self._writer_busy_ms) > _BUSY_SLACK_MS:
+            conn.cursor().execute(f"PRAGMA busy_timeout = {wanted}")
+            self._writer_busy_ms = wanted
 
     def release_writer(self) -> None:
         """Give the write lock taken by :meth:`writer` back."""
@@ -177,12 +214,22 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         ``ALTER TABLE ... ADD COLUMN`` only changes the schema (no row is rewritten); it runs in
         an immediate transaction of its own so that processes opening an old journal at once
         take turns, and the second finds the columns there. A journal that cannot be written
-        still opens: it is read without a chain (and an append fails as it would anyway).
+        still opens: it is read without a chain (and an append fails as it would anyway). One
+        whose lock another connection holds for longer than ``lock_wait`` does not open.
+
+        Raises:
+            LockWaitExpired: another connection held the write lock for ``lock_wait``.
         """
-        super().create_table()
-        conn = sqlite3.connect(
-            self.datastore.pool.db_name, uri=True, timeout=30, isolation_level=None
-        )
+        pool = self.datastore.pool
+        wait = pool.lock_wait if isinstance(pool, _Pool) else DEFAULT_LOCK_WAIT
+        started = time.monotonic()
+        try:
+            super().create_table()
+        except OperationalError as exc:
+            if busy(exc):
+                raise LockWaitExpired(time.monotonic() - started) from exc
+            raise
+        conn = sqlite3.connect(pool.db_name, uri=True, timeout=wait, isolation_level=None)
         table = self.events_table_name
 
         def missing() -> list[str]:
@@ -195,7 +242,9 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 for name in missing():
                     conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {_CHAIN_COLUMNS[name]}")
                 conn.execute("COMMIT")
-        except sqlite3.Error:
+        except sqlite3.Error as exc:
+            if busy(exc):  # it can be written, only not now: never go on without a chain
+                raise LockWaitExpired(time.monotonic() - started) from exc
             self.chained = self._columns = False
         finally:
             conn.close()
@@ -208,15 +257,33 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         A head remembered before the commit would outlive a rollback: another writer could fill
         the positions given back, and the next append, finding its predicted positions right,
         would chain to a digest that was never committed (R7).
+
+        The wait for the write lock (this process's, then the file's) is bounded by the pool's
+        ``lock_wait``, or by a ``lock_wait`` keyword when the caller has less time left.
+
+        Raises:
+            LockWaitExpired: the lock stayed taken for the whole wait; nothing was stored.
         """
         head: list[tuple[int, bytes]] = []
         pool = self.datastore.pool
+        wait: float | None = kwargs.pop("lock_wait", None)
         if isinstance(pool, _Pool) and not pool.is_sqlite_memory_mode:
-            conn = pool.writer()
+            wait = pool.lock_wait if wait is None else wait
+            started = time.monotonic()
             try:
+                conn = pool.writer(wait)
+            except ConnectionUnavailableError:  # another thread of this process kept it
+                raise LockWaitExpired(time.monotonic() - started) from None
+            try:
+                # What the pool's lock took comes off SQLite's wait for the file's lock.
+                pool.bound_busy(conn, wait - (time.monotonic() - started))
                 # As SQLiteConnection.transaction does, without its generator's frames.
                 with SQLiteTransaction(conn, commit=True) as c, c:
                     positions = self._insert_events(c, stored_events, **kwargs, head=head)
+            except OperationalError as exc:
+                if busy(exc):  # rolled back: nothing of this append is stored
+                    raise LockWaitExpired(time.monotonic() - started) from exc
+                raise
             finally:
                 pool.release_writer()
         else:
@@ -606,10 +673,11 @@ class _SQLiteFactory(SQLiteFactory):
     def __init__(self, env: Environment | Any) -> None:
         super().__init__(env)
         pool_class = _FullPool if self.env.get("JOURNALED_DURABILITY") == "full" else _Pool
+        wait = float(self.env.get("JOURNALED_LOCK_WAIT") or DEFAULT_LOCK_WAIT)
         stock = self.datastore.pool
-        self.datastore.pool = pool_class(
-            db_name=stock.db_name, lock_timeout=stock.lock_timeout, pool_size=5, max_overflow=10
-        )
+        pool = pool_class(db_name=stock.db_name, pool_size=5, max_overflow=10)
+        pool.lock_wait = wait
+        self.datastore.pool = pool
         stock.close()
 
 
