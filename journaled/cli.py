@@ -102,14 +102,14 @@ def mcp_command(ctx: click.Context) -> None:
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="journaled mcp: %(message)s"
     )
-    interrupted = False
+    status = 0
     with open_runtime(ctx, create=True) as rt:
         try:
-            mcp_server.serve(rt)
+            status = mcp_server.serve(rt)
         except KeyboardInterrupt:  # Ctrl-C in a terminal: the runtime still closes, quietly
-            interrupted = True
-    if interrupted:
-        ctx.exit(130)
+            status = 130
+    if status:
+        ctx.exit(status)
 
 
 # -- journal ---------------------------------------------------------------------------------------
