@@ -14,8 +14,10 @@ calls nine tools: ``memory_remember``, ``memory_search``, ``memory_why``, ``memo
   journal) is a tool error (``isError``) whose one line names the argument:
   ``position: 99 is past the end of the journal (its last position is 12)``. An unknown tool name
   is a protocol error (``INVALID_PARAMS``). Nothing is appended for a refused call.
-- The protocol owns stdout; logging goes to stderr. The runtime is closed when the client closes
-  the connection (end of stdin), and the process exits with status 0.
+- The protocol owns stdout (:mod:`journaled.mcp_wire` points fd 1 at stderr while serving);
+  logging goes to stderr. At end of stdin every request read is answered, then the runtime is
+  closed and the process exits with status 0; SIGINT and SIGTERM stop it the same way, with
+  status 130 and 143.
 
 Needs the extra ``journaled[mcp]``; ``import journaled`` never imports this module or ``mcp``.
 """
@@ -32,8 +34,10 @@ import anyio
 import mcp.types as mt
 import msgspec
 import pydantic
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from mcp.server.lowlevel import Server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 import journaled
 from journaled import cli_render as render
@@ -177,7 +181,10 @@ async def serve_stdio(rt: journaled.Runtime) -> int:
     options = server.create_initialization_options()
     status = 0
 
-    async def run(reads: Any, writes: Any) -> None:
+    async def run(
+        reads: ObjectReceiveStream[SessionMessage | Exception],
+        writes: ObjectSendStream[SessionMessage],
+    ) -> None:
         await server.run(reads, writes, options)
 
     async def stop_on_signal(wire: Wire) -> None:

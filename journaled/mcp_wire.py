@@ -11,8 +11,9 @@ when stdin ends it stops the server, cancelling the requests still running. This
   read), logs it on stderr and keeps serving;
 - writes each answer as one line of UTF-8 to its own duplicate of fd 1; a string UTF-8 cannot
   encode (a lone surrogate a client sent as ``\\ud800``) is written as its JSON escape;
-- keeps a ledger of the requests handed to the server: at end of stdin (or SIGTERM) it reads no
-  more, and closes the server's stream only once every request read has been answered.
+- keeps a ledger of the requests handed to the server: at end of stdin (or :meth:`Wire.stop`,
+  on SIGINT or SIGTERM) it reads no more, and closes the server's stream only once every request
+  read has been answered.
 
 :func:`claimed_stdio` points fd 1 at stderr while serving, so a stray ``print`` (or a child
 process) cannot corrupt the protocol, and fd 0 at the null device.
@@ -129,6 +130,13 @@ def _error(request_id: int | str | None, code: int, text: str) -> dict[str, Any]
 
 Screen = Callable[[mt.JSONRPCRequest], tuple[int, str] | None]
 """Look at a request before the server does: ``(code, message)`` refuses it here."""
+
+
+Serve = Callable[
+    [ObjectReceiveStream[SessionMessage | Exception], ObjectSendStream[SessionMessage]],
+    Awaitable[None],
+]
+"""Run the server over its read and write streams until the read stream ends."""
 
 
 class Wire:
@@ -277,7 +285,7 @@ class Wire:
             self._settled = anyio.Event()
             await self._settled.wait()
 
-    async def serve(self, run: Callable[[Any, Any], Any]) -> None:
+    async def serve(self, run: Serve) -> None:
         """Run ``run(read_stream, write_stream)`` (the server) over this wire until EOF."""
         requests, server_reads = anyio.create_memory_object_stream[SessionMessage | Exception](0)
         server_writes, answers = anyio.create_memory_object_stream[SessionMessage](0)

@@ -9,11 +9,11 @@ lone surrogates, a line of tens of MB, deep nesting, arguments of every wrong ty
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, ClassVar
@@ -63,16 +63,14 @@ class Raw:
 
     started: ClassVar[list[Raw]] = []
 
-    def __init__(self, url: str, *, env: dict[str, str] | None = None, probe: str = "") -> None:
+    def __init__(self, url: str, *, probe: str = "") -> None:
         command = [sys.executable, "-m", "journaled.cli", "mcp", "--url", url]
         if probe:  # run the command from a script that first changes something in-process
             command = [sys.executable, "-c", probe, "mcp", "--url", url]
+        # stderr goes to a file: a pipe nobody reads until the end could fill and stall the server.
+        self.errlog = tempfile.TemporaryFile()  # noqa: SIM115 - closed by the fixture
         self.proc = subprocess.Popen(
-            command,
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env={**os.environ, **(env or {})},
+            command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.errlog
         )
         assert self.proc.stdin is not None
         assert self.proc.stdout is not None
@@ -89,7 +87,7 @@ class Raw:
     def reply(self, timeout: float = 60.0) -> dict[str, Any]:
         """Read the next line of stdout within ``timeout`` seconds; it must be strict UTF-8."""
         ready, _, _ = select.select([self.stdout], [], [], timeout)
-        assert ready, f"no reply within {timeout} s"
+        assert ready, f"no reply within {timeout} s; stderr: {self.stderr()}"
         raw = self.stdout.readline()
         assert raw.endswith(b"\n"), raw[:200]
         self.raw_lines.append(raw)
@@ -118,11 +116,16 @@ class Raw:
         self.send(INITIALIZE, INITIALIZED)
         assert self.reply()["id"] == 0
 
+    def stderr(self) -> str:
+        """Return what the server wrote on stderr so far."""
+        self.errlog.seek(0)
+        return self.errlog.read().decode("utf-8", "replace")
+
     def close(self, timeout: float = 60.0) -> tuple[list[dict[str, Any]], str]:
         """Close stdin; return the replies still to come and stderr once the server exits."""
-        rest, err = self.proc.communicate(timeout=timeout)
+        rest, _ = self.proc.communicate(timeout=timeout)
         replies = [json.loads(raw.decode("utf-8")) for raw in rest.splitlines()]
-        return replies, err.decode("utf-8")
+        return replies, self.stderr()
 
 
 @pytest.fixture(autouse=True)
@@ -134,7 +137,7 @@ def _no_server_left() -> Iterator[None]:
         if server.proc.poll() is None:
             server.proc.kill()
         server.proc.wait(timeout=60)
-        for pipe in (server.proc.stdin, server.proc.stdout, server.proc.stderr):
+        for pipe in (server.proc.stdin, server.proc.stdout, server.errlog):
             if pipe is not None:
                 pipe.close()
 
@@ -422,8 +425,7 @@ def _stop_while_calls_run(url: str, signum: signal.Signals) -> None:
             break
         replies.append(json.loads(raw.decode("utf-8")))
     status = server.proc.wait(timeout=60)
-    _, raw_err = server.proc.communicate(timeout=60)
-    err = raw_err.decode()
+    _, err = server.close()
     assert status == {signal.SIGINT: 130, signal.SIGTERM: 143}[signum], err
     assert "Traceback" not in err
     assert f"{signum.name}: answering the requests already read, then stopping" in err
