@@ -447,3 +447,37 @@ def test_ctrl_c_while_calls_run_answers_them_and_exits_130(sqlite_url: str) -> N
 def test_sigterm_while_calls_run_answers_them_and_exits_143(sqlite_url: str) -> None:
     """X2: SIGTERM mid-call: calls read are answered, the runtime closes, exit 143."""
     _stop_while_calls_run(sqlite_url, signal.SIGTERM)
+
+
+def test_a_request_the_client_cancels_does_not_hold_the_exit(sqlite_url: str) -> None:
+    """X2: a call cancelled by notifications/cancelled settles without an answer; EOF exits 0."""
+    probe = (
+        "import sys, threading\n"
+        "from journaled import mcp_tools\n"
+        "release = threading.Event()\n"
+        "search, runs_list = mcp_tools._search, mcp_tools._runs_list\n"
+        "def held(rt, a):\n"
+        "    release.wait(60)\n"
+        "    return search(rt, a)\n"
+        "def releasing(rt, a):\n"
+        "    release.set()\n"
+        "    return runs_list(rt, a)\n"
+        "swap = {'memory_search': held, 'runs_list': releasing}\n"
+        "mcp_tools.TOOLS = tuple(\n"
+        "    mcp_tools.ToolSpec(**{**s.__dict__, 'answer': swap.get(s.name, s.answer)})\n"
+        "    for s in mcp_tools.TOOLS)\n"
+        "from journaled.cli import main\n"
+        "main(sys.argv[1:])\n"
+    )
+    server = Raw(sqlite_url, probe=probe)
+    server.open()
+    cancel = {"requestId": 1, "reason": "no longer needed"}
+    server.send(
+        call(1, "memory_search", {"query": "x"}),
+        {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": cancel},
+        call(2, "runs_list", {}),
+    )
+    assert server.reply()["id"] == 2
+    replies, err = server.close(timeout=60)
+    assert server.proc.returncode == 0, err
+    assert [r["id"] for r in replies] in ([], [1])  # the SDK may still answer a late cancel
