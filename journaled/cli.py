@@ -92,7 +92,8 @@ def mcp_command(ctx: click.Context) -> None:
     An MCP client starts this command and talks JSON-RPC on its stdin and stdout; logs go to
     stderr. Tools: memory_remember, memory_search, memory_why, memory_history, memory_as_of,
     runs_list, runs_why, runs_at, runs_stale; each result is the matching command's --json.
-    Creates the journal if needed (memory_remember writes). Ends when the client closes stdin.
+    Creates the journal if needed (memory_remember writes). Ends when the client closes stdin
+    (0), on Ctrl-C (130) or SIGTERM (143), once the requests already read are answered.
     Needs the extra: pip install 'journaled[mcp]'.
     """
     try:
@@ -102,14 +103,14 @@ def mcp_command(ctx: click.Context) -> None:
     logging.basicConfig(
         stream=sys.stderr, level=logging.WARNING, format="journaled mcp: %(message)s"
     )
-    interrupted = False
+    status = 0
     with open_runtime(ctx, create=True) as rt:
         try:
-            mcp_server.serve(rt)
+            status = mcp_server.serve(rt)
         except KeyboardInterrupt:  # Ctrl-C in a terminal: the runtime still closes, quietly
-            interrupted = True
-    if interrupted:
-        ctx.exit(130)
+            status = 130
+    if status:
+        ctx.exit(status)
 
 
 # -- journal ---------------------------------------------------------------------------------------

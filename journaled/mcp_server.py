@@ -14,8 +14,10 @@ calls nine tools: ``memory_remember``, ``memory_search``, ``memory_why``, ``memo
   journal) is a tool error (``isError``) whose one line names the argument:
   ``position: 99 is past the end of the journal (its last position is 12)``. An unknown tool name
   is a protocol error (``INVALID_PARAMS``). Nothing is appended for a refused call.
-- The protocol owns stdout; logging goes to stderr. The runtime is closed when the client closes
-  the connection (end of stdin), and the process exits with status 0.
+- The protocol owns stdout (:mod:`journaled.mcp_wire` points fd 1 at stderr while serving);
+  logging goes to stderr. At end of stdin every request read is answered, then the runtime is
+  closed and the process exits with status 0; SIGINT and SIGTERM stop it the same way, with
+  status 130 and 143.
 
 Needs the extra ``journaled[mcp]``; ``import journaled`` never imports this module or ``mcp``.
 """
@@ -23,6 +25,7 @@ Needs the extra ``journaled[mcp]``; ``import journaled`` never imports this modu
 from __future__ import annotations
 
 import logging
+import signal
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as package_version
 from typing import Any
@@ -30,14 +33,17 @@ from typing import Any
 import anyio
 import mcp.types as mt
 import msgspec
+import pydantic
+from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from mcp.server.lowlevel import Server
-from mcp.server.stdio import stdio_server
 from mcp.shared.exceptions import MCPError
+from mcp.shared.message import SessionMessage
 
 import journaled
 from journaled import cli_render as render
 from journaled.events.errors import EventsError
 from journaled.mcp_tools import TOOLS, ToolError, answer, object_schema
+from journaled.mcp_wire import Wire, claimed_stdio
 
 log = logging.getLogger("journaled.mcp")
 
@@ -126,13 +132,89 @@ def _version() -> str:
         return "0"
 
 
-async def serve_stdio(rt: journaled.Runtime) -> None:
-    """Serve ``rt``'s tools over this process's stdin and stdout until the client closes."""
+class Screen:
+    """Refuse, with a reason, the requests the SDK would refuse without one.
+
+    Before ``initialize`` the SDK answers a tool call ``Invalid request parameters`` with empty
+    data, and the same for ``tools/call`` params of the wrong shape; a client learns nothing.
+    """
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    def __call__(self, request: mt.JSONRPCRequest) -> tuple[int, str] | None:
+        """Return ``(code, message)`` for a request to refuse, else None."""
+        params = request.params or {}
+        meta = params.get("_meta")
+        if request.method == "initialize" or (
+            isinstance(meta, dict) and mt.PROTOCOL_VERSION_META_KEY in meta  # no handshake then
+        ):
+            self.opened = True
+        elif not self.opened and request.method != "ping":
+            return (
+                mt.INVALID_REQUEST,
+                f"{request.method}: the connection is not initialized; send initialize "
+                "first, then notifications/initialized",
+            )
+        if request.method == "tools/call":
+            try:
+                mt.CallToolRequestParams.model_validate(params, by_name=False)
+            except pydantic.ValidationError as exc:
+                first = exc.errors()[0]
+                where = ".".join(str(part) for part in ("params", *first["loc"]))
+                return mt.INVALID_PARAMS, f"{where}: {first['msg']}"
+        return None
+
+
+STOP_STATUS = {signal.SIGINT: 130, signal.SIGTERM: 143}
+"""The exit status after each stopping signal, as a shell reports a process it ended."""
+
+
+async def serve_stdio(rt: journaled.Runtime) -> int:
+    """Serve ``rt``'s tools over stdin and stdout until the client closes or a signal stops it.
+
+    At end of stdin, SIGINT (Ctrl-C) or SIGTERM the server reads no more requests and answers
+    those already read before it returns. Returns the exit status: 0 at end of stdin, else
+    :data:`STOP_STATUS` of the signal.
+    """
     server = build_server(rt)
-    async with stdio_server() as (read_stream, write_stream):
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+    options = server.create_initialization_options()
+    status = 0
+
+    async def run(
+        reads: ObjectReceiveStream[SessionMessage | Exception],
+        writes: ObjectSendStream[SessionMessage],
+    ) -> None:
+        await server.run(reads, writes, options)
+
+    async def stop_on_signal(wire: Wire) -> None:
+        nonlocal status
+        # Handled here rather than by cancelling every task: the SDK's serving loop does not
+        # end cleanly when cancelled mid-request, and a request read deserves its answer.
+        # A signal the process was started with ignored (nohup, a background job) stays ignored.
+        handled = [sig for sig in STOP_STATUS if signal.getsignal(sig) is not signal.SIG_IGN]
+        with anyio.open_signal_receiver(*handled) as signals:
+            async for signum in signals:
+                log.warning(
+                    "%s: answering the requests already read, then stopping",
+                    signal.Signals(signum).name,
+                )
+                status = STOP_STATUS[signal.Signals(signum)]
+                wire.stop()
+                return  # a second Ctrl-C is Python's own KeyboardInterrupt
+
+    with claimed_stdio() as (source, sink):
+        wire = Wire(source, sink, screen=Screen())
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_on_signal, wire)
+            await wire.serve(run)
+            tg.cancel_scope.cancel()
+    return status
 
 
-def serve(rt: journaled.Runtime) -> None:
-    """Serve until the client closes stdin; the caller closes ``rt`` afterwards."""
-    anyio.run(serve_stdio, rt)
+def serve(rt: journaled.Runtime) -> int:
+    """Serve until the client closes stdin or a signal stops it; return the exit status.
+
+    The caller closes ``rt`` afterwards.
+    """
+    return anyio.run(serve_stdio, rt)

@@ -411,6 +411,24 @@ def object_schema(struct: Any) -> dict[str, Any]:
 
 _AT_FIELD = re.compile(r"at `\$\.([A-Za-z_]+)")
 _NAMED_FIELD = re.compile(r"field `([A-Za-z_]+)`")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _lone_surrogate(value: object) -> str | None:
+    """Return the first lone UTF-16 surrogate in a JSON value's strings, escaped, or None."""
+    stack = [value]
+    while stack:  # no recursion: a client decides how deep the value nests
+        item = stack.pop()
+        if isinstance(item, str):
+            found = _SURROGATE.search(item)
+            if found is not None:
+                return f"\\u{ord(found.group()):04x} at character {found.start()}"
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return None
 
 
 def parse_args(spec: ToolSpec, arguments: dict[str, Any] | None) -> Any:
@@ -419,6 +437,15 @@ def parse_args(spec: ToolSpec, arguments: dict[str, Any] | None) -> Any:
     Raises:
         ToolError: naming the argument and what is wrong with it.
     """
+    for name, value in (arguments or {}).items():
+        # JSON may spell a lone surrogate ("\\ud800"); UTF-8, and so the journal, cannot hold it.
+        where = _lone_surrogate([name, value])
+        if where is not None:
+            raise ToolError(
+                ascii(name)[1:-1],
+                f"holds a lone UTF-16 surrogate ({where}), which UTF-8 cannot encode: "
+                "send valid Unicode text",
+            )
     try:
         return msgspec.convert(arguments or {}, spec.args)
     except msgspec.ValidationError as exc:
