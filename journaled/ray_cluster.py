@@ -13,6 +13,7 @@ Two checks keep a misconfiguration from turning into a silent hang:
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import threading
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,14 @@ import ray
 
 from journaled.errors import ConfigurationError
 
-__all__ = ["CONNECT_TIMEOUT", "ClusterResources", "connect", "demand", "shortfall"]
+__all__ = [
+    "CONNECT_TIMEOUT",
+    "ClusterResources",
+    "connect",
+    "connect_probe",
+    "demand",
+    "shortfall",
+]
 
 CONNECT_TIMEOUT = 5.0
 """Seconds to wait for a cluster's address to accept a connection before refusing it."""
@@ -64,7 +72,7 @@ def connect(address: str | None, init: Mapping[str, Any]) -> bool:
         )
     target = _bootstrap(address)
     if target is not None:
-        _probe(address, target)
+        connect_probe(address, target)
     options = {"include_dashboard": False, "log_to_driver": False, **dict(init)}
     try:
         ray.init(address=address, **options)
@@ -217,24 +225,57 @@ def _bootstrap(address: str | None) -> str | None:
     return None if found is None else str(found)
 
 
-def _probe(address: str | None, target: str) -> None:
-    """Refuse ``address`` unless its ``host:port`` accepts a connection within the bound.
+def connect_probe(address: str | None, target: str) -> None:
+    """Refuse ``address`` unless its ``host:port`` answers as a gRPC server within the bound.
 
-    ``ray.init`` on an address nothing listens on retries for ever.
+    ``ray.init`` retries for ever on an address nothing listens on, or where a server that is
+    not Ray's listens. Ray's GCS and its Client server speak gRPC: one answers an HTTP/2
+    preface with a SETTINGS frame at once. With ``RAY_USE_TLS`` set, only the connection is
+    checked (the handshake would be TLS).
     """
     parts = _split(target)
     if parts is None:
         raise ConfigurationError(f"Ray address {address!r} is not host:port (got {target!r})")
     host, port = parts
+    where = f"the Ray cluster at {address or target!r} ({host}:{port}"
     try:
-        with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT):
-            pass
+        conn = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT)
     except OSError as exc:
-        reason = "timed out" if isinstance(exc, TimeoutError) else str(exc) or type(exc).__name__
+        reason = (
+            f"no answer within {CONNECT_TIMEOUT:g}s"
+            if isinstance(exc, TimeoutError)
+            else str(exc) or type(exc).__name__
+        )
         raise ConfigurationError(
-            f"cannot reach the Ray cluster at {address or target!r} ({host}:{port}: {reason} "
-            f"within {CONNECT_TIMEOUT:g}s): start it with `ray start --head` or fix the address"
+            f"cannot reach {where}: {reason}): start it with `ray start --head` or fix the address"
         ) from exc
+    with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", ""):
+            return
+        try:
+            conn.sendall(_HTTP2_PREFACE)
+            answer = conn.recv(9)
+        except OSError as exc:
+            answer = b""
+            why = (
+                f"no reply within {CONNECT_TIMEOUT:g}s"
+                if isinstance(exc, TimeoutError)
+                else str(exc)
+            )
+        else:
+            why = "no gRPC reply"
+        if len(answer) < 4 or answer[3] != _SETTINGS_FRAME:
+            raise ConfigurationError(
+                f"{where}) accepts connections but does not answer as Ray does ({why}): give "
+                "the head's GCS port (6379 by default) or ray://head:10001"
+            )
+
+
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+"""An HTTP/2 client's connection preface followed by an empty SETTINGS frame."""
+
+_SETTINGS_FRAME = 4
+"""The type byte of an HTTP/2 SETTINGS frame, the first thing a gRPC server sends."""
 
 
 def _split(address: str) -> tuple[str, int] | None:

@@ -8,6 +8,7 @@ The cluster is the session's (the ``ray_address`` fixture of conftest).
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import ray
 from crash import ROOT
 
 import journaled
-from journaled import Plan, Step
+from journaled import Plan, Step, ray_cluster
 from journaled.ray import RaySteps
 from journaled.ray_cluster import ClusterResources, demand, shortfall
 
@@ -151,15 +152,17 @@ def test_init_keywords_that_cannot_apply_are_refused(ray_address: str) -> None:
 
 
 UNREACHABLE = """
-import json, sys, time
+import json, socket, sys, time
 import ray
 import journaled
 from journaled.ray import RaySteps
 
+silent = socket.create_server(("", 0))  # accepts connections, never speaks Ray
 report = {}
 for name, kwargs in [
     ("dead", {"address": "127.0.0.1:1"}),
     ("client", {"address": "ray://127.0.0.1:1"}),
+    ("not ray", {"address": f"127.0.0.1:{silent.getsockname()[1]}"}),
     ("address in init", {"init": {"address": "127.0.0.1:1"}}),
     ("unknown keyword", {"init": {"no_such_keyword": 1}}),
 ]:
@@ -175,9 +178,9 @@ print(json.dumps(report))
 
 
 def test_an_unreachable_or_bad_connection_fails_in_bounded_time() -> None:
-    """S1: an address nothing listens on (direct or Ray Client) and init keywords ray.init
-    refuses raise a ConfigurationError naming them within seconds, leaving the process
-    unconnected."""
+    """S1: an address nothing listens on (direct or Ray Client), one where something else
+    listens, and init keywords ray.init refuses raise a ConfigurationError naming them within
+    seconds, leaving the process unconnected."""
     done = subprocess.run(
         [sys.executable, "-c", UNREACHABLE],
         cwd=ROOT,
@@ -188,15 +191,39 @@ def test_an_unreachable_or_bad_connection_fails_in_bounded_time() -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout.strip().splitlines()[-1])
-    dead, client, in_init, unknown = (report[k] for k in report)
+    dead, client, silent, in_init, unknown = (report[k] for k in report)
     assert dead[0].startswith("cannot reach the Ray cluster at '127.0.0.1:1' ("), dead
+    assert "Connection refused" in dead[0]
     assert client[0].startswith("cannot reach the Ray cluster at 'ray://127.0.0.1:1' ("), client
+    assert silent[0].startswith("the Ray cluster at '127.0.0.1:"), silent
+    assert "accepts connections but does not answer as Ray does (no reply within 5s)" in silent[0]
     assert in_init[0] == "init must not hold 'address': pass it as RaySteps(address=...) instead"
     assert unknown[0].startswith("ray.init refused init={'no_such_keyword': 1}: RuntimeError: ")
     assert "no_such_keyword" in unknown[0]
     for message, seconds, connected in report.values():
         assert seconds < 30, message
         assert not connected, message
+
+
+def test_an_address_that_never_answers_is_given_up_after_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """S1: an address whose host never answers is refused once the connect timeout passes,
+    saying so (ray.init would retry for ever)."""
+    asked: list[float] = []
+
+    def never_answers(where: tuple[str, int], timeout: float) -> socket.socket:
+        asked.append(timeout)
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(socket, "create_connection", never_answers)
+    with pytest.raises(journaled.ConfigurationError) as caught:
+        ray_cluster.connect_probe("head:6379", "10.0.0.1:6379")
+    assert str(caught.value) == (
+        "cannot reach the Ray cluster at 'head:6379' (10.0.0.1:6379: no answer within 5s): "
+        "start it with `ray start --head` or fix the address"
+    )
+    assert asked == [ray_cluster.CONNECT_TIMEOUT]
 
 
 def test_an_unpicklable_lambda_fails_its_step_by_name(steps: RaySteps, sqlite_url: str) -> None:
