@@ -12,6 +12,11 @@ A worker process lost mid-step (killed, out of memory, its node gone) fails that
 observation naming the loss; a registration's :class:`journaled.Retry` policy tries it again.
 Ray's own task retries are off, so every attempt is journaled.
 
+A step asking for resources no live node has fails at submit time, naming them and what each
+node has, instead of being queued by Ray for ever (``wait_for_resources=True`` queues it, for
+autoscaling clusters). Connecting is checked too (:mod:`journaled.ray_cluster`): another
+cluster than the current connection, or an address that does not answer as Ray, is refused.
+
 What does not cross: a remote step has no ``ctx.memory`` (it is None) and an agent cannot start
 child runs with ``ctx.execute``; the function, its input and its output must pickle. Requires
 the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never imports Ray.

@@ -7,12 +7,14 @@ The cluster is the session's (the ``ray_address`` fixture of conftest).
 
 from __future__ import annotations
 
+import inspect
 import json
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -357,3 +359,14 @@ def test_a_placement_follows_the_process_reconnecting(ray_address: str) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip().splitlines()[-1] == "[2] [3]"
+
+
+def test_the_readme_shows_the_raysteps_signature() -> None:
+    """S3: the README's "Running on many hosts" shows RaySteps' keywords as they are."""
+    shown = []
+    for parameter in inspect.signature(RaySteps).parameters.values():
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in shown:
+            shown.append("*")
+        shown.append(f"{parameter.name}={parameter.default!r}")
+    readme = (Path(ROOT) / "README.md").read_text()
+    assert f"`RaySteps({', '.join(shown)})`" in readme
