@@ -175,6 +175,14 @@ class RaySteps:
         token.on_set(lambda: _cancel(ref))
         try:
             observation, question = ray.get(ref)
+        except SystemExit:
+            # Ray ends a thread blocked in ray.get this way when the process disconnects.
+            why = (
+                "its RaySteps was shut down"
+                if self.closed
+                else "this process disconnected from Ray (ray.shutdown())"
+            )
+            return _failed(step, f"step {step.id!r} was cut off on Ray: {why} while it ran"), None
         except ray_errors.TaskCancelledError:
             return _cancelled(step), None
         except ray_errors.RayTaskError as exc:
@@ -230,8 +238,11 @@ class RaySteps:
 
 def _session() -> tuple[str, str]:
     """Name this process's current Ray connection: its cluster and its job."""
-    context = ray.get_runtime_context()
-    return str(context.gcs_address), str(context.get_job_id())
+    try:
+        context = ray.get_runtime_context()
+        return str(context.gcs_address), str(context.get_job_id())
+    except Exception:  # a Ray Client connection may not say: its caches are kept
+        return "", ""
 
 
 def lost_error(step: Step, exc: BaseException) -> str:

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
 import socket
 import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import ray
@@ -23,6 +24,7 @@ from crash import ROOT
 
 import journaled
 from journaled import Plan, Step, ray_cluster
+from journaled.events.run_messages import RunStep
 from journaled.ray import RaySteps
 from journaled.ray_cluster import ClusterResources, demand, shortfall
 
@@ -157,6 +159,7 @@ UNREACHABLE = """
 import json, socket, sys, time
 import ray
 import journaled
+from journaled.events.run_messages import RunStep
 from journaled.ray import RaySteps
 
 silent = socket.create_server(("", 0))  # accepts connections, never speaks Ray
@@ -330,6 +333,7 @@ import sys
 import ray
 import journaled
 from journaled import Plan, Step
+from journaled.events.run_messages import RunStep
 from journaled.ray import RaySteps
 
 address = sys.argv[1]
@@ -370,3 +374,65 @@ def test_the_readme_shows_the_raysteps_signature() -> None:
         shown.append(f"{parameter.name}={parameter.default!r}")
     readme = (Path(ROOT) / "README.md").read_text()
     assert f"`RaySteps({', '.join(shown)})`" in readme
+
+
+SHUTDOWN_MID_STEP = """
+import json, os, sys, time
+from pathlib import Path
+import journaled
+from journaled import Plan, Step
+from journaled.events.run_messages import RunStep
+from journaled.ray import RaySteps
+from journaled.testing import wait_for
+
+mark = Path(sys.argv[1])
+
+def slow(value):
+    Path(value).write_text(str(os.getpid()))
+    time.sleep(60)
+    return "slept"
+
+steps = RaySteps("local", init={"num_cpus": 1})  # its own cluster: shutdown() stops it
+with journaled.open("memory://", steps=steps) as rt:
+    rt.register_tool("slow", slow)
+    handle = rt.start(Plan(goal="g", steps=[Step("a", tool="slow", input=str(mark))]))
+    wait_for(lambda: mark.exists() and mark.read_text() != "", 60)
+    steps.shutdown()
+    result = handle.result(timeout=60)
+    print(json.dumps([o.error for o in result.observations]))
+"""
+
+
+@pytest.mark.slow
+def test_shutdown_while_a_step_runs_fails_that_step(tmp_path: Path) -> None:
+    """S1, S2: shutdown() of a RaySteps that started its own cluster while a step runs there
+    fails that step, saying so; the executor is not harmed and the run ends."""
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    done = subprocess.run(
+        [sys.executable, "-c", SHUTDOWN_MID_STEP, str(tmp_path / "running")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=110,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == [
+        "step 'a' was cut off on Ray: its RaySteps was shut down while it ran"
+    ]
+
+
+class _Exits:
+    """A placement whose engine ends the waiting thread with SystemExit (as ray.get does)."""
+
+    def run_step(self, msg: RunStep, fn: Any, **kwargs: Any) -> Any:
+        raise SystemExit(0)
+
+
+def test_a_placement_ending_the_thread_fails_the_step_not_the_executor() -> None:
+    """S1, E11: a placement that raises SystemExit fails its step, named; the run ends."""
+    with journaled.open("memory://", steps=cast(Any, _Exits())) as rt:
+        rt.register_tool("echo", echo)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="echo")]))
+    assert result.observations[0].error == "step 'a' could not be placed: SystemExit: 0"
