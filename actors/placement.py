@@ -88,7 +88,7 @@ def run_placed(
     """
     try:
         return placement.run_step(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:  # SystemExit: an engine ending the waiting thread
         step = msg.step
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         error = f"step {step.id!r} could not be placed: {type(exc).__name__}: {text}"

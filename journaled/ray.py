@@ -12,6 +12,11 @@ A worker process lost mid-step (killed, out of memory, its node gone) fails that
 observation naming the loss; a registration's :class:`journaled.Retry` policy tries it again.
 Ray's own task retries are off, so every attempt is journaled.
 
+A step asking for resources no live node has fails at submit time, naming them and what each
+node has, instead of being queued by Ray for ever (``wait_for_resources=True`` queues it, for
+autoscaling clusters). Connecting is checked too (:mod:`journaled.ray_cluster`): another
+cluster than the current connection, or an address that does not answer as Ray, is refused.
+
 What does not cross: a remote step has no ``ctx.memory`` (it is None) and an agent cannot start
 child runs with ``ctx.execute``; the function, its input and its output must pickle. Requires
 the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never imports Ray.
@@ -34,6 +39,7 @@ from journaled.actors.steps import ToolContext, run_agent, run_callable, storabl
 from journaled.errors import ConfigurationError
 from journaled.events.plans import CANCELLED_ABORT, Observation, Step
 from journaled.events.run_messages import RunStep
+from journaled.ray_cluster import ClusterResources, connect, demand
 
 __all__ = ["RaySteps", "lost_error"]
 
@@ -47,13 +53,23 @@ class RaySteps:
     Args:
         address: the cluster to join (``"auto"``, ``"ray://head:10001"``, ``"head:6379"``).
             None: the cluster this process is already connected to, else ``$RAY_ADDRESS``,
-            else a local cluster started now (and stopped with the process).
+            else a local cluster started now (and stopped with the process). If this process
+            is already connected, the address must name that cluster (None and ``"auto"``
+            accept it whatever it is).
         resources: what a step asks when its registration names none (default one CPU).
         init: more keywords for ``ray.init`` when this object connects (``runtime_env``,
-            ``namespace``, ``num_cpus`` for a local cluster, ...).
+            ``namespace``, ``num_cpus`` for a local cluster, ...); refused when this process
+            is already connected, since they could not apply.
+        wait_for_resources: False (the default): a step asking for resources no live node
+            of the cluster has (a GPU on a CPU-only cluster, more CPUs than any one node has)
+            fails at once, naming them and what each node has. True: it is queued until a
+            node that has them joins, as an autoscaling cluster does (give such runs a
+            ``step_timeout``).
 
     Raises:
-        ConfigurationError: a bad keyword, named.
+        ConfigurationError: a bad keyword, named; an address that names another cluster than
+            the one this process is connected to; an address that does not accept a
+            connection within ``journaled.ray_cluster.CONNECT_TIMEOUT`` seconds.
     """
 
     def __init__(
@@ -62,32 +78,50 @@ class RaySteps:
         *,
         resources: Mapping[str, Any] | None = None,
         init: Mapping[str, Any] | None = None,
+        wait_for_resources: bool = False,
     ) -> None:
         if address is not None and (not isinstance(address, str) or not address):
             raise ConfigurationError(f"address must be a non-empty string or None, got {address!r}")
+        if not isinstance(wait_for_resources, bool):
+            raise ConfigurationError(
+                f"wait_for_resources must be True or False, got {wait_for_resources!r}"
+            )
+        if init is not None and not isinstance(init, Mapping):
+            raise ConfigurationError(
+                f"init must be a dict of ray.init keywords, got {type(init).__name__}"
+            )
         chosen = dict(DEFAULT_RESOURCES if resources is None else resources)
         problem = resources_problem(chosen)
         if problem:
             raise ConfigurationError(f"resources {problem}")
         self._defaults = chosen
-        self.connected_here = False
+        self._wait = wait_for_resources
+        self.connected_here = connect(address, init or {})
         """Whether this object connected the process to Ray (then :meth:`shutdown` disconnects)."""
-        if not ray.is_initialized():
-            options = {"include_dashboard": False, "log_to_driver": False, **dict(init or {})}
-            ray.init(address=address, **options)
-            self.connected_here = True
+        self.closed = False
+        """Whether :meth:`shutdown` was called: no step runs here any more."""
         self._task = ray.remote(max_retries=0)(_run_remote)
         self._functions: dict[int, tuple[Callable[..., Any], Any]] = {}
         """id(fn) -> (fn, its ObjectRef): a function is sent to the object store once."""
-        self._tasks: dict[str, Any] = {}
-        """Resources (as text) -> the remote function with those options."""
+        self._tasks: dict[str, tuple[Any, dict[str, float]]] = {}
+        """Resources (as text) -> the remote function with those options, and what it asks."""
+        self._cluster = ClusterResources()
+        self._session = _session()
+        """The connection the caches belong to: an ObjectRef is void in a later one."""
         self._lock = threading.Lock()
 
     def shutdown(self) -> None:
-        """Disconnect from Ray if this object connected (a local cluster it started stops)."""
+        """Stop running steps here; disconnect from Ray if this object connected.
+
+        A local cluster it started stops with it. A runtime still opened with this placement
+        fails its next steps, saying so; open it again with a new ``RaySteps()``.
+        """
+        self.closed = True
         if self.connected_here and ray.is_initialized():
             ray.shutdown()
         self.connected_here = False
+        with self._lock:
+            self._functions.clear()
 
     def run_step(
         self,
@@ -100,9 +134,16 @@ class RaySteps:
     ) -> tuple[Observation, str | None]:
         """Run one step attempt as a Ray task and return its observation (S1, S2)."""
         step = msg.step
+        if self.closed:
+            error = (
+                f"step {step.id!r} could not run: its RaySteps was shut down; open the runtime "
+                "with a new RaySteps()"
+            )
+            return _failed(step, error), None
         if not ray.is_initialized():
             error = f"step {step.id!r} could not run: this process is no longer connected to Ray"
             return _failed(step, error), None
+        self._follow_session()
         try:
             function = self._stored(fn)
         except Exception as exc:  # Ray raises TypeError, or what the function's __reduce__ raised
@@ -112,8 +153,21 @@ class RaySteps:
             )
             return _failed(step, storable_text(error)), None
         try:
-            ref = self._task_for(resources).remote(function, msg, with_ctx)
-        except Exception as exc:  # bad resources for this cluster, Ray shutting down, ...
+            task, wants = self._task_for(resources)
+        except Exception as exc:  # resources Ray refuses (a custom resource named "CPU", ...)
+            error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
+            return _failed(step, storable_text(error)), None
+        # Ray queues a task no node can run without a word, for ever: refuse it here instead.
+        missing = None if self._wait else self._cluster.shortfall(wants)
+        if missing is not None:
+            error = (
+                f"step {step.id!r} cannot run on this Ray cluster: {missing}; add such a node, or "
+                "pass RaySteps(wait_for_resources=True) to wait for an autoscaler to add one"
+            )
+            return _failed(step, storable_text(error)), None
+        try:
+            ref = task.remote(function, msg, with_ctx)
+        except Exception as exc:  # Ray shutting down, ...
             error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
             return _failed(step, storable_text(error)), None
         # A cancel of the run or the step's deadline stops the task where it runs: a worker
@@ -121,6 +175,14 @@ class RaySteps:
         token.on_set(lambda: _cancel(ref))
         try:
             observation, question = ray.get(ref)
+        except SystemExit:
+            # Ray ends a thread blocked in ray.get this way when the process disconnects.
+            why = (
+                "its RaySteps was shut down"
+                if self.closed
+                else "this process disconnected from Ray (ray.shutdown())"
+            )
+            return _failed(step, f"step {step.id!r} was cut off on Ray: {why} while it ran"), None
         except ray_errors.TaskCancelledError:
             return _cancelled(step), None
         except ray_errors.RayTaskError as exc:
@@ -142,16 +204,26 @@ class RaySteps:
             return _failed(step, f"the Ray task of step {step.id!r} returned no observation"), None
         return observation, question
 
-    def _task_for(self, resources: Mapping[str, Any] | None) -> Any:
-        """Return the remote function with these resources, made once per distinct set."""
+    def _task_for(self, resources: Mapping[str, Any] | None) -> tuple[Any, dict[str, float]]:
+        """Return the remote function with these resources and what it asks of one node, made
+        once per distinct set."""
         key = repr(sorted((resources or {}).items()))
         with self._lock:
-            task = self._tasks.get(key)
-            if task is None:
-                task = self._tasks[key] = self._task.options(
-                    **{**self._defaults, **(resources or {})}
-                )
-            return task
+            made = self._tasks.get(key)
+            if made is None:
+                options = {**self._defaults, **(resources or {})}
+                made = self._tasks[key] = (self._task.options(**options), demand(options))
+            return made
+
+    def _follow_session(self) -> None:
+        """Forget what belongs to an earlier connection (this process reconnected to Ray)."""
+        session = _session()
+        if session == self._session:
+            return
+        with self._lock:
+            self._functions.clear()
+            self._session = session
+        self._cluster.forget()
 
     def _stored(self, fn: Callable[..., Any]) -> Any:
         with self._lock:
@@ -162,6 +234,15 @@ class RaySteps:
         with self._lock:
             self._functions[id(fn)] = (fn, ref)
         return ref
+
+
+def _session() -> tuple[str, str]:
+    """Name this process's current Ray connection: its cluster and its job."""
+    try:
+        context = ray.get_runtime_context()
+        return str(context.gcs_address), str(context.get_job_id())
+    except Exception:  # a Ray Client connection may not say: its caches are kept
+        return "", ""
 
 
 def lost_error(step: Step, exc: BaseException) -> str:

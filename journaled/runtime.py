@@ -189,6 +189,10 @@ class Runtime:
                 "steps must be a placement such as journaled.ray.RaySteps(), got "
                 f"{type(steps).__name__}"
             )
+        if steps is not None and getattr(steps, "closed", False) is True:
+            raise ConfigurationError(
+                f"steps={type(steps).__name__}(...) was shut down: pass a new one to open()"
+            )
         self.organization = organization
         self.agents = agents
         self._journal = Journal(config, codec(), create=create)

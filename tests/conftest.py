@@ -112,6 +112,25 @@ def pg_url(postgres_databases: pg.Databases) -> Iterator[str]:
     postgres_databases.give_back(url)
 
 
+@pytest.fixture(scope="session")
+def ray_address() -> Iterator[str]:
+    """Start one local Ray cluster for the session (2 CPUs, a custom resource ``special``);
+    return its GCS address and stop it at the end. Only the Ray tests ask for it (S1-S3)."""
+    import ray  # the rest of the suite runs without Ray imported
+
+    ray.init(
+        num_cpus=2,
+        resources={"special": 1},
+        include_dashboard=False,
+        log_to_driver=False,
+        configure_logging=False,
+    )
+    try:
+        yield str(ray.get_runtime_context().gcs_address)
+    finally:
+        ray.shutdown()
+
+
 @pytest.fixture
 def sqlite_url(tmp_path: Path) -> str:
     """Return the URL of a fresh SQLite journal file."""

@@ -1,8 +1,8 @@
 """Steps on a real local Ray cluster (SPEC S1-S3): placement, loss, cancel, many drivers.
 
-One cluster serves every test here (started by a fixture, stopped at its teardown); its two CPU
-slots are the worker processes. Step functions defined in this module are sent by value, as a
-user's own module on a real cluster would be installed on its hosts.
+One cluster serves every Ray test of the session (the ``ray_address`` fixture of conftest); its
+two CPU slots are the worker processes. Step functions defined in this module are sent by value,
+as a user's own module on a real cluster would be installed on its hosts.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
@@ -33,26 +32,6 @@ from journaled.ray import RaySteps
 from journaled.testing import wait_for
 
 ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
-
-
-@pytest.fixture(scope="module")
-def ray_address() -> Iterator[str]:
-    """Start one local Ray cluster (2 CPUs, a custom resource); stop it after this module.
-
-    Only this module uses a cluster, so it is started once per test session all the same, and
-    its processes are gone before the rest of the suite runs.
-    """
-    ray.init(
-        num_cpus=2,
-        resources={"special": 1},
-        include_dashboard=False,
-        log_to_driver=False,
-        configure_logging=False,
-    )
-    try:
-        yield str(ray.get_runtime_context().gcs_address)
-    finally:
-        ray.shutdown()
 
 
 @pytest.fixture
