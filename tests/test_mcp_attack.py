@@ -9,6 +9,7 @@ lone surrogates, a line of tens of MB, deep nesting, arguments of every wrong ty
 from __future__ import annotations
 
 import json
+import os
 import select
 import signal
 import subprocess
@@ -77,6 +78,9 @@ class Raw:
         self.stdin = self.proc.stdin
         self.stdout = self.proc.stdout
         self.raw_lines: list[bytes] = []
+        self._unread = bytearray()
+        """Bytes read from stdout that no line has taken yet: a read may bring several lines,
+        and ``select`` on the pipe cannot see what sits here."""
         Raw.started.append(self)
 
     def send(self, *messages: dict[str, Any] | bytes) -> None:
@@ -84,11 +88,27 @@ class Raw:
         self.stdin.write(b"".join(line(m) for m in messages))
         self.stdin.flush()
 
+    def next_line(self, timeout: float) -> bytes | None:
+        """Return the next whole line of stdout, b"" at its end, or None after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        fd = self.stdout.fileno()
+        while (end := self._unread.find(b"\n")) < 0:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                return None
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                rest, self._unread = bytes(self._unread), bytearray()
+                return rest
+            self._unread += chunk
+        raw = bytes(self._unread[: end + 1])
+        del self._unread[: end + 1]
+        return raw
+
     def reply(self, timeout: float = 60.0) -> dict[str, Any]:
         """Read the next line of stdout within ``timeout`` seconds; it must be strict UTF-8."""
-        ready, _, _ = select.select([self.stdout], [], [], timeout)
-        assert ready, f"no reply within {timeout} s; stderr: {self.stderr()}"
-        raw = self.stdout.readline()
+        raw = self.next_line(timeout)
+        assert raw is not None, f"no reply within {timeout} s; stderr: {self.stderr()}"
         assert raw.endswith(b"\n"), raw[:200]
         self.raw_lines.append(raw)
         value: dict[str, Any] = json.loads(raw.decode("utf-8"))
@@ -124,6 +144,7 @@ class Raw:
     def close(self, timeout: float = 60.0) -> tuple[list[dict[str, Any]], str]:
         """Close stdin; return the replies still to come and stderr once the server exits."""
         rest, _ = self.proc.communicate(timeout=timeout)
+        rest, self._unread = bytes(self._unread) + rest, bytearray()
         replies = [json.loads(raw.decode("utf-8")) for raw in rest.splitlines()]
         return replies, self.stderr()
 
@@ -419,8 +440,7 @@ def _stop_while_calls_run(url: str, signum: signal.Signals) -> None:
     deadline = time.monotonic() + 60
     replies = [first]
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([server.stdout], [], [], deadline - time.monotonic())
-        raw = server.stdout.readline() if ready else b""
+        raw = server.next_line(deadline - time.monotonic())
         if not raw:
             break
         replies.append(json.loads(raw.decode("utf-8")))
