@@ -10,6 +10,7 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from journaled.actors.directory import quick_inbox
 from journaled.events.base import PURGED, DomainEvent, Pending
 from journaled.events.catalog import codec
 from journaled.events.codec import Codec
-from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalClosed
+from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalBusy, JournalClosed
 from journaled.events.journal import PAYLOAD_TABLE, SNAPSHOT_TABLE, Journal
 from journaled.events.plans import Limits, Observation, Plan, Step
 from journaled.events.run_state import fold_run
@@ -934,16 +935,16 @@ def test_an_append_refused_by_a_locked_file_stores_nothing_and_the_next_chains(
 ) -> None:
     """J1/R7 (ADR 0039): when another connection holds the file's write lock past the lock
     timeout, the append fails whole; once the lock is free the append connection chains on."""
-    j = Journal(parse_url(sqlite_url), CODEC)
+    j = Journal(msgspec.structs.replace(parse_url(sqlite_url), lock_wait=0.2), CODEC)
     try:
-        pool: Any = j._recorder.datastore.pool  # type: ignore[union-attr]
-        pool.lock_timeout = 0.2  # the append connection is made on the first append
         j.append([_result("a", 1, "one")])
         holder = sqlite3.connect(sqlite_url.removeprefix("sqlite:///"), isolation_level=None)
         try:
             holder.execute("BEGIN IMMEDIATE")
-            with pytest.raises(Exception, match="locked"):
+            started = time.monotonic()
+            with pytest.raises(JournalBusy, match="is busy: another connection held its write"):
                 j.append([_result("a", 2, "refused"), _result("b", 1, "refused")])
+            assert time.monotonic() - started < 10, "the append waited past its lock_wait"
         finally:
             holder.execute("ROLLBACK")
             holder.close()

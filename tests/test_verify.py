@@ -391,10 +391,15 @@ def test_payloads_without_an_event_are_refused(journal_url: str) -> None:
         journal.close()
 
 
-class _ReadOnly:
-    """A stand-in for the sqlite3 module whose connections refuse to write."""
+class _ReadOnlyModule:
+    """A stand-in for the sqlite3 module whose connections refuse to write.
 
-    Error = sqlite3.Error
+    Every other name (the error classes, the result codes) is the real module's, so the code
+    under test tells errors apart exactly as it does with sqlite3 itself.
+    """
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sqlite3, name)
 
     @staticmethod
     def connect(*args: Any, **kwargs: Any) -> Any:
@@ -410,6 +415,9 @@ class _ReadOnly:
                 conn.close()
 
         return Refusing()
+
+
+_ReadOnly = _ReadOnlyModule()
 
 
 def test_an_old_journal_that_cannot_be_written_still_opens_and_verifies(
