@@ -19,6 +19,14 @@ from journaled.testing import ManualClock
 BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Send every test of the session's Ray cluster to one worker when the suite runs in
+    parallel (``-n``, ``--dist loadgroup``): one cluster, started once, as in a serial run."""
+    for item in items:
+        if "ray_address" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 @pytest.fixture(autouse=True)
 def no_leaked_actors() -> Iterator[None]:
     """Fail a test that leaves actors running (they would keep the interpreter alive)."""
