@@ -22,10 +22,14 @@ try:
     )
     from eventsourcing.utils import retry
     from psycopg.rows import DictRow, tuple_row
+
+    from journaled.events.journal import _pg_arrays
 except ImportError as _exc:  # the "postgres" extra is not installed
     _POSTGRES_MISSING: str | None = str(_exc)
 else:
     _POSTGRES_MISSING = None
+    # Dumpers of our own wrapper types only: every connection made from now on has them.
+    _pg_arrays.register(psycopg.adapters)
 
 from journaled.events.errors import JournalUrlError
 from journaled.events.journal._common import (
@@ -547,13 +551,14 @@ if _POSTGRES_MISSING is None:
                 for e in stored_events
             ]
             hashes, entries = commit_parts(events, payloads, ()) if self.chained else ([], None)
+            pack = _pg_arrays
             params = [
-                [e[0] for e in events],
-                [e[1] for e in events],
-                [e[2] for e in events],
-                [e[3] for e in events],
-                list(payloads),
-                list(payloads.values()),
+                pack.text_array([e[0] for e in events]),
+                pack.int8_array([e[1] for e in events]),
+                pack.text_array([e[2] for e in events]),
+                pack.bytea_array([e[3] for e in events]),
+                pack.text_array(list(payloads)),
+                pack.bytea_array(list(payloads.values())),
                 b"".join(hashes),
                 entries,
                 self.chained,
