@@ -6,6 +6,7 @@ import importlib.util
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pg
 import pykka
@@ -19,12 +20,28 @@ from journaled.testing import ManualClock
 BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Send every test of the session's Ray cluster to one worker when the suite runs in
-    parallel (``-n``, ``--dist loadgroup``): one cluster, started once, as in a serial run."""
-    for item in items:
-        if "ray_address" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("ray"))
+RAY_MODULES = ("test_ray.py", "test_ray_attack.py")
+"""The modules whose tests share the session's Ray cluster (the ``ray_address`` fixture)."""
+
+
+@pytest.hookimpl(optionalhook=True)  # a hook of pytest-xdist, absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """With ``--dist loadgroup``, send every test of :data:`RAY_MODULES` to one worker: one
+    cluster, started once, as in a serial run (ADR 0050); every other test is its own group.
+
+    pytest-xdist's own groups are written into the node id, which pytest 9.2 no longer lets a
+    plugin change, so the grouping is done here, where the controller schedules node ids.
+    """
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class RayTogether(LoadScopeScheduling):  # type: ignore[misc] # untyped base
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.partition("::")[0].rpartition("/")[2]
+            return "ray" if module in RAY_MODULES else nodeid
+
+    return RayTogether(config, log)
 
 
 @pytest.fixture(autouse=True)
