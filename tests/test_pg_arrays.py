@@ -94,3 +94,52 @@ def test_bytes_whose_element_type_is_not_the_arrays_are_refused_by_the_server(co
     expected = re.escape("element type 17 (bytea) instead of expected 25 (text)")
     with pytest.raises(psycopg.errors.DatatypeMismatch, match=expected):
         conn.execute("SELECT %s", [forged])
+
+
+def test_any_bytes_like_payload_is_packed_as_its_bytes(conn: Any) -> None:
+    """J2: a bytearray or memoryview payload arrives as the same bytes, as psycopg's lists did."""
+    values: list[bytes | bytearray | memoryview] = [
+        bytearray(b"ab\x00"),
+        memoryview(b"cd\xff"),
+        b"ef",
+    ]
+    row = conn.execute("SELECT %s::bytea[]", [_pg_arrays.bytea_array(values)]).fetchone()
+    assert [bytes(v) for v in row[0]] == [b"ab\x00", b"cd\xff", b"ef"]
+
+
+def test_the_dumpers_leave_psycopgs_own_arrays_alone_elsewhere(conn: Any) -> None:
+    """J2 (ADR 0051): lists, and a binary COPY of text[] by oid, still use psycopg's dumpers."""
+    conn.execute("CREATE TABLE copied (a text[], b bigint[])")
+    with conn.cursor() as cur, cur.copy("COPY copied (a, b) FROM STDIN (FORMAT BINARY)") as copy:
+        copy.set_types(["text[]", "int8[]"])
+        copy.write_row([["x", "é"], [1, -2]])
+    assert conn.execute("SELECT a, b FROM copied").fetchone() == (["x", "é"], [1, -2])
+    assert conn.execute("SELECT %s::text[]", [["y", "z"]]).fetchone()[0] == ["y", "z"]
+
+
+def test_text_reaches_the_journal_as_utf8_whatever_the_client_encoding(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """J2, R7: with PGCLIENTENCODING=LATIN1 in the environment, a stream id holding non-ASCII
+    letters is stored as the same characters (the journal's connections speak UTF-8)."""
+    from journaled.events.base import Pending
+    from journaled.events.catalog import codec
+    from journaled.events.journal import Journal
+    from journaled.events.runs import StepStarted
+    from journaled.events.url import parse_url
+
+    monkeypatch.setenv("PGCLIENTENCODING", "LATIN1")
+    stream = "run_é日本"
+    journal = Journal(parse_url(pg_url), codec())
+    try:
+        event = StepStarted(at=1, step_id="a", attempt=1, wave=1)
+        journal.append([Pending(stream=stream, version=1, data=event)])
+        assert [e.data for e in journal.stream(stream)] == [event]
+        assert journal.verify().ok
+    finally:
+        journal.close()
+    with psycopg.connect(pg_url, autocommit=True, client_encoding="UTF8") as check:
+        stored = check.execute(
+            "SELECT encode(convert_to(originator_id, 'UTF8'), 'hex') FROM journaled_events"
+        ).fetchall()
+    assert stored == [(stream.encode("utf-8").hex(),)]

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from typing import Any
 
+from psycopg.abc import Buffer
 from psycopg.adapt import Dumper
 from psycopg.pq import Format
 
@@ -42,19 +44,23 @@ class ByteaArray(bytes):
     """A ``bytea[]`` already in the binary wire format."""
 
 
+_LENGTH = struct.Struct("!i")
+_INT8_ITEM = struct.Struct("!iq")
+"""A bigint element: its length (8), then its value."""
+
+
 def _pack(oid: int, items: Sequence[bytes]) -> bytes:
     if not items:
         return _EMPTY.pack(0, 0, oid)
-    sizes = [len(item) for item in items]
-    body = struct.pack(
-        "!" + "".join(f"i{size}s" for size in sizes),
-        *[part for pair in zip(sizes, items, strict=True) for part in pair],
-    )
-    return _HEAD.pack(1, 0, oid, len(items), 1) + body
+    parts = [_HEAD.pack(1, 0, oid, len(items), 1)]
+    for item in items:
+        parts += (_LENGTH.pack(len(item)), item)
+    return b"".join(parts)
 
 
 def text_array(values: Sequence[str]) -> TextArray:
-    """Pack strings as a ``text[]`` (UTF-8, strict: a lone surrogate raises here)."""
+    """Pack strings as a ``text[]`` in UTF-8, the journal connections' client encoding (a lone
+    surrogate raises ``UnicodeEncodeError`` here)."""
     return TextArray(_pack(_TEXT, [value.encode("utf-8") for value in values]))
 
 
@@ -62,41 +68,46 @@ def int8_array(values: Sequence[int]) -> Int8Array:
     """Pack integers as a ``bigint[]`` (``struct.error`` outside the signed 64-bit range)."""
     if not values:
         return Int8Array(_EMPTY.pack(0, 0, _INT8))
-    n = len(values)
-    return Int8Array(_HEAD.pack(1, 0, _INT8, n, 1) + struct.pack("!" + "iq" * n, *_sized(values)))
+    item = _INT8_ITEM.pack
+    return Int8Array(
+        b"".join([_HEAD.pack(1, 0, _INT8, len(values), 1), *map(item, [8] * len(values), values)])
+    )
 
 
-def _sized(values: Sequence[int]) -> list[int]:
-    out: list[int] = []
-    for value in values:
-        out += (8, value)
-    return out
-
-
-def bytea_array(values: Sequence[bytes]) -> ByteaArray:
-    """Pack byte strings as a ``bytea[]``."""
-    return ByteaArray(_pack(_BYTEA, values))
+def bytea_array(values: Sequence[bytes | bytearray | memoryview]) -> ByteaArray:
+    """Pack byte strings (any bytes-like value) as a ``bytea[]``."""
+    return ByteaArray(_pack(_BYTEA, [v if type(v) is bytes else bytes(v) for v in values]))
 
 
 class _Packed(Dumper):
-    """Hand packed bytes over as they are, in binary, under the array's oid."""
+    """Hand packed bytes over as they are, in binary, under the array's oid.
+
+    The oid is set on each instance, not on the class: psycopg registers a dumper class whose
+    ``oid`` is set for that oid too, and this one must never dump anything but its wrapper
+    (a binary ``COPY`` of ``text[]`` columns elsewhere in the process keeps psycopg's own).
+    """
 
     format = Format.BINARY
+    packed_oid = 0
 
-    def dump(self, obj: bytes) -> bytes:
+    def __init__(self, cls: type, context: Any = None) -> None:
+        super().__init__(cls, context)
+        self.oid = self.packed_oid
+
+    def dump(self, obj: Buffer) -> Buffer:
         return obj
 
 
 class _TextArrayDumper(_Packed):
-    oid = _TEXT_ARRAY
+    packed_oid = _TEXT_ARRAY
 
 
 class _Int8ArrayDumper(_Packed):
-    oid = _INT8_ARRAY
+    packed_oid = _INT8_ARRAY
 
 
 class _ByteaArrayDumper(_Packed):
-    oid = _BYTEA_ARRAY
+    packed_oid = _BYTEA_ARRAY
 
 
 def register(adapters: object) -> None:

@@ -907,6 +907,9 @@ if _POSTGRES_MISSING is None:
             options = self.datastore.pool.kwargs
             assert isinstance(options, dict)
             options["options"] = f"-c lock_timeout={ms}"
+            # The append's text arrays are packed in UTF-8 (ADR 0051): the server must read them
+            # so, whatever the database's encoding or a PGCLIENTENCODING in the environment.
+            options["client_encoding"] = "UTF8"
 
         def application_recorder(self) -> Any:
             """Return the recorder, bounding its appends' lock waits by ``lock_wait``."""
