@@ -536,7 +536,7 @@ def test_an_append_of_events_and_content_is_one_statement(
     # A connection the pool has just opened first sets its session up (SET ...): not the append.
     appended = [query for query in sent if "SET " not in query]
     assert len(appended) == 1, sent
-    assert "journaled_append_v1" in appended[0]
+    assert "journaled_append_v2" in appended[0]
     assert positions == [positions[0], positions[0] + 1]
     assert journal.payloads(["a", "b"]) == {"a": b"the text of a", "b": b"the text of b"}
     report = journal.verify()
@@ -547,7 +547,8 @@ def test_an_older_journal_without_the_procedure_appends_as_before(pg_url: str) -
     """J6, R7: a journal migrated by an older release (no append procedure) appends chained."""
     _journal(pg_url).close()
     with psycopg.connect(pg_url, autocommit=True) as conn:
-        conn.execute("DROP PROCEDURE public.journaled_append_v1")
+        for name in ("journaled_append_v1", "journaled_append_v2"):
+            conn.execute(f"DROP PROCEDURE public.{name}")
     old = _journal(pg_url, create=False)
     try:
         old.append([Pending(stream="a", version=1, data=_remembered("a"))], payloads={"a": b"x"})

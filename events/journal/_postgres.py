@@ -91,15 +91,21 @@ def _pg_ddl() -> list[str]:
     ]
 
 
-APPEND_PROCEDURE = "journaled_append_v1"
-"""The server-side append (ADR 0044); a new body gets a new name, so that processes of two
+APPEND_PROCEDURE = "journaled_append_v2"
+"""The server-side append (ADR 0044, 0052); a new body gets a new name, so that processes of two
 releases sharing a journal each call the body they were written for."""
 
-DURABLE_FUNCTION = "journaled_durable_v1"
-"""Returns the last position whose commit is on disk (ADR 0044)."""
+DURABLE_FUNCTION = "journaled_durable_v2"
+"""Returns the last position whose commit is on disk (ADR 0044, 0052)."""
+
+APPEND_PROCEDURE_V1 = "journaled_append_v1"
+DURABLE_FUNCTION_V1 = "journaled_durable_v1"
+"""The previous release's bodies, kept for its processes: a journal migrated by it has only
+these, and a process of this release that opens it without migrating calls them (ADR 0052)."""
 
 FLUSH_TABLE = "journaled_flush"
-"""One row per server process that appended: the write that makes an append's flush commit."""
+"""One row per server process that appended: the write that makes an append's flush commit,
+and (column ``upto``) the last position that commit proves durable (ADR 0052)."""
 
 _CHAIN_BROKEN = "journaled: chain broken"
 """The prefix of the append procedure's error when the chain already reaches its positions."""
@@ -143,11 +149,19 @@ def _append_ddl() -> list[str]:
     The chain's digest is SHA-256 over the previous digest, the msgpack array (first, last,
     prev) and the hashes and entries (:func:`journaled.events.journal._digest.commit_digest`),
     so the procedure encodes unsigned integers exactly as msgpack does: the smallest form.
+
+    The previous release's procedure and function (``_v1``) are kept beside this release's, which
+    differ in what an append's flush writes: the last position it proves durable, which lets the
+    durable check answer without waiting on the log (ADR 0052).
     """
-    events = EVENTS_TABLE_POSTGRES
     return [
         f"CREATE TABLE IF NOT EXISTS public.{FLUSH_TABLE} "
         "(pid integer PRIMARY KEY, appends bigint NOT NULL)",
+        # ALTER TABLE takes the table's ACCESS EXCLUSIVE lock even when the column exists, and
+        # would queue every migrating open behind a backup's read: it runs only when needed.
+        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "  # noqa: S608
+        f"'public.{FLUSH_TABLE}'::regclass AND attname = 'upto' AND NOT attisdropped) THEN "
+        f"ALTER TABLE public.{FLUSH_TABLE} ADD COLUMN upto bigint; END IF; END $$",
         "CREATE OR REPLACE FUNCTION public.journaled_mp_uint(v bigint) RETURNS bytea "
         "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT CASE "
         "WHEN v IS NULL THEN '\\xc0'::bytea "
@@ -156,7 +170,43 @@ def _append_ddl() -> list[str]:
         "WHEN v < 65536 THEN '\\xcd'::bytea || substring(int8send(v) FROM 7 FOR 2) "
         "WHEN v < 4294967296 THEN '\\xce'::bytea || substring(int8send(v) FROM 5 FOR 4) "
         "ELSE '\\xcf'::bytea || int8send(v) END $$",
-        f"CREATE OR REPLACE PROCEDURE public.{APPEND_PROCEDURE}("  # noqa: S608 - our own names
+        _append_procedure(APPEND_PROCEDURE_V1, _FLUSH_V1),
+        _append_procedure(APPEND_PROCEDURE, _FLUSH_V2),
+        _durable_function(DURABLE_FUNCTION_V1, proof=False),
+        _durable_function(DURABLE_FUNCTION, proof=True),
+    ]
+
+
+_FLUSH_V1 = (
+    f"INSERT INTO public.{FLUSH_TABLE} AS f VALUES (pg_backend_pid(), 1) "  # noqa: S608
+    "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1; "
+)
+_FLUSH_V2 = (
+    # The proof (ADR 0052): a commit that waits for the disk becomes visible only once it is
+    # flushed, so a visible ``upto`` says every position up to it is on disk. A session that
+    # does not wait (synchronous_commit = off) proves nothing and writes NULL, which max skips.
+    f"INSERT INTO public.{FLUSH_TABLE} AS f (pid, appends, upto) VALUES (pg_backend_pid(), 1, "  # noqa: S608
+    "CASE WHEN current_setting('synchronous_commit') <> 'off' THEN positions[n] END) "
+    "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1, "
+    "upto = greatest(f.upto, EXCLUDED.upto); "
+)
+"""The second transaction of an append: the write whose commit waits for the disk."""
+
+_PROVE_IN_TRANSACTION = (
+    f"INSERT INTO public.{FLUSH_TABLE} AS f (pid, appends, upto) VALUES (pg_backend_pid(), 1, "  # noqa: S608
+    "CASE WHEN current_setting('synchronous_commit') <> 'off' THEN %s::bigint END) "
+    "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1, "
+    "upto = greatest(f.upto, EXCLUDED.upto)"
+)
+"""The library's append (snapshots, erasures, guarded appends) proves its positions too, in its
+own transaction: it commits waiting for the disk, unless the session chose otherwise."""
+
+
+def _append_procedure(name: str, flush: str) -> str:
+    """Return an append procedure whose second transaction runs ``flush`` (ADR 0044)."""
+    events = EVENTS_TABLE_POSTGRES
+    return (
+        f"CREATE OR REPLACE PROCEDURE public.{name}("  # noqa: S608 - our own names
         "ids text[], versions bigint[], topics text[], states bytea[], keys text[], "
         "payloads bytea[], hashes bytea, entries bytea, chained boolean, channel text, "
         "note text, INOUT positions bigint[] DEFAULT NULL) "
@@ -193,27 +243,41 @@ def _append_ddl() -> list[str]:
         "END IF; "
         "PERFORM pg_notify(channel, note); "
         "COMMIT; "
-        f"INSERT INTO public.{FLUSH_TABLE} AS f VALUES (pg_backend_pid(), 1) "
-        "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1; "
+        f"{flush}"
         "COMMIT; "
-        "END $body$",
-        # STABLE: its max() sees the calling statement's snapshot, so a read bounded by it never
-        # skips a row that snapshot cannot see; the log positions read afterwards are fresh.
-        f"CREATE OR REPLACE FUNCTION public.{DURABLE_FUNCTION}() RETURNS bigint "  # noqa: S608
+        "END $body$"
+    )
+
+
+def _durable_function(name: str, *, proof: bool) -> str:
+    """Return the function that answers the last position on disk (ADR 0044; with ``proof``,
+    ADR 0052: answered at once when the flush table proves every visible position durable)."""
+    events = EVENTS_TABLE_POSTGRES
+    # STABLE: its max() sees the calling statement's snapshot, so a read bounded by it never
+    # skips a row that snapshot cannot see; the log positions read afterwards are fresh.
+    return (
+        f"CREATE OR REPLACE FUNCTION public.{name}() RETURNS bigint "  # noqa: S608
         "LANGUAGE plpgsql STABLE AS $body$ "
-        "DECLARE last bigint; upto pg_lsn; "
+        f"DECLARE last bigint; upto pg_lsn;{' proven bigint;' if proof else ''} "
         "BEGIN "
         f"SELECT max(notification_id) INTO last FROM public.{events}; "
         # A server that does not wait for the disk on commit (synchronous_commit = off) has
         # chosen to show commits before they are durable; and a standby has what it replayed.
         "IF pg_is_in_recovery() OR current_setting('synchronous_commit') = 'off' THEN "
         "RETURN coalesce(last, 0); END IF; "
+        + (
+            # Read after the max, in the same snapshot: a proof covers what the max saw or less.
+            f"SELECT max(f.upto) INTO proven FROM public.{FLUSH_TABLE} f; "  # noqa: S608
+            "IF last IS NULL OR proven >= last THEN RETURN coalesce(last, 0); END IF; "
+            if proof
+            else ""
+        )
         # Read after the max: every commit it saw was inserted in the log before this point.
-        "upto := pg_current_wal_insert_lsn(); "
+        + "upto := pg_current_wal_insert_lsn(); "
         "WHILE pg_current_wal_flush_lsn() < upto LOOP PERFORM pg_sleep(0.0002); END LOOP; "
         "RETURN coalesce(last, 0); "
-        "END $body$",
-    ]
+        "END $body$"
+    )
 
 
 _SUBSCRIPTION_DDL = (
@@ -443,9 +507,28 @@ if _POSTGRES_MISSING is None:
                 )
 
         fast = False
-        """Append events and content rows through :data:`APPEND_PROCEDURE`, and read only what
+        """Append events and content rows through the append procedure, and read only what
         is durable (set at open when the journal has them; one migrated by an older release has
         not, and every writer of it commits waiting for the disk, ADR 0044)."""
+
+        proves = False
+        """This release's procedures (ADR 0052): appends record in the flush table what their
+        flush proves durable, and the durable check answers at once from it."""
+
+        _append_call = ""
+        _durable_call = ""
+
+        def use_procedures(self, version: int) -> None:
+            """Append and check durability through the procedures of ``version`` (2: this
+            release's, 1: the previous release's, 0: none, the library's append)."""
+            self.fast, self.proves = version >= 1, version >= 2
+            append, durable = (
+                (APPEND_PROCEDURE, DURABLE_FUNCTION)
+                if version >= 2
+                else (APPEND_PROCEDURE_V1, DURABLE_FUNCTION_V1)
+            )
+            self._append_call = _APPEND_CALL.format(procedure=append)
+            self._durable_call = f"SELECT public.{durable}()"
 
         durable = 0
         """A position known to be on disk with everything before it: reads up to it need no
@@ -458,7 +541,7 @@ if _POSTGRES_MISSING is None:
         def _bounded(self, upto: int | None) -> tuple[str, list[Any]]:
             """Return the condition that keeps a read at or below ``upto`` and what is durable."""
             if self.fast and (upto is None or upto > self.durable):
-                clause = f" AND notification_id <= (SELECT public.{DURABLE_FUNCTION}())"
+                clause = f" AND notification_id <= ({self._durable_call})"
                 if upto is None:
                     return clause, []
                 return clause + " AND notification_id <= %s", [upto]
@@ -471,7 +554,7 @@ if _POSTGRES_MISSING is None:
             if not self.fast:
                 found: int | None = super().max_notification_id()
                 return found
-            rows = self._fetch(_DURABLE_CALL, [])
+            rows = self._fetch(self._durable_call, [])
             position = int(rows[0][0] or 0)
             self._known_durable(position)
             return position
@@ -574,7 +657,7 @@ if _POSTGRES_MISSING is None:
                     if own:
                         assert lock_wait is not None
                         curs.execute(f"SET lock_timeout = '{max(1, int(lock_wait * 1000))}ms'")
-                    curs.execute(_APPEND_CALL, params, prepare=True, binary=True)
+                    curs.execute(self._append_call, params, prepare=True, binary=True)
                     found = curs.fetchone()  # before a RESET takes the cursor's result
                 except psycopg.errors.LockNotAvailable as exc:
                     raise LockWaitExpired(lock_wait or self.lock_wait) from exc
@@ -611,6 +694,9 @@ if _POSTGRES_MISSING is None:
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> Sequence[int] | None:
             positions = super()._fetch_ids_after_insert_events(curs, stored_events, **kwargs)
+            if positions and self.proves:
+                # In the append's own transaction, which waits for the disk (ADR 0052).
+                curs.execute(_PROVE_IN_TRANSACTION, [positions[-1]])
             if not self.chained or not positions:
                 return positions
             with kwargs["head"][0] as cursor:
@@ -920,19 +1006,28 @@ if _POSTGRES_MISSING is None:
 
 
 _APPEND_CALL = (
-    f"CALL public.{APPEND_PROCEDURE}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
+    "CALL public.{procedure}(%s::text[], %s::bigint[], %s::text[], %s::bytea[], "
     "%s::text[], %s::bytea[], %s::bytea, %s::bytea, %s::boolean, %s::text, %s::text)"
 )
-_DURABLE_CALL = f"SELECT public.{DURABLE_FUNCTION}()"
 
 
-def _pg_has_append(config: JournalConfig) -> bool:
-    """Tell whether a PostgreSQL journal has the append procedure (ADR 0044)."""
+def _pg_append_version(config: JournalConfig) -> int:
+    """Tell which append procedures a PostgreSQL journal has: 2 (this release's, ADR 0052),
+    1 (the previous release's, ADR 0044) or 0 (none: migrated before either)."""
     with _pg_connect(config) as conn:
         row = conn.execute(
-            "SELECT to_regproc(%s) IS NOT NULL", [f"public.{APPEND_PROCEDURE}"]
+            "SELECT to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL, "
+            "to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL",
+            [
+                f"public.{APPEND_PROCEDURE}",
+                f"public.{DURABLE_FUNCTION}",
+                f"public.{APPEND_PROCEDURE_V1}",
+                f"public.{DURABLE_FUNCTION_V1}",
+            ],
         ).fetchone()
-        return bool(row and row[0])
+    if row is None:
+        return 0
+    return 2 if row[0] else 1 if row[1] else 0
 
 
 def _pg_row(row: tuple[Any, ...]) -> Row:
