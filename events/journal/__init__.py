@@ -283,7 +283,7 @@ class Journal:
         if config.backend == "postgresql":
             pg_recorder = self._recorder
             assert isinstance(pg_recorder, _pg()._PostgresRecorder)
-            pg_recorder.use_procedures(2 if create else _pg()._pg_append_version(config))
+            pg_recorder.use_procedures(_pg()._pg_append_version(config))
         if config.backend == "postgresql" and not create:
             # Reading creates nothing (ADR 0012): a journal of an older release without the
             # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).

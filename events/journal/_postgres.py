@@ -61,8 +61,12 @@ from journaled.events.journal._digest import (
 from journaled.events.url import DEFAULT_LOCK_WAIT, JournalConfig
 
 
-def _pg_ddl() -> list[str]:
-    """Return the journal's schema; the events table and type match the pinned library's own."""
+def _pg_ddl(*, proofs: bool = True) -> list[str]:
+    """Return the journal's schema; the events table and type match the pinned library's own.
+
+    ``proofs``: the flush table has its ``upto`` column, so this release's procedures are
+    created too (ADR 0052); without it only the previous release's are.
+    """
     events = EVENTS_TABLE_POSTGRES
     return [
         f"CREATE TABLE IF NOT EXISTS public.{events} ("
@@ -87,7 +91,7 @@ def _pg_ddl() -> list[str]:
         f"CREATE TABLE IF NOT EXISTS public.{SCRUB_TABLE} (id int PRIMARY KEY CHECK (id = 1), "
         "erased bigint NOT NULL, scrubbed bigint NOT NULL)",
         _SUBSCRIPTION_DDL,
-        *_append_ddl(),
+        *_append_ddl(proofs=proofs),
     ]
 
 
@@ -130,7 +134,7 @@ def lock_timed_out(exc: BaseException) -> bool:
     return False
 
 
-def _append_ddl() -> list[str]:
+def _append_ddl(*, proofs: bool = True) -> list[str]:
     """Return the append procedure, its msgpack helper and the durable-position function.
 
     One ``CALL`` appends events and content rows in one round trip (ADR 0044). Its first
@@ -155,13 +159,10 @@ def _append_ddl() -> list[str]:
     durable check answer without waiting on the log (ADR 0052).
     """
     return [
+        # A journal of the previous release has this table without ``upto``:
+        # :func:`_add_proof_column` adds it, outside the migration's transaction.
         f"CREATE TABLE IF NOT EXISTS public.{FLUSH_TABLE} "
-        "(pid integer PRIMARY KEY, appends bigint NOT NULL)",
-        # ALTER TABLE takes the table's ACCESS EXCLUSIVE lock even when the column exists, and
-        # would queue every migrating open behind a backup's read: it runs only when needed.
-        "DO $$ BEGIN IF NOT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "  # noqa: S608
-        f"'public.{FLUSH_TABLE}'::regclass AND attname = 'upto' AND NOT attisdropped) THEN "
-        f"ALTER TABLE public.{FLUSH_TABLE} ADD COLUMN upto bigint; END IF; END $$",
+        "(pid integer PRIMARY KEY, appends bigint NOT NULL, upto bigint)",
         "CREATE OR REPLACE FUNCTION public.journaled_mp_uint(v bigint) RETURNS bytea "
         "LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ SELECT CASE "
         "WHEN v IS NULL THEN '\\xc0'::bytea "
@@ -171,10 +172,46 @@ def _append_ddl() -> list[str]:
         "WHEN v < 4294967296 THEN '\\xce'::bytea || substring(int8send(v) FROM 5 FOR 4) "
         "ELSE '\\xcf'::bytea || int8send(v) END $$",
         _append_procedure(APPEND_PROCEDURE_V1, _FLUSH_V1),
-        _append_procedure(APPEND_PROCEDURE, _FLUSH_V2),
         _durable_function(DURABLE_FUNCTION_V1, proof=False),
-        _durable_function(DURABLE_FUNCTION, proof=True),
+        *(
+            [
+                _append_procedure(APPEND_PROCEDURE, _FLUSH_V2),
+                _durable_function(DURABLE_FUNCTION, proof=True),
+            ]
+            if proofs
+            else []
+        ),
     ]
+
+
+_PROOF_COLUMN_LOCK_WAIT = "500ms"
+"""Longest wait of the upgrading open's ``ALTER TABLE`` for the flush table (ADR 0052)."""
+
+
+def _add_proof_column(conn: Any) -> bool:
+    """Give a previous release's flush table its ``upto`` column; tell whether it has it.
+
+    ``ALTER TABLE`` takes the table's ACCESS EXCLUSIVE lock, which waits for every reader of it
+    (a backup holds one until it ends). It runs only when the column is missing, in its own
+    transaction and with a short lock timeout, so that nothing else of the migration (whose
+    index statement holds the events table against writers) waits behind it: when the lock
+    cannot be had, the journal keeps the previous release's procedures until a later open.
+    """
+    with conn.transaction():  # each block its own transaction: the migration's comes after
+        row = conn.execute(
+            "SELECT to_regclass(%s) IS NULL OR EXISTS (SELECT 1 FROM pg_attribute "
+            "WHERE attrelid = to_regclass(%s) AND attname = 'upto' AND NOT attisdropped)",
+            [f"public.{FLUSH_TABLE}", f"public.{FLUSH_TABLE}"],
+        ).fetchone()
+    if row is not None and row[0]:
+        return True  # created with it below, or already there
+    try:
+        with conn.transaction():
+            conn.execute(f"SET LOCAL lock_timeout = '{_PROOF_COLUMN_LOCK_WAIT}'")
+            conn.execute(f"ALTER TABLE public.{FLUSH_TABLE} ADD COLUMN IF NOT EXISTS upto bigint")
+    except psycopg.errors.LockNotAvailable:
+        return False
+    return True
 
 
 _FLUSH_V1 = (
@@ -261,16 +298,24 @@ def _durable_function(name: str, *, proof: bool) -> str:
         f"DECLARE last bigint; upto pg_lsn;{' proven bigint;' if proof else ''} "
         "BEGIN "
         f"SELECT max(notification_id) INTO last FROM public.{events}; "
-        # A server that does not wait for the disk on commit (synchronous_commit = off) has
-        # chosen to show commits before they are durable; and a standby has what it replayed.
-        "IF pg_is_in_recovery() OR current_setting('synchronous_commit') = 'off' THEN "
-        "RETURN coalesce(last, 0); END IF; "
         + (
+            # A server configured not to wait for the disk on commit (synchronous_commit = off
+            # in its configuration or on its command line, not for this role, database or
+            # session alone) has chosen to show commits before they are durable; and a standby
+            # has what it replayed. A reader whose own role does not wait proves nothing of the
+            # writers' commits, so it is answered as any other (ADR 0052).
+            "IF pg_is_in_recovery() THEN RETURN coalesce(last, 0); END IF; "  # noqa: S608
+            "IF current_setting('synchronous_commit') = 'off' AND (SELECT source FROM pg_settings "
+            "WHERE name = 'synchronous_commit') IN ('configuration file', 'command line', "
+            "'environment variable', 'default') THEN RETURN coalesce(last, 0); END IF; "
             # Read after the max, in the same snapshot: a proof covers what the max saw or less.
-            f"SELECT max(f.upto) INTO proven FROM public.{FLUSH_TABLE} f; "  # noqa: S608
+            f"SELECT max(f.upto) INTO proven FROM public.{FLUSH_TABLE} f; "
             "IF last IS NULL OR proven >= last THEN RETURN coalesce(last, 0); END IF; "
             if proof
-            else ""
+            # A server that does not wait for the disk on commit (synchronous_commit = off) has
+            # chosen to show commits before they are durable; and a standby has what it replayed.
+            else "IF pg_is_in_recovery() OR current_setting('synchronous_commit') = 'off' THEN "
+            "RETURN coalesce(last, 0); END IF; "
         )
         # Read after the max: every commit it saw was inserted in the log before this point.
         + "upto := pg_current_wal_insert_lsn(); "
@@ -351,6 +396,7 @@ def migrate(config: JournalConfig) -> None:
         raise JournalUrlError(f"migrate() is for PostgreSQL journals, not {config.url}")
     with _pg_connect(config) as conn:
         try:
+            proofs = _add_proof_column(conn)
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", [_PG_MIGRATE_LOCK])
                 found = conn.execute("SELECT to_regtype(%s)", [f"public.{_PG_EVENT_TYPE}"])
@@ -360,7 +406,7 @@ def migrate(config: JournalConfig) -> None:
                         f"CREATE TYPE public.{_PG_EVENT_TYPE} AS (originator_id text, "
                         "originator_version bigint, topic text, state bytea)"
                     )
-                for statement in _pg_ddl():
+                for statement in _pg_ddl(proofs=proofs):
                     conn.execute(statement)
         except psycopg.Error as exc:
             raise JournalUrlError(
