@@ -379,11 +379,6 @@ def test_what_a_reader_saw_before_a_crash_is_there_after_recovery(
                     journal.close()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (ADR 0044): the append's retry after a dropped connection calls the "
-    "procedure again, meets its own committed events and reports ConcurrencyConflict",
-)
 def test_a_writer_terminated_between_its_transactions_is_not_told_another_writer_won(
     url: str,
 ) -> None:
@@ -397,13 +392,16 @@ def test_a_writer_terminated_between_its_transactions_is_not_told_another_writer
         try:
             (pid,) = freezer.waiting()
             assert _one(url, "SELECT pg_terminate_backend(%s)", [pid]) is True
-            append.join(30)
         finally:
             freezer.release()
+        append.join(30)
         assert _rows(url)[visible] == ("b", 1)  # committed by the terminated call
-        assert append.error is None or "Conflict" not in type(append.error).__name__, (
+        assert append.error is None, (
             f"the append whose events are at position {visible} raised {append.error!r}"
         )
+        assert append.result == [visible]
+        assert writer.position() == visible
+        assert writer.verify().ok
     finally:
         writer.close()
 
@@ -533,3 +531,39 @@ def test_the_upgrading_open_during_a_backup_does_not_stop_every_writer(url: str)
         assert opening.error is None
     finally:
         old.close()
+
+
+def test_a_writer_terminated_before_its_events_committed_appends_them_once(url: str) -> None:
+    """J2, R5 (ADR 0052): a writer whose server process is terminated while its call waits for
+    the events table's lock (nothing committed) calls again on a new connection: its events are
+    appended once, at the positions it returns."""
+    writer = _pooled_writer(url)
+    try:
+        _append(writer, "a")
+        holder = psycopg.connect(url)
+        try:
+            holder.execute(f"LOCK TABLE public.{EVENTS} IN EXCLUSIVE MODE")
+            append = _Background(lambda: _append(writer, "b"))
+
+            def waiting() -> list[int]:
+                rows = _one(
+                    url,
+                    "SELECT array_agg(pid) FROM pg_stat_activity WHERE datname = "
+                    "current_database() AND wait_event_type = 'Lock' "
+                    "AND query LIKE 'CALL public.journaled_append%'",
+                )
+                return list(rows or [])
+
+            _wait_for(lambda: bool(waiting()), "the append to wait for the table's lock")
+            (pid,) = waiting()
+            assert _one(url, "SELECT pg_terminate_backend(%s)", [pid]) is True
+        finally:
+            holder.rollback()
+            holder.close()
+        append.join(30)
+        assert append.error is None, append.error
+        rows = _rows(url)
+        assert [p for p, event in rows.items() if event == ("b", 1)] == append.result
+        assert writer.verify().ok
+    finally:
+        writer.close()

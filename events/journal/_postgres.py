@@ -20,7 +20,6 @@ try:
         PostgresDatastore,
         PostgresFactory,
     )
-    from eventsourcing.utils import retry
     from psycopg.rows import DictRow, tuple_row
 
     from journaled.events.journal import _pg_arrays
@@ -120,6 +119,10 @@ _LOCK_SLACK = 0.05
 sets it for itself (a round trip more): callers pass what they have left, a hair below it."""
 _LIBRARY_ATTEMPTS = 10
 """Attempts of the library's append on a dropped connection, as its own ``retry`` makes."""
+_APPEND_ATTEMPTS = 10
+"""Attempts of the append procedure's call on a dropped connection (as the library's)."""
+_PROVE_LOCK_WAIT = "200ms"
+"""Longest wait of the flush made for an append whose call was cut off (ADR 0052)."""
 
 
 def lock_timed_out(exc: BaseException) -> bool:
@@ -662,7 +665,6 @@ if _POSTGRES_MISSING is None:
                 self._known_durable(positions[-1])
             return positions
 
-        @retry((InterfaceError, OperationalError), max_attempts=10, wait=0.2)
         def _append(
             self,
             stored_events: Sequence[StoredEvent],
@@ -674,7 +676,74 @@ if _POSTGRES_MISSING is None:
 
             A ``lock_wait`` shorter than the connection's is set around the call (two round
             trips more, only for a caller short of time). A lock timeout is not retried.
+
+            A dropped connection is retried, but first the call's server process is waited
+            for and the append looked up: its first transaction (the events) may have
+            committed before the connection went, and calling again would then meet the
+            append's own events and report another writer's win (ADR 0052).
             """
+            backend: list[int] = []
+            for attempt in range(1, _APPEND_ATTEMPTS + 1):
+                try:
+                    return self._call_append(stored_events, payloads, note, lock_wait, backend)
+                except (InterfaceError, OperationalError):
+                    if attempt == _APPEND_ATTEMPTS:
+                        raise
+                    time.sleep(0.2)
+                    found = self._appended_already(stored_events, backend)
+                    if found is not None:
+                        return found
+            raise AssertionError("unreachable")  # pragma: no cover
+
+        def _appended_already(
+            self, stored_events: Sequence[StoredEvent], backend: list[int]
+        ) -> list[int] | None:
+            """Return the positions of an append found whole in the log once the server process
+            that ran it has ended (and its commit is on disk); None when it is not there."""
+            if backend:
+                deadline = time.monotonic() + max(self.lock_wait, 1.0)
+                while time.monotonic() < deadline and self._fetch(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]]
+                ):
+                    time.sleep(0.05)
+            rows = self._fetch(
+                f"SELECT e.notification_id, e.state FROM unnest(%s::text[], %s::bigint[]) "  # noqa: S608
+                f"WITH ORDINALITY AS k(id, v, i) JOIN public.{self.events_table_name} e "
+                "ON e.originator_id = k.id AND e.originator_version = k.v ORDER BY k.i",
+                [
+                    [str(e.originator_id) for e in stored_events],
+                    [e.originator_version for e in stored_events],
+                ],
+            )
+            if len(rows) != len(stored_events) or any(
+                bytes(state) != e.state for (_, state), e in zip(rows, stored_events, strict=True)
+            ):
+                return None  # not appended (or another writer's: calling again says so)
+            positions = [int(r[0]) for r in rows]
+            if self.proves:
+                # The flush the call did not get to: its commit waits for the disk, which
+                # flushes the log past the append's commit, and records the proof. Should this
+                # process's row be locked, the durable check below waits for the log instead.
+                with self._store.get_connection() as conn:
+                    try:
+                        with conn.transaction():
+                            conn.execute(f"SET LOCAL lock_timeout = '{_PROVE_LOCK_WAIT}'")
+                            conn.execute(_PROVE_IN_TRANSACTION, [positions[-1]])
+                    except psycopg.errors.LockNotAvailable:
+                        pass
+            while int(self._fetch(self._durable_call, [])[0][0] or 0) < positions[-1]:
+                time.sleep(0.01)  # the check waits for the log's flush; it cannot fall short
+            self._known_durable(positions[-1])
+            return positions
+
+        def _call_append(
+            self,
+            stored_events: Sequence[StoredEvent],
+            payloads: Mapping[str, bytes],
+            note: Any,
+            lock_wait: float | None,
+            backend: list[int],
+        ) -> list[int]:
             events = [
                 (str(e.originator_id), e.originator_version, e.topic, e.state)
                 for e in stored_events
@@ -698,6 +767,7 @@ if _POSTGRES_MISSING is None:
                 self._store.get_connection() as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
             ):
+                backend[:] = [conn.info.backend_pid]
                 own = lock_wait is not None and lock_wait < self.lock_wait - _LOCK_SLACK
                 try:
                     if own:
