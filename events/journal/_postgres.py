@@ -587,21 +587,51 @@ if _POSTGRES_MISSING is None:
             # Two threads may race here: the lower answer winning only costs a later read a check.
             self.durable = max(self.durable, position)
 
+        _looked = 0.0
+        """When a journal without procedures was last looked at for them (monotonic seconds)."""
+
+        def _look_for_procedures(self) -> None:
+            """Take the procedures another process's migration created since the open (at most
+            one look a second); until then reads stop short of what they could leave unflushed
+            (:meth:`_bounded`)."""
+            now = time.monotonic()
+            if self.fast or now - self._looked < 1.0:
+                return
+            self._looked = now
+            version = _version_of(self._fetch(_VERSION_QUERY, _VERSION_PARAMS)[0])
+            if version:
+                self.use_procedures(version)
+
         def _bounded(self, upto: int | None) -> tuple[str, list[Any]]:
             """Return the condition that keeps a read at or below ``upto`` and what is durable."""
+            self._look_for_procedures()
             if self.fast and (upto is None or upto > self.durable):
                 clause = f" AND notification_id <= ({self._durable_call})"
                 if upto is None:
                     return clause, []
                 return clause + " AND notification_id <= %s", [upto]
+            clause, params = "", []
+            if not self.fast:
+                # Rows of a journal whose writers all wait for the disk; should procedures
+                # (and appends that commit before their flush) appear during this read, only
+                # what was known durable before it.
+                clause, params = f" AND ({_NO_PROCEDURES} OR notification_id <= %s)", [self.durable]
             if upto is None:
-                return "", []
-            return " AND notification_id <= %s", [upto]
+                return clause, params
+            return clause + " AND notification_id <= %s", [*params, upto]
 
         def max_notification_id(self) -> int | None:
             """Return the last position on disk (the library's max on an older journal)."""
+            self._look_for_procedures()
             if not self.fast:
-                found: int | None = super().max_notification_id()
+                rows = self._fetch(
+                    f"SELECT CASE WHEN {_NO_PROCEDURES} THEN max(notification_id) "  # noqa: S608
+                    f"ELSE %s END FROM public.{self.events_table_name}",
+                    [self.durable],
+                )
+                found = None if rows[0][0] is None else int(rows[0][0])
+                if found is not None:
+                    self._known_durable(found)
                 return found
             rows = self._fetch(self._durable_call, [])
             position = int(rows[0][0] or 0)
@@ -1127,23 +1157,32 @@ _APPEND_CALL = (
 )
 
 
+_VERSION_QUERY = (
+    "SELECT to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL, "
+    "to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL"
+)
+_VERSION_PARAMS = [
+    f"public.{APPEND_PROCEDURE}",
+    f"public.{DURABLE_FUNCTION}",
+    f"public.{APPEND_PROCEDURE_V1}",
+    f"public.{DURABLE_FUNCTION_V1}",
+]
+_NO_PROCEDURES = f"to_regproc('public.{DURABLE_FUNCTION_V1}') IS NULL"
+"""True while a journal has no durable check: its writers all commit waiting for the disk.
+Every migration that creates procedures creates this one (ADR 0052)."""
+
+
+def _version_of(row: Sequence[Any] | None) -> int:
+    if row is None:
+        return 0
+    return 2 if row[0] else 1 if row[1] else 0
+
+
 def _pg_append_version(config: JournalConfig) -> int:
     """Tell which append procedures a PostgreSQL journal has: 2 (this release's, ADR 0052),
     1 (the previous release's, ADR 0044) or 0 (none: migrated before either)."""
     with _pg_connect(config) as conn:
-        row = conn.execute(
-            "SELECT to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL, "
-            "to_regproc(%s) IS NOT NULL AND to_regproc(%s) IS NOT NULL",
-            [
-                f"public.{APPEND_PROCEDURE}",
-                f"public.{DURABLE_FUNCTION}",
-                f"public.{APPEND_PROCEDURE_V1}",
-                f"public.{DURABLE_FUNCTION_V1}",
-            ],
-        ).fetchone()
-    if row is None:
-        return 0
-    return 2 if row[0] else 1 if row[1] else 0
+        return _version_of(conn.execute(_VERSION_QUERY, _VERSION_PARAMS).fetchone())
 
 
 def _pg_row(row: tuple[Any, ...]) -> Row:
