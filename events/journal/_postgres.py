@@ -578,6 +578,9 @@ if _POSTGRES_MISSING is None:
             )
             self._append_call = _APPEND_CALL.format(procedure=append)
             self._durable_call = f"SELECT public.{durable}()"
+            if not version:  # just looked; what its writers committed so far is on disk
+                self._looked = time.monotonic()
+                self.max_notification_id()
 
         durable = 0
         """A position known to be on disk with everything before it: reads up to it need no
@@ -625,14 +628,19 @@ if _POSTGRES_MISSING is None:
             self._look_for_procedures()
             if not self.fast:
                 rows = self._fetch(
-                    f"SELECT CASE WHEN {_NO_PROCEDURES} THEN max(notification_id) "  # noqa: S608
-                    f"ELSE %s END FROM public.{self.events_table_name}",
-                    [self.durable],
+                    f"SELECT {_NO_PROCEDURES}, max(notification_id) "  # noqa: S608
+                    f"FROM public.{self.events_table_name}",
+                    [],
                 )
-                found = None if rows[0][0] is None else int(rows[0][0])
-                if found is not None:
-                    self._known_durable(found)
-                return found
+                if rows[0][0]:  # still none: every commit seen is on disk
+                    found = None if rows[0][1] is None else int(rows[0][1])
+                    if found is not None:
+                        self._known_durable(found)
+                    return found
+                self._looked = 0.0  # they appeared since the last look: take them now
+                self._look_for_procedures()
+                if not self.fast:  # dropped again in between: what was known durable
+                    return self.durable
             rows = self._fetch(self._durable_call, [])
             position = int(rows[0][0] or 0)
             self._known_durable(position)
