@@ -24,6 +24,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit, urlunsplit
 
@@ -188,6 +189,28 @@ class PostgresServer:
 
 _counter = itertools.count(1)
 _counter_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def slow_wal_writer_server() -> Iterator[PostgresServer]:
+    """Start a durable server whose WAL writer runs every 10 s (its longest delay), so that log
+    records no commit flushes stay unflushed for seconds, as on an idle server whose WAL writer
+    hibernates (ADR 0052); stop it at the end.
+
+    Raises:
+        PostgresUnavailable: the server binaries are missing.
+    """
+    import psycopg
+
+    server = PostgresServer(durable=True)
+    server.start()
+    try:
+        with psycopg.connect(server.url("postgres"), autocommit=True) as conn:
+            conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
+            conn.execute("SELECT pg_reload_conf()")
+        yield server
+    finally:
+        server.stop()
 
 
 def _with_database(url: str, name: str) -> str:

@@ -36,17 +36,10 @@ pytestmark = pytest.mark.slow
 def server() -> Iterator[pg.PostgresServer]:
     """A durable server whose WAL writer flushes what no commit waits for every 10 s only."""
     try:
-        started = pg.PostgresServer(durable=True)
+        with pg.slow_wal_writer_server() as started:
+            yield started
     except pg.PostgresUnavailable as exc:
         unavailable("POSTGRES", str(exc))
-    started.start()
-    try:
-        with psycopg.connect(started.url("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
-            conn.execute("SELECT pg_reload_conf()")
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture

@@ -56,19 +56,13 @@ def server() -> Iterator[pg.PostgresServer]:
     """A durable server (fsync, synchronous commits) with a slow WAL writer, and a role whose
     sessions run with ``synchronous_commit = off``."""
     try:
-        started = pg.PostgresServer(durable=True)
+        with pg.slow_wal_writer_server() as started:
+            with psycopg.connect(started.url("postgres"), autocommit=True) as conn:
+                conn.execute(f"CREATE ROLE {OFF_ROLE} LOGIN SUPERUSER")
+                conn.execute(f"ALTER ROLE {OFF_ROLE} SET synchronous_commit = off")
+            yield started
     except pg.PostgresUnavailable as exc:
         unavailable("POSTGRES", str(exc))
-    started.start()
-    try:
-        with psycopg.connect(started.url("postgres"), autocommit=True) as conn:
-            conn.execute("ALTER SYSTEM SET wal_writer_delay = '10s'")
-            conn.execute("SELECT pg_reload_conf()")
-            conn.execute(f"CREATE ROLE {OFF_ROLE} LOGIN SUPERUSER")
-            conn.execute(f"ALTER ROLE {OFF_ROLE} SET synchronous_commit = off")
-        yield started
-    finally:
-        started.stop()
 
 
 @pytest.fixture
@@ -244,6 +238,31 @@ def _freeze_append(
     return freezer, append, visible, flushed
 
 
+class _FrozenRead:
+    """What a reader answered while an append was stopped between its transactions (the WAL
+    writer frozen), and the calls still waiting once the append was let go."""
+
+    def __init__(self, server: pg.PostgresServer, url: str, writer: Journal, reader: Journal):
+        with _wal_writer_frozen(server.url("postgres")):
+            freezer, self.append, self.visible, flushed = _freeze_append(url, writer, "b")
+            try:
+                self.position = _Background(reader.position)
+                self.read = _Background(lambda: [e.position for e in reader.read()])
+                self.position.join(1.5)
+                self.read.join(0.1)
+                assert _flushed(url) == flushed, "the premise: nothing flushed the frozen append"
+                self.early: list[int] = (
+                    [self.position.result] if self.position.done.is_set() else []
+                )
+                self.early += self.read.result if self.read.done.is_set() else []
+            finally:
+                freezer.release()
+                self.append.join(30)
+            for done in (self.position, self.read):
+                done.join(30)
+        assert (self.append.error, self.position.error, self.read.error) == (None, None, None)
+
+
 def _pooled_writer(url: str) -> Journal:
     """A writer with one connection, connected now (so that the freezer finds its backend)."""
     return _journal(url + "?pool_size=1")
@@ -262,24 +281,12 @@ def test_a_reader_whose_role_does_not_wait_for_the_disk_sees_only_durable_positi
     try:
         durable = _append(writer, "a")[-1]
         assert reader.position() == durable
-        with _wal_writer_frozen(server.url("postgres")):
-            freezer, append, visible, flushed = _freeze_append(url, writer, "b")
-            try:
-                position = _Background(reader.position)
-                read = _Background(lambda: [e.position for e in reader.read()])
-                position.join(1.5)
-                read.join(0.1)
-                assert _flushed(url) == flushed, "the premise: nothing flushed the frozen append"
-                early = [b.result for b in (position, read) if b.done.is_set()]
-                assert early == [], f"reported {early} while {visible} was not on disk"
-            finally:
-                freezer.release()
-                append.join(30)
-            for done in (position, read):
-                done.join(30)
-        assert (position.error, read.error) == (None, None)
-        assert position.result == visible
-        assert read.result == [durable, visible]
+        frozen = _FrozenRead(server, url, writer, reader)
+        assert all(p <= durable for p in frozen.early), (
+            f"reported {frozen.early} while {frozen.visible} was not on disk"
+        )
+        assert frozen.position.result == frozen.visible
+        assert frozen.read.result == [durable, frozen.visible]
     finally:
         reader.close()
         writer.close()
@@ -309,28 +316,12 @@ def test_a_reader_opened_before_the_journal_had_procedures_sees_only_durable_pos
         writer = _pooled_writer(url)  # migrates: the procedures and the flush table appear
         try:
             durable = _append(writer, "a")[-1]
-            with _wal_writer_frozen(server.url("postgres")):
-                freezer, append, visible, flushed = _freeze_append(url, writer, "b")
-                try:
-                    position = _Background(reader.position)
-                    read = _Background(lambda: [e.position for e in reader.read()])
-                    position.join(1.5)
-                    read.join(0.1)
-                    assert _flushed(url) == flushed, "the premise: nothing flushed the append"
-                    reported = [position.result] if position.done.is_set() else []
-                    reported += read.result if read.done.is_set() else []
-                    assert all(p <= durable for p in reported), (
-                        f"the reader reported {reported}; {visible} is not on disk"
-                    )
-                finally:
-                    freezer.release()
-                    append.join(30)
-                for done in (position, read):
-                    done.join(30)
-            assert append.error is None
-            assert (position.error, read.error) == (None, None)
-            assert reader.position() == visible
-            assert [e.position for e in reader.read()] == [durable, visible]
+            frozen = _FrozenRead(server, url, writer, reader)
+            assert all(p <= durable for p in frozen.early), (
+                f"the reader reported {frozen.early}; {frozen.visible} is not on disk"
+            )
+            assert reader.position() == frozen.visible
+            assert [e.position for e in reader.read()] == [durable, frozen.visible]
         finally:
             writer.close()
     finally:
