@@ -221,23 +221,27 @@ _FLUSH_V1 = (
     f"INSERT INTO public.{FLUSH_TABLE} AS f VALUES (pg_backend_pid(), 1) "  # noqa: S608
     "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1; "
 )
-_FLUSH_V2 = (
-    # The proof (ADR 0052): a commit that waits for the disk becomes visible only once it is
-    # flushed, so a visible ``upto`` says every position up to it is on disk. A session that
-    # does not wait (synchronous_commit = off) proves nothing and writes NULL, which max skips.
-    f"INSERT INTO public.{FLUSH_TABLE} AS f (pid, appends, upto) VALUES (pg_backend_pid(), 1, "  # noqa: S608
-    "CASE WHEN current_setting('synchronous_commit') <> 'off' THEN positions[n] END) "
-    "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1, "
-    "upto = greatest(f.upto, EXCLUDED.upto); "
-)
+
+
+def _prove(position: str) -> str:
+    """Return the flush table's write that proves ``position`` (an SQL expression) durable.
+
+    The proof (ADR 0052): a commit that waits for the disk becomes visible only once it is
+    flushed, so a visible ``upto`` says every position up to it is on disk. A session that does
+    not wait (synchronous_commit = off) proves nothing and writes NULL, which max skips.
+    """
+    return (
+        f"INSERT INTO public.{FLUSH_TABLE} AS f (pid, appends, upto) VALUES (pg_backend_pid(), 1, "  # noqa: S608
+        f"CASE WHEN current_setting('synchronous_commit') <> 'off' THEN {position} END) "
+        "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1, "
+        "upto = greatest(f.upto, EXCLUDED.upto)"
+    )
+
+
+_FLUSH_V2 = _prove("positions[n]") + "; "
 """The second transaction of an append: the write whose commit waits for the disk."""
 
-_PROVE_IN_TRANSACTION = (
-    f"INSERT INTO public.{FLUSH_TABLE} AS f (pid, appends, upto) VALUES (pg_backend_pid(), 1, "  # noqa: S608
-    "CASE WHEN current_setting('synchronous_commit') <> 'off' THEN %s::bigint END) "
-    "ON CONFLICT (pid) DO UPDATE SET appends = f.appends + 1, "
-    "upto = greatest(f.upto, EXCLUDED.upto)"
-)
+_PROVE_IN_TRANSACTION = _prove("%s::bigint")
 """The library's append (snapshots, erasures, guarded appends) proves its positions too, in its
 own transaction: it commits waiting for the disk, unless the session chose otherwise."""
 
