@@ -237,6 +237,32 @@ def kill_mid_transaction(fleet: Fleet, name: str, within: float) -> list[int]:
     return []
 
 
+def freeze_in_flight(fleet: Fleet, name: str, in_flight: Callable[[], bool]) -> list[int]:
+    """Freeze a writer (SIGSTOP) at a moment its log says an append is under way, and return its
+    client ports; it is left frozen, for the caller to kill.
+
+    The log is read again once the writer is stopped: a writer that finished the append between
+    the first look and the signal is let go and caught at a later one, so the kill never lands
+    between two appends (which a loaded machine makes likely enough to matter).
+    """
+    proc = fleet.procs[name]
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline:
+        waited(in_flight, WAIT, f"{name} was never seen appending", 0.001)
+        proc.send_signal(signal.SIGSTOP)
+        waited(lambda: stopped(proc.pid), WAIT, f"{name} did not stop")
+        if in_flight():
+            return client_ports(proc.pid)
+        proc.send_signal(signal.SIGCONT)
+    pytest.fail(f"{name} was never frozen while appending within {WAIT}s")
+
+
+def stopped(pid: int) -> bool:
+    """Tell whether a process is stopped by a signal (state T in /proc/PID/stat)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2] == "T"
+
+
 def _lines(path: Path) -> list[str]:
     """Return the complete lines of a file another process may still be appending to."""
     if not path.exists():
@@ -385,8 +411,7 @@ def test_a_writer_killed_mid_append_leaves_no_reader_stuck(fleet: Fleet) -> None
             )
             ports = kill_mid_transaction(fleet, name, 5.0) if k % 2 else []
             if not ports:
-                waited(in_flight, WAIT, f"{name} was never seen appending", 0.001)
-                ports = client_ports(fleet.procs[name].pid)
+                ports = freeze_in_flight(fleet, name, in_flight)
                 fleet.kill(name)
             mark = rt.journal.position()
 
