@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
@@ -31,11 +32,20 @@ def ask(ref: Any, message: object) -> Any:
 
 
 def ask_all(
-    refs: Sequence[Any], message: object, messages: Sequence[object] | None = None
+    refs: Sequence[Any],
+    message: object,
+    messages: Sequence[object] | None = None,
+    *,
+    sent_under: contextlib.AbstractContextManager[object] | None = None,
 ) -> list[Any]:
-    """Ask several actors at once (one message, or one each) and wait for every answer."""
+    """Ask several actors at once (one message, or one each) and wait for every answer.
+
+    With ``sent_under``, every message is queued while holding it (a lock, say), and the answers
+    are awaited after it is released.
+    """
     each = messages if messages is not None else [message] * len(refs)
-    futures = [ref.ask(m, block=False) for ref, m in zip(refs, each, strict=True)]
+    with sent_under if sent_under is not None else contextlib.nullcontext():
+        futures = [ref.ask(m, block=False) for ref, m in zip(refs, each, strict=True)]
     try:
         return [f.get(timeout=ASK_TIMEOUT) for f in futures]
     except pykka.Timeout as exc:

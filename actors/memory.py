@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, cast
@@ -109,11 +110,15 @@ class MemoryWriter(pykka.ThreadingActor):
         clock: Clock,
         organization: str | None,
         directory: Directory,
+        send_lock: threading.Condition | None = None,
     ) -> None:
         super().__init__()
         self.directory = directory
         self.journal = journal
         self.scopes = scopes
+        self.send_lock = send_lock if send_lock is not None else threading.Condition()
+        """Held while queueing changes for the scope actors, so that a reader in place holding
+        it sees every scope's part of a change queued, or none (ADR 0053)."""
         self.clock = clock
         self.organization = organization
         self.position = 0
@@ -479,6 +484,7 @@ class MemoryWriter(pykka.ThreadingActor):
                     RestoreScope(data=_ENCODER.encode(ScopeState(name).export()))
                     for name in self.scopes
                 ],
+                sent_under=self.send_lock,
             )
             self.position = self._snapshot_position = self._since_snapshot = 0
             self.versions = {}
@@ -578,6 +584,7 @@ class MemoryWriter(pykka.ThreadingActor):
             list(self.scopes.values()),
             None,
             messages=[RestoreScope(data=snapshot.scopes[name]) for name in self.scopes],
+            sent_under=self.send_lock,
         )
         self.position = self._snapshot_position = snapshot.position
         self.versions = dict(snapshot.versions)
@@ -664,14 +671,23 @@ class MemoryWriter(pykka.ThreadingActor):
                 per_scope.setdefault(physical_or_none, []).append(event)
             elif fact_id in self.route:
                 self._track_hidden(data)
-        for physical, scoped in per_scope.items():
-            wanted_texts = {
-                e.data.fact_id: texts[e.data.fact_id]
-                for e in scoped
-                if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
-            }
-            about_facts = tuple(cast(FactEvent, e.data) for e in scoped)
-            self.scopes[physical].tell(Apply(events=about_facts, texts=wanted_texts))
+        applies = [
+            (
+                self.scopes[physical],
+                Apply(
+                    events=tuple(cast(FactEvent, e.data) for e in scoped),
+                    texts={
+                        e.data.fact_id: texts[e.data.fact_id]
+                        for e in scoped
+                        if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
+                    },
+                ),
+            )
+            for physical, scoped in per_scope.items()
+        ]
+        with self.send_lock:  # every scope's part of the batch queued at once (ADR 0053)
+            for ref, apply in applies:
+                ref.tell(apply)
         self._queue_auto_snapshot()
 
     def _track_hidden(self, data: DomainEvent) -> None:

@@ -15,7 +15,7 @@ from journaled.actors.clock import Clock
 from journaled.actors.directory import Directory
 from journaled.actors.errors import ActorTimeout
 from journaled.actors.memory import MemoryWriter
-from journaled.actors.scope import ScopeActor
+from journaled.actors.scope import ScopeActor, ScopeShelf
 from journaled.actors.scrubber import Scrubber
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.errors import JournalClosed
@@ -47,12 +47,15 @@ class MemoryActors:
         if organization is not None:
             physical.append("organization")
         self.scopes: dict[str, Any] = {}
+        lock = threading.Condition()
+        self.shelves = {name: ScopeShelf(name, lock) for name in physical}
+        """Each scope's state where its actor keeps it, for reads in place (ADR 0053)."""
         self.writer: Any = None
         try:
             for name in physical:
-                self.scopes[name] = ScopeActor.start(name)
+                self.scopes[name] = ScopeActor.start(self.shelves[name])
             self.writer = MemoryWriter.start(
-                journal, self.scopes, clock, organization, self.directory
+                journal, self.scopes, clock, organization, self.directory, lock
             )
             self._known = int(ask(self.writer, CatchUp(initial=True)))
         except BaseException:

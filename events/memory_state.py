@@ -498,19 +498,32 @@ class MemoryState:
 
     def search_scored(self, query: Query) -> list[tuple[float, Fact]]:
         """Rank the filtered candidates by BM25 (M6), with their scores."""
-        if not query.terms:
-            return []
-        stats = [s.stats(query) for s in self.scopes.values()]
-        idfs, avgdl, n_docs = combine(stats, query.terms)
-        if not n_docs or not idfs:
-            return []
-        return merge_scored(
-            (s.score(query, idfs, avgdl) for s in self.scopes.values()), query.limit
-        )
+        return rank_bm25(list(self.scopes.values()), query)
 
     def candidates(self, query: Query) -> list[Fact]:
         """Return every filtered candidate across scopes, in id order."""
-        return sorted((f for s in self.scopes.values() for f in s.candidates(query)), key=_id)
+        return all_candidates(list(self.scopes.values()), query)
+
+
+def rank_bm25(states: Sequence[ScopeState], query: Query) -> list[tuple[float, Fact]]:
+    """Rank the filtered candidates of several scopes by BM25 (M6): (score, fact), best first.
+
+    The statistics are summed over every scope first, as the scope actors' two rounds do, so
+    the answer is the same whichever way the scopes are read.
+    """
+    if not query.terms or query.limit == 0:
+        return []
+    stats = [s.stats(query) for s in states]
+    idfs, avgdl, n_docs = combine(stats, query.terms)
+    if not n_docs or not idfs:
+        return []
+    holders = (s for s, st in zip(states, stats, strict=True) if any(st.df.values()))
+    return merge_scored((s.score(query, idfs, avgdl) for s in holders), query.limit)
+
+
+def all_candidates(states: Sequence[ScopeState], query: Query) -> list[Fact]:
+    """Return every filtered candidate of several scopes, in id order."""
+    return sorted((f for s in states for f in s.candidates(query)), key=_id)
 
 
 def _id(fact: Fact) -> str:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 import pykka
@@ -14,6 +14,7 @@ import pykka
 from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RuntimeClosed
+from journaled.actors.scope import ScopeShelf
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -25,10 +26,13 @@ from journaled.events.memory_past import past_memory
 from journaled.events.memory_state import (
     MemoryState,
     Query,
+    ScopeState,
     Stats,
+    all_candidates,
     combine,
     merge_scored,
     plan_terms,
+    rank_bm25,
 )
 from journaled.events.messages import (
     All,
@@ -51,6 +55,19 @@ __all__ = ["Embedder", "Memory", "MemoryView"]  # Embedder: re-exported as journ
 
 _FOLD_BATCH = 1000
 """Events folded per read of their facts' texts by :meth:`Memory.as_of`."""
+
+T = TypeVar("T")
+
+SETTLE_WAIT = 0.005
+"""Seconds a read waits for busy scope actors to finish their queued messages (folds, mostly,
+which take microseconds each) before it asks them instead (ADR 0053)."""
+
+
+class _Unsettled:
+    """A scope had a message queued or in hand: read by message instead (ADR 0053)."""
+
+
+_UNSETTLED = _Unsettled()
 
 
 def _query(
@@ -75,6 +92,10 @@ def _query(
         min_confidence=float(min_confidence),
         limit=limit,
     )
+
+
+def _first(facts: Iterable[Fact | None]) -> Fact | None:
+    return next((f for f in facts if f is not None), None)
 
 
 def _check(field: str, problem: str | None) -> None:
@@ -168,6 +189,7 @@ class Memory:
         organization: str | None,
         scrubber: Scrubber | None = None,
         inbox: Inbox | None = None,
+        shelves: Mapping[str, ScopeShelf] | None = None,
     ) -> None:
         self._inbox = inbox if inbox is not None else Inbox(Directory(), "memory")
         self._journal = journal
@@ -175,6 +197,9 @@ class Memory:
         self._writer = writer
         self._scopes = scopes
         self._refs = list(scopes.values())
+        self._shelves = [shelves[name] for name in scopes] if shelves else []
+        """The scopes' states where their actors keep them, in the order of ``_refs``: a read
+        takes them in place when every actor is idle (ADR 0053)."""
         self._clock = clock
         self._organization = organization
         self._semantic = Semantic(embedder, journal)
@@ -256,16 +281,51 @@ class Memory:
         :data:`~journaled.actors.asking.ASK_TIMEOUT` after asking (ADR 0039)."""
         return time.time() + self._journal.config.lock_wait
 
+    def _in_place(self, read: Callable[[list[ScopeState]], T]) -> T | _Unsettled:
+        """Read every scope's state on this thread once no scope actor has a message queued or
+        in hand, waiting up to :data:`SETTLE_WAIT` for that; else answer :data:`_UNSETTLED`, and
+        the caller asks the actors (ADR 0053).
+
+        Holding the scopes' lock keeps their actors and the writer's sends out for the read, so
+        the scopes are read as of one moment, each command's changes whole or not at all.
+        """
+        shelves = self._shelves
+        if not shelves:
+            return _UNSETTLED
+        lock = shelves[0].lock
+
+        def settled() -> bool:
+            return all(shelf.settled for shelf in shelves)
+
+        with lock:
+            if settled() or lock.wait_for(settled, SETTLE_WAIT):
+                return read([shelf.state for shelf in shelves])
+        return _UNSETTLED
+
+    def _ask(self, refs: list[Any], message: object) -> list[Any]:
+        """Ask scope actors, saying so when the runtime was closed under the read."""
+        try:
+            return ask_all(refs, message)
+        except pykka.ActorDeadError:
+            if self._writer.is_alive():
+                raise
+            raise RuntimeClosed(
+                "the runtime is closed: open a new one with journaled.open()"
+            ) from None
+
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""
-        for fact in ask_all(self._refs, Get(fact_id=fact_id)):
+        found = self._in_place(lambda states: _first(s.get(fact_id) for s in states))
+        if not isinstance(found, _Unsettled):
+            return found
+        for fact in self._ask(self._refs, Get(fact_id=fact_id)):
             if fact is not None:
                 return fact  # type: ignore[no-any-return]
         return None
 
     def all(self) -> list[Fact]:
         """Return every stored fact across scopes, superseded and expired included (M4)."""
-        facts: list[Fact] = [f for answer in ask_all(self._refs, All()) for f in answer]
+        facts: list[Fact] = [f for answer in self._ask(self._refs, All()) for f in answer]
         return sorted(facts, key=lambda f: f.id)
 
     def search(
@@ -289,8 +349,11 @@ class Memory:
     def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
         if not q.terms or q.limit == 0:
             return []
+        ranked = self._in_place(lambda states: rank_bm25(states, q))
+        if not isinstance(ranked, _Unsettled):
+            return ranked
         alone = self._lone_scope
-        stats: list[Stats] = ask_all(self._refs, SearchStats(query=q, score_alone=alone))
+        stats: list[Stats] = self._ask(self._refs, SearchStats(query=q, score_alone=alone))
         idfs, avgdl, n_docs = combine(stats, q.terms)
         if not n_docs or not idfs:
             return []
@@ -303,7 +366,7 @@ class Memory:
             return list(filled[0].hits)
         # Only scopes holding a candidate with a query term can contribute hits.
         holders = [ref for ref, st in zip(self._refs, stats, strict=True) if any(st.df.values())]
-        hits = ask_all(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
+        hits = self._ask(holders, SearchScore(query=q, idfs=idfs, avgdl=avgdl))
         return merge_scored(hits, q.limit)
 
     def search_scored(
@@ -374,8 +437,11 @@ class Memory:
         return self._semantic.hybrid(query, q, self._candidates(q), self._bm25_top(q))
 
     def _candidates(self, q: Query) -> list[Fact]:
+        found = self._in_place(lambda states: all_candidates(states, q))
+        if not isinstance(found, _Unsettled):
+            return found
         return sorted(
-            (f for answer in ask_all(self._refs, Candidates(query=q)) for f in answer),
+            (f for answer in self._ask(self._refs, Candidates(query=q)) for f in answer),
             key=lambda f: f.id,
         )
 

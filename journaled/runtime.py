@@ -221,6 +221,7 @@ class Runtime:
             organization,
             self._actors.scrubber,
             Inbox(self._directory, "memory"),
+            self._actors.shelves,
         )
         self._registry = Registry(agents_enabled=agents)
         self._services = Services(

@@ -44,7 +44,14 @@ def _memory(rt: journaled.Runtime) -> None:
     rota = rt.memory.remember("the rota is in the wiki", source="https://wiki.example/rota")
     secret = rt.memory.remember("alice's phone is 555-0100", confidence=0.9)
     rt.memory.remember("deploys need my approval", scope="user")
-    assert rt.memory.search("deploys")  # two scopes hold candidates: stats, then scores
+    assert rt.memory.search("deploys")  # idle scope actors: read in place (ADR 0053)
+    # The path by message, which a search takes while a scope actor is busy: two scopes hold
+    # candidates, so stats, then scores.
+    shelves, rt.memory._shelves = rt.memory._shelves, []
+    try:
+        assert rt.memory.search("deploys")
+    finally:
+        rt.memory._shelves = shelves
     assert rt.memory.delete(rota.id).primary
     assert rt.memory.purge(secret.id, reason="erasure request")
 

@@ -324,12 +324,17 @@ def test_unwritable_cache_keeps_vectors_in_memory(tmp_path: Path, clock: ManualC
 def test_search_in_one_scope_takes_one_round_and_stays_exact(
     rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """M6: candidates in one scope are answered by one round of asks, equal to a rescore."""
+    """M6: candidates in one scope are answered by one round of asks, equal to a rescore.
+
+    This is the path by message, taken when a scope actor is busy: the door's reads in place
+    (ADR 0053) are switched off here, and tested in test_memory_in_place.py.
+    """
     import journaled.memory as door
 
     texts = ["tea at five", "tea and biscuits", "coffee at nine", "tea tea tea", "green tea"]
     facts = [rt.memory.remember(t) for t in texts]
     rt.memory.remember("tea in the user scope", scope="user")
+    monkeypatch.setattr(rt.memory, "_shelves", [])
     rounds: list[str] = []
     real = ask_all
 
