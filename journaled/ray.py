@@ -202,6 +202,15 @@ class RaySteps:
             return _failed(step, lost_error(step, exc)), None
         if not isinstance(observation, Observation):
             return _failed(step, f"the Ray task of step {step.id!r} returned no observation"), None
+        if (
+            self.closed
+            and not observation.ok
+            and (observation.error or "").startswith("SystemExit")
+        ):
+            # The shutdown ended the worker under the step's code, which observed the SystemExit
+            # Ray raised there before this thread was cut off: the same cut, seen from the task.
+            why = "its RaySteps was shut down"
+            return _failed(step, f"step {step.id!r} was cut off on Ray: {why} while it ran"), None
         return observation, question
 
     def _task_for(self, resources: Mapping[str, Any] | None) -> tuple[Any, dict[str, float]]:
