@@ -17,7 +17,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import msgspec
 import pykka
@@ -26,8 +26,9 @@ from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
 from journaled.actors.directory import Directory, failure
 from journaled.actors.errors import ActorsError
-from journaled.actors.group_commit import commit_remembers
+from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
+from journaled.actors.scope import UNSETTLED, CountingInbox, ScopeShelf, Unsettled, read_in_place
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
@@ -88,9 +89,24 @@ _GROUP_MAX = 256
 """Most remembers committed in one transaction."""
 log = logging.getLogger("journaled.memory")
 
+T = TypeVar("T")
+
 _ENCODER = msgspec.msgpack.Encoder()
 Staged = tuple[str, DomainEvent]
 """An event decided but not yet versioned: (stream, event)."""
+
+
+class WriterDesk:
+    """Where a caller finds the memory writer to store a remember on its own thread while the
+    writer is idle (ADR 0054); the writer takes its place at the desk when it starts."""
+
+    def __init__(self) -> None:
+        self.writer: MemoryWriter | None = None
+
+    def remember(self, message: Remember) -> Fact | Unsettled:
+        """Store ``message`` here if the writer is idle; else :data:`UNSETTLED` (send it)."""
+        writer = self.writer
+        return UNSETTLED if writer is None else writer.remember_here(message)
 
 
 class MemoryWriter(pykka.ThreadingActor):
@@ -99,6 +115,8 @@ class MemoryWriter(pykka.ThreadingActor):
     use_daemon_thread = True
     """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
     and closes first (R3)."""
+
+    _create_actor_inbox = staticmethod(CountingInbox)
 
     auto_snapshot_events: int = 10_000
     """Folded events after which memory snapshots itself (see :meth:`_auto_snapshot_due`)."""
@@ -110,15 +128,26 @@ class MemoryWriter(pykka.ThreadingActor):
         clock: Clock,
         organization: str | None,
         directory: Directory,
-        send_lock: threading.Condition | None = None,
+        shelves: dict[str, ScopeShelf] | None = None,
+        desk: WriterDesk | None = None,
     ) -> None:
         super().__init__()
+        self.command_lock = threading.Lock()
+        """Held for every message the actor handles, and by a caller doing a remember here."""
+        self._done = 0
+        """Messages the actor finished, counted holding :attr:`command_lock`."""
+        if desk is not None:
+            desk.writer = self
         self.directory = directory
         self.journal = journal
         self.scopes = scopes
-        self.send_lock = send_lock if send_lock is not None else threading.Condition()
-        """Held while queueing changes for the scope actors, so that a reader in place holding
-        it sees every scope's part of a change queued, or none (ADR 0053)."""
+        self.shelves = shelves or {}
+        """The scope actors' states, folded and read here when their actors are idle."""
+        self.send_lock = (
+            next(iter(self.shelves.values())).lock if self.shelves else threading.Condition()
+        )
+        """The scopes' lock, held while folding or queueing a batch for the scopes, so that a
+        reader in place sees every scope's part of it, or none (ADR 0053)."""
         self.clock = clock
         self.organization = organization
         self.position = 0
@@ -144,8 +173,52 @@ class MemoryWriter(pykka.ThreadingActor):
     # -- dispatch --------------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> object:
+        """Handle one message holding :attr:`command_lock`, and count it finished."""
+        with self.command_lock:
+            try:
+                return self._handle(message)
+            finally:
+                self._done += 1
+
+    def remember_here(self, message: Remember) -> Fact | Unsettled:
+        """Store a remember on the caller's thread, if the writer is idle (ADR 0054).
+
+        Idle means: no message of the writer's queued or in hand, no remember grouped, and the
+        actor not stopped. The remember is then decided, appended and folded exactly as the
+        actor would, holding :attr:`command_lock`, so the actor waits meanwhile. Otherwise,
+        :data:`UNSETTLED`, and the caller sends it.
+
+        Raises:
+            Exception: what the actor would have answered (InvalidFact, JournalBusy, ...).
+        """
+        if not self.command_lock.acquire(blocking=False):
+            return UNSETTLED
+        try:
+            inbox = self.actor_inbox
+            assert isinstance(inbox, CountingInbox)
+            if inbox.puts != self._done or self._group or self.actor_stopped.is_set():
+                return UNSETTLED
+            if self._stale or self._broken():
+                self._rebuild()
+                if self._stale:
+                    raise ActorsError("memory is behind the journal and could not be rebuilt yet")
+            outcome: list[tuple[Fact | None, Exception | None]] = []
+            self._commit([message], lambda _, fact, error: outcome.append((fact, error)))
+        finally:
+            self.command_lock.release()
+        fact, error = outcome[0]
+        if error is not None:
+            raise error
+        assert fact is not None
+        return fact
+
+    def _broken(self) -> bool:
+        """Whether a scope failed to fold a change (on its own thread): rebuild memory then."""
+        return any(shelf.broken for shelf in self.shelves.values())
+
+    def _handle(self, message: object) -> object:
         """Dispatch one command; a remember with a reply joins the group being committed."""
-        if self._stale:
+        if self._stale or self._broken():
             self._rebuild()
         if isinstance(message, Remember) and message.reply_to is not None:
             try:
@@ -185,8 +258,10 @@ class MemoryWriter(pykka.ThreadingActor):
         raise TypeError(f"memory writer got an unknown message {type(message).__name__}")
 
     def on_stop(self) -> None:
-        """Store and answer the remembers still grouped when the actor is stopped."""
-        self._commit_group()
+        """Store and answer the remembers still grouped when the actor is stopped (after a
+        remember being stored here, if one is)."""
+        with self.command_lock:
+            self._commit_group()
 
     # -- group commit ----------------------------------------------------------------------------
 
@@ -217,10 +292,14 @@ class MemoryWriter(pykka.ThreadingActor):
         """
         group, self._group = self._group, []
         self._group_keys.clear()
+        self._commit(group, self._answer)
+
+    def _commit(self, group: list[Remember], answer: Answer) -> None:
+        """Store remembers in one transaction and give each its answer (never raises)."""
         now = time.time()
         for message in group:
             if message.deadline is not None and message.deadline <= now:
-                self._answer(message, None, self._busy(message.deadline))
+                answer(message, None, self._busy(message.deadline))
         group = [m for m in group if m.deadline is None or m.deadline > now]
         if group:
             self._deadline = min((m.deadline for m in group if m.deadline), default=None)
@@ -231,7 +310,7 @@ class MemoryWriter(pykka.ThreadingActor):
                     append=lambda staged, payloads: self._append(staged, payloads=payloads),
                     catch_up=self._catch_up,
                     attempts=_RETRIES,
-                    answer=self._answer,
+                    answer=answer,
                 )
             finally:
                 self._deadline = None
@@ -383,7 +462,20 @@ class MemoryWriter(pykka.ThreadingActor):
         returned number of relationships — it would tell the deleter that they exist.
         """
         heir = self._heir(target)
-        answers: list[LinksAnswer] = ask_all(self._traversed(), Links(fact_id=target.id))
+        here = self._in_place(
+            lambda states: [
+                LinksAnswer(
+                    listing=tuple(s.listing(target.id)),
+                    superseded=tuple(s.superseded_by(target.id)),
+                )
+                for s in states
+            ]
+        )
+        answers: list[LinksAnswer] = (
+            here
+            if not isinstance(here, Unsettled)
+            else ask_all(self._traversed(), Links(fact_id=target.id))
+        )
         listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
         superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})
         hidden = sorted(f for f, by in self.hidden_superseders.items() if by == target.id)
@@ -673,6 +765,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 self._track_hidden(data)
         applies = [
             (
+                physical,
                 self.scopes[physical],
                 Apply(
                     events=tuple(cast(FactEvent, e.data) for e in scoped),
@@ -685,9 +778,11 @@ class MemoryWriter(pykka.ThreadingActor):
             )
             for physical, scoped in per_scope.items()
         ]
-        with self.send_lock:  # every scope's part of the batch queued at once (ADR 0053)
-            for ref, apply in applies:
-                ref.tell(apply)
+        with self.send_lock:  # every scope's part of the batch at once (ADR 0053)
+            for physical, ref, apply in applies:
+                shelf = self.shelves.get(physical)
+                if shelf is None or not shelf.fold_here(apply):
+                    ref.tell(apply)
         self._queue_auto_snapshot()
 
     def _track_hidden(self, data: DomainEvent) -> None:
@@ -715,15 +810,30 @@ class MemoryWriter(pykka.ThreadingActor):
     def _traversed(self) -> list[Any]:
         return list(self.scopes.values())
 
+    def _in_place(self, read: Callable[[list[ScopeState]], T]) -> T | Unsettled:
+        """Read every scope in place if all are idle (never waiting: the writer's own folds
+        are the ones they would be busy with); else :data:`UNSETTLED`."""
+        return read_in_place(list(self.shelves.values()), read, 0.0)
+
     def _get(self, fact_id: str) -> Fact | None:
         physical = self.route.get(fact_id)
         if physical is None:
             return None
+        shelf = self.shelves.get(physical)
+        found = read_in_place([shelf] if shelf else [], lambda s: s[0].get(fact_id), 0.0)
+        if not isinstance(found, Unsettled):
+            return found
         fact: Fact | None = ask(self.scopes[physical], Get(fact_id=fact_id))
         return fact
 
     def _with_key(self, key: str) -> list[tuple[Fact, int | None]]:
         found: list[tuple[Fact, int | None]] = []
-        for holders in ask_all(self._traversed(), WithKey(conflict_key=key)):
-            found.extend(holders)
+        here = self._in_place(
+            lambda states: [(f, s.superseder_until(f.id)) for s in states for f in s.with_key(key)]
+        )
+        if not isinstance(here, Unsettled):
+            found = here
+        else:
+            for holders in ask_all(self._traversed(), WithKey(conflict_key=key)):
+                found.extend(holders)
         return sorted(found, key=lambda pair: pair[0].id)

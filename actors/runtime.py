@@ -14,7 +14,7 @@ from journaled.actors.asking import ask
 from journaled.actors.clock import Clock
 from journaled.actors.directory import Directory
 from journaled.actors.errors import ActorTimeout
-from journaled.actors.memory import MemoryWriter
+from journaled.actors.memory import MemoryWriter, WriterDesk
 from journaled.actors.scope import ScopeActor, ScopeShelf
 from journaled.actors.scrubber import Scrubber
 from journaled.events.catalog import NOT_MEMORY
@@ -51,11 +51,13 @@ class MemoryActors:
         self.shelves = {name: ScopeShelf(name, lock) for name in physical}
         """Each scope's state where its actor keeps it, for reads in place (ADR 0053)."""
         self.writer: Any = None
+        self.desk = WriterDesk()
+        """Where a caller stores a remember itself while the writer is idle (ADR 0054)."""
         try:
             for name in physical:
                 self.scopes[name] = ScopeActor.start(self.shelves[name])
             self.writer = MemoryWriter.start(
-                journal, self.scopes, clock, organization, self.directory, lock
+                journal, self.scopes, clock, organization, self.directory, self.shelves, self.desk
             )
             self._known = int(ask(self.writer, CatchUp(initial=True)))
         except BaseException:

@@ -7,13 +7,16 @@ queued or in hand (ADR 0053). Otherwise reads are messages to the actors, as alw
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import msgspec
 import pykka
 
+from journaled.actors.errors import ActorsError
 from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState, combine
 from journaled.events.messages import (
@@ -30,13 +33,26 @@ from journaled.events.messages import (
     WithKey,
 )
 
-__all__ = ["ScopeActor", "ScopeShelf"]
+__all__ = [
+    "UNSETTLED",
+    "CountingInbox",
+    "ScopeActor",
+    "ScopeShelf",
+    "Unsettled",
+    "fold",
+    "read_in_place",
+]
+
+T = TypeVar("T")
+
+log = logging.getLogger("journaled.memory")
 
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-class _CountingInbox(queue.SimpleQueue[Any]):
-    """A scope actor's inbox (C, as the executor's) counting what was put into it."""
+class CountingInbox(queue.SimpleQueue[Any]):
+    """An actor's inbox (C, as the executor's) counting what was put into it: a scope actor's
+    and the memory writer's, so that a reader or writer in place can tell they are idle."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -69,15 +85,71 @@ class ScopeShelf:
         self.done = 0
         """Messages the actor finished (or gave up on), counted under :attr:`lock`."""
         self.broken = False
-        """A change failed part way and the state may hold half of it: it is never read in place
-        again (pykka stops an actor whose told message raised, so reads by message fail)."""
-        self.inbox: _CountingInbox | None = None
+        """A fold failed part way and the state may hold half of it: until a restore gives it a
+        whole state again, it is read neither in place nor by message (ADR 0053)."""
+        self.inbox: CountingInbox | None = None
 
     @property
     def settled(self) -> bool:
         """Whether the actor finished every message put into its inbox; read holding the lock."""
         inbox = self.inbox
         return inbox is not None and not self.broken and inbox.puts == self.done
+
+    def fold_here(self, apply: Apply) -> bool:
+        """Fold ``apply`` on this thread if the scope is settled, as its actor would; call it
+        holding :attr:`lock`. Returns False, folding nothing, if the actor must be told instead.
+
+        A fold that raises part way marks the shelf broken (until a restore) and re-raises.
+        """
+        if not self.settled:
+            return False
+        try:
+            fold(self.state, apply)
+        except BaseException:
+            self.broken = True
+            raise
+        return True
+
+
+class Unsettled:
+    """A scope had a message queued or in hand: ask its actor instead (ADR 0053)."""
+
+
+UNSETTLED = Unsettled()
+"""What :func:`read_in_place` answers when the scopes stayed busy."""
+
+
+def read_in_place(
+    shelves: Sequence[ScopeShelf], read: Callable[[list[ScopeState]], T], wait: float
+) -> T | Unsettled:
+    """Read every scope's state on this thread once no scope actor has a message queued or in
+    hand, waiting up to ``wait`` seconds for that; else answer :data:`UNSETTLED`, and the caller
+    asks the actors (ADR 0053).
+
+    Holding the scopes' lock keeps their actors and the writer's sends out for the read, so the
+    scopes are read as of one moment, each command's changes whole or not at all. The shelves
+    share one lock; none at all answers :data:`UNSETTLED`.
+    """
+    if not shelves:
+        return UNSETTLED
+    lock = shelves[0].lock
+
+    def settled() -> bool:
+        return all(shelf.settled for shelf in shelves)
+
+    with lock:
+        if any(shelf.broken for shelf in shelves):
+            return UNSETTLED  # asked by message, a broken scope says what is wrong
+        if settled() or (wait > 0 and lock.wait_for(settled, wait)):
+            return read([shelf.state for shelf in shelves])
+    return UNSETTLED
+
+
+def fold(state: ScopeState, apply: Apply) -> None:
+    """Fold one :class:`Apply`'s events into a scope's state."""
+    texts = apply.texts
+    for data in apply.events:
+        state.apply(data, texts.get(data.fact_id) if isinstance(data, FactRemembered) else None)
 
 
 class ScopeActor(pykka.ThreadingActor):
@@ -87,12 +159,12 @@ class ScopeActor(pykka.ThreadingActor):
     """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
     and closes first (R3)."""
 
-    _create_actor_inbox = staticmethod(_CountingInbox)
+    _create_actor_inbox = staticmethod(CountingInbox)
 
     def __init__(self, shelf: ScopeShelf) -> None:
         super().__init__()
         self.shelf = shelf
-        assert isinstance(self.actor_inbox, _CountingInbox)
+        assert isinstance(self.actor_inbox, CountingInbox)
         shelf.inbox = self.actor_inbox
 
     @property
@@ -101,13 +173,21 @@ class ScopeActor(pykka.ThreadingActor):
         return self.shelf.state
 
     def on_receive(self, message: object) -> object:
-        """Handle one message holding the shelf's lock, and count it finished."""
+        """Handle one message holding the shelf's lock, and count it finished.
+
+        A fold that fails marks the shelf broken and is logged, not raised: the actor lives to
+        take the restore that the writer's rebuild sends (it rebuilds on seeing a broken shelf).
+        """
         shelf = self.shelf
         with shelf.lock:
             try:
                 return self._handle(message)
-            except BaseException:
-                shelf.broken = shelf.broken or isinstance(message, Apply | RestoreScope)
+            except Exception:
+                if isinstance(message, Apply | RestoreScope):
+                    shelf.broken = True
+                if isinstance(message, Apply):
+                    log.exception("memory scope %s could not fold a change", shelf.state.physical)
+                    return None
                 raise
             finally:
                 shelf.done += 1
@@ -116,11 +196,16 @@ class ScopeActor(pykka.ThreadingActor):
 
     def _handle(self, message: object) -> object:
         state = self.shelf.state
+        if self.shelf.broken and not isinstance(message, RestoreScope):
+            if isinstance(message, Apply):
+                return None  # folded onto half a change it means nothing: a rebuild replays it
+            raise ActorsError(
+                f"memory scope {state.physical} failed to fold a change and holds part of it: "
+                "it answers nothing until memory is rebuilt from the journal"
+            )
         match message:
-            case Apply(events=events, texts=texts):
-                for data in events:
-                    text = texts.get(data.fact_id) if isinstance(data, FactRemembered) else None
-                    state.apply(data, text)
+            case Apply():
+                fold(state, message)
                 return None
             case Get(fact_id=fact_id):
                 return state.get(fact_id)
@@ -148,5 +233,6 @@ class ScopeActor(pykka.ThreadingActor):
                 return _ENCODER.encode(state.export())
             case RestoreScope(data=data):
                 self.shelf.state = ScopeState.restore(SCOPE_SNAPSHOT_DECODER.decode(data))
+                self.shelf.broken = False  # a whole state again, whatever a fold left before
                 return None
         raise TypeError(f"scope actor got an unknown message {type(message).__name__}")

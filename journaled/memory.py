@@ -14,7 +14,8 @@ import pykka
 from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RuntimeClosed
-from journaled.actors.scope import ScopeShelf
+from journaled.actors.memory import WriterDesk
+from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -61,13 +62,6 @@ T = TypeVar("T")
 SETTLE_WAIT = 0.005
 """Seconds a read waits for busy scope actors to finish their queued messages (folds, mostly,
 which take microseconds each) before it asks them instead (ADR 0053)."""
-
-
-class _Unsettled:
-    """A scope had a message queued or in hand: read by message instead (ADR 0053)."""
-
-
-_UNSETTLED = _Unsettled()
 
 
 def _query(
@@ -190,6 +184,7 @@ class Memory:
         scrubber: Scrubber | None = None,
         inbox: Inbox | None = None,
         shelves: Mapping[str, ScopeShelf] | None = None,
+        desk: WriterDesk | None = None,
     ) -> None:
         self._inbox = inbox if inbox is not None else Inbox(Directory(), "memory")
         self._journal = journal
@@ -197,6 +192,8 @@ class Memory:
         self._writer = writer
         self._scopes = scopes
         self._refs = list(scopes.values())
+        self._desk = desk
+        """Where a remember is stored on the caller's thread while the writer is idle."""
         self._shelves = [shelves[name] for name in scopes] if shelves else []
         """The scopes' states where their actors keep them, in the order of ``_refs``: a read
         takes them in place when every actor is idle (ADR 0053)."""
@@ -242,6 +239,10 @@ class Memory:
             run_id=run_id,
             step_id=step_id,
         )
+        if self._desk is not None:
+            here = self._desk.remember(msgspec.structs.replace(request, deadline=self._deadline()))
+            if not isinstance(here, Unsettled):
+                return here
         correlation, reply = self.request_remember(request)
         try:
             answer: Remembered = await_reply(self._writer, reply, "Remember")
@@ -281,26 +282,9 @@ class Memory:
         :data:`~journaled.actors.asking.ASK_TIMEOUT` after asking (ADR 0039)."""
         return time.time() + self._journal.config.lock_wait
 
-    def _in_place(self, read: Callable[[list[ScopeState]], T]) -> T | _Unsettled:
-        """Read every scope's state on this thread once no scope actor has a message queued or
-        in hand, waiting up to :data:`SETTLE_WAIT` for that; else answer :data:`_UNSETTLED`, and
-        the caller asks the actors (ADR 0053).
-
-        Holding the scopes' lock keeps their actors and the writer's sends out for the read, so
-        the scopes are read as of one moment, each command's changes whole or not at all.
-        """
-        shelves = self._shelves
-        if not shelves:
-            return _UNSETTLED
-        lock = shelves[0].lock
-
-        def settled() -> bool:
-            return all(shelf.settled for shelf in shelves)
-
-        with lock:
-            if settled() or lock.wait_for(settled, SETTLE_WAIT):
-                return read([shelf.state for shelf in shelves])
-        return _UNSETTLED
+    def _in_place(self, read: Callable[[list[ScopeState]], T]) -> T | Unsettled:
+        """Read the traversed scopes in place, or :data:`UNSETTLED` if they stay busy."""
+        return read_in_place(self._shelves, read, SETTLE_WAIT)
 
     def _ask(self, refs: list[Any], message: object) -> list[Any]:
         """Ask scope actors, saying so when the runtime was closed under the read."""
@@ -316,7 +300,7 @@ class Memory:
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""
         found = self._in_place(lambda states: _first(s.get(fact_id) for s in states))
-        if not isinstance(found, _Unsettled):
+        if not isinstance(found, Unsettled):
             return found
         for fact in self._ask(self._refs, Get(fact_id=fact_id)):
             if fact is not None:
@@ -350,7 +334,7 @@ class Memory:
         if not q.terms or q.limit == 0:
             return []
         ranked = self._in_place(lambda states: rank_bm25(states, q))
-        if not isinstance(ranked, _Unsettled):
+        if not isinstance(ranked, Unsettled):
             return ranked
         alone = self._lone_scope
         stats: list[Stats] = self._ask(self._refs, SearchStats(query=q, score_alone=alone))
@@ -438,7 +422,7 @@ class Memory:
 
     def _candidates(self, q: Query) -> list[Fact]:
         found = self._in_place(lambda states: all_candidates(states, q))
-        if not isinstance(found, _Unsettled):
+        if not isinstance(found, Unsettled):
             return found
         return sorted(
             (f for answer in self._ask(self._refs, Candidates(query=q)) for f in answer),

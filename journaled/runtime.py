@@ -222,6 +222,7 @@ class Runtime:
             self._actors.scrubber,
             Inbox(self._directory, "memory"),
             self._actors.shelves,
+            self._actors.desk,
         )
         self._registry = Registry(agents_enabled=agents)
         self._services = Services(

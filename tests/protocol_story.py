@@ -9,7 +9,9 @@ and stops an orchestration whose planner thinks.
 
 from __future__ import annotations
 
+import contextlib
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pykka
@@ -38,22 +40,32 @@ def _planner(goal: str, observations: list[Any], clarifications: list[Any]) -> P
     return Plan(goal=goal, steps=[Step("read", tool="echo", input="notes")])
 
 
+@contextlib.contextmanager
+def _by_message(rt: journaled.Runtime) -> Iterator[None]:
+    """Send memory's messages as it does when its actors are busy: remembers to the writer,
+    folds to the scope actors, reads to them (ADR 0053, ADR 0054). Idle, memory does that work
+    on the caller's thread and sends nothing."""
+    writer = rt._actors.desk.writer
+    assert writer is not None
+    saved = rt.memory._desk, rt.memory._shelves, writer.shelves
+    rt.memory._desk, rt.memory._shelves, writer.shelves = None, [], {}
+    try:
+        yield
+    finally:
+        rt.memory._desk, rt.memory._shelves, writer.shelves = saved
+
+
 def _memory(rt: journaled.Runtime) -> None:
     rt.memory.remember("deploys go through staging", conflict_key="deploy.path", domain="ops")
-    rt.memory.remember("deploys go straight to production", conflict_key="deploy.path")
     rota = rt.memory.remember("the rota is in the wiki", source="https://wiki.example/rota")
-    secret = rt.memory.remember("alice's phone is 555-0100", confidence=0.9)
-    rt.memory.remember("deploys need my approval", scope="user")
-    assert rt.memory.search("deploys")  # idle scope actors: read in place (ADR 0053)
-    # The path by message, which a search takes while a scope actor is busy: two scopes hold
-    # candidates, so stats, then scores.
-    shelves, rt.memory._shelves = rt.memory._shelves, []
-    try:
-        assert rt.memory.search("deploys")
-    finally:
-        rt.memory._shelves = shelves
-    assert rt.memory.delete(rota.id).primary
-    assert rt.memory.purge(secret.id, reason="erasure request")
+    assert rt.memory.search("deploys")  # idle actors: stored and read in place
+    with _by_message(rt):
+        rt.memory.remember("deploys go straight to production", conflict_key="deploy.path")
+        secret = rt.memory.remember("alice's phone is 555-0100", confidence=0.9)
+        rt.memory.remember("deploys need my approval", scope="user")
+        assert rt.memory.search("deploys")  # two scopes hold candidates: stats, then scores
+        assert rt.memory.delete(rota.id).primary
+        assert rt.memory.purge(secret.id, reason="erasure request")
 
 
 def _execute(rt: journaled.Runtime) -> None:

@@ -80,11 +80,13 @@ def queue_behind_first(
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     threads[0].start()
     assert held.entered.wait(WAIT)
+    # The first is stored on its own thread (the writer was idle, ADR 0054); the others find
+    # the writer taken and are sent to it, counted as they are put into its inbox.
     inbox = rt.memory._writer.actor_inbox
     for thread in threads[1:]:  # one at a time, so they queue in the order of ``calls``
-        queued = inbox.qsize()
+        queued = inbox.puts
         thread.start()
-        wait_for(lambda: inbox.qsize() > queued, WAIT)  # noqa: B023
+        wait_for(lambda: inbox.puts > queued, WAIT)  # noqa: B023
     held.release.set()
     for thread in threads:
         thread.join(WAIT)
@@ -217,11 +219,12 @@ def test_a_group_pending_when_the_writer_stops_is_still_stored(
             threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
             for i in range(3)
         ]
+        base = writer.actor_inbox.puts
         threads[0].start()
-        assert held.entered.wait(WAIT)
+        assert held.entered.wait(WAIT)  # stored on its own thread, the writer being idle
         for thread in threads[1:]:
             thread.start()
-        wait_for(lambda: writer.actor_inbox.qsize() == 2, WAIT)
+        wait_for(lambda: writer.actor_inbox.puts == base + 2, WAIT)
         held.delays[1] = 1.2  # the group's commit outlasts the callers' 0.5 s liveness polls
         stopped = writer.stop(block=False)  # queued behind the two remembers
         held.release.set()
@@ -244,15 +247,16 @@ def test_closing_stores_and_answers_what_the_writer_still_holds(
         threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
         for i in range(3)
     ]
-    threads[0].start()
-    assert held.entered.wait(WAIT)
     inbox = rt.memory._writer.actor_inbox
+    base = inbox.puts
+    threads[0].start()
+    assert held.entered.wait(WAIT)  # stored on its own thread, the writer being idle
     for thread in threads[1:]:
         thread.start()
-    wait_for(lambda: inbox.qsize() == 2, WAIT)
+    wait_for(lambda: inbox.puts == base + 2, WAIT)
     stopping = threading.Thread(target=rt._actors.stop)
     stopping.start()
-    wait_for(lambda: inbox.qsize() == 3, WAIT)  # the stop is queued behind the remembers
+    wait_for(lambda: inbox.puts == base + 3, WAIT)  # the stop is queued behind the remembers
     held.release.set()
     stopping.join(WAIT)
     for thread in threads:

@@ -19,11 +19,14 @@ import pytest
 import journaled
 import journaled.memory as door
 from journaled.actors.asking import ask_all
-from journaled.actors.errors import RuntimeClosed
-from journaled.actors.scope import ScopeActor, ScopeShelf
+from journaled.actors.errors import ActorsError, RuntimeClosed
+from journaled.actors.memory import MemoryWriter
+from journaled.actors.scope import ScopeActor, ScopeShelf, Unsettled
 from journaled.events.bm25 import bm25_rescore
+from journaled.events.journal import Journal
+from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import ScopeState
-from journaled.events.messages import Apply
+from journaled.events.messages import Apply, Get, Remember
 from journaled.testing import KeywordEmbedder, ManualClock
 
 
@@ -47,18 +50,18 @@ def rounds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 @pytest.fixture
 def gate(monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
-    """Hold every scope actor at each Apply it takes from its inbox, before it folds it (and
-    before it takes the scopes' lock), until the test sets the event."""
+    """Hold a scope actor at each ``Get`` it takes from its inbox, before it answers (and before
+    it takes the scopes' lock), until the test sets the event: the scope is busy meanwhile, so
+    what the writer folds for it is queued behind, not folded in place."""
     release = threading.Event()
     real = ScopeActor.on_receive
 
     def held(self: ScopeActor, message: object) -> object:
-        if isinstance(message, Apply):
+        if isinstance(message, Get):
             release.wait(30)
         return real(self, message)
 
     monkeypatch.setattr(ScopeActor, "on_receive", held)
-    release.set()  # the runtime opens and folds freely; a test clears it where it wants a hold
     yield release
     release.set()
 
@@ -105,13 +108,15 @@ def test_idle_scopes_are_read_in_place_and_equal_a_rescore(
 def test_a_read_after_a_write_sees_it_while_its_fold_is_still_queued(
     url: str, clock: ManualClock, gate: threading.Event, rounds: list[str]
 ) -> None:
-    """ADR 0053: a remember answers before its scope folds it; a search asked then must not
-    answer from the scope's state without it, but wait for the fold (by message)."""
+    """ADR 0053: a remember answers once its folds are done or queued; a search asked then must
+    not answer from a scope that has not folded it yet, but wait for the fold (by message)."""
     with journaled.open(url, clock=clock) as rt:
         rt.memory.remember("coffee at nine")
+        project = rt.memory._scopes["project"]
+        busy = project.ask(Get(fact_id="none"), block=False)  # held by the gate: busy
+        fact = rt.memory.remember("tea at five")  # stored and answered; its fold is queued
+        assert not shelves(rt)[list(rt.memory._scopes).index("project")].settled
         rounds.clear()
-        gate.clear()
-        fact = rt.memory.remember("tea at five")  # stored and answered; its fold is held
         found: list[list[str]] = []
         reader = threading.Thread(
             target=lambda: found.append([f.id for f in rt.memory.search("tea")])
@@ -121,6 +126,7 @@ def test_a_read_after_a_write_sees_it_while_its_fold_is_still_queued(
         assert reader.is_alive(), "the search answered from a scope that had not folded the write"
         gate.set()
         reader.join(10)
+        assert busy.get(timeout=10) is None
         assert found == [[fact.id]]
         assert "SearchStats" in rounds
         rounds.clear()
@@ -163,7 +169,7 @@ def test_a_command_reaches_every_scope_at_once_for_a_reader_in_place(
         def read() -> None:
             nonlocal reads
             while not stop.is_set():
-                if not isinstance(rt.memory._in_place(check), door._Unsettled):
+                if not isinstance(rt.memory._in_place(check), Unsettled):
                     reads += 1
 
         reader = threading.Thread(target=read)
@@ -179,36 +185,62 @@ def test_a_command_reaches_every_scope_at_once_for_a_reader_in_place(
     assert problems == []
 
 
-def test_a_scope_whose_fold_failed_is_read_by_message(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, rounds: list[str]
+@pytest.mark.parametrize("where", ["in place", "by its actor"])
+def test_a_scope_whose_fold_failed_answers_nothing_until_rebuilt(
+    url: str,
+    clock: ManualClock,
+    monkeypatch: pytest.MonkeyPatch,
+    gate: threading.Event,
+    where: str,
 ) -> None:
-    """ADR 0053: a fold that raised part way may have left half a change in the state; that
-    scope is never read in place again, and reads go to its actor as without shelves."""
+    """ADR 0053: a fold that raised part way may have left half a change in a scope's state;
+    reads of it, in place or by message, fail saying so, and the writer rebuilds memory from
+    the journal before its next command, after which everything reads as stored."""
     real_apply = ScopeState.apply
+    failures = [1]
 
     def failing(self: ScopeState, event: Any, text: str | None = None) -> None:
-        if text == "boom":
+        if text == "boom" and failures:
+            failures.pop()
             raise RuntimeError("fold failed")
         real_apply(self, event, text)
 
+    real_rebuild = MemoryWriter._rebuild
+    broken_at_rebuild: list[bool] = []
+
+    def rebuild(self: MemoryWriter) -> None:
+        # Until the restore, no reader may take the half-folded state in place.
+        broken_at_rebuild.append(self.shelves["project"].broken)
+        real_rebuild(self)
+
+    monkeypatch.setattr(MemoryWriter, "_rebuild", rebuild)
     with journaled.open(url, clock=clock) as rt:
         rt.memory.remember("tea at five")
         monkeypatch.setattr(ScopeState, "apply", failing)
-        rt.memory.remember("boom")
-        deadline = time.monotonic() + 10
         project = shelves(rt)[list(rt.memory._scopes).index("project")]
-        while not project.broken and time.monotonic() < deadline:
-            time.sleep(0.01)
-        assert project.broken
-        assert not project.settled
-        assert project.inbox is not None
-        assert project.inbox.puts == project.done  # idle, yet...
-        read = rt.memory._in_place(lambda states: [f for s in states for f in s.all()])
-        assert isinstance(read, door._Unsettled)  # ... not read in place
-        rounds.clear()
-        with pytest.raises(pykka.ActorDeadError):  # the stopped actor answers nothing
-            rt.memory.search("tea")
-        assert rounds == ["SearchStats"]
+        busy = None
+        if where == "by its actor":  # a busy scope: the fold is told, and fails on its thread
+            gate.clear()
+            busy = rt.memory._scopes["project"].ask(Get(fact_id="none"), block=False)
+        boom = rt.memory.remember("boom")  # stored: the journal holds it whatever the fold did
+        if busy is not None:
+            gate.set()
+            busy.get(timeout=10)
+            deadline = time.monotonic() + 10
+            while not project.broken and time.monotonic() < deadline:
+                time.sleep(0.01)
+        if where == "by its actor":
+            assert project.broken
+            assert not project.settled
+            with pytest.raises(ActorsError, match="failed to fold a change"):
+                rt.memory.search("tea")
+        # The writer rebuilds (at once after a fold of its own failed, else before its next
+        # command); the failure does not recur, and memory reads as stored.
+        later = rt.memory.remember("tea later")
+        assert broken_at_rebuild == [True]
+        assert not project.broken
+        assert {f.id for f in rt.memory.all()} >= {boom.id, later.id}
+        assert sorted(f.text for f in rt.memory.search("tea")) == ["tea at five", "tea later"]
 
 
 def test_a_closed_runtime_is_not_read_in_place(url: str, clock: ManualClock) -> None:
@@ -219,3 +251,138 @@ def test_a_closed_runtime_is_not_read_in_place(url: str, clock: ManualClock) -> 
     assert not any(shelf.settled for shelf in shelves(rt))
     with pytest.raises(RuntimeClosed):
         rt.memory.search("tea")
+
+
+# -- remembers stored on the caller's thread (ADR 0054) --------------------------------------------
+
+
+def writer_puts(rt: journaled.Runtime) -> int:
+    puts: int = rt.memory._writer.actor_inbox.puts
+    return puts
+
+
+def test_a_lone_remember_is_stored_on_the_callers_thread(url: str, clock: ManualClock) -> None:
+    """ADR 0054, M2, M3: with the writer idle, a remember sends it nothing, and stores what the
+    writer would: the same events, a supersession included, as by message."""
+
+    def story(rt: journaled.Runtime) -> list[str]:
+        rt.memory.remember("api on 8080", conflict_key="api-port")
+        rt.memory.remember("tea at five", scope="user")
+        rt.memory.remember("api on 8081", conflict_key="api-port")
+        return [e.kind for e in rt.journal.read()]
+
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        before = writer_puts(rt)
+        here = story(rt)
+        assert writer_puts(rt) == before
+        live = [f.text for f in rt.memory.all() if f.superseded_by is None]
+        assert sorted(live) == ["api on 8081", "tea at five"]
+    other = url.replace("journal.sqlite", "by-message.sqlite")
+    with journaled.open(other, clock=ManualClock(start=1_700_000_000_000), follow=None) as rt:
+        rt.memory._desk = None
+        before = writer_puts(rt)
+        assert story(rt) == here
+        assert writer_puts(rt) == before + 3
+
+
+def test_a_remember_that_finds_the_writer_busy_is_sent_to_it(url: str, clock: ManualClock) -> None:
+    """ADR 0054: while the writer handles a message, a remember is queued for it, not stored on
+    the caller's thread beside it, and is answered once the writer is free."""
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        writer = rt._actors.desk.writer
+        assert writer is not None
+        before = writer_puts(rt)
+        found: list[str] = []
+        with writer.command_lock:  # as while the actor handles a message
+            caller = threading.Thread(
+                target=lambda: found.append(rt.memory.remember("tea at five").text)
+            )
+            caller.start()
+            deadline = time.monotonic() + 10
+            while writer_puts(rt) == before and time.monotonic() < deadline:
+                time.sleep(0.001)
+            assert writer_puts(rt) == before + 1
+            assert found == []
+        caller.join(10)
+        assert found == ["tea at five"]
+        assert [f.text for f in rt.memory.all()] == ["tea at five"]
+
+
+@pytest.mark.parametrize("stop", ["runtime", "memory actors"])
+def test_closing_waits_for_a_remember_being_stored_here(
+    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, stop: str
+) -> None:
+    """ADR 0054, R3: a close that comes while a caller stores a remember itself waits for it; the
+    caller gets its fact, and the journal holds it. ``memory actors`` stops only the writer and
+    the scopes, as the runtime's close ends with: no earlier message waits for the writer."""
+    entered, release = threading.Event(), threading.Event()
+    real = Journal.append
+
+    def held(journal: Journal, events: Any, **kwargs: Any) -> list[int]:
+        if any(isinstance(p.data, FactRemembered) for p in events) and not entered.is_set():
+            entered.set()
+            assert release.wait(10)
+        return real(journal, events, **kwargs)
+
+    rt = journaled.open(url, clock=clock, follow=None)
+    monkeypatch.setattr(Journal, "append", held)
+    outcome: list[object] = []
+
+    def remember() -> None:
+        try:
+            outcome.append(rt.memory.remember("tea at five"))
+        except Exception as exc:
+            outcome.append(exc)
+
+    caller = threading.Thread(target=remember)
+    caller.start()
+    assert entered.wait(10)
+    closing = threading.Thread(target=rt.close if stop == "runtime" else rt._actors.stop)
+    closing.start()
+    closing.join(0.3)
+    assert closing.is_alive(), "close went on while a remember was being stored"
+    release.set()
+    caller.join(10)
+    closing.join(10)
+    assert not closing.is_alive()
+    assert [type(o).__name__ for o in outcome] == ["Fact"]
+    rt.close()
+    monkeypatch.setattr(Journal, "append", real)
+    with journaled.open(url, clock=clock) as again:
+        assert [f.text for f in again.memory.all()] == ["tea at five"]
+    with pytest.raises(RuntimeClosed):
+        rt.memory.remember("after the close")
+
+
+def test_a_remember_never_overtakes_one_sent_before_it(
+    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0054, M3: a remember sent to the writer (the asyncio door's way) and not yet handled
+    keeps its place: a later remember from the same caller is queued behind it instead of being
+    stored first, so the later claim of a key supersedes the earlier one."""
+    taken, release = threading.Event(), threading.Event()
+    real = MemoryWriter.on_receive
+
+    def held(self: MemoryWriter, message: object) -> object:
+        if isinstance(message, Remember) and not release.is_set():
+            taken.set()
+            assert release.wait(10)  # taken from the inbox, not yet handled
+        return real(self, message)
+
+    monkeypatch.setattr(MemoryWriter, "on_receive", held)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        _, first = rt.memory.request_remember(Remember(text="port is 80", conflict_key="port"))
+        assert taken.wait(10)
+        later: list[str] = []
+        caller = threading.Thread(
+            target=lambda: later.append(rt.memory.remember("port is 81", conflict_key="port").id)
+        )
+        caller.start()
+        caller.join(0.3)
+        assert caller.is_alive(), "the later remember was stored before the earlier one"
+        release.set()
+        caller.join(10)
+        earlier = first.result(timeout=10).fact
+        facts = {f.id: f for f in rt.memory.all()}
+        assert facts[earlier.id].superseded_by == later[0]
+        assert facts[later[0]].superseded_by is None
