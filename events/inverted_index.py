@@ -114,23 +114,32 @@ class InvertedIndex:
             doc_id: The document's id.
             text: The document's text; it is tokenised with :func:`tokenize`.
         """
-        self.remove(doc_id)
+        if doc_id in self._lengths:
+            self.remove(doc_id)
         tokens = tokenize(text)
-        counts = dict(Counter(tokens))
+        counts = Counter(tokens)
         number = self._numbers.get(doc_id)
         if number is None:
             number = self._numbers[doc_id] = len(self._names)
             self._names.append(doc_id)
+        length = len(tokens)
         self._terms[doc_id] = " ".join(counts)
-        self._lengths[doc_id] = len(tokens)
-        self._dl[number] = len(tokens)
-        self._total_length += len(tokens)
-        impacts = self._impacts
+        self._lengths[doc_id] = length
+        self._dl[number] = length
+        self._total_length += length
+        postings = self._postings
         for term, tf in counts.items():
-            self._postings.setdefault(term, {})[number] = tf
-            buckets = impacts.get(term)
-            if buckets is not None:
-                buckets.setdefault((tf, len(tokens)), set()).add(number)
+            posting = postings.get(term)
+            if posting is None:
+                postings[term] = {number: tf}
+            else:
+                posting[number] = tf
+        impacts = self._impacts
+        if impacts:  # built on a first query only: none while a log is folded on open
+            for term, tf in counts.items():
+                buckets = impacts.get(term)
+                if buckets is not None:
+                    buckets.setdefault((tf, length), set()).add(number)
 
     def remove(self, doc_id: str) -> None:
         """Drop a document from the index; do nothing if it is absent.
