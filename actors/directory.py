@@ -231,6 +231,15 @@ _KNOWN_ERRORS: dict[str, type[Exception]] = {
 """The errors a :class:`Failure` is rebuilt as, by class name; any other is an ActorsError."""
 
 
+def as_answered(exc: Exception) -> Exception:
+    """Return the error a caller gets for ``exc`` when it travels as a :class:`Failure`: the same
+    error when its class is one rebuilt by name, else the ActorsError :func:`rebuild_error`
+    makes of it, so that an answer given on the caller's thread reads as one sent back."""
+    if _KNOWN_ERRORS.get(type(exc).__name__) is type(exc):
+        return exc
+    return rebuild_error(failure("", exc))
+
+
 def rebuild_error(reply: Failure) -> Exception:
     """Return the exception a :class:`Failure` describes: its class when known, with its text.
 

@@ -54,6 +54,11 @@ class RuntimeClosed(ActorsError, RuntimeError):
     """The runtime is closing or closed: it starts no run; runs it had are suspended (R3)."""
 
 
+class MemoryBehind(ActorsError):
+    """Memory's projection is being rebuilt from the journal, or could not be yet: a read would
+    answer from part of it (ADR 0053). The door asks the writer to rebuild and reads again."""
+
+
 class RunNotResumable(ActorsError, ValueError):
     """The run cannot be resumed as asked (finished, running here, or bad answers/options)."""
 

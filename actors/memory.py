@@ -24,7 +24,7 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
-from journaled.actors.directory import Directory, failure
+from journaled.actors.directory import Directory, as_answered, failure
 from journaled.actors.errors import ActorsError
 from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
@@ -208,7 +208,7 @@ class MemoryWriter(pykka.ThreadingActor):
             self.command_lock.release()
         fact, error = outcome[0]
         if error is not None:
-            raise error
+            raise as_answered(error)
         assert fact is not None
         return fact
 
@@ -560,6 +560,12 @@ class MemoryWriter(pykka.ThreadingActor):
             )
             log.debug("why folding a stored command failed", exc_info=True)
             self._rebuild()
+        except BaseException:
+            # Interrupted (Ctrl-C, SystemExit) part way, on a caller's thread most likely: the
+            # position may have moved past events the scopes lack. Rebuilt before the next
+            # command or read, never snapshotted so.
+            self._set_stale(True)
+            raise
 
     def _rebuild(self) -> None:
         """Fold memory again from the journal into empty scopes; on failure, retry later.
@@ -567,7 +573,7 @@ class MemoryWriter(pykka.ThreadingActor):
         Until it succeeds, every command first tries again (see :meth:`on_receive`): deciding
         against a projection known to be behind could supersede or cascade wrongly.
         """
-        self._stale = True
+        self._set_stale(True)
         try:
             ask_all(
                 list(self.scopes.values()),
@@ -589,10 +595,20 @@ class MemoryWriter(pykka.ThreadingActor):
             log.warning("memory could not be rebuilt from the journal yet: %s", exc)
             log.debug("why memory could not be rebuilt", exc_info=True)
             return
-        self._stale = False
+        self._set_stale(False)
+
+    def _set_stale(self, stale: bool) -> None:
+        """Mark memory behind the journal (or whole again), for readers too (ADR 0053)."""
+        with self.send_lock:
+            self._stale = stale
+            for shelf in self.shelves.values():
+                shelf.stale = stale
+            self.send_lock.notify_all()
 
     def _save_snapshot(self, min_events: int) -> bool:
         """Store memory's state at the current position, so the next open folds only the tail."""
+        if self._stale:  # the scopes are empty or partial: a snapshot would lose facts for good
+            raise ActorsError("memory is behind the journal and could not be rebuilt yet")
         if self._since_snapshot < min_events:
             return False
         # Fold what other processes appended first, even when this runtime does not follow: a
@@ -710,14 +726,17 @@ class MemoryWriter(pykka.ThreadingActor):
         """
         end = self.journal.position() if upto is None else upto
         batch: list[Event] = []
-        for event in self.journal.read(after=self.position, upto=end, skip_prefixes=NOT_MEMORY):
-            batch.append(event)
-            if len(batch) >= _FOLD_BATCH:
+        # Batches end where they end, not where commands do: the scopes' lock is held across
+        # all of them, so a reader in place sees each command whole (ADR 0053).
+        with self.send_lock:
+            for event in self.journal.read(after=self.position, upto=end, skip_prefixes=NOT_MEMORY):
+                batch.append(event)
+                if len(batch) >= _FOLD_BATCH:
+                    self._fold_batch(batch, missing)
+                    batch = []
+            if batch:
                 self._fold_batch(batch, missing)
-                batch = []
-        if batch:
-            self._fold_batch(batch, missing)
-        self.position = max(self.position, end)
+            self.position = max(self.position, end)
 
     def _fold_batch(self, batch: list[Event], missing: dict[str, int] | None) -> None:
         texts = self._texts(batch)

@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 import pykka
 
-from journaled.actors.errors import ActorsError
+from journaled.actors.errors import MemoryBehind
 from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState, combine
 from journaled.events.messages import (
@@ -87,6 +87,9 @@ class ScopeShelf:
         self.broken = False
         """A fold failed part way and the state may hold half of it: until a restore gives it a
         whole state again, it is read neither in place nor by message (ADR 0053)."""
+        self.stale = False
+        """The writer is rebuilding memory from the journal, or could not finish: the state is
+        empty or partial, and is read neither in place nor by message until it is whole."""
         self.inbox: CountingInbox | None = None
 
     @property
@@ -138,8 +141,8 @@ def read_in_place(
         return all(shelf.settled for shelf in shelves)
 
     with lock:
-        if any(shelf.broken for shelf in shelves):
-            return UNSETTLED  # asked by message, a broken scope says what is wrong
+        if any(shelf.broken or shelf.stale for shelf in shelves):
+            return UNSETTLED  # asked by message, such a scope says what is wrong
         if settled() or (wait > 0 and lock.wait_for(settled, wait)):
             return read([shelf.state for shelf in shelves])
     return UNSETTLED
@@ -199,9 +202,14 @@ class ScopeActor(pykka.ThreadingActor):
         if self.shelf.broken and not isinstance(message, RestoreScope):
             if isinstance(message, Apply):
                 return None  # folded onto half a change it means nothing: a rebuild replays it
-            raise ActorsError(
+            raise MemoryBehind(
                 f"memory scope {state.physical} failed to fold a change and holds part of it: "
                 "it answers nothing until memory is rebuilt from the journal"
+            )
+        if self.shelf.stale and not isinstance(message, Apply | RestoreScope):
+            raise MemoryBehind(
+                f"memory scope {state.physical} is being rebuilt from the journal: it answers "
+                "no read until it is whole"
             )
         match message:
             case Apply():

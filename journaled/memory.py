@@ -13,7 +13,7 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.directory import Directory, Inbox
-from journaled.actors.errors import RuntimeClosed
+from journaled.actors.errors import MemoryBehind, RuntimeClosed
 from journaled.actors.memory import WriterDesk
 from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
 from journaled.actors.scrubber import Scrubber
@@ -38,6 +38,7 @@ from journaled.events.memory_state import (
 from journaled.events.messages import (
     All,
     Candidates,
+    CatchUp,
     Delete,
     Deletion,
     Get,
@@ -286,6 +287,35 @@ class Memory:
         """Read the traversed scopes in place, or :data:`UNSETTLED` if they stay busy."""
         return read_in_place(self._shelves, read, SETTLE_WAIT)
 
+    def _read(self, here: Callable[[list[ScopeState]], T], by_message: Callable[[], T]) -> T:
+        """Read in place, else by message; a memory behind the journal (a failed fold, a rebuild
+        under way or that failed) is first rebuilt by the writer, and read once whole."""
+        for attempt in range(2):
+            found = self._in_place(here)
+            if not isinstance(found, Unsettled):
+                return found
+            try:
+                return by_message()
+            except MemoryBehind:
+                if attempt:
+                    raise
+                self._heal()
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    def _heal(self) -> None:
+        """Have the writer rebuild memory from the journal (it does before any command)."""
+        try:
+            ask(self._writer, CatchUp())
+        except pykka.ActorDeadError:
+            raise RuntimeClosed(
+                "the runtime is closed: open a new one with journaled.open()"
+            ) from None
+        if any(shelf.broken or shelf.stale for shelf in self._shelves):
+            raise MemoryBehind(
+                "memory is behind the journal and could not be rebuilt yet: see the log; "
+                "reads work again once a rebuild succeeds"
+            )
+
     def _ask(self, refs: list[Any], message: object) -> list[Any]:
         """Ask scope actors, saying so when the runtime was closed under the read."""
         try:
@@ -299,17 +329,17 @@ class Memory:
 
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""
-        found = self._in_place(lambda states: _first(s.get(fact_id) for s in states))
-        if not isinstance(found, Unsettled):
-            return found
-        for fact in self._ask(self._refs, Get(fact_id=fact_id)):
-            if fact is not None:
-                return fact  # type: ignore[no-any-return]
-        return None
+        return self._read(
+            lambda states: _first(s.get(fact_id) for s in states),
+            lambda: _first(self._ask(self._refs, Get(fact_id=fact_id))),
+        )
 
     def all(self) -> list[Fact]:
         """Return every stored fact across scopes, superseded and expired included (M4)."""
-        facts: list[Fact] = [f for answer in self._ask(self._refs, All()) for f in answer]
+        facts = self._read(
+            lambda states: [f for s in states for f in s.all()],
+            lambda: [f for answer in self._ask(self._refs, All()) for f in answer],
+        )
         return sorted(facts, key=lambda f: f.id)
 
     def search(
@@ -333,9 +363,9 @@ class Memory:
     def _bm25_scored(self, q: Query) -> list[tuple[float, Fact]]:
         if not q.terms or q.limit == 0:
             return []
-        ranked = self._in_place(lambda states: rank_bm25(states, q))
-        if not isinstance(ranked, Unsettled):
-            return ranked
+        return self._read(lambda states: rank_bm25(states, q), lambda: self._bm25_asked(q))
+
+    def _bm25_asked(self, q: Query) -> list[tuple[float, Fact]]:
         alone = self._lone_scope
         stats: list[Stats] = self._ask(self._refs, SearchStats(query=q, score_alone=alone))
         idfs, avgdl, n_docs = combine(stats, q.terms)
@@ -421,12 +451,12 @@ class Memory:
         return self._semantic.hybrid(query, q, self._candidates(q), self._bm25_top(q))
 
     def _candidates(self, q: Query) -> list[Fact]:
-        found = self._in_place(lambda states: all_candidates(states, q))
-        if not isinstance(found, Unsettled):
-            return found
-        return sorted(
-            (f for answer in self._ask(self._refs, Candidates(query=q)) for f in answer),
-            key=lambda f: f.id,
+        return self._read(
+            lambda states: all_candidates(states, q),
+            lambda: sorted(
+                (f for answer in self._ask(self._refs, Candidates(query=q)) for f in answer),
+                key=lambda f: f.id,
+            ),
         )
 
     def _bm25_top(self, q: Query) -> Callable[[int], list[tuple[float, Fact]]]:
