@@ -239,9 +239,10 @@ class Memory:
             valid_until=valid_until,
             run_id=run_id,
             step_id=step_id,
+            deadline=self._deadline(),
         )
         if self._desk is not None:
-            here = self._desk.remember(msgspec.structs.replace(request, deadline=self._deadline()))
+            here = self._desk.remember(request)
             if not isinstance(here, Unsettled):
                 return here
         correlation, reply = self.request_remember(request)

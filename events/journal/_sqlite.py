@@ -342,7 +342,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             holder: list[tuple[int, bytes]] | None = kwargs.get("head")
             if holder is not None:  # published by insert_events once committed
                 holder[:] = [(record[0], record[5])]
-        if payloads:
+        if len(payloads) == 1:  # a remember's one text: no executemany around a single row
+            c.execute(
+                f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
+                next(iter(payloads.items())),
+            )
+        elif payloads:
             c.executemany(
                 f"INSERT OR REPLACE INTO {PAYLOAD_TABLE} VALUES (?, ?)",  # noqa: S608
                 list(payloads.items()),
