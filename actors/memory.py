@@ -16,7 +16,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -96,6 +96,22 @@ Staged = tuple[str, DomainEvent]
 """An event decided but not yet versioned: (stream, event)."""
 
 
+_WHOLE_TAIL = 20_000
+"""Events of a live catch-up folded at once, the scopes' lock held (read first, outside it)."""
+
+
+def _batches(events: Iterator[Event], size: int) -> Iterator[list[Event]]:
+    """Cut an event stream into lists of ``size`` (the last may be shorter)."""
+    batch: list[Event] = []
+    for event in events:
+        batch.append(event)
+        if len(batch) >= size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
 class WriterDesk:
     """Where a caller finds the memory writer to store a remember on its own thread while the
     writer is idle (ADR 0054); the writer takes its place at the desk when it starts."""
@@ -136,6 +152,8 @@ class MemoryWriter(pykka.ThreadingActor):
         """Held for every message the actor handles, and by a caller doing a remember here."""
         self._done = 0
         """Messages the actor finished, counted holding :attr:`command_lock`."""
+        self._serving = False
+        """Whether the open's replay is done, so that readers may be reading memory."""
         if desk is not None:
             desk.writer = self
         self.directory = directory
@@ -241,6 +259,7 @@ class MemoryWriter(pykka.ThreadingActor):
             case CatchUp(initial=initial):
                 if initial:
                     self._replay()
+                    self._serving = True  # the door exists from now on: readers may read
                 else:
                     self._catch_up()
                 return self.position
@@ -598,11 +617,20 @@ class MemoryWriter(pykka.ThreadingActor):
         self._set_stale(False)
 
     def _set_stale(self, stale: bool) -> None:
-        """Mark memory behind the journal (or whole again), for readers too (ADR 0053)."""
-        with self.send_lock:
-            self._stale = stale
+        """Mark memory behind the journal (or whole again), for readers too (ADR 0053).
+
+        Marking it behind sets the flags before taking the scopes' lock to wake waiting readers:
+        an interrupt while waiting for that lock must not leave memory unmarked.
+        """
+        if stale:
+            self._stale = True
             for shelf in self.shelves.values():
-                shelf.stale = stale
+                shelf.stale = True
+        with self.send_lock:
+            if not stale:
+                self._stale = False
+                for shelf in self.shelves.values():
+                    shelf.stale = False
             self.send_lock.notify_all()
 
     def _save_snapshot(self, min_events: int) -> bool:
@@ -723,23 +751,49 @@ class MemoryWriter(pykka.ThreadingActor):
         With ``missing``, note remembered facts whose text is gone (the open-time J5 check).
         Runs' and orchestrations' events are left out by the database (not even decoded), and
         the writer's position still moves past them.
+
+        Readers in place must see each command whole (ADR 0053), and batches end where they
+        end, not where commands do. So while readers may read (after the open, memory not
+        stale), a tail of up to :data:`_WHOLE_TAIL` events is read first, outside the scopes'
+        lock, and then folded holding it, all at once; a longer one marks memory behind the
+        journal until it is folded, and readers wait for it by asking the writer.
         """
         end = self.journal.position() if upto is None else upto
-        batch: list[Event] = []
-        # Batches end where they end, not where commands do: the scopes' lock is held across
-        # all of them, so a reader in place sees each command whole (ADR 0053).
-        with self.send_lock:
-            for event in self.journal.read(after=self.position, upto=end, skip_prefixes=NOT_MEMORY):
-                batch.append(event)
-                if len(batch) >= _FOLD_BATCH:
-                    self._fold_batch(batch, missing)
-                    batch = []
-            if batch:
+        events = self.journal.read(after=self.position, upto=end, skip_prefixes=NOT_MEMORY)
+        if self._serving and not self._stale:
+            tail: list[tuple[list[Event], dict[str, str]]] = []
+            held = 0
+            for batch in _batches(events, _FOLD_BATCH):
+                tail.append((batch, self._texts(batch)))
+                held += len(batch)
+                if held > _WHOLE_TAIL:
+                    break
+            else:
+                with self.send_lock:
+                    for batch, texts in tail:
+                        self._fold_batch(batch, missing, texts)
+                    self.position = max(self.position, end)
+                return
+            self._set_stale(True)  # too long to hold whole: readers wait for the writer instead
+            for batch, texts in tail:
+                self._fold_batch(batch, missing, texts)
+            for batch in _batches(events, _FOLD_BATCH):
                 self._fold_batch(batch, missing)
             self.position = max(self.position, end)
+            self._set_stale(False)
+            return
+        for batch in _batches(events, _FOLD_BATCH):
+            self._fold_batch(batch, missing)
+        self.position = max(self.position, end)
 
-    def _fold_batch(self, batch: list[Event], missing: dict[str, int] | None) -> None:
-        texts = self._texts(batch)
+    def _fold_batch(
+        self,
+        batch: list[Event],
+        missing: dict[str, int] | None,
+        texts: dict[str, str] | None = None,
+    ) -> None:
+        if texts is None:
+            texts = self._texts(batch)
         if missing is not None:
             for event in batch:
                 data = event.data
@@ -757,7 +811,19 @@ class MemoryWriter(pykka.ThreadingActor):
         }
 
     def _fold(self, events: Sequence[Event], texts: dict[str, str]) -> None:
-        """Track versions and routes, and tell each scope actor the events about its facts."""
+        """Track versions and routes, and tell each scope actor the events about its facts.
+
+        Whatever interrupts it part way (an error, Ctrl-C on a caller's thread) may leave the
+        position past events the scopes lack: memory is then marked behind the journal, and
+        rebuilt before the next command or read.
+        """
+        try:
+            self._fold_events(events, texts)
+        except BaseException:
+            self._set_stale(True)
+            raise
+
+    def _fold_events(self, events: Sequence[Event], texts: dict[str, str]) -> None:
         per_scope: dict[str, list[Event]] = {}
         self._since_snapshot += len(events)
         for event in events:

@@ -137,13 +137,19 @@ def read_in_place(
         return UNSETTLED
     lock = shelves[0].lock
 
+    def behind() -> bool:
+        return any(shelf.broken or shelf.stale for shelf in shelves)
+
     def settled() -> bool:
         return all(shelf.settled for shelf in shelves)
 
     with lock:
-        if any(shelf.broken or shelf.stale for shelf in shelves):
+        if not settled() and wait > 0:
+            lock.wait_for(lambda: behind() or settled(), wait)
+        # Checked after any wait: a rebuild may have begun meanwhile, its restores settling.
+        if behind():
             return UNSETTLED  # asked by message, such a scope says what is wrong
-        if settled() or (wait > 0 and lock.wait_for(settled, wait)):
+        if settled():
             return read([shelf.state for shelf in shelves])
     return UNSETTLED
 

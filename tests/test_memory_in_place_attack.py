@@ -191,13 +191,15 @@ def test_a_follower_catching_up_never_shows_half_of_a_command(url: str) -> None:
         real = MemoryWriter._fold_batch
         batches = [0]
 
-        def fold_batch(self: MemoryWriter, batch: Any, missing: Any) -> None:
-            real(self, batch, missing)
+        def fold_batch(self: MemoryWriter, batch: Any, missing: Any, texts: Any = None) -> None:
+            real(self, batch, missing, texts)
             if self is writer:
                 batches[0] += 1
                 if batches[0] == 1:
                     between.set()
-                    read.wait(10)
+                    # The reader's search either waits for the whole catch-up (right) or reads
+                    # between the batches; a short pause gives it the chance to.
+                    read.wait(0.5)
 
         holders: list[list[str]] = []
 
