@@ -337,3 +337,40 @@ def test_an_organizations_rebuild_keeps_its_boundary(
         assert not _writer(acme)._stale
         assert {f.id for f in acme.memory.search("secret plan")} == {a.id, shared.id}
         assert acme.memory.get(boom.id) is not None
+
+
+def test_a_long_catch_up_marks_memory_behind_until_it_is_folded(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0053 (*Catching up*): a tail too long to fold whole marks memory behind the journal
+    while it is folded, so that no reader takes a part of it for the whole; once folded,
+    memory is whole again and equals a fresh open. Sizes are shrunk to make 20 facts long."""
+    monkeypatch.setattr(actors_memory, "_WHOLE_TAIL", 3)
+    monkeypatch.setattr(actors_memory, "_FOLD_BATCH", 2)
+    with (
+        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
+        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
+    ):
+        here.memory.remember("tea at five")
+        for i in range(20):
+            other.memory.remember(f"holder {i}", conflict_key="k")
+        writer = _writer(here)
+        seen: list[bool] = []
+        real = MemoryWriter._fold_batch
+
+        def fold_batch(self: MemoryWriter, batch: Any, missing: Any, texts: Any = None) -> None:
+            if self is writer:
+                seen.append(all(shelf.stale for shelf in self.shelves.values()))
+            real(self, batch, missing, texts)
+
+        monkeypatch.setattr(MemoryWriter, "_fold_batch", fold_batch)
+        here.refresh()
+        assert seen
+        assert all(seen), f"batches folded while readers could read: {seen}"
+        assert not writer._stale
+        assert not any(shelf.stale for shelf in writer.shelves.values())
+        live = sorted(f.text for f in here.memory.all() if f.superseded_by is None)
+        assert live == ["holder 19", "tea at five"]
+        folded = here.memory.all()
+    with journaled.open(url, follow=None) as fresh:
+        assert fresh.memory.all() == folded
