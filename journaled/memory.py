@@ -318,9 +318,14 @@ class Memory:
             )
 
     def _ask(self, refs: list[Any], message: object) -> list[Any]:
-        """Ask scope actors, saying so when the runtime was closed under the read."""
+        """Ask scope actors, saying so when the runtime was closed under the read.
+
+        The asks are queued holding the scopes' lock, as the writer queues its folds, so every
+        scope answers as of the same commands: none between two of the read's messages.
+        """
+        held = self._shelves[0].lock if self._shelves else None
         try:
-            return ask_all(refs, message)
+            return ask_all(refs, message, sent_under=held)
         except pykka.ActorDeadError:
             if self._writer.is_alive():
                 raise
