@@ -24,7 +24,16 @@ from journaled.actors import errors as actor_errors
 from journaled.events import errors as event_errors
 from journaled.events.messages import Failure
 
-__all__ = ["Directory", "Inbox", "Mailbox", "failure", "quick_inbox", "rebuild_error"]
+__all__ = [
+    "CountingInbox",
+    "Directory",
+    "Inbox",
+    "Mailbox",
+    "as_answered",
+    "failure",
+    "quick_inbox",
+    "rebuild_error",
+]
 
 log = logging.getLogger("journaled.directory")
 
@@ -46,6 +55,24 @@ def quick_inbox() -> queue.SimpleQueue[Any]:
     that pykka uses of it.
     """
     return queue.SimpleQueue()
+
+
+class CountingInbox(queue.SimpleQueue[Any]):
+    """An actor inbox in C, as :func:`quick_inbox`, that counts what is put into it, so that a
+    thread doing the actor's work in its place can tell whether a message waits: the executor's
+    (ADR 0043), the memory writer's and the scope actors' (ADR 0053, 0054)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._count = threading.Lock()
+        self.puts = 0
+        """Messages put so far, pykka's stop included; counted before each is queued."""
+
+    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
+        """Count the message, then queue it."""
+        with self._count:
+            self.puts += 1
+        super().put(item, block, timeout)
 
 
 class Directory:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ from typing import Any
 
 import pykka
 
-from journaled.actors.directory import failure
+from journaled.actors.directory import CountingInbox, failure
 from journaled.actors.ownership import HEARTBEAT_SECONDS
 from journaled.actors.run_recorder import Progress, RunRecorder, Trace
 from journaled.actors.steps import Services, StepWorker, missing
@@ -79,23 +78,6 @@ log = logging.getLogger("journaled.executor")
 _STOP_TIMEOUT = 5.0
 
 
-class _Inbox(queue.SimpleQueue[Any]):
-    """The executor's inbox (C, as the workers', ADR 0039) counting what was put into it, so a
-    worker taking its result can tell whether a message waits (ADR 0043)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._count = threading.Lock()
-        self.puts = 0
-        """Messages put so far; counted before each is queued."""
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Count the message, then queue it."""
-        with self._count:
-            self.puts += 1
-        super().put(item, block, timeout)
-
-
 class Executor(pykka.ThreadingActor):
     """Execute one run to its next stop: completion, failure, a budget stop, a wait or a cancel."""
 
@@ -103,7 +85,7 @@ class Executor(pykka.ThreadingActor):
     """A program that ends without ``close()`` must still exit; the runtime's exit hook drains
     and closes first (R3)."""
 
-    _create_actor_inbox = staticmethod(_Inbox)
+    _create_actor_inbox = staticmethod(CountingInbox)
 
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     """How long the run may be quiet before the executor appends a heartbeat."""
@@ -215,7 +197,7 @@ class Executor(pykka.ThreadingActor):
             return False
         try:
             inbox = self.actor_inbox
-            waiting = not isinstance(inbox, _Inbox) or inbox.puts != self._handled
+            waiting = not isinstance(inbox, CountingInbox) or inbox.puts != self._handled
             if waiting or self._failed or self._finished or not self._begun:
                 return False
             try:

@@ -24,11 +24,11 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
-from journaled.actors.directory import Directory, as_answered, failure
+from journaled.actors.directory import CountingInbox, Directory, as_answered, failure
 from journaled.actors.errors import ActorsError
 from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
-from journaled.actors.scope import UNSETTLED, CountingInbox, ScopeShelf, Unsettled, read_in_place
+from journaled.actors.scope import UNSETTLED, ScopeShelf, Unsettled, read_in_place
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of

@@ -8,14 +8,14 @@ queued or in hand (ADR 0053). Otherwise reads are messages to the actors, as alw
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import msgspec
 import pykka
 
+from journaled.actors.directory import CountingInbox
 from journaled.actors.errors import MemoryBehind
 from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState, combine
@@ -35,7 +35,6 @@ from journaled.events.messages import (
 
 __all__ = [
     "UNSETTLED",
-    "CountingInbox",
     "ScopeActor",
     "ScopeShelf",
     "Unsettled",
@@ -48,23 +47,6 @@ T = TypeVar("T")
 log = logging.getLogger("journaled.memory")
 
 _ENCODER = msgspec.msgpack.Encoder()
-
-
-class CountingInbox(queue.SimpleQueue[Any]):
-    """An actor's inbox (C, as the executor's) counting what was put into it: a scope actor's
-    and the memory writer's, so that a reader or writer in place can tell they are idle."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._count = threading.Lock()
-        self.puts = 0
-        """Messages put so far, pykka's stop included; counted before each is queued."""
-
-    def put(self, item: Any, block: bool = True, timeout: float | None = None) -> None:
-        """Count the message, then queue it."""
-        with self._count:
-            self.puts += 1
-        super().put(item, block, timeout)
 
 
 class ScopeShelf:
