@@ -10,11 +10,11 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pykka
 import pytest
+from in_place import fail_fold_once
 
 import journaled
 import journaled.memory as door
@@ -28,11 +28,6 @@ from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import ScopeState
 from journaled.events.messages import Apply, Get, Remember
 from journaled.testing import KeywordEmbedder, ManualClock
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'journal.sqlite'}"
 
 
 @pytest.fixture
@@ -81,12 +76,12 @@ def settle(rt: journaled.Runtime) -> None:
 
 
 def test_idle_scopes_are_read_in_place_and_equal_a_rescore(
-    url: str, clock: ManualClock, rounds: list[str]
+    sqlite_url: str, clock: ManualClock, rounds: list[str]
 ) -> None:
     """M4, M6, M7: with every scope actor idle, get, search and semantic search ask no actor,
     and BM25 still equals a from-scratch rescore over every scope."""
     texts = ["tea at five", "tea and biscuits", "coffee at nine", "tea tea tea", "green tea"]
-    with journaled.open(url, clock=clock, embedder=KeywordEmbedder(["tea", "coffee"])) as rt:
+    with journaled.open(sqlite_url, clock=clock, embedder=KeywordEmbedder(["tea", "coffee"])) as rt:
         facts = [
             rt.memory.remember(t, scope=("project", "user", "repository")[i % 3])
             for i, t in enumerate(texts)
@@ -106,11 +101,11 @@ def test_idle_scopes_are_read_in_place_and_equal_a_rescore(
 
 
 def test_a_read_after_a_write_sees_it_while_its_fold_is_still_queued(
-    url: str, clock: ManualClock, gate: threading.Event, rounds: list[str]
+    sqlite_url: str, clock: ManualClock, gate: threading.Event, rounds: list[str]
 ) -> None:
     """ADR 0053: a remember answers once its folds are done or queued; a search asked then must
     not answer from a scope that has not folded it yet, but wait for the fold (by message)."""
-    with journaled.open(url, clock=clock) as rt:
+    with journaled.open(sqlite_url, clock=clock) as rt:
         rt.memory.remember("coffee at nine")
         project = rt.memory._scopes["project"]
         busy = project.ask(Get(fact_id="none"), block=False)  # held by the gate: busy
@@ -135,7 +130,7 @@ def test_a_read_after_a_write_sees_it_while_its_fold_is_still_queued(
 
 
 def test_a_command_reaches_every_scope_at_once_for_a_reader_in_place(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053: a remember that supersedes a fact of another scope changes two scope actors; a
     reader in place sees both changes or neither, never one live holder too many or a
@@ -152,7 +147,7 @@ def test_a_command_reaches_every_scope_at_once_for_a_reader_in_place(
     problems: list[str] = []
     stop = threading.Event()
     reads = 0
-    with journaled.open(url, clock=clock) as rt:
+    with journaled.open(sqlite_url, clock=clock) as rt:
         rt.memory.remember("holder 0", scope="user", conflict_key="k")
 
         def check(states: list[ScopeState]) -> None:
@@ -187,7 +182,7 @@ def test_a_command_reaches_every_scope_at_once_for_a_reader_in_place(
 
 @pytest.mark.parametrize("where", ["in place", "by its actor"])
 def test_a_scope_whose_fold_failed_answers_nothing_until_rebuilt(
-    url: str,
+    sqlite_url: str,
     clock: ManualClock,
     monkeypatch: pytest.MonkeyPatch,
     gate: threading.Event,
@@ -196,14 +191,6 @@ def test_a_scope_whose_fold_failed_answers_nothing_until_rebuilt(
     """ADR 0053: a fold that raised part way may have left half a change in a scope's state;
     the scope answers no read (in place or by message) until the writer rebuilds memory from the
     journal, which it does at once, or before its next command or the door's next read."""
-    real_apply = ScopeState.apply
-    failures = [1]
-
-    def failing(self: ScopeState, event: Any, text: str | None = None) -> None:
-        if text == "boom" and failures:
-            failures.pop()
-            raise RuntimeError("fold failed")
-        real_apply(self, event, text)
 
     real_rebuild = MemoryWriter._rebuild
     broken_at_rebuild: list[bool] = []
@@ -214,9 +201,9 @@ def test_a_scope_whose_fold_failed_answers_nothing_until_rebuilt(
         real_rebuild(self)
 
     monkeypatch.setattr(MemoryWriter, "_rebuild", rebuild)
-    with journaled.open(url, clock=clock) as rt:
+    with journaled.open(sqlite_url, clock=clock) as rt:
         rt.memory.remember("tea at five")
-        monkeypatch.setattr(ScopeState, "apply", failing)
+        fail_fold_once(monkeypatch)
         project = shelves(rt)[list(rt.memory._scopes).index("project")]
         busy = None
         if where == "by its actor":  # a busy scope: the fold is told, and fails on its thread
@@ -246,9 +233,9 @@ def test_a_scope_whose_fold_failed_answers_nothing_until_rebuilt(
         assert sorted(f.text for f in rt.memory.search("tea")) == ["tea at five", "tea later"]
 
 
-def test_a_closed_runtime_is_not_read_in_place(url: str, clock: ManualClock) -> None:
+def test_a_closed_runtime_is_not_read_in_place(sqlite_url: str, clock: ManualClock) -> None:
     """A closed runtime says so (RuntimeClosed), rather than answering from stopped actors."""
-    rt = journaled.open(url, clock=clock)
+    rt = journaled.open(sqlite_url, clock=clock)
     rt.memory.remember("tea at five")
     rt.close()
     assert not any(shelf.settled for shelf in shelves(rt))
@@ -264,7 +251,9 @@ def writer_puts(rt: journaled.Runtime) -> int:
     return puts
 
 
-def test_a_lone_remember_is_stored_on_the_callers_thread(url: str, clock: ManualClock) -> None:
+def test_a_lone_remember_is_stored_on_the_callers_thread(
+    sqlite_url: str, clock: ManualClock
+) -> None:
     """ADR 0054, M2, M3: with the writer idle, a remember sends it nothing, and stores what the
     writer would: the same events, a supersession included, as by message."""
 
@@ -274,13 +263,13 @@ def test_a_lone_remember_is_stored_on_the_callers_thread(url: str, clock: Manual
         rt.memory.remember("api on 8081", conflict_key="api-port")
         return [e.kind for e in rt.journal.read()]
 
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         before = writer_puts(rt)
         here = story(rt)
         assert writer_puts(rt) == before
         live = [f.text for f in rt.memory.all() if f.superseded_by is None]
         assert sorted(live) == ["api on 8081", "tea at five"]
-    other = url.replace("journal.sqlite", "by-message.sqlite")
+    other = sqlite_url.replace("journal.sqlite", "by-message.sqlite")
     with journaled.open(other, clock=ManualClock(start=1_700_000_000_000), follow=None) as rt:
         rt.memory._desk = None
         before = writer_puts(rt)
@@ -288,10 +277,12 @@ def test_a_lone_remember_is_stored_on_the_callers_thread(url: str, clock: Manual
         assert writer_puts(rt) == before + 3
 
 
-def test_a_remember_that_finds_the_writer_busy_is_sent_to_it(url: str, clock: ManualClock) -> None:
+def test_a_remember_that_finds_the_writer_busy_is_sent_to_it(
+    sqlite_url: str, clock: ManualClock
+) -> None:
     """ADR 0054: while the writer handles a message, a remember is queued for it, not stored on
     the caller's thread beside it, and is answered once the writer is free."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         writer = rt._actors.desk.writer
         assert writer is not None
         before = writer_puts(rt)
@@ -313,7 +304,7 @@ def test_a_remember_that_finds_the_writer_busy_is_sent_to_it(url: str, clock: Ma
 
 @pytest.mark.parametrize("stop", ["runtime", "memory actors"])
 def test_closing_waits_for_a_remember_being_stored_here(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, stop: str
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, stop: str
 ) -> None:
     """ADR 0054, R3: a close that comes while a caller stores a remember itself waits for it; the
     caller gets its fact, and the journal holds it. ``memory actors`` stops only the writer and
@@ -327,7 +318,7 @@ def test_closing_waits_for_a_remember_being_stored_here(
             assert release.wait(10)
         return real(journal, events, **kwargs)
 
-    rt = journaled.open(url, clock=clock, follow=None)
+    rt = journaled.open(sqlite_url, clock=clock, follow=None)
     monkeypatch.setattr(Journal, "append", held)
     outcome: list[object] = []
 
@@ -351,14 +342,14 @@ def test_closing_waits_for_a_remember_being_stored_here(
     assert [type(o).__name__ for o in outcome] == ["Fact"]
     rt.close()
     monkeypatch.setattr(Journal, "append", real)
-    with journaled.open(url, clock=clock) as again:
+    with journaled.open(sqlite_url, clock=clock) as again:
         assert [f.text for f in again.memory.all()] == ["tea at five"]
     with pytest.raises(RuntimeClosed):
         rt.memory.remember("after the close")
 
 
 def test_a_remember_never_overtakes_one_sent_before_it(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0054, M3: a remember sent to the writer (the asyncio door's way) and not yet handled
     keeps its place: a later remember from the same caller is queued behind it instead of being
@@ -373,7 +364,7 @@ def test_a_remember_never_overtakes_one_sent_before_it(
         return real(self, message)
 
     monkeypatch.setattr(MemoryWriter, "on_receive", held)
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         _, first = rt.memory.request_remember(Remember(text="port is 80", conflict_key="port"))
         assert taken.wait(10)
         later: list[str] = []

@@ -9,11 +9,11 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
 from eventsourcing.persistence import OperationalError
+from in_place import fail_fold_once, two_runtimes, writer_of
 
 import journaled
 import journaled.aio
@@ -25,17 +25,6 @@ from journaled.events.memory_state import ScopeState
 from journaled.testing import ManualClock
 
 
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'journal.sqlite'}"
-
-
-def _writer(rt: journaled.Runtime) -> MemoryWriter:
-    writer = rt._actors.desk.writer
-    assert writer is not None
-    return writer
-
-
 def _last_remembered(rt: journaled.Runtime) -> str:
     ids = [e.data.fact_id for e in rt.journal.read() if isinstance(e.data, FactRemembered)]
     return ids[-1]
@@ -45,21 +34,13 @@ def _last_remembered(rt: journaled.Runtime) -> str:
 
 
 def test_a_rebuild_after_a_failed_fold_never_shows_readers_an_empty_memory(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053, 0054: while the writer rebuilds memory after a failed fold (scopes restored empty,
     then the journal replayed), a reader is not answered from the empty or partial scopes: it
     waits for the rebuild and reads the whole memory. The pause stands for a long replay."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         tea = rt.memory.remember("tea at five")
-        real_apply = ScopeState.apply
-        failures = [1]
-
-        def failing(self: ScopeState, event: Any, text: str | None = None) -> None:
-            if text == "boom" and failures:
-                failures.pop()
-                raise RuntimeError("fold failed")
-            real_apply(self, event, text)
 
         emptied, release = threading.Event(), threading.Event()
         real_replay = MemoryWriter._replay
@@ -70,7 +51,7 @@ def test_a_rebuild_after_a_failed_fold_never_shows_readers_an_empty_memory(
                 release.wait(10)
             real_replay(self)
 
-        monkeypatch.setattr(ScopeState, "apply", failing)
+        fail_fold_once(monkeypatch)
         monkeypatch.setattr(MemoryWriter, "_replay", replay)
         writer = threading.Thread(target=lambda: rt.memory.remember("boom"))
         writer.start()
@@ -87,11 +68,11 @@ def test_a_rebuild_after_a_failed_fold_never_shows_readers_an_empty_memory(
 
 
 def test_a_rebuild_that_fails_leaves_no_empty_memory_answering_reads(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053: when the rebuild's replay fails (a transient journal error), the emptied scopes
     answer no read as if whole: the read has the writer rebuild again, and answers once it has."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         tea = rt.memory.remember("tea at five")
         real_apply = ScopeState.apply
         fold_failures, replay_failures = [1], [1]
@@ -110,10 +91,10 @@ def test_a_rebuild_that_fails_leaves_no_empty_memory_answering_reads(
                 raise OperationalError("the journal could not be read just now")
             real_replay(self)
 
-        monkeypatch.setattr(ScopeState, "apply", failing)
+        fail_fold_once(monkeypatch)
         monkeypatch.setattr(MemoryWriter, "_replay", replay)
         rt.memory.remember("boom")  # stored; its fold fails; the rebuild fails
-        assert _writer(rt)._stale
+        assert writer_of(rt)._stale
         found = [f.id for f in rt.memory.search("tea")]
         got = rt.memory.get(tea.id)
         assert (found, got) == ([tea.id], tea), (
@@ -138,20 +119,11 @@ def test_a_scope_whose_told_fold_failed_is_rebuilt_without_waiting_for_a_write(
             release.wait(10)
         return real_receive(self, message)
 
-    real_apply = ScopeState.apply
-    failures = [1]
-
-    def failing(self: ScopeState, event: Any, text: str | None = None) -> None:
-        if text == "boom" and failures:
-            failures.pop()
-            raise RuntimeError("fold failed")
-        real_apply(self, event, text)
-
     monkeypatch.setattr(ScopeActor, "on_receive", held)
     clock = ManualClock(start=1_700_000_000_000)
     with journaled.open("memory://", clock=clock) as rt:
         tea = rt.memory.remember("tea at five")
-        monkeypatch.setattr(ScopeState, "apply", failing)
+        fail_fold_once(monkeypatch)
         busy = rt.memory._scopes["project"].ask(Get(fact_id="hold"), block=False)
         rt.memory.remember("boom")  # folded by the busy actor, later, and failing there
         release.set()
@@ -167,14 +139,14 @@ def test_a_scope_whose_told_fold_failed_is_rebuilt_without_waiting_for_a_write(
 # -- catching up on other processes -----------------------------------
 
 
-def test_a_follower_catching_up_never_shows_half_of_a_command(url: str) -> None:
+def test_a_follower_catching_up_never_shows_half_of_a_command(sqlite_url: str) -> None:
     """ADR 0053, M3: a reader in place sees each command whole while the writer catches up on
     another process's appends in batches: a superseding remember whose ``FactRemembered`` ends
     one batch and whose ``FactSuperseded`` starts the next never shows two live holders."""
     clock_a, clock_b = ManualClock(start=1_700_000_000_000), ManualClock(start=1_700_000_000_000)
     with (
-        journaled.open(url, clock=clock_a, follow=None) as reader_rt,
-        journaled.open(url, clock=clock_b, follow=None) as other,
+        journaled.open(sqlite_url, clock=clock_a, follow=None) as reader_rt,
+        journaled.open(sqlite_url, clock=clock_b, follow=None) as other,
     ):
         # Two plain facts, then a chain of claims of "k": each claim after the first is
         # (FactRemembered, FactSuperseded, ConflictKeyClaimed), so event 2000 is a claim's
@@ -187,7 +159,7 @@ def test_a_follower_catching_up_never_shows_half_of_a_command(url: str) -> None:
         assert isinstance(events[1999].data, FactRemembered)
         assert isinstance(events[2000].data, FactSuperseded)
         between, read = threading.Event(), threading.Event()
-        writer = _writer(reader_rt)
+        writer = writer_of(reader_rt)
         real = MemoryWriter._fold_batch
         batches = [0]
 
@@ -243,7 +215,7 @@ class _Interrupt:
         self.done = threading.Event()
 
     def run(self) -> None:
-        writer = _writer(self.rt)
+        writer = writer_of(self.rt)
         with self.lock:  # as a search in place, scoring a large store, holds it
             deadline = time.monotonic() + 10
             while writer.position <= self.before and time.monotonic() < deadline:
@@ -274,12 +246,12 @@ def _interrupt_a_remember(rt: journaled.Runtime) -> str:
 
 
 def test_an_interrupted_remember_here_leaves_no_stored_fact_unseen(
-    url: str, clock: ManualClock
+    sqlite_url: str, clock: ManualClock
 ) -> None:
     """ADR 0054: an interrupt (Ctrl-C, a SIGTERM handler's SystemExit) landing in a remember on
     the caller's thread, after the journal committed and before the scopes folded it, leaves
     memory marked behind the journal: the next command rebuilds it, and the fact is there."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         rt.memory.remember("coffee at nine")
         fact_id = _interrupt_a_remember(rt)
         assert rt.memory.history(fact_id), "the remember was not even stored"
@@ -287,14 +259,16 @@ def test_an_interrupted_remember_here_leaves_no_stored_fact_unseen(
         assert rt.memory.get(fact_id) is not None, "a stored fact is missing from memory"
 
 
-def test_an_interrupted_remember_here_is_not_snapshotted_away(url: str, clock: ManualClock) -> None:
+def test_an_interrupted_remember_here_is_not_snapshotted_away(
+    sqlite_url: str, clock: ManualClock
+) -> None:
     """ADR 0054: after such an interrupt, no snapshot is taken of the scopes without the fact; a
     checkpoint first rebuilds memory, and a reopen from the snapshot has the fact."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         rt.memory.remember("coffee at nine")
         fact_id = _interrupt_a_remember(rt)
         rt.memory.checkpoint()
-    with journaled.open(url, clock=clock, follow=None) as again:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as again:
         assert again.memory.history(fact_id)
         assert again.memory.get(fact_id) is not None, "reopened from a snapshot without it"
 
@@ -304,12 +278,12 @@ def test_an_interrupted_remember_here_is_not_snapshotted_away(url: str, clock: M
 
 @pytest.mark.parametrize("how", ["by message", "here"])
 def test_a_failed_append_raises_the_same_error_either_way(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, how: str
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch, how: str
 ) -> None:
     """ADR 0054: a remember gets the same error whichever way it was stored: a database error that
     is not journaled's own (the library's OperationalError, as for a full disk) is an
     ActorsError naming it, stored on the caller's thread as when sent to the writer."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         if how == "by message":
             rt.memory._desk = None
 
@@ -324,12 +298,14 @@ def test_a_failed_append_raises_the_same_error_either_way(
 # -- the rest of the promise ------------------------------------------------------------------
 
 
-def test_read_your_writes_across_threads_and_the_asyncio_door(url: str, clock: ManualClock) -> None:
+def test_read_your_writes_across_threads_and_the_asyncio_door(
+    sqlite_url: str, clock: ManualClock
+) -> None:
     """A remember stored on one thread (in place or by message) is seen by a search and
     a get asked on another thread after it returned, and by the asyncio door."""
     import asyncio
 
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         for i in range(50):
             box: list[Any] = []
             t = threading.Thread(
@@ -342,7 +318,7 @@ def test_read_your_writes_across_threads_and_the_asyncio_door(url: str, clock: M
             assert fact.id in [f.id for f in rt.memory.search(f"tea {i}", limit=100)]
 
     async def story() -> None:
-        async with journaled.aio.open(url, clock=clock, follow=None) as art:
+        async with journaled.aio.open(sqlite_url, clock=clock, follow=None) as art:
             for i in range(20):
                 fact = await art.memory.remember(f"coffee {i} y", conflict_key="c")
                 assert (await art.memory.get(fact.id)) == fact
@@ -356,12 +332,12 @@ def test_read_your_writes_across_threads_and_the_asyncio_door(url: str, clock: M
 
 
 def test_in_place_remembers_racing_deletes_keep_one_live_holder(
-    url: str, clock: ManualClock
+    sqlite_url: str, clock: ManualClock
 ) -> None:
     """Remembers of one key from several threads (in place or grouped) racing deletes of
     the current holder from another thread keep M3 and M8: at most one live holder, and the
     journal's fold (a fresh open) agrees with the live projection."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         stop = threading.Event()
         errors: list[BaseException] = []
 
@@ -394,17 +370,17 @@ def test_in_place_remembers_racing_deletes_keep_one_live_holder(
         assert errors == []
         live_here = sorted(f.id for f in rt.memory.search("holder", limit=1000))
         every = {f.id: f.superseded_by for f in rt.memory.all()}
-    with journaled.open(url, clock=clock, follow=None) as again:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as again:
         assert sorted(f.id for f in again.memory.search("holder", limit=1000)) == live_here
         assert {f.id: f.superseded_by for f in again.memory.all()} == every
 
 
 def test_close_racing_in_place_reads_and_writes_raises_runtime_closed(
-    url: str, clock: ManualClock
+    sqlite_url: str, clock: ManualClock
 ) -> None:
     """Threads remembering and searching while the runtime closes either succeed or get
     RuntimeClosed; none hangs or gets another error; every fact answered is stored."""
-    rt = journaled.open(url, clock=clock, follow=None)
+    rt = journaled.open(sqlite_url, clock=clock, follow=None)
     stored: list[str] = []
     other: list[BaseException] = []
     go = threading.Event()
@@ -431,12 +407,12 @@ def test_close_racing_in_place_reads_and_writes_raises_runtime_closed(
         t.join(30)
         assert not t.is_alive()
     assert other == []
-    with journaled.open(url, clock=clock, follow=None) as again:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as again:
         assert {f.id for f in again.memory.all()} >= set(stored)
 
 
 def test_a_held_sqlite_write_lock_gives_journal_busy_and_leaves_reads_free(
-    url: str, clock: ManualClock
+    sqlite_url: str, clock: ManualClock
 ) -> None:
     """Another connection holding the file's write lock: a remember in place waits for
     its lock_wait and raises JournalBusy, holding the writer but not the scopes' lock, so reads
@@ -445,9 +421,9 @@ def test_a_held_sqlite_write_lock_gives_journal_busy_and_leaves_reads_free(
 
     from journaled.events.errors import JournalBusy
 
-    with journaled.open(url, clock=clock, follow=None, lock_wait=0.5) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None, lock_wait=0.5) as rt:
         tea = rt.memory.remember("tea at five")
-        path = url.removeprefix("sqlite:///")
+        path = sqlite_url.removeprefix("sqlite:///")
         other = sqlite3.connect(path, isolation_level=None)
         other.execute("BEGIN IMMEDIATE")
         outcome: list[BaseException] = []
@@ -472,15 +448,12 @@ def test_a_held_sqlite_write_lock_gives_journal_busy_and_leaves_reads_free(
 
 
 def test_a_remember_here_that_must_catch_up_supersedes_another_processs_claim(
-    url: str,
+    sqlite_url: str,
 ) -> None:
     """Another runtime on the same file claimed the key since this one last folded: the
     in-place remember conflicts, catches up on the caller's thread, and supersedes that claim;
     reads in place then show one live holder, as a fresh open does."""
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("port 80", conflict_key="port")
         other.refresh()
         theirs = other.memory.remember("port 81", conflict_key="port")
@@ -489,17 +462,17 @@ def test_a_remember_here_that_must_catch_up_supersedes_another_processs_claim(
         assert here.memory._writer.actor_inbox.puts == before  # stored here, not sent
         assert mine.supersedes == (theirs.id,)
         assert [f.id for f in here.memory.search("port")] == [mine.id]
-    with journaled.open(url, follow=None) as again:
+    with journaled.open(sqlite_url, follow=None) as again:
         assert [f.id for f in again.memory.search("port")] == [mine.id]
 
 
-def test_organization_boundaries_and_time_travel_are_unchanged_by_in_place(url: str) -> None:
+def test_organization_boundaries_and_time_travel_are_unchanged_by_in_place(sqlite_url: str) -> None:
     """Two organizations' runtimes on one journal, remembering in place: neither reads
     the other's organization facts in place (search, get), both read the shared scopes after a
     refresh, and ``as_of`` views match the live answers at each position."""
     with (
-        journaled.open(url, organization="acme", follow=None) as acme,
-        journaled.open(url, organization="beta", follow=None) as beta,
+        journaled.open(sqlite_url, organization="acme", follow=None) as acme,
+        journaled.open(sqlite_url, organization="beta", follow=None) as beta,
     ):
         a = acme.memory.remember("secret plan alpha", scope="organization")
         b = beta.memory.remember("secret plan beta", scope="organization")
@@ -520,23 +493,25 @@ def test_organization_boundaries_and_time_travel_are_unchanged_by_in_place(url: 
         }
 
 
-def test_a_checkpoint_after_in_place_remembers_reopens_equal(url: str, clock: ManualClock) -> None:
+def test_a_checkpoint_after_in_place_remembers_reopens_equal(
+    sqlite_url: str, clock: ManualClock
+) -> None:
     """Remembers, supersessions and a delete stored in place, then a memory snapshot:
     a reopen from the snapshot answers exactly as the live runtime did."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         for i in range(30):
             rt.memory.remember(f"fact {i} tea", conflict_key=f"k{i % 7}", scope="user")
         rt.memory.delete(rt.memory.search("tea", limit=1)[0].id)
         assert rt.memory.checkpoint()
         live = [f.id for f in rt.memory.search("tea", limit=100)]
         every = [(f.id, f.superseded_by) for f in rt.memory.all()]
-    with journaled.open(url, clock=clock, follow=None) as again:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as again:
         assert [f.id for f in again.memory.search("tea", limit=100)] == live
         assert [(f.id, f.superseded_by) for f in again.memory.all()] == every
 
 
 def test_steps_read_their_own_and_each_others_writes_through_ctx_memory(
-    url: str, clock: ManualClock
+    sqlite_url: str, clock: ManualClock
 ) -> None:
     """Parallel steps remember through ctx.memory (in place or grouped, on executor
     threads) and a later step searches: it sees every earlier step's fact, and only the last
@@ -555,7 +530,7 @@ def test_steps_read_their_own_and_each_others_writes_through_ctx_memory(
         seen.append(sorted(f.text for f in ctx.memory.search("region", limit=100)))
         return "looked"
 
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         rt.register_tool("note", note)
         rt.register_tool("look", look)
         steps = [Step(f"n{i}", tool="note", input=f"k{i} region {i}") for i in range(6)]

@@ -10,10 +10,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from in_place import fail_fold_once, two_runtimes, writer_of
 
 import journaled
 import journaled.memory as door
@@ -22,47 +22,20 @@ from journaled.actors.errors import MemoryBehind
 from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
 from journaled.events.memory import FactRemembered
-from journaled.events.memory_state import ScopeState
 from journaled.events.messages import Get
 from journaled.testing import ManualClock
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'journal.sqlite'}"
-
-
-def _writer(rt: journaled.Runtime) -> MemoryWriter:
-    writer = rt._actors.desk.writer
-    assert writer is not None
-    return writer
-
-
-def _failing_fold(monkeypatch: pytest.MonkeyPatch, text: str = "boom") -> None:
-    """Make the fold of the fact with ``text`` fail, once."""
-    real_apply = ScopeState.apply
-    failures = [1]
-
-    def failing(self: ScopeState, event: Any, t: str | None = None) -> None:
-        if t == text and failures:
-            failures.pop()
-            raise RuntimeError("fold failed")
-        real_apply(self, event, t)
-
-    monkeypatch.setattr(ScopeState, "apply", failing)
-
 
 # -- a rebuild begun while a reader waits ---------------------------------------------------------
 
 
 def test_a_reader_waiting_for_busy_scopes_does_not_read_them_emptied_by_a_rebuild(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053 (*A rebuild*): a reader already waiting for busy scopes when a rebuild begins is
     not answered from the scopes the rebuild restored empty (they settle once restored): it sees
     memory behind the journal after its wait, and reads it once rebuilt. The replay is held (as a
     long one would be) only so that the check does not race it."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         tea = rt.memory.remember("tea at five")  # project scope
         lock = rt.memory._shelves[0].lock
 
@@ -95,7 +68,7 @@ def test_a_reader_waiting_for_busy_scopes_does_not_read_them_emptied_by_a_rebuil
         monkeypatch.setattr(MemoryWriter, "_replay", replay)
         monkeypatch.setattr(door, "SETTLE_WAIT", 20.0)
         monkeypatch.setattr(lock, "wait_for", wait_for, raising=False)
-        _failing_fold(monkeypatch)
+        fail_fold_once(monkeypatch)
 
         busy = rt.memory._scopes["project"].ask(Get(fact_id="hold"), block=False)
         assert held.wait(10)  # the project scope is busy: a reader waits for it
@@ -109,7 +82,7 @@ def test_a_reader_waiting_for_busy_scopes_does_not_read_them_emptied_by_a_rebuil
         boom = threading.Thread(target=lambda: rt.memory.remember("boom", scope="user"))
         boom.start()
         deadline = time.monotonic() + 10
-        while not _writer(rt)._stale and time.monotonic() < deadline:
+        while not writer_of(rt)._stale and time.monotonic() < deadline:
             time.sleep(0.001)
         release_scope.set()  # the busy scope finishes, then takes its RestoreScope
         try:
@@ -130,21 +103,23 @@ def test_a_reader_waiting_for_busy_scopes_does_not_read_them_emptied_by_a_rebuil
 
 
 def test_reads_of_folded_memory_do_not_wait_for_a_catch_ups_journal_reads(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053 (*Catching up*): a catch-up reads the journal (events, facts' texts) before it
     takes the scopes' lock to fold, so a read of memory already folded does not wait for the
     journal's I/O (a slow PostgreSQL, a table rewritten by the scrubber). The stall of
     ``_texts`` (its ``journal.payloads``) stands for it."""
     with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as other,
+        journaled.open(sqlite_url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
+        journaled.open(
+            sqlite_url, clock=ManualClock(start=1_700_000_000_000), follow=None
+        ) as other,
     ):
         tea = here.memory.remember("tea at five")
         for i in range(5):
             other.memory.remember(f"coffee {i}")
         stalled, release = threading.Event(), threading.Event()
-        writer = _writer(here)
+        writer = writer_of(here)
         real_texts = MemoryWriter._texts
 
         def texts(self: MemoryWriter, events: Any) -> dict[str, str]:
@@ -182,14 +157,14 @@ def _remembered_ids(rt: journaled.Runtime) -> list[str]:
 
 
 def test_a_second_interrupt_while_marking_memory_stale_leaves_no_fact_unseen(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0054 (*Interrupts*): memory is marked behind the journal before the scopes' lock is
     taken, so a second Ctrl-C while the interrupted remember waits for that lock (a read in
     place holds it) cannot leave the stored fact unfolded and memory unmarked."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         rt.memory.remember("coffee at nine")
-        writer = _writer(rt)
+        writer = writer_of(rt)
         lock = rt.memory._shelves[0].lock
         main = threading.main_thread().ident
         assert main is not None
@@ -238,15 +213,12 @@ def test_a_second_interrupt_while_marking_memory_stale_leaves_no_fact_unseen(
 
 
 def test_an_interrupt_in_the_catch_up_after_a_conflict_leaves_no_fact_unseen(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0054 (*Interrupts*): an interrupt in the catch-up that follows a version conflict
     (another process claimed the key first) marks memory behind the journal: the other
     process's fact is folded at the next command, and the key keeps its live holder."""
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("port 80", conflict_key="port")
         other.refresh()
         theirs = other.memory.remember("port 81", conflict_key="port")
@@ -276,13 +248,13 @@ def test_an_interrupt_in_the_catch_up_after_a_conflict_leaves_no_fact_unseen(
 
 
 def test_a_read_during_a_rebuild_on_the_writers_thread_waits_and_reads_it_whole(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A told fold failing on a busy scope's thread (memory backend: no follower) makes the next
     read heal through the writer's CatchUp; a second reader that comes while that rebuild is
     held reads the whole memory too (in place it blocks on the catch-up; by message it heals),
     and a checkpoint made afterwards reopens equal."""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         tea = rt.memory.remember("tea at five")
         release = threading.Event()
         real_receive = ScopeActor.on_receive
@@ -293,7 +265,7 @@ def test_a_read_during_a_rebuild_on_the_writers_thread_waits_and_reads_it_whole(
             return real_receive(self, message)
 
         monkeypatch.setattr(ScopeActor, "on_receive", gated)
-        _failing_fold(monkeypatch)
+        fail_fold_once(monkeypatch)
         busy = rt.memory._scopes["project"].ask(Get(fact_id="hold"), block=False)
         boom = rt.memory.remember("boom")  # told to the busy project scope; fails there
         release.set()
@@ -315,46 +287,43 @@ def test_a_read_during_a_rebuild_on_the_writers_thread_waits_and_reads_it_whole(
         assert results == [sorted([tea.id, boom.id])] * 3
         assert rt.memory.checkpoint()
         live = sorted(f.id for f in rt.memory.all())
-    with journaled.open(url, clock=clock, follow=None) as again:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as again:
         assert sorted(f.id for f in again.memory.all()) == live
 
 
 def test_an_organizations_rebuild_keeps_its_boundary(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """An org-scoped runtime whose fold fails rebuilds from the journal holding every tenant's
     events: after it, reads in place still hide the other organization's facts (R1)."""
     with (
-        journaled.open(url, organization="acme", follow=None) as acme,
-        journaled.open(url, organization="beta", follow=None) as beta,
+        journaled.open(sqlite_url, organization="acme", follow=None) as acme,
+        journaled.open(sqlite_url, organization="beta", follow=None) as beta,
     ):
         a = acme.memory.remember("secret plan alpha", scope="organization")
         beta.memory.remember("secret plan beta", scope="organization")
         shared = beta.memory.remember("secret plan shared", scope="project")
         acme.refresh()
-        _failing_fold(monkeypatch)
+        fail_fold_once(monkeypatch)
         boom = acme.memory.remember("boom", scope="organization")
-        assert not _writer(acme)._stale
+        assert not writer_of(acme)._stale
         assert {f.id for f in acme.memory.search("secret plan")} == {a.id, shared.id}
         assert acme.memory.get(boom.id) is not None
 
 
 def test_a_long_catch_up_marks_memory_behind_until_it_is_folded(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053 (*Catching up*): a tail too long to fold whole marks memory behind the journal
     while it is folded, so that no reader takes a part of it for the whole; once folded,
     memory is whole again and equals a fresh open. Sizes are shrunk to make 20 facts long."""
     monkeypatch.setattr(actors_memory, "_WHOLE_TAIL", 3)
     monkeypatch.setattr(actors_memory, "_FOLD_BATCH", 2)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("tea at five")
         for i in range(20):
             other.memory.remember(f"holder {i}", conflict_key="k")
-        writer = _writer(here)
+        writer = writer_of(here)
         seen: list[bool] = []
         real = MemoryWriter._fold_batch
 
@@ -372,5 +341,5 @@ def test_a_long_catch_up_marks_memory_behind_until_it_is_folded(
         live = sorted(f.text for f in here.memory.all() if f.superseded_by is None)
         assert live == ["holder 19", "tea at five"]
         folded = here.memory.all()
-    with journaled.open(url, follow=None) as fresh:
+    with journaled.open(sqlite_url, follow=None) as fresh:
         assert fresh.memory.all() == folded

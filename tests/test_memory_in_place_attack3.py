@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import pytest
+from in_place import two_runtimes, writer_of
 
 import journaled
 from journaled.actors import memory as actors_memory
@@ -19,17 +19,6 @@ from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import UNSETTLED
 from journaled.events.memory import FactRemembered
 from journaled.testing import ManualClock
-
-
-@pytest.fixture
-def url(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'journal.sqlite'}"
-
-
-def _writer(rt: journaled.Runtime) -> MemoryWriter:
-    writer = rt._actors.desk.writer
-    assert writer is not None
-    return writer
 
 
 def _live(rt: journaled.Runtime, key: str) -> list[str]:
@@ -67,19 +56,16 @@ def _gate_long_fold(
 
 
 def test_a_reader_during_a_long_catch_up_on_the_writer_reads_it_whole(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A read made while a long catch-up (writer's thread, refresh) is half folded neither
     answers partial memory nor fails: it heals through the writer and reads it whole."""
     _shrink(monkeypatch)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         tea = here.memory.remember("tea at five")
         for i in range(20):
             other.memory.remember(f"holder {i}", conflict_key="k")
-        held, release = _gate_long_fold(monkeypatch, _writer(here))
+        held, release = _gate_long_fold(monkeypatch, writer_of(here))
         refresher = threading.Thread(target=here.refresh)
         refresher.start()
         got: list[Any] = []
@@ -104,20 +90,17 @@ def test_a_reader_during_a_long_catch_up_on_the_writer_reads_it_whole(
 
 
 def test_a_reader_during_a_long_catch_up_on_a_callers_thread_reads_it_whole(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The long catch-up run by a remember stored here (others appended before it) holds
     command_lock on the caller's thread; a reader meanwhile heals by asking the writer, which
     waits for that lock, and reads memory whole."""
     _shrink(monkeypatch)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("tea at five")
         for i in range(20):
             other.memory.remember(f"coffee {i}")
-        held, release = _gate_long_fold(monkeypatch, _writer(here))
+        held, release = _gate_long_fold(monkeypatch, writer_of(here))
         mine: list[Any] = []
         rememberer = threading.Thread(target=lambda: mine.append(here.memory.remember("milk")))
         got: list[list[str]] = []
@@ -146,19 +129,16 @@ def test_a_reader_during_a_long_catch_up_on_a_callers_thread_reads_it_whole(
 
 
 def test_a_failure_in_the_long_paths_second_phase_leaves_memory_behind_then_heals(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A journal read failing while the long catch-up reads its rest lazily (after some of it is
     folded) leaves memory marked behind; the next read rebuilds it and reads it whole."""
     _shrink(monkeypatch)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("tea at five")
         for i in range(20):
             other.memory.remember(f"holder {i}", conflict_key="k")
-        writer = _writer(here)
+        writer = writer_of(here)
         real = MemoryWriter._texts
         fired: list[bool] = []
 
@@ -178,24 +158,21 @@ def test_a_failure_in_the_long_paths_second_phase_leaves_memory_behind_then_heal
         assert len(here.memory.all()) == 21
         assert not writer._stale
         folded = here.memory.all()
-    with journaled.open(url, follow=None) as fresh:
+    with journaled.open(sqlite_url, follow=None) as fresh:
         assert fresh.memory.all() == folded
 
 
 def test_an_interrupt_in_a_long_catch_up_on_the_callers_thread_leaves_no_fact_unseen(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Ctrl-C in the long catch-up that a remember stored here runs (after its append commits)
     leaves memory marked behind; the next read shows both the others' facts and this one."""
     _shrink(monkeypatch)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("tea at five")
         for i in range(20):
             other.memory.remember(f"coffee {i}")
-        writer = _writer(here)
+        writer = writer_of(here)
         real = MemoryWriter._fold_batch
         fired: list[bool] = []
 
@@ -222,27 +199,24 @@ def test_an_interrupt_in_a_long_catch_up_on_the_callers_thread_leaves_no_fact_un
 
 
 def test_a_conflict_whose_catch_up_is_long_keeps_one_live_holder(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """commit_remembers' conflict path catches up through the long path, then decides again:
     the key ends with one live holder, this runtime's, in both runtimes and on reopen."""
     _shrink(monkeypatch)
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("port 80", conflict_key="port")
         other.refresh()
         for i in range(15):
             other.memory.remember(f"port {81 + i}", conflict_key="port")
         mine = here.memory.remember("port 99", conflict_key="port")
         assert _live(here, "port") == ["port 99"]
-        assert not _writer(here)._stale
+        assert not writer_of(here)._stale
         other.refresh()
         assert _live(other, "port") == ["port 99"]
         assert here.memory.get(mine.id) is not None
         folded = here.memory.all()
-    with journaled.open(url, follow=None) as fresh:
+    with journaled.open(sqlite_url, follow=None) as fresh:
         assert fresh.memory.all() == folded
 
 
@@ -250,18 +224,15 @@ def test_a_conflict_whose_catch_up_is_long_keeps_one_live_holder(
 
 
 def test_a_purge_elsewhere_between_the_read_and_the_fold_is_not_resurrected(
-    url: str, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The live catch-up read a fact's text; another process purges it before the fold. The
     text may show until the next catch-up, but a checkpoint folds the purge first, and neither
     this runtime nor a reopen from its snapshot ever holds the text afterwards (R2)."""
-    with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
-        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
-    ):
+    with two_runtimes(sqlite_url) as (here, other):
         here.memory.remember("tea at five")
         secret = other.memory.remember("the secret is swordfish")
-        writer = _writer(here)
+        writer = writer_of(here)
         real = MemoryWriter._texts
         read, release = threading.Event(), threading.Event()
 
@@ -285,7 +256,7 @@ def test_a_purge_elsewhere_between_the_read_and_the_fold_is_not_resurrected(
         assert all("swordfish" not in f.text for f in here.memory.all())
         assert here.memory.search("swordfish") == []
         assert here.memory.get(secret.id) is None
-    with journaled.open(url, follow=None) as fresh:
+    with journaled.open(sqlite_url, follow=None) as fresh:
         assert all("swordfish" not in f.text for f in fresh.memory.all())
         assert fresh.memory.search("swordfish") == []
 
@@ -293,14 +264,18 @@ def test_a_purge_elsewhere_between_the_read_and_the_fold_is_not_resurrected(
 # -- two runtimes, one following, concurrent writers on shared keys --------------------------------
 
 
-def test_two_runtimes_one_following_keep_one_live_holder_and_show_every_fact(url: str) -> None:
+def test_two_runtimes_one_following_keep_one_live_holder_and_show_every_fact(
+    sqlite_url: str,
+) -> None:
     """Two runtimes on one SQLite file, one following every 0.05 s, writers in both claiming
     shared keys, readers in both checking at most one live holder per key; every fact a writer
     got back is visible in both runtimes eventually (after a refresh at the latest)."""
     keys = ["a", "b", "c"]
     with (
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=0.05) as left,
-        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as right,
+        journaled.open(sqlite_url, clock=ManualClock(start=1_700_000_000_000), follow=0.05) as left,
+        journaled.open(
+            sqlite_url, clock=ManualClock(start=1_700_000_000_000), follow=None
+        ) as right,
     ):
         stored: list[str] = []
         errors: list[BaseException] = []
@@ -389,7 +364,7 @@ class _AfterAsk:
 
 
 def test_a_read_by_message_never_sees_half_a_command_across_scopes(
-    url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """ADR 0053 (*Each command whole*), M3: when the scopes stay busy past SETTLE_WAIT a read
     asks the actors instead. A remember in the project scope superseding the user scope's holder
@@ -397,7 +372,7 @@ def test_a_read_by_message_never_sees_half_a_command_across_scopes(
     cannot land between them: never the old holder live in one scope and the new one in the
     other. (Forcing the read by message stands for busy scopes; the remember is started between
     the two sends, where a thread switch can put it.)"""
-    with journaled.open(url, clock=clock, follow=None) as rt:
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         old = rt.memory.remember("port 80", scope="user", conflict_key="port")
         refs = list(rt.memory._refs)
         assert refs[0] is rt.memory._scopes["user"]

@@ -1,0 +1,46 @@
+"""Helpers of the tests of memory in place (ADR 0053, ADR 0054): the writer behind a runtime, a
+fold made to fail once, and two runtimes on one journal."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import journaled
+from journaled.actors.memory import MemoryWriter
+from journaled.events.memory_state import ScopeState
+from journaled.testing import ManualClock
+
+
+def writer_of(rt: journaled.Runtime) -> MemoryWriter:
+    """Return the memory writer actor of a runtime (the object, not its ref)."""
+    writer = rt._actors.desk.writer
+    assert writer is not None
+    return writer
+
+
+def fail_fold_once(monkeypatch: pytest.MonkeyPatch, text: str = "boom") -> None:
+    """Make the fold of the fact whose text is ``text`` raise, the first time only."""
+    real_apply = ScopeState.apply
+    failures = [1]
+
+    def failing(self: ScopeState, event: Any, t: str | None = None) -> None:
+        if t == text and failures:
+            failures.pop()
+            raise RuntimeError("fold failed")
+        real_apply(self, event, t)
+
+    monkeypatch.setattr(ScopeState, "apply", failing)
+
+
+@contextlib.contextmanager
+def two_runtimes(url: str) -> Iterator[tuple[journaled.Runtime, journaled.Runtime]]:
+    """Open two runtimes on one journal, neither following, their clocks 100 s apart."""
+    with (
+        journaled.open(url, clock=ManualClock(start=1_700_000_000_000), follow=None) as here,
+        journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
+    ):
+        yield here, other
