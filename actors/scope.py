@@ -158,11 +158,6 @@ class ScopeActor(pykka.ThreadingActor):
         assert isinstance(self.actor_inbox, CountingInbox)
         shelf.inbox = self.actor_inbox
 
-    @property
-    def state(self) -> ScopeState:
-        """The scope's state, on the shared shelf."""
-        return self.shelf.state
-
     def on_receive(self, message: object) -> object:
         """Handle one message holding the shelf's lock, and count it finished.
 

@@ -291,17 +291,15 @@ class Memory:
     def _read(self, here: Callable[[list[ScopeState]], T], by_message: Callable[[], T]) -> T:
         """Read in place, else by message; a memory behind the journal (a failed fold, a rebuild
         under way or that failed) is first rebuilt by the writer, and read once whole."""
-        for attempt in range(2):
-            found = self._in_place(here)
-            if not isinstance(found, Unsettled):
-                return found
-            try:
-                return by_message()
-            except MemoryBehind:
-                if attempt:
-                    raise
-                self._heal()
-        raise AssertionError("unreachable")  # pragma: no cover
+        found = self._in_place(here)
+        if not isinstance(found, Unsettled):
+            return found
+        try:
+            return by_message()
+        except MemoryBehind:
+            self._heal()
+        found = self._in_place(here)
+        return found if not isinstance(found, Unsettled) else by_message()
 
     def _heal(self) -> None:
         """Have the writer rebuild memory from the journal (it does before any command)."""
