@@ -25,7 +25,7 @@ import pykka
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
 from journaled.actors.directory import CountingInbox, Directory, as_answered, failure
-from journaled.actors.errors import ActorsError
+from journaled.actors.errors import MemoryBehind
 from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
 from journaled.actors.scope import UNSETTLED, ScopeShelf, Unsettled, read_in_place
@@ -216,10 +216,8 @@ class MemoryWriter(pykka.ThreadingActor):
             assert isinstance(inbox, CountingInbox)
             if inbox.puts != self._done or self._group or self.actor_stopped.is_set():
                 return UNSETTLED
-            if self._stale or self._broken():
-                self._rebuild()
-                if self._stale:
-                    raise ActorsError("memory is behind the journal and could not be rebuilt yet")
+            self._rebuild_if_behind()
+            self._refuse_if_behind()
             outcome: list[tuple[Fact | None, Exception | None]] = []
             self._commit([message], lambda _, fact, error: outcome.append((fact, error)))
         finally:
@@ -230,25 +228,33 @@ class MemoryWriter(pykka.ThreadingActor):
         assert fact is not None
         return fact
 
+    def _rebuild_if_behind(self) -> None:
+        """Rebuild memory from the journal if it is behind it or a scope failed to fold."""
+        if self._stale or self._broken():
+            self._rebuild()
+
+    def _refuse_if_behind(self) -> None:
+        """Refuse to decide or snapshot against memory a rebuild could not make whole yet."""
+        if self._stale:
+            raise MemoryBehind("memory is behind the journal and could not be rebuilt yet")
+
     def _broken(self) -> bool:
         """Whether a scope failed to fold a change (on its own thread): rebuild memory then."""
         return any(shelf.broken for shelf in self.shelves.values())
 
     def _handle(self, message: object) -> object:
         """Dispatch one command; a remember with a reply joins the group being committed."""
-        if self._stale or self._broken():
-            self._rebuild()
+        self._rebuild_if_behind()
         if isinstance(message, Remember) and message.reply_to is not None:
             try:
-                if self._stale:
-                    raise ActorsError("memory is behind the journal and could not be rebuilt yet")
+                self._refuse_if_behind()
                 self._join_group(message)
             except Exception as exc:  # told, not asked: an escaping error would stop the writer
                 self._answer(message, None, exc)
             return None
         self._commit_group()  # whatever else comes is decided against stored remembers
-        if self._stale and isinstance(message, Remember | Delete | Purge):
-            raise ActorsError("memory is behind the journal and could not be rebuilt yet")
+        if isinstance(message, Remember | Delete | Purge):
+            self._refuse_if_behind()
         match message:
             case Remember(deadline=deadline):
                 return self._before(deadline, lambda: self._remember(message))
@@ -635,8 +641,7 @@ class MemoryWriter(pykka.ThreadingActor):
 
     def _save_snapshot(self, min_events: int) -> bool:
         """Store memory's state at the current position, so the next open folds only the tail."""
-        if self._stale:  # the scopes are empty or partial: a snapshot would lose facts for good
-            raise ActorsError("memory is behind the journal and could not be rebuilt yet")
+        self._refuse_if_behind()  # empty or partial scopes: a snapshot would lose facts for good
         if self._since_snapshot < min_events:
             return False
         # Fold what other processes appended first, even when this runtime does not follow: a
