@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterable, Sequence
 
 import pytest
@@ -66,6 +67,18 @@ def test_tokenize_splits_on_punctuation_and_underscore() -> None:
     assert tokenize("__init__") == ["init"]
     assert tokenize("!!! ... ___ \t\n") == []
     assert tokenize("") == []
+
+
+_ALL_OF_ASCII = st.text(alphabet=st.characters(min_codepoint=0, max_codepoint=127), max_size=60)
+
+
+@settings(max_examples=400)
+@given(st.one_of(_ALL_OF_ASCII, st.text(max_size=60)))
+def test_tokenize_fast_ascii_path_splits_as_the_unicode_rule(text: str) -> None:
+    """M6: ASCII text is split without the regex; every text splits as ``[^\\W_]+`` does on
+    its lower-cased form (control characters, digits, underscore and DEL included)."""
+    assert tokenize(text) == re.findall(r"[^\W_]+", text.lower())
+    assert tokenize(text.upper()) == re.findall(r"[^\W_]+", text.upper().lower())
 
 
 def test_query_terms_are_distinct_in_first_seen_order() -> None:
