@@ -59,6 +59,12 @@ class MemoryBehind(ActorsError):
     answer from part of it (ADR 0053). The door asks the writer to rebuild and reads again."""
 
 
+class RememberInterrupted(ActorsError):
+    """The caller that was storing this remember with others in one commit was interrupted before
+    it could tell the outcome: the fact may or may not be stored (ADR 0055); look for it before
+    remembering it again."""
+
+
 class RunNotResumable(ActorsError, ValueError):
     """The run cannot be resumed as asked (finished, running here, or bad answers/options)."""
 

@@ -24,11 +24,13 @@ import pykka
 
 from journaled.actors.asking import ask, ask_all
 from journaled.actors.clock import Clock, new_fact_id
-from journaled.actors.directory import CountingInbox, Directory, as_answered, failure
+from journaled.actors.desk import GROUP_MAX as _GROUP_MAX
+from journaled.actors.desk import WriterDesk
+from journaled.actors.directory import CountingInbox, Directory, failure
 from journaled.actors.errors import MemoryBehind
 from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
-from journaled.actors.scope import UNSETTLED, ScopeShelf, Unsettled, read_in_place
+from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
@@ -85,8 +87,6 @@ _SNAPSHOT_ATTEMPTS = 5
 """Snapshots refused by purges of other processes before memory gives up until the next one."""
 _PURGED_TOPIC = tag_of(FactPurged) + "@"
 """Every version of the purge event's stored topic."""
-_GROUP_MAX = 256
-"""Most remembers committed in one transaction."""
 log = logging.getLogger("journaled.memory")
 
 T = TypeVar("T")
@@ -110,19 +110,6 @@ def _batches(events: Iterator[Event], size: int) -> Iterator[list[Event]]:
             batch = []
     if batch:
         yield batch
-
-
-class WriterDesk:
-    """Where a caller finds the memory writer to store a remember on its own thread while the
-    writer is idle (ADR 0054); the writer takes its place at the desk when it starts."""
-
-    def __init__(self) -> None:
-        self.writer: MemoryWriter | None = None
-
-    def remember(self, message: Remember) -> Fact | Unsettled:
-        """Store ``message`` here if the writer is idle; else :data:`UNSETTLED` (send it)."""
-        writer = self.writer
-        return UNSETTLED if writer is None else writer.remember_here(message)
 
 
 class MemoryWriter(pykka.ThreadingActor):
@@ -198,35 +185,33 @@ class MemoryWriter(pykka.ThreadingActor):
             finally:
                 self._done += 1
 
-    def remember_here(self, message: Remember) -> Fact | Unsettled:
-        """Store a remember on the caller's thread, if the writer is idle (ADR 0054).
+    def remember_here(self, group: Sequence[Remember], answer: Answer) -> bool:
+        """Store remembers on the caller's thread, if the writer is idle (ADR 0054, 0055).
 
         Idle means: no message of the writer's queued or in hand, no remember grouped, and the
-        actor not stopped. The remember is then decided, appended and folded exactly as the
-        actor would, holding :attr:`command_lock`, so the actor waits meanwhile. Otherwise,
-        :data:`UNSETTLED`, and the caller sends it.
-
-        Raises:
-            Exception: what the actor would have answered (InvalidFact, JournalBusy, ...).
+        actor not stopped. The remembers are then decided, appended in one transaction and
+        folded exactly as the actor would store a group, holding :attr:`command_lock`, so the
+        actor waits meanwhile, and each gets its fact or its error through ``answer``.
+        Otherwise it answers none and returns False: their callers send them.
         """
         if not self.command_lock.acquire(blocking=False):
-            return UNSETTLED
+            return False
         try:
             inbox = self.actor_inbox
             assert isinstance(inbox, CountingInbox)
             if inbox.puts != self._done or self._group or self.actor_stopped.is_set():
-                return UNSETTLED
-            self._rebuild_if_behind()
-            self._refuse_if_behind()
-            outcome: list[tuple[Fact | None, Exception | None]] = []
-            self._commit([message], lambda _, fact, error: outcome.append((fact, error)))
+                return False
+            try:
+                self._rebuild_if_behind()
+                self._refuse_if_behind()
+            except Exception as exc:
+                for message in group:
+                    answer(message, None, exc)
+                return True
+            self._commit(list(group), answer)
+            return True
         finally:
             self.command_lock.release()
-        fact, error = outcome[0]
-        if error is not None:
-            raise as_answered(error)
-        assert fact is not None
-        return fact
 
     def _rebuild_if_behind(self) -> None:
         """Rebuild memory from the journal if it is behind it or a scope failed to fold."""

@@ -12,9 +12,10 @@ import pykka
 
 from journaled.actors.asking import ask
 from journaled.actors.clock import Clock
+from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import Directory
 from journaled.actors.errors import ActorTimeout
-from journaled.actors.memory import MemoryWriter, WriterDesk
+from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor, ScopeShelf
 from journaled.actors.scrubber import Scrubber
 from journaled.events.catalog import NOT_MEMORY
@@ -133,6 +134,7 @@ class MemoryActors:
         if self._follower is not None:
             self._follower.join(STOP_TIMEOUT)
         self.scrubber.stop(STOP_TIMEOUT)
+        self.desk.close(STOP_TIMEOUT)  # remembers in line are stored (or sent) first
         if self.writer is not None:
             with contextlib.suppress(pykka.ActorDeadError, pykka.Timeout):
                 self.writer.stop(timeout=STOP_TIMEOUT)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from journaled import aio
     from journaled.actors.errors import (
+        RememberInterrupted,
         RunNotFound,
         RunNotPurgeable,
         RunNotResumable,
@@ -138,6 +139,7 @@ _HOMES: dict[str, str] = {
     "Plan": "journaled.events.plans",
     "PlanRejected": "journaled.events.errors",
     "Problem": "journaled.events.journal",
+    "RememberInterrupted": "journaled.actors.errors",
     "Retry": "journaled.events.plans",
     "RunComparison": "journaled.events.fork",
     "RunDiff": "journaled.events.plans",
@@ -219,6 +221,7 @@ __all__ = [
     "Plan",
     "PlanRejected",
     "Problem",
+    "RememberInterrupted",
     "Retry",
     "RunComparison",
     "RunDiff",

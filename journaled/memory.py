@@ -12,9 +12,9 @@ import msgspec
 import pykka
 
 from journaled.actors.asking import ask, ask_all, await_reply
+from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import MemoryBehind, RuntimeClosed
-from journaled.actors.memory import WriterDesk
 from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument

@@ -18,7 +18,7 @@ from journaled.testing import ManualClock
 def writer_of(rt: journaled.Runtime) -> MemoryWriter:
     """Return the memory writer actor of a runtime (the object, not its ref)."""
     writer = rt._actors.desk.writer
-    assert writer is not None
+    assert isinstance(writer, MemoryWriter)
     return writer
 
 

@@ -18,6 +18,7 @@ import pykka
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
+from journaled.actors.memory import MemoryWriter
 from journaled.actors.orchestrator_actor import PlannerWorker
 from journaled.actors.steps import StepWorker
 from journaled.testing import wait_for
@@ -46,7 +47,7 @@ def _by_message(rt: journaled.Runtime) -> Iterator[None]:
     folds to the scope actors, reads to them (ADR 0053, ADR 0054). Idle, memory does that work
     on the caller's thread and sends nothing."""
     writer = rt._actors.desk.writer
-    assert writer is not None
+    assert isinstance(writer, MemoryWriter)
     saved = rt.memory._desk, rt.memory._shelves, writer.shelves
     rt.memory._desk, rt.memory._shelves, writer.shelves = None, [], {}
     try:

@@ -80,13 +80,18 @@ def queue_behind_first(
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
     threads[0].start()
     assert held.entered.wait(WAIT)
-    # The first is stored on its own thread (the writer was idle, ADR 0054); the others find
-    # the writer taken and are sent to it, counted as they are put into its inbox.
-    inbox = rt.memory._writer.actor_inbox
+    # The first is stored on its own thread (the writer was idle, ADR 0054); the others queue
+    # behind it: remembers in the desk's line (ADR 0055), other commands in the writer's inbox.
+    inbox, line = rt.memory._writer.actor_inbox, rt._actors.desk._line
+
+    def queued() -> int:
+        puts: int = inbox.puts
+        return puts + len(line)
+
     for thread in threads[1:]:  # one at a time, so they queue in the order of ``calls``
-        queued = inbox.puts
+        before = queued()
         thread.start()
-        wait_for(lambda: inbox.puts > queued, WAIT)  # noqa: B023
+        wait_for(lambda: queued() > before, WAIT)  # noqa: B023
     held.release.set()
     for thread in threads:
         thread.join(WAIT)
@@ -209,11 +214,13 @@ def test_keyed_remembers_from_threads_of_two_runtimes_keep_one_holder_per_key(
 def test_a_group_pending_when_the_writer_stops_is_still_stored(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """J2: remembers grouped just before the writer is stopped are stored and answered."""
+    """J2: remembers grouped by the writer actor just before it is stopped are stored and
+    answered (sent to it, not stored at the desk: ADR 0055)."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     held = HeldWriter(monkeypatch)
     with journaled.open(url, follow=None) as rt:
         writer = rt.memory._writer
+        rt.memory._desk = None  # every remember goes to the actor
         outcomes: list[Any] = []
         threads = [
             threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
@@ -221,10 +228,10 @@ def test_a_group_pending_when_the_writer_stops_is_still_stored(
         ]
         base = writer.actor_inbox.puts
         threads[0].start()
-        assert held.entered.wait(WAIT)  # stored on its own thread, the writer being idle
+        assert held.entered.wait(WAIT)  # the actor is appending the first
         for thread in threads[1:]:
             thread.start()
-        wait_for(lambda: writer.actor_inbox.puts == base + 2, WAIT)
+        wait_for(lambda: writer.actor_inbox.puts == base + 3, WAIT)
         held.delays[1] = 1.2  # the group's commit outlasts the callers' 0.5 s liveness polls
         stopped = writer.stop(block=False)  # queued behind the two remembers
         held.release.set()
@@ -240,28 +247,30 @@ def test_a_group_pending_when_the_writer_stops_is_still_stored(
 def test_closing_stores_and_answers_what_the_writer_still_holds(
     rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """J2: memory stops its writer before the scope actors, so queued remembers fold and answer."""
+    """J2: closing memory first stores the remembers waiting in the desk's line behind one being
+    stored (ADR 0055), then stops the writer before the scope actors, so all fold and answer."""
     held = HeldWriter(monkeypatch)
     outcomes: list[Any] = []
     threads = [
         threading.Thread(target=lambda i=i: outcomes.append(rt.memory.remember(f"f{i}")))
         for i in range(3)
     ]
-    inbox = rt.memory._writer.actor_inbox
-    base = inbox.puts
+    desk = rt._actors.desk
     threads[0].start()
     assert held.entered.wait(WAIT)  # stored on its own thread, the writer being idle
     for thread in threads[1:]:
         thread.start()
-    wait_for(lambda: inbox.puts == base + 2, WAIT)
+    wait_for(lambda: len(desk._line) == 3, WAIT)  # the first, and two waiting behind it
     stopping = threading.Thread(target=rt._actors.stop)
     stopping.start()
-    wait_for(lambda: inbox.puts == base + 3, WAIT)  # the stop is queued behind the remembers
+    wait_for(lambda: desk._closed, WAIT)
+    assert rt.memory._writer.is_alive()  # the close waits for the line before it stops the writer
     held.release.set()
     stopping.join(WAIT)
     for thread in threads:
         thread.join(WAIT)
     assert sorted(f.text for f in outcomes) == ["f0", "f1", "f2"]
+    assert held.appends == [1, 2]
 
 
 def test_a_conflict_key_that_is_no_string_is_refused_and_the_writer_lives(

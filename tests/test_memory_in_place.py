@@ -284,7 +284,7 @@ def test_a_remember_that_finds_the_writer_busy_is_sent_to_it(
     the caller's thread beside it, and is answered once the writer is free."""
     with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
         writer = rt._actors.desk.writer
-        assert writer is not None
+        assert isinstance(writer, MemoryWriter)
         before = writer_puts(rt)
         found: list[str] = []
         with writer.command_lock:  # as while the actor handles a message
