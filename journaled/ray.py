@@ -46,6 +46,15 @@ __all__ = ["RaySteps", "lost_error"]
 DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
 """What a step asks of the cluster when its registration names no ``resources``."""
 
+_POLL = 0.1
+"""Seconds a step thread waits on Ray at a time before it looks whether shutdown() was called."""
+_SHUTDOWN_WAIT = 10.0
+"""Seconds shutdown() waits for step threads to leave Ray before it disconnects anyway."""
+_CLOSED = (
+    "step {step!r} could not run: its RaySteps was shut down; open the runtime with a new "
+    "RaySteps()"
+)
+
 
 class RaySteps:
     """Run a runtime's steps as Ray tasks: pass it as ``journaled.open(..., steps=RaySteps())``.
@@ -109,6 +118,11 @@ class RaySteps:
         self._session = _session()
         """The connection the caches belong to: an ObjectRef is void in a later one."""
         self._lock = threading.Lock()
+        self._inside = 0
+        """Step threads between their first Ray call and their last: :meth:`shutdown` waits for
+        them to leave before it disconnects, since Ray ends the process (exit status 1) when a
+        thread calls into it after the disconnect."""
+        self._left = threading.Condition()
 
     def shutdown(self) -> None:
         """Stop running steps here; disconnect from Ray if this object connected.
@@ -117,6 +131,8 @@ class RaySteps:
         fails its next steps, saying so; open it again with a new ``RaySteps()``.
         """
         self.closed = True
+        with self._left:  # steps waiting on Ray see ``closed`` within a poll and leave
+            self._left.wait_for(lambda: self._inside == 0, _SHUTDOWN_WAIT)
         if self.connected_here and ray.is_initialized():
             ray.shutdown()
         self.connected_here = False
@@ -135,11 +151,28 @@ class RaySteps:
         """Run one step attempt as a Ray task and return its observation (S1, S2)."""
         step = msg.step
         if self.closed:
-            error = (
-                f"step {step.id!r} could not run: its RaySteps was shut down; open the runtime "
-                "with a new RaySteps()"
-            )
-            return _failed(step, error), None
+            return _failed(step, _CLOSED.format(step=step.id)), None
+        with self._left:
+            self._inside += 1
+        try:
+            return self._run(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
+        finally:
+            with self._left:
+                self._inside -= 1
+                self._left.notify_all()
+
+    def _run(
+        self,
+        msg: RunStep,
+        fn: Callable[..., Any],
+        *,
+        with_ctx: bool,
+        resources: Mapping[str, Any] | None,
+        token: StepToken,
+    ) -> tuple[Observation, str | None]:
+        step = msg.step
+        if self.closed:
+            return _failed(step, _CLOSED.format(step=step.id)), None
         if not ray.is_initialized():
             error = f"step {step.id!r} could not run: this process is no longer connected to Ray"
             return _failed(step, error), None
@@ -172,9 +205,26 @@ class RaySteps:
             return _failed(step, storable_text(error)), None
         # A cancel of the run or the step's deadline stops the task where it runs: a worker
         # busy in user code cannot be asked, so the cancel is forced.
-        token.on_set(lambda: _cancel(ref))
+        held = [ref]  # the hook must not keep the ref alive past the step (see shutdown())
+        token.on_set(lambda: _cancel(held[0]) if held else None)
         try:
-            observation, question = ray.get(ref)
+            return self._outcome(step, ref, token)
+        finally:
+            held.clear()
+
+    def _outcome(self, step: Step, ref: Any, token: StepToken) -> tuple[Observation, str | None]:
+        """Wait for a submitted step's task and return its observation, or why it has none."""
+        try:
+            while True:
+                try:
+                    observation, question = ray.get(ref, timeout=_POLL)
+                    break
+                except ray_errors.GetTimeoutError:
+                    if self.closed:  # shutdown() waits for this thread before it disconnects
+                        _cancel(ref)
+                        why = "its RaySteps was shut down"
+                        cut = f"step {step.id!r} was cut off on Ray: {why} while it ran"
+                        return _failed(step, cut), None
         except SystemExit:
             # Ray ends a thread blocked in ray.get this way when the process disconnects.
             why = (

@@ -379,6 +379,7 @@ def test_the_readme_shows_the_raysteps_signature() -> None:
 SHUTDOWN_MID_STEP = """
 import json, os, sys, time
 from pathlib import Path
+import ray
 import journaled
 from journaled import Plan, Step
 from journaled.events.run_messages import RunStep
@@ -393,20 +394,30 @@ def slow(value):
     return "slept"
 
 steps = RaySteps("local", init={"num_cpus": 1})  # its own cluster: shutdown() stops it
+inside_at_disconnect = []
+real_shutdown = ray.shutdown
+
+def shutdown(*args, **kwargs):
+    inside_at_disconnect.append(steps._inside)  # step threads still calling into Ray
+    return real_shutdown(*args, **kwargs)
+
+ray.shutdown = shutdown
 with journaled.open("memory://", steps=steps) as rt:
     rt.register_tool("slow", slow)
     handle = rt.start(Plan(goal="g", steps=[Step("a", tool="slow", input=str(mark))]))
     wait_for(lambda: mark.exists() and mark.read_text() != "", 60)
     steps.shutdown()
     result = handle.result(timeout=60)
-    print(json.dumps([o.error for o in result.observations]))
+    print(json.dumps([[o.error for o in result.observations], inside_at_disconnect]))
 """
 
 
 @pytest.mark.slow
 def test_shutdown_while_a_step_runs_fails_that_step(tmp_path: Path) -> None:
     """S1, S2: shutdown() of a RaySteps that started its own cluster while a step runs there
-    fails that step, saying so; the executor is not harmed and the run ends."""
+    fails that step, saying so; the executor is not harmed and the run ends. The disconnect
+    waits until no step thread is inside a Ray call: Ray ends the whole process (exit status 1,
+    "the core worker has already been shutdown") when one calls into it after that."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     done = subprocess.run(
         [sys.executable, "-c", SHUTDOWN_MID_STEP, str(tmp_path / "running")],
@@ -419,7 +430,8 @@ def test_shutdown_while_a_step_runs_fails_that_step(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert json.loads(done.stdout.strip().splitlines()[-1]) == [
-        "step 'a' was cut off on Ray: its RaySteps was shut down while it ran"
+        ["step 'a' was cut off on Ray: its RaySteps was shut down while it ran"],
+        [0],
     ]
 
 
