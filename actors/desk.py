@@ -6,16 +6,20 @@ and has the writer store them in one transaction on its own thread, while the wr
 the others wait for their answers. Remembers that arrive meanwhile wait in line for the next
 leader, so under concurrency one commit carries many remembers, without a hop through the
 writer's thread or a reply message. When the writer is busy (its inbox holds a message), the
-leader's group is handed back unsettled and each caller sends its remember to the actor, which
-groups them its own way (ADR 0015).
+leader sends its whole group to the actor, in line order, before it hands the lead on, and each
+caller waits for its reply: the actor then stores them in that order, grouped its own way (ADR
+0015), and before a stop that comes later.
+
+The line's bookkeeping runs to its end whatever interrupts it (a signal handler raising in the
+main thread): an interrupt is held back until the lead is handed on, then raised.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import deque
-from collections.abc import Sequence
-from typing import Protocol
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, Protocol, TypeVar
 
 from journaled.actors.directory import as_answered
 from journaled.actors.errors import RememberInterrupted
@@ -24,7 +28,9 @@ from journaled.actors.scope import UNSETTLED, Unsettled
 from journaled.events.memory import Fact
 from journaled.events.messages import Remember
 
-__all__ = ["GROUP_MAX", "WriterDesk"]
+__all__ = ["GROUP_MAX", "Sent", "WriterDesk"]
+
+H = TypeVar("H")
 
 GROUP_MAX = 256
 """Remembers one leader stores at most in one transaction (as the actor's group, ADR 0015)."""
@@ -36,39 +42,62 @@ class Storer(Protocol):
     def remember_here(self, group: Sequence[Remember], answer: Answer) -> bool:
         """Store ``group`` on this thread and answer each remember, if the writer is idle.
 
-        Returns False, answering none, when the writer is busy: its callers send them instead.
+        Returns False, answering none, when the writer is busy: the desk sends them instead.
         """
 
 
+class Sent(Generic[H]):
+    """A remember the desk sent to the writer actor: wait for its reply on ``handle``."""
+
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: H) -> None:
+        self.handle = handle
+
+
 class _Seat:
-    """One caller's place in line: its remember, then its outcome."""
+    """One caller's place in line: its remember, how to send it, then its outcome."""
 
-    __slots__ = ("done", "error", "fact", "group", "message", "taken", "turn", "unsettled")
+    __slots__ = ("done", "error", "fact", "group", "message", "send", "sent", "taken", "turn")
 
-    def __init__(self, message: Remember) -> None:
+    def __init__(self, message: Remember, send: Callable[[Remember], Any]) -> None:
         self.message = message
+        self.send = send
         self.taken = False
         """A leader has it in its group: only that leader settles or removes it now."""
         self.done = False
         self.fact: Fact | None = None
         self.error: Exception | None = None
-        self.unsettled = False
+        self.sent: Sent[Any] | None = None
         self.group: list[_Seat] | None = None
         """The group this caller took to store, once it leads."""
-        self.turn = threading.Lock()
-        """Held while the caller waits; released when it leads or is answered."""
-        self.turn.acquire()
+        self.turn = threading.Event()
+        """Set when the caller leads or is answered (setting it twice is harmless)."""
 
     def settle(self, fact: Fact | None, error: Exception | None) -> None:
         self.fact, self.error = fact, error
 
-    def outcome(self) -> Fact | Unsettled:
-        if self.unsettled:
-            return UNSETTLED
+    def outcome(self) -> Fact | Sent[Any]:
+        if self.sent is not None:
+            return self.sent
         if self.error is not None:
             raise as_answered(self.error)
         assert self.fact is not None
         return self.fact
+
+
+def _to_the_end(step: Callable[[], None]) -> None:
+    """Run ``step`` (which must be safe to run again) until it completes, then raise the first
+    interrupt that cut it short, if one did."""
+    held: BaseException | None = None
+    while True:
+        try:
+            step()
+            break
+        except BaseException as exc:  # an interrupt mid-bookkeeping: finish it first
+            held = held or exc
+    if held is not None:
+        raise held
 
 
 class WriterDesk:
@@ -83,9 +112,15 @@ class WriterDesk:
         self._emptied = threading.Condition(self._mutex)
         self._closed = False
 
-    def remember(self, message: Remember) -> Fact | Unsettled:
-        """Store ``message`` here, alone or with others, if the writer is idle; else
-        :data:`UNSETTLED` (send it to the actor).
+    def remember(
+        self, message: Remember, send: Callable[[Remember], H]
+    ) -> Fact | Sent[H] | Unsettled:
+        """Store ``message`` here, alone or with others, while the writer is idle.
+
+        ``send`` tells the writer actor a remember and returns what its caller waits on; the
+        desk calls it for a group that finds the writer busy, in line order, and returns
+        :class:`Sent` with it. :data:`UNSETTLED` (send it yourself): there is no writer, or
+        memory is closing.
 
         Raises:
             Exception: what the actor would have answered (InvalidFact, JournalBusy, ...), or
@@ -94,36 +129,42 @@ class WriterDesk:
         writer = self.writer
         if writer is None:
             return UNSETTLED
-        seat = _Seat(message)
-        with self._mutex:
-            if self._closed:
-                return UNSETTLED
-            self._line.append(seat)
-            leads = self._line[0] is seat
+        seat = _Seat(message, send)
         try:
+            with self._mutex:
+                if self._closed:
+                    seat.done = True
+                    return UNSETTLED
+                self._line.append(seat)
+                leads = self._line[0] is seat
             if not leads:
-                seat.turn.acquire()
+                seat.turn.wait()
                 if seat.done:
                     return seat.outcome()
             group = self._take(seat)
             if not writer.remember_here([s.message for s in group], _answering(group)):
-                for s in group:
-                    s.unsettled = True
+                for s in group:  # the actor stores them, in line order, before what comes later
+                    try:
+                        s.sent = Sent(s.send(s.message))
+                    except Exception as exc:
+                        s.error = exc
         finally:
-            # Also on an interrupt, wherever it lands: a leader always answers its group and
-            # hands the lead on; a caller interrupted before it led steps out of line.
+            # Also on an interrupt, wherever it lands: a leader answers its group and hands the
+            # lead on; a caller interrupted before it led steps out of line.
             if seat.group is not None:
-                self._finish(seat.group)
+                group = seat.group
+                _to_the_end(lambda: self._finish(group))
             elif not seat.done:
-                self._leave(seat)
+                _to_the_end(lambda: self._leave(seat))
         return seat.outcome()
 
     def close(self, timeout: float) -> bool:
         """Send every later remember to the actor, and wait up to ``timeout`` seconds for the
-        ones in line to be stored (or handed to the actor); return whether the line emptied.
+        ones in line to be stored or sent; return whether the line emptied.
 
         Memory calls it before it stops the writer, so a remember that came before the close is
-        stored, whichever way it went, as the actor stores what it holds when stopped.
+        stored, whichever way it went: a group sent to the actor is in its inbox ahead of the
+        stop, which stores what it holds first.
         """
         with self._mutex:
             self._closed = True
@@ -150,40 +191,39 @@ class WriterDesk:
         return group
 
     def _finish(self, group: list[_Seat]) -> None:
-        """Answer the group's callers and hand the lead to the next in line."""
+        """Answer the group's callers and hand the lead on (safe to run again)."""
         with self._mutex:
             for s in group:
-                assert self._line[0] is s  # a group is the line's front
-                self._line.popleft()
+                if self._line and self._line[0] is s:  # a group is the line's front
+                    self._line.popleft()
                 if not s.done:
-                    s.done = True
-                    if s.fact is None and s.error is None and not s.unsettled:
+                    if s.fact is None and s.error is None and s.sent is None:
                         s.error = RememberInterrupted(
                             "the remember's outcome is unknown: the caller storing it with others "
                             "was interrupted (look for the fact before remembering it again)"
                         )
-            waiters = group[1:]
+                    s.done = True
+        for s in group[1:]:
+            s.turn.set()
+        self._wake_front()
+
+    def _leave(self, seat: _Seat) -> None:
+        """Take an interrupted caller out of line, unless a leader already took its remember,
+        and let the front lead if nobody does (safe to run again)."""
+        with self._mutex:
+            if not seat.taken and seat in self._line:
+                self._line.remove(seat)
+        self._wake_front()
+
+    def _wake_front(self) -> None:
+        """Let the seat at the line's front lead, unless it already leads (its group is taken);
+        tell a waiting close when the line is empty."""
+        with self._mutex:
             front = self._line[0] if self._line else None
             if front is None:
                 self._emptied.notify_all()
-        for s in waiters:
-            s.turn.release()
-        if front is not None:
-            front.turn.release()
-
-    def _leave(self, seat: _Seat) -> None:
-        """Take an interrupted caller out of line, unless a leader already took its remember;
-        if it was at the front, the next in line leads."""
-        with self._mutex:
-            if seat.taken or seat not in self._line:
-                return
-            was_front = self._line[0] is seat
-            self._line.remove(seat)
-            front = self._line[0] if was_front and self._line else None
-            if not self._line:
-                self._emptied.notify_all()
-        if front is not None:
-            front.turn.release()
+        if front is not None and not front.taken:
+            front.turn.set()
 
 
 def _answering(group: list[_Seat]) -> Answer:

@@ -12,10 +12,10 @@ import msgspec
 import pykka
 
 from journaled.actors.asking import ask, ask_all, await_reply
-from journaled.actors.desk import WriterDesk
+from journaled.actors.desk import Sent, WriterDesk
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import MemoryBehind, RuntimeClosed
-from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
+from journaled.actors.scope import UNSETTLED, ScopeShelf, Unsettled, read_in_place
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -241,11 +241,14 @@ class Memory:
             step_id=step_id,
             deadline=self._deadline(),
         )
+        here: Fact | Sent[tuple[str, Future[Remembered]]] | Unsettled = UNSETTLED
         if self._desk is not None:
-            here = self._desk.remember(request)
-            if not isinstance(here, Unsettled):
+            here = self._desk.remember(request, self.request_remember)
+            if isinstance(here, Fact):
                 return here
-        correlation, reply = self.request_remember(request)
+        correlation, reply = (
+            here.handle if isinstance(here, Sent) else self.request_remember(request)
+        )
         try:
             answer: Remembered = await_reply(self._writer, reply, "Remember")
         finally:
