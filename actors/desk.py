@@ -58,11 +58,23 @@ class Sent(Generic[H]):
 class _Seat:
     """One caller's place in line: its remember, how to send it, then its outcome."""
 
-    __slots__ = ("done", "error", "fact", "group", "message", "send", "sent", "taken", "turn")
+    __slots__ = (
+        "done",
+        "error",
+        "fact",
+        "group",
+        "message",
+        "owner",
+        "send",
+        "sent",
+        "taken",
+        "turn",
+    )
 
     def __init__(self, message: Remember, send: Callable[[Remember], Any]) -> None:
         self.message = message
         self.send = send
+        self.owner = threading.get_ident()
         self.taken = False
         """A leader has it in its group: only that leader settles or removes it now."""
         self.done = False
@@ -84,20 +96,6 @@ class _Seat:
             raise as_answered(self.error)
         assert self.fact is not None
         return self.fact
-
-
-def _to_the_end(step: Callable[[], None]) -> None:
-    """Run ``step`` (which must be safe to run again) until it completes, then raise the first
-    interrupt that cut it short, if one did."""
-    held: BaseException | None = None
-    while True:
-        try:
-            step()
-            break
-        except BaseException as exc:  # an interrupt mid-bookkeeping: finish it first
-            held = held or exc
-    if held is not None:
-        raise held
 
 
 class WriterDesk:
@@ -132,7 +130,9 @@ class WriterDesk:
         seat = _Seat(message, send)
         try:
             with self._mutex:
-                if self._closed:
+                if self._closed or any(s.owner == seat.owner for s in self._line):
+                    # Closing, or this thread already waits in line (a signal handler that
+                    # remembers): its seat could never lead, so the actor stores it.
                     seat.done = True
                     return UNSETTLED
                 self._line.append(seat)
@@ -151,11 +151,20 @@ class WriterDesk:
         finally:
             # Also on an interrupt, wherever it lands: a leader answers its group and hands the
             # lead on; a caller interrupted before it led steps out of line.
-            if seat.group is not None:
-                group = seat.group
-                _to_the_end(lambda: self._finish(group))
-            elif not seat.done:
-                _to_the_end(lambda: self._leave(seat))
+            # The retry loop is inline: CPython runs a pending signal handler when a function is
+            # called, before its ``try``, which would skip the bookkeeping.
+            held: BaseException | None = None
+            while True:
+                try:
+                    if seat.group is not None:
+                        self._finish(seat.group)
+                    elif not seat.done:
+                        self._leave(seat)
+                    break
+                except BaseException as exc:
+                    held = held or exc
+            if held is not None:
+                raise held
         return seat.outcome()
 
     def close(self, timeout: float) -> bool:
