@@ -611,12 +611,18 @@ class MemoryWriter(pykka.ThreadingActor):
         """Mark memory behind the journal (or whole again), for readers too (ADR 0053).
 
         Marking it behind sets the flags before taking the scopes' lock to wake waiting readers:
-        an interrupt while waiting for that lock must not leave memory unmarked.
+        an interrupt while waiting for that lock must not leave memory unmarked. Marking it whole
+        first waits for every scope actor to finish what is queued (an empty fold, asked).
         """
         if stale:
             self._stale = True
             for shelf in self.shelves.values():
                 shelf.stale = True
+        else:
+            # A read asked by message while memory was behind may still wait at a scope, queued
+            # ahead of the folds that make it whole: each scope gets through its queue first,
+            # refusing such reads as behind, and only then is memory whole again for readers.
+            ask_all(list(self.scopes.values()), Apply(events=()))
         with self.send_lock:
             if not stale:
                 self._stale = False

@@ -22,8 +22,8 @@ from journaled.actors.errors import MemoryBehind
 from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
 from journaled.events.memory import FactRemembered
-from journaled.events.messages import Get
-from journaled.testing import ManualClock
+from journaled.events.messages import Get, RestoreScope, SearchStats
+from journaled.testing import ManualClock, wait_for
 
 # -- a rebuild begun while a reader waits ---------------------------------------------------------
 
@@ -343,3 +343,66 @@ def test_a_long_catch_up_marks_memory_behind_until_it_is_folded(
         folded = here.memory.all()
     with journaled.open(sqlite_url, follow=None) as fresh:
         assert fresh.memory.all() == folded
+
+
+def test_a_read_queued_during_a_rebuild_is_refused_even_if_answered_after_it(
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0053: a read by message queued at a scope while memory is being rebuilt, behind the
+    rebuild's restore and ahead of the folds that make the scope whole, must not be answered
+    from the empty restored state, even when the scope gets to it after the writer finished
+    the rebuild: it is refused (MemoryBehind, and the door heals and reads again) or answered
+    whole, never empty."""
+    with journaled.open(sqlite_url, clock=clock, follow=None) as rt:
+        tea = rt.memory.remember("tea at five")
+        writer = writer_of(rt)
+        project = rt.memory._scopes["project"]
+        release = threading.Event()
+        restored, queued = threading.Event(), threading.Event()
+        real_receive = ScopeActor.on_receive
+
+        def gated(self: ScopeActor, message: object) -> object:
+            if isinstance(message, Get) and message.fact_id == "hold":
+                release.wait(20)
+            if isinstance(message, SearchStats):
+                # Every scope answers only once the writer says memory is whole (or after 2 s).
+                deadline = time.monotonic() + 2
+                while writer._stale and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            answer = real_receive(self, message)
+            if self.shelf.state.physical == "project" and isinstance(message, RestoreScope):
+                restored.set()
+                queued.wait(10)  # the reader's ask is queued behind the restore
+            return answer
+
+        monkeypatch.setattr(ScopeActor, "on_receive", gated)
+        fail_fold_once(monkeypatch)
+        busy = project.ask(Get(fact_id="hold"), block=False)
+        boom = rt.memory.remember("boom")  # told to the busy project scope; fails there
+        release.set()
+        busy.get(timeout=10)
+        wait_for(lambda: rt.memory._shelves[1].broken, 10)
+        healing = threading.Thread(target=rt.memory._heal)  # the writer rebuilds memory
+        healing.start()
+        assert restored.wait(10)
+        q = door._query("tea boom", clock(), None, None, 0.0, 10)
+        answers: list[Any] = []
+
+        def read() -> None:
+            try:
+                answers.append(sorted(f.id for _, f in rt.memory._bm25_asked(q)))
+            except MemoryBehind as exc:
+                answers.append(exc)
+
+        shelf = rt.memory._shelves[1]
+        assert shelf.inbox is not None
+        inbox = shelf.inbox
+        reader = threading.Thread(target=read)
+        reader.start()
+        wait_for(lambda: inbox.puts > shelf.done, 10)  # its ask waits behind the restore
+        queued.set()
+        reader.join(20)
+        healing.join(20)
+        assert len(answers) == 1
+        assert isinstance(answers[0], MemoryBehind) or answers[0] == sorted([tea.id, boom.id])
+        assert sorted(f.id for f in rt.memory.search("tea boom")) == sorted([tea.id, boom.id])
