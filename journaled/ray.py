@@ -24,10 +24,11 @@ the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import re
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import ray
@@ -150,67 +151,59 @@ class RaySteps:
     ) -> tuple[Observation, str | None]:
         """Run one step attempt as a Ray task and return its observation (S1, S2)."""
         step = msg.step
-        if self.closed:
-            return _failed(step, _CLOSED.format(step=step.id)), None
+        with self._calling_ray():
+            if self.closed:
+                return _failed(step, _CLOSED.format(step=step.id)), None
+            if not ray.is_initialized():
+                error = f"step {step.id!r} could not run: this process is no longer connected"
+                return _failed(step, f"{error} to Ray"), None
+            self._follow_session()
+            try:
+                function = self._stored(fn)
+            except Exception as exc:  # TypeError, or what the function's __reduce__ raised
+                error = (
+                    f"{step.kind or 'step'} {step.target!r} of step {step.id!r} cannot be sent to "
+                    f"Ray: its function must pickle ({_first_line(exc)})"
+                )
+                return _failed(step, storable_text(error)), None
+            try:
+                task, wants = self._task_for(resources)
+            except Exception as exc:  # resources Ray refuses (a custom resource named "CPU", ...)
+                error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
+                return _failed(step, storable_text(error)), None
+            # Ray queues a task no node can run without a word, for ever: refuse it here instead.
+            missing = None if self._wait else self._cluster.shortfall(wants)
+            if missing is not None:
+                error = (
+                    f"step {step.id!r} cannot run on this Ray cluster: {missing}; add such a node, "
+                    "or pass RaySteps(wait_for_resources=True) to wait for an autoscaler to add one"
+                )
+                return _failed(step, storable_text(error)), None
+            try:
+                ref = task.remote(function, msg, with_ctx)
+            except Exception as exc:  # Ray shutting down, ...
+                error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
+                return _failed(step, storable_text(error)), None
+            # A cancel of the run or the step's deadline stops the task where it runs: a worker
+            # busy in user code cannot be asked, so the cancel is forced.
+            held = [ref]  # the hook must not keep the ref alive past the step (see shutdown())
+            token.on_set(lambda: _cancel(held[0]) if held else None)
+            try:
+                return self._outcome(step, ref, token)
+            finally:
+                held.clear()
+
+    @contextlib.contextmanager
+    def _calling_ray(self) -> Iterator[None]:
+        """Count this thread among those :meth:`shutdown` waits for before it disconnects."""
         with self._left:
             self._inside += 1
         try:
-            return self._run(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
+            yield
         finally:
             with self._left:
                 self._inside -= 1
                 self._left.notify_all()
-
-    def _run(
-        self,
-        msg: RunStep,
-        fn: Callable[..., Any],
-        *,
-        with_ctx: bool,
-        resources: Mapping[str, Any] | None,
-        token: StepToken,
-    ) -> tuple[Observation, str | None]:
-        step = msg.step
-        if self.closed:
-            return _failed(step, _CLOSED.format(step=step.id)), None
-        if not ray.is_initialized():
-            error = f"step {step.id!r} could not run: this process is no longer connected to Ray"
-            return _failed(step, error), None
-        self._follow_session()
-        try:
-            function = self._stored(fn)
-        except Exception as exc:  # Ray raises TypeError, or what the function's __reduce__ raised
-            error = (
-                f"{step.kind or 'step'} {step.target!r} of step {step.id!r} cannot be sent to "
-                f"Ray: its function must pickle ({_first_line(exc)})"
-            )
-            return _failed(step, storable_text(error)), None
-        try:
-            task, wants = self._task_for(resources)
-        except Exception as exc:  # resources Ray refuses (a custom resource named "CPU", ...)
-            error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
-            return _failed(step, storable_text(error)), None
-        # Ray queues a task no node can run without a word, for ever: refuse it here instead.
-        missing = None if self._wait else self._cluster.shortfall(wants)
-        if missing is not None:
-            error = (
-                f"step {step.id!r} cannot run on this Ray cluster: {missing}; add such a node, or "
-                "pass RaySteps(wait_for_resources=True) to wait for an autoscaler to add one"
-            )
-            return _failed(step, storable_text(error)), None
-        try:
-            ref = task.remote(function, msg, with_ctx)
-        except Exception as exc:  # Ray shutting down, ...
-            error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
-            return _failed(step, storable_text(error)), None
-        # A cancel of the run or the step's deadline stops the task where it runs: a worker
-        # busy in user code cannot be asked, so the cancel is forced.
-        held = [ref]  # the hook must not keep the ref alive past the step (see shutdown())
-        token.on_set(lambda: _cancel(held[0]) if held else None)
-        try:
-            return self._outcome(step, ref, token)
-        finally:
-            held.clear()
 
     def _outcome(self, step: Step, ref: Any, token: StepToken) -> tuple[Observation, str | None]:
         """Wait for a submitted step's task and return its observation, or why it has none."""

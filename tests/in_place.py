@@ -1,5 +1,6 @@
-"""Helpers of the tests of memory in place (ADR 0053, ADR 0054): the writer behind a runtime, a
-fold made to fail once, and two runtimes on one journal."""
+"""Helpers of the tests of memory in place (ADR 0053, 0054, 0055): the writer and the desk behind
+a runtime, a runtime on a fresh SQLite journal, an interrupt, a fold made to fail once, and two
+runtimes on one journal."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 
 import journaled
+from journaled.actors.desk import WriterDesk
 from journaled.actors.memory import MemoryWriter
 from journaled.events.memory_state import ScopeState
 from journaled.testing import ManualClock
@@ -20,6 +22,23 @@ def writer_of(rt: journaled.Runtime) -> MemoryWriter:
     writer = rt._actors.desk.writer
     assert isinstance(writer, MemoryWriter)
     return writer
+
+
+def desk_of(rt: journaled.Runtime) -> WriterDesk:
+    """Return the memory writer's desk of a runtime (ADR 0055)."""
+    return rt._actors.desk
+
+
+@pytest.fixture(name="rt")
+def sqlite_rt(sqlite_url: str) -> Iterator[journaled.Runtime]:
+    """A fixture named ``rt``: a runtime on a fresh SQLite journal, not following it. A module
+    imports it to use it instead of the suite's ``rt`` over every backend."""
+    with journaled.open(sqlite_url, follow=None) as runtime:
+        yield runtime
+
+
+class Interrupt(BaseException):
+    """What a test's signal handler raises in the main thread (as Ctrl-C would)."""
 
 
 def fail_fold_once(monkeypatch: pytest.MonkeyPatch, text: str = "boom") -> None:

@@ -18,26 +18,19 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from in_place import writer_of
+from in_place import (
+    Interrupt,
+    desk_of,
+    sqlite_rt,  # noqa: F401  (the rt fixture: a runtime on SQLite)
+    writer_of,
+)
 from test_group_commit import WAIT, HeldWriter, queue_behind_first
 
 import journaled
-from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import CountingInbox
 from journaled.actors.errors import RememberInterrupted
 from journaled.events.journal import Journal
 from journaled.testing import wait_for
-
-
-@pytest.fixture
-def rt(tmp_path: Path) -> Iterator[journaled.Runtime]:
-    """Yield a runtime on a fresh SQLite journal."""
-    with journaled.open(f"sqlite:///{tmp_path / 'journal.sqlite'}", follow=None) as runtime:
-        yield runtime
-
-
-def _desk(rt: journaled.Runtime) -> WriterDesk:
-    return rt._actors.desk
 
 
 def test_many_callers_at_once_store_every_remember_exactly_once(
@@ -71,7 +64,7 @@ def test_many_callers_at_once_store_every_remember_exactly_once(
         assert not errors
         assert len(answers) == per_caller * callers
         assert {f.id: f.text for f in rt.memory.all()} == answers
-        assert not _desk(rt)._line
+        assert not desk_of(rt)._line
     with journaled.open(url, follow=None) as again:
         assert {f.id: f.text for f in again.memory.all()} == answers
     assert sum(held.appends) == per_caller * callers  # one event a keyless remember
@@ -139,25 +132,21 @@ def test_a_line_that_finds_the_writer_busy_is_sent_to_it_and_stored(
             thread.start()
         wait_for(lambda: inbox.puts == before + 3, WAIT)  # all three sent to the actor
         assert not outcomes
-        assert not _desk(rt)._line
+        assert not desk_of(rt)._line
     for thread in threads:
         thread.join(WAIT)
     assert sorted(f.text for f in outcomes) == ["f0", "f1", "f2"]
     assert sorted(f.text for f in rt.memory.all()) == ["f0", "f1", "f2"]
 
 
-class _Interrupt(BaseException):
-    """What the test's signal handler raises in the main thread (as Ctrl-C would)."""
-
-
 @pytest.fixture
 def interrupt_main_after() -> Iterator[Any]:
     """Yield a function that delivers SIGUSR1 to the main thread after ``delay`` seconds; its
-    handler raises :class:`_Interrupt` there, wherever it waits."""
+    handler raises :class:`Interrupt` there, wherever it waits."""
     assert threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupt
+        raise Interrupt
 
     previous = signal.signal(signal.SIGUSR1, handler)
     timers: list[threading.Timer] = []
@@ -183,7 +172,7 @@ def test_a_caller_interrupted_while_waiting_in_line_leaves_it_and_stores_nothing
     """ADR 0055: a caller interrupted while it waits behind another's commit leaves the line (its
     remember is never stored), and the caller behind it still gets its turn."""
     held = HeldWriter(monkeypatch)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
 
     def remember(text: str) -> None:
@@ -201,7 +190,7 @@ def test_a_caller_interrupted_while_waiting_in_line_leaves_it_and_stores_nothing
         interrupt_main_after(0.0)
 
     threading.Thread(target=queue_behind).start()
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         rt.memory.remember("interrupted")  # waits in line, on the main thread
     assert len(desk._line) == 2
     held.release.set()
@@ -232,7 +221,7 @@ def test_a_leader_interrupted_in_its_commit_tells_the_others_their_outcome_is_un
     first = threading.Thread(target=remember, args=("first",))
     first.start()
     assert held.entered.wait(WAIT)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     names = ["leader", "follower 1", "follower 2"]
     threads = [threading.Thread(target=remember, args=(name,)) for name in names]
     for k, thread in enumerate(threads):
@@ -242,14 +231,14 @@ def test_a_leader_interrupted_in_its_commit_tells_the_others_their_outcome_is_un
 
     def append(journal: Journal, events: Any, **kwargs: Any) -> list[int]:
         if b"leader" in kwargs.get("payloads", {}).values():
-            raise _Interrupt  # inside the group's append, on the leader's thread
+            raise Interrupt  # inside the group's append, on the leader's thread
         return held_append(journal, events, **kwargs)
 
     monkeypatch.setattr(Journal, "append", append)
     held.release.set()
     for thread in [first, *threads]:
         thread.join(WAIT)
-    assert isinstance(outcomes["leader"], _Interrupt)
+    assert isinstance(outcomes["leader"], Interrupt)
     assert isinstance(outcomes["follower 1"], RememberInterrupted)
     assert isinstance(outcomes["follower 2"], RememberInterrupted)
     assert "outcome is unknown" in str(outcomes["follower 1"])
@@ -268,7 +257,7 @@ def test_a_remember_after_close_is_refused_not_lost(tmp_path: Path) -> None:
     with pytest.raises(journaled.RuntimeClosed):
         rt.memory.remember("after")
     assert time.monotonic() - started < WAIT
-    assert not _desk(rt)._line
+    assert not desk_of(rt)._line
 
 
 def test_closing_while_callers_keep_remembering_ends_promptly(
@@ -317,7 +306,7 @@ def test_a_remember_that_comes_while_memory_closes_does_not_join_the_line(
     instead of joining it, so the wait is bounded by what was in line when the close began;
     the actor, stopped after the line, stores it first."""
     held = HeldWriter(monkeypatch)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     writer = writer_of(rt)
     inbox = writer.actor_inbox
     assert isinstance(inbox, CountingInbox)

@@ -15,11 +15,15 @@ from types import FrameType
 from typing import Any
 
 import pytest
-from in_place import writer_of
+from in_place import (
+    Interrupt,
+    desk_of,
+    sqlite_rt,  # noqa: F401  (the rt fixture: a runtime on SQLite)
+    writer_of,
+)
 from test_group_commit import WAIT, HeldWriter
 
 import journaled
-from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import CountingInbox
 from journaled.actors.memory import MemoryWriter
 from journaled.events.messages import Remember
@@ -28,25 +32,11 @@ from journaled.testing import wait_for
 
 
 @pytest.fixture
-def rt(tmp_path: Path) -> Iterator[journaled.Runtime]:
-    with journaled.open(f"sqlite:///{tmp_path / 'journal.sqlite'}", follow=None) as runtime:
-        yield runtime
-
-
-def _desk(rt: journaled.Runtime) -> WriterDesk:
-    return rt._actors.desk
-
-
-class _Interrupt(BaseException):
-    """What the test's signal handler raises in the main thread (as Ctrl-C would)."""
-
-
-@pytest.fixture
 def sigusr1_raises() -> Iterator[None]:
     assert threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupt
+        raise Interrupt
 
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
@@ -95,7 +85,7 @@ def test_an_interrupt_while_the_leader_hands_on_the_lead_does_not_wedge_the_desk
     Otherwise its seat stays at the front of the line for ever and every later remember (the
     one waiting behind it, and all that come after) blocks for ever, with no timeout."""
     held = HeldWriter(monkeypatch)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
     behind = _remembering(rt, outcomes, "behind")
 
@@ -111,7 +101,7 @@ def test_an_interrupt_while_the_leader_hands_on_the_lead_does_not_wedge_the_desk
             time.sleep(0.3)
 
     threading.Thread(target=orchestrate, daemon=True).start()
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         rt.memory.remember("leader")
     behind.join(WAIT)
     assert not behind.is_alive(), "the caller behind the interrupted leader waits for ever"
@@ -132,7 +122,7 @@ def test_a_later_claim_in_line_supersedes_an_earlier_one_whose_group_went_to_the
     held = HeldWriter(monkeypatch)
     held.delays = {1: 0.5}  # the actor's own commit (of the message below) takes a while
     _delay_send(monkeypatch, "port is 80", 0.3)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
     first = _remembering(rt, outcomes, "first")
     first.start()
@@ -175,7 +165,7 @@ def test_a_remember_in_line_when_close_begins_is_stored_even_if_its_group_goes_t
 
     monkeypatch.setattr(MemoryWriter, "_save_snapshot", slow_save)
     _delay_send(monkeypatch, "in line", 0.6)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     inbox = writer_of(rt).actor_inbox
     assert isinstance(inbox, CountingInbox)
     outcomes: dict[str, Any] = {}
@@ -207,7 +197,7 @@ def test_an_interrupt_right_after_joining_the_line_does_not_leave_a_seat_in_it(
     next call after ``deque.append``; the test widens that window with a sleep inside the
     append) leaves the seat in line with nobody behind it: at the front, it never leads and
     never leaves, and every later remember waits for ever."""
-    desk = _desk(rt)
+    desk = desk_of(rt)
 
     class WideWindow(deque):  # type: ignore[type-arg]
         def append(self, seat: Any) -> None:
@@ -219,7 +209,7 @@ def test_an_interrupt_right_after_joining_the_line_does_not_leave_a_seat_in_it(
     main = threading.main_thread().ident
     assert main is not None
     threading.Timer(0.2, signal.pthread_kill, args=(main, signal.SIGUSR1)).start()
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         rt.memory.remember("interrupted")
     outcomes: dict[str, Any] = {}
     later = _remembering(rt, outcomes, "later")

@@ -10,11 +10,15 @@ import signal
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from types import FrameType
 from typing import Any, cast
 
 import pytest
+from in_place import (
+    Interrupt,
+    desk_of,
+    sqlite_rt,  # noqa: F401  (the rt fixture: a runtime on SQLite)
+)
 from test_group_commit import WAIT, HeldWriter
 
 import journaled
@@ -25,27 +29,13 @@ from journaled.testing import wait_for
 
 
 @pytest.fixture
-def rt(tmp_path: Path) -> Iterator[journaled.Runtime]:
-    with journaled.open(f"sqlite:///{tmp_path / 'journal.sqlite'}", follow=None) as runtime:
-        yield runtime
-
-
-def _desk(rt: journaled.Runtime) -> WriterDesk:
-    return rt._actors.desk
-
-
-class _Interrupt(BaseException):
-    """What the test's signal handlers raise in the main thread (as Ctrl-C would)."""
-
-
-@pytest.fixture
 def two_signals_raise() -> Iterator[None]:
-    """SIGUSR1 and SIGUSR2 both raise _Interrupt in the main thread (say Ctrl-C and a
+    """SIGUSR1 and SIGUSR2 both raise Interrupt in the main thread (say Ctrl-C and a
     SIGTERM/SIGALRM handler that raises)."""
     assert threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupt(signum)
+        raise Interrupt(signum)
 
     previous = {s: signal.signal(s, handler) for s in (signal.SIGUSR1, signal.SIGUSR2)}
     try:
@@ -116,7 +106,7 @@ def test_two_interrupts_in_a_row_do_not_skip_the_leaders_bookkeeping(
         return real(self, request)
 
     monkeypatch.setattr(Memory, "request_remember", request_remember)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
     first = _remembering(rt, outcomes, "first")
     first.start()
@@ -128,7 +118,7 @@ def test_two_interrupts_in_a_row_do_not_skip_the_leaders_bookkeeping(
         held.release.set()
 
     threading.Thread(target=release_when_queued, daemon=True).start()
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         rt.memory.remember("leader")  # leads a group that finds the writer busy, and sends it
     first.join(WAIT)
     by_message.result(WAIT)
@@ -213,7 +203,8 @@ def test_many_callers_against_a_writer_busy_at_random_store_each_remember_once_i
         t.join(60)
     stop.set()
     busy_thread.join(30)
-    assert not any(t.is_alive() for t in threads), f"a caller hangs; line: {list(_desk(rt)._line)}"
+    line = list(desk_of(rt)._line)
+    assert not any(t.is_alive() for t in threads), f"a caller hangs; line: {line}"
     assert not busy_thread.is_alive()
     assert not errors, errors
     busy_facts = [f.result(WAIT).fact for f in by_message]
@@ -244,7 +235,7 @@ def sigusr1_raises() -> Iterator[None]:
     assert threading.current_thread() is threading.main_thread()
 
     def handler(signum: int, frame: FrameType | None) -> None:
-        raise _Interrupt(signum)
+        raise Interrupt(signum)
 
     previous = signal.signal(signal.SIGUSR1, handler)
     try:
@@ -263,7 +254,7 @@ def _busy_group_led_by_main(
     held.delays = {1: 0.5}
     real = Memory.request_remember
     monkeypatch.setattr(Memory, "request_remember", lambda self, request: send(real, self, request))
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
     first = _remembering(rt, outcomes, "first")
     first.start()
@@ -297,7 +288,7 @@ def test_a_leader_interrupted_midway_through_sending_its_busy_group(
     outcomes, threads, by_message = _busy_group_led_by_main(
         rt, monkeypatch, ["f1", "f2", "f3"], send
     )
-    with pytest.raises(_Interrupt):
+    with pytest.raises(Interrupt):
         rt.memory.remember("leader")
     for t in threads:
         t.join(WAIT)
@@ -373,7 +364,7 @@ def test_a_signal_handler_that_remembers_while_the_main_thread_waits_in_line(
     without a timeout. Before the desk the same remember went to the actor and waited for its
     reply (bounded by ASK_TIMEOUT)."""
     held = HeldWriter(monkeypatch)
-    desk = _desk(rt)
+    desk = desk_of(rt)
     outcomes: dict[str, Any] = {}
     handled: list[Any] = []
 
