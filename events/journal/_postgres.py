@@ -983,7 +983,7 @@ if _POSTGRES_MISSING is None:
                 params += [len(prefix), prefix]
             query += " ORDER BY notification_id LIMIT %s"
             params.append(limit)
-            return [_pg_row(r) for r in self._fetch(query, params)]
+            return _rows(self._fetch(query, params))
 
         def select_stream(
             self, stream: str, after_version: int, upto: int | None, limit: int | None
@@ -1001,7 +1001,7 @@ if _POSTGRES_MISSING is None:
             if limit is not None:
                 query += " LIMIT %s"
                 params.append(limit)
-            return [_pg_row(r) for r in self._fetch(query, params)]
+            return _rows(self._fetch(query, params))
 
         def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
             """Return the side rows of these versions of one stream, by version.
@@ -1209,5 +1209,10 @@ def _pg_append_version(config: JournalConfig) -> int:
         return _version_of(conn.execute(_VERSION_QUERY, _VERSION_PARAMS).fetchone())
 
 
-def _pg_row(row: tuple[Any, ...]) -> Row:
-    return (int(row[0]), str(row[1]), int(row[2]), str(row[3]), bytes(row[4]))
+def _rows(fetched: list[tuple[Any, ...]]) -> list[Row]:
+    """The driver's rows of (position, stream, version, topic, state), as they come.
+
+    psycopg already gives ``bigint`` as int, ``text`` as str and ``bytea`` as bytes: converting
+    every value again cost about 1 us a row, a millisecond on a long read (time travel, replay).
+    """
+    return fetched
