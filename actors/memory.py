@@ -112,6 +112,10 @@ def _batches(events: Iterator[Event], size: int) -> Iterator[list[Event]]:
         yield batch
 
 
+_RETRY_FOLDS = 1000
+"""Events folded before an automatic snapshot put off by a deferred index is asked again."""
+
+
 class MemoryWriter(pykka.ThreadingActor):
     """Decide memory commands, append their events atomically, and fan them out to scopes."""
 
@@ -258,6 +262,13 @@ class MemoryWriter(pykka.ThreadingActor):
                 return self._save_snapshot(min_events)
             case SaveSnapshot(auto=True):
                 self._auto_snapshot_queued = False
+                if any(shelf.state.pending for shelf in self.shelves.values()):
+                    # The export would build the index the open deferred to the first search,
+                    # holding every scope meanwhile (ADR 0056): that search, or the close, first.
+                    # Asked again after some more folds, not after each.
+                    due = self._auto_snapshot_due()
+                    self._auto_snapshot_backoff = max(0, self._since_snapshot - due) + _RETRY_FOLDS
+                    return None
                 try:
                     self._save_snapshot(self._auto_snapshot_due())
                 except Exception as exc:  # a cache write must not stop memory: the next retries
@@ -731,6 +742,11 @@ class MemoryWriter(pykka.ThreadingActor):
         self._restore_snapshot()
         missing: dict[str, int] = {}
         self._catch_up(missing=missing)
+        with self.send_lock:
+            # What the open folded is indexed by the first search (ADR 0056); what comes next,
+            # as it comes. A fold still queued at a scope may go either way: both are exact.
+            for shelf in self.shelves.values():
+                shelf.state.index_now()
         lost = {k: v for k, v in missing.items() if k not in self.purged}
         if lost:
             fact_id, position = min(lost.items(), key=lambda kv: kv[1])

@@ -63,6 +63,9 @@ class ScopeShelf:
 
     def __init__(self, physical: str, lock: threading.Condition | None = None) -> None:
         self.state = ScopeState(physical)
+        # Memory opened without a snapshot folds the whole log first: what it folds is indexed by
+        # the first search instead (ADR 0056), so the open costs a dict update per event.
+        self.state.defer_index()
         self.lock = lock if lock is not None else threading.Condition()
         self.done = 0
         """Messages the actor finished (or gave up on), counted under :attr:`lock`."""
@@ -132,7 +135,15 @@ def read_in_place(
         if behind():
             return UNSETTLED  # asked by message, such a scope says what is wrong
         if settled():
-            return read([shelf.state for shelf in shelves])
+            try:
+                return read([shelf.state for shelf in shelves])
+            except BaseException:
+                # A search builds a deferred index (ADR 0056): stopped part way through a fact,
+                # that scope is read no more until it is rebuilt.
+                for shelf in shelves:
+                    if shelf.state.torn:
+                        shelf.broken = True
+                raise
     return UNSETTLED
 
 
@@ -169,7 +180,7 @@ class ScopeActor(pykka.ThreadingActor):
             try:
                 return self._handle(message)
             except Exception:
-                if isinstance(message, Apply | RestoreScope):
+                if isinstance(message, Apply | RestoreScope) or shelf.state.torn:
                     shelf.broken = True
                 if isinstance(message, Apply):
                     log.exception("memory scope %s could not fold a change", shelf.state.physical)

@@ -18,6 +18,7 @@ Facts fall in three classes, kept current as events arrive:
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
@@ -121,6 +122,15 @@ class ScopeState:
         self.physical = physical
         self.facts: dict[str, Fact] = {}
         self.index = InvertedIndex()
+        self._deferred = False
+        """Whether facts are classified and indexed only when a search or an export needs it."""
+        self._touched: dict[str, None] = {}
+        """Facts whose class and index entry were deferred, in the order the fold touched them."""
+        self.torn = False
+        """A :meth:`settle` was interrupted part way through one fact: the index may hold part
+        of it, and the state must be rebuilt, not read (its owner marks it broken)."""
+        self._settling = threading.Lock()
+        """Held while settling: a second reader waits for the whole index, not a part of it."""
         self._superseder_until: dict[str, int | None] = {}
         self._listed_by: dict[str, set[str]] = {}
         self._conditional: set[str] = set()
@@ -134,6 +144,7 @@ class ScopeState:
 
     def export(self) -> ScopeSnapshot:
         """Return this scope's state as a snapshot."""
+        self.settle()
         return ScopeSnapshot(
             physical=self.physical,
             facts=self.facts,
@@ -258,7 +269,63 @@ class ScopeState:
     def _is_hidden(self, fact: Fact) -> bool:
         return fact.superseded_by is not None and self._superseder_until.get(fact.id) is None
 
+    # -- deferred indexing (ADR 0056) ------------------------------------------------------------
+
+    def defer_index(self) -> None:
+        """Classify and index facts only when a search or an export first needs them.
+
+        Folding a long log is then a dict update per event instead of tokenising every text;
+        :meth:`settle` later classifies each fact the fold touched, which gives the same index
+        and totals as classifying them as the events came (a fact's class depends on the fact
+        as it is now, and BM25 scores do not depend on the order documents entered the index).
+        """
+        self._deferred = True
+
+    def index_now(self) -> None:
+        """Classify and index facts folded from now on at once; those deferred wait for
+        :meth:`settle` (a fact folded again meanwhile is classified now, and again then)."""
+        self._deferred = False
+
+    @property
+    def pending(self) -> bool:
+        """Whether some facts wait for :meth:`settle` to be classified and indexed."""
+        return bool(self._touched)
+
+    def settle(self) -> None:
+        """Classify and index every fact whose indexing was deferred; later folds index at once.
+
+        Interrupted part way through a fact, the state is marked :attr:`torn` (its index may hold
+        part of that fact) and must be rebuilt; interrupted between facts, the next call goes on
+        where this one stopped.
+        """
+        if not self._touched:
+            self._deferred = False
+            return
+        with self._settling:
+            if self.torn:
+                raise RuntimeError(f"memory scope {self.physical} was interrupted while indexing")
+            touched = self._touched
+            # Over a list of the ids: taking each from the front of the dict itself would scan
+            # past the slots already deleted, quadratic in the facts.
+            for fact_id in list(touched):
+                fact = self.facts.get(fact_id)
+                if fact is not None:  # a fact deleted or purged since left the index then
+                    self.torn = True
+                    self._unclassify(fact_id)  # a call stopped before the del classified it
+                    self._classify_now(fact)
+                    self.torn = False
+                del touched[fact_id]
+            self._deferred = False
+
     def _classify(self, fact: Fact) -> None:
+        if self._deferred:
+            # Unclassifying stays eager: it only reads what a classification left, which a fact
+            # touched while deferred never got.
+            self._touched[fact.id] = None
+            return
+        self._classify_now(fact)
+
+    def _classify_now(self, fact: Fact) -> None:
         if fact.id in self._erased:
             return  # erased text: nothing to find
         if self._is_hidden(fact):
@@ -363,6 +430,7 @@ class ScopeState:
 
     def stats(self, query: Query) -> Stats:
         """Return N, total length and document frequencies over this scope's filtered candidates."""
+        self.settle()
         everything, groups = self._accepts(query)
         n_docs = sum(self._group_count[g] for g in groups)
         total = sum(self._group_length[g] for g in groups)
@@ -380,6 +448,7 @@ class ScopeState:
         self, query: Query, idfs: Mapping[str, float], avgdl: float
     ) -> list[tuple[float, Fact]]:
         """Return this scope's top ``query.limit`` (score, fact), best first, ties by id."""
+        self.settle()
         everything, groups = self._accepts(query)
         accept = None if everything else (lambda d: self._accept(d, query, groups))
         hits = self.index.score(list(query.terms), idfs, avgdl, accept, query.limit)

@@ -1,6 +1,6 @@
-"""Helpers of the tests of memory in place (ADR 0053, 0054, 0055): the writer and the desk behind
-a runtime, a runtime on a fresh SQLite journal, an interrupt, a fold made to fail once, and two
-runtimes on one journal."""
+"""Helpers of the tests of memory in place (ADR 0053, 0054, 0055, 0056): the writer and the desk
+behind a runtime, a runtime on a fresh SQLite journal, an interrupt, a fold made to fail once, two
+runtimes on one journal, and memory folded from the start indexing as it goes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import pytest
 import journaled
 from journaled.actors.desk import WriterDesk
 from journaled.actors.memory import MemoryWriter
-from journaled.events.memory_state import ScopeState
+from journaled.events.memory_state import MemoryState, ScopeState
+from journaled.memory import MemoryView
 from journaled.testing import ManualClock
 
 
@@ -63,3 +64,21 @@ def two_runtimes(url: str) -> Iterator[tuple[journaled.Runtime, journaled.Runtim
         journaled.open(url, clock=ManualClock(start=1_700_000_100_000), follow=None) as other,
     ):
         yield here, other
+
+
+def eager_view(
+    rt: journaled.Runtime, position: int | None = None, at: int | None = None
+) -> MemoryView:
+    """Fold memory from the start, indexing as it goes: the path before T1 and ADR 0056."""
+    memory = rt.memory
+    state = MemoryState(list(memory._scopes), memory._organization)
+    journal = memory._journal
+    texts = journal.payloads()
+    now = at if at is not None else 0
+    for event in journal.read(upto=position):
+        if at is not None and event.data.at > at:
+            break
+        state.apply(event, texts)
+        if at is None:
+            now = event.data.at
+    return MemoryView(state, now, memory._semantic)

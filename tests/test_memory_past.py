@@ -10,33 +10,16 @@ import threading
 
 import msgspec
 import pytest
+from in_place import eager_view
 
 import journaled
 from journaled.events.journal import Journal
-from journaled.events.memory_state import MemoryState, ScopeState
+from journaled.events.memory_state import ScopeState
 from journaled.memory import MemoryView
 from journaled.testing import ManualClock
 
 QUERIES = ["alpha", "beta gamma", "deploy region", "secret", "rotate keys weekly", "nothing"]
 SECRET = "purge-me-secret-token"
-
-
-def _reference(
-    rt: journaled.Runtime, position: int | None = None, at: int | None = None
-) -> MemoryView:
-    """Fold memory from the journal's start, indexing as it goes: the path before T1."""
-    memory = rt.memory
-    state = MemoryState(list(memory._scopes), memory._organization)
-    journal = memory._journal
-    texts = journal.payloads()
-    now = at if at is not None else 0
-    for event in journal.read(upto=position):
-        if at is not None and event.data.at > at:
-            break
-        state.apply(event, texts)
-        if at is None:
-            now = event.data.at
-    return MemoryView(state, now, memory._semantic)
 
 
 def _answers(view: MemoryView, ids: list[str], nows: list[int]) -> object:
@@ -103,12 +86,12 @@ def test_as_of_answers_as_a_full_fold_at_every_position(
         monkeypatch.setattr(Journal, "snapshot", no_snapshot)
         for position in range(end + 1):
             view = rt.memory.as_of(position=position)
-            assert _answers(view, ids, nows) == _answers(_reference(rt, position), ids, nows), (
+            assert _answers(view, ids, nows) == _answers(eager_view(rt, position), ids, nows), (
                 f"position {position}"
             )
         for at in [0, *nows, clock.now]:
             view = rt.memory.as_of(at=at)
-            assert _answers(view, ids, nows) == _answers(_reference(rt, at=at), ids, nows), at
+            assert _answers(view, ids, nows) == _answers(eager_view(rt, at=at), ids, nows), at
 
 
 def test_a_purged_text_reaches_every_past_view(sqlite_url: str, clock: ManualClock) -> None:
@@ -150,10 +133,10 @@ def test_concurrent_first_searches_wait_for_the_whole_index(
         for i in range(5):
             rt.memory.remember(f"alpha note {i}")
         view = rt.memory.as_of(position=rt.journal.position())
-        expected = _reference(rt, view.position).search("alpha")
+        expected = eager_view(rt, view.position).search("alpha")
         assert len(expected) == 5
         started, release = threading.Event(), threading.Event()
-        original = ScopeState._classify
+        original = ScopeState._classify_now
 
         def slow(state: ScopeState, fact: journaled.Fact) -> None:
             if not started.is_set():
@@ -161,7 +144,7 @@ def test_concurrent_first_searches_wait_for_the_whole_index(
                 release.wait(5.0)
             original(state, fact)
 
-        monkeypatch.setattr(ScopeState, "_classify", slow)
+        monkeypatch.setattr(ScopeState, "_classify_now", slow)
         found: dict[str, list[journaled.Fact]] = {}
 
         def search(name: str) -> None:
