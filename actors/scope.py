@@ -69,13 +69,23 @@ class ScopeShelf:
         self.lock = lock if lock is not None else threading.Condition()
         self.done = 0
         """Messages the actor finished (or gave up on), counted under :attr:`lock`."""
-        self.broken = False
-        """A fold failed part way and the state may hold half of it: until a restore gives it a
-        whole state again, it is read neither in place nor by message (ADR 0053)."""
+        self._failed = False
         self.stale = False
         """The writer is rebuilding memory from the journal, or could not finish: the state is
         empty or partial, and is read neither in place nor by message until it is whole."""
         self.inbox: CountingInbox | None = None
+
+    @property
+    def broken(self) -> bool:
+        """A fold failed part way, or building the deferred index stopped part way through a
+        fact (ADR 0056), and the state may hold half of it: until a restore gives it a whole
+        state again, it is read neither in place nor by message, and the writer rebuilds memory
+        (ADR 0053). The index's half is seen by everyone at once, whatever interrupted whom."""
+        return self._failed or self.state.torn
+
+    @broken.setter
+    def broken(self, failed: bool) -> None:
+        self._failed = failed
 
     @property
     def settled(self) -> bool:
@@ -135,15 +145,7 @@ def read_in_place(
         if behind():
             return UNSETTLED  # asked by message, such a scope says what is wrong
         if settled():
-            try:
-                return read([shelf.state for shelf in shelves])
-            except BaseException:
-                # A search builds a deferred index (ADR 0056): stopped part way through a fact,
-                # that scope is read no more until it is rebuilt.
-                for shelf in shelves:
-                    if shelf.state.torn:
-                        shelf.broken = True
-                raise
+            return read([shelf.state for shelf in shelves])
     return UNSETTLED
 
 
@@ -180,7 +182,7 @@ class ScopeActor(pykka.ThreadingActor):
             try:
                 return self._handle(message)
             except Exception:
-                if isinstance(message, Apply | RestoreScope) or shelf.state.torn:
+                if isinstance(message, Apply | RestoreScope):
                     shelf.broken = True
                 if isinstance(message, Apply):
                     log.exception("memory scope %s could not fold a change", shelf.state.physical)

@@ -12,7 +12,8 @@ callers can catch either::
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
     │   └── UnknownEventType                 a stored topic this release does not know
     ├── PlanRejected (ValueError)            a plan that cannot run, naming the step
-    └── ProtocolError (ValueError)           a message that cannot be encoded or decoded (A4)
+    ├── ProtocolError (ValueError)           a message that cannot be encoded or decoded (A4)
+    └── IndexTorn (RuntimeError)             a view's search index was left half built
 """
 
 from __future__ import annotations
@@ -100,3 +101,9 @@ class PlanRejected(EventsError, ValueError):
 
 class ProtocolError(EventsError, ValueError):
     """A message that cannot cross the wire: it names the message's tag or msgspec's path (A4)."""
+
+
+class IndexTorn(EventsError, RuntimeError):
+    """Building a deferred search index stopped part way through a fact (ADR 0056): that state
+    answers no search. Live memory rebuilds such a scope itself; a view of the past is taken
+    again."""

@@ -25,6 +25,7 @@ import msgspec
 
 from journaled.events.base import DomainEvent, Event
 from journaled.events.bm25 import idf, merge_top, tokenize
+from journaled.events.errors import IndexTorn
 from journaled.events.inputs import decode_text
 from journaled.events.inverted_index import IndexSnapshot, InvertedIndex
 from journaled.events.memory import (
@@ -303,7 +304,13 @@ class ScopeState:
             return
         with self._settling:
             if self.torn:
-                raise RuntimeError(f"memory scope {self.physical} was interrupted while indexing")
+                # Live memory never gets here: its owner rebuilds a torn scope (ADR 0056). A view
+                # of the past has no owner to rebuild it: a new view folds afresh.
+                raise IndexTorn(
+                    f"memory scope {self.physical}: building its search index was interrupted "
+                    "part way through a fact, so this state answers no search; for a view of "
+                    "the past, take a new one with memory.as_of(...)"
+                )
             touched = self._touched
             # Over a list of the ids: taking each from the front of the dict itself would scan
             # past the slots already deleted, quadratic in the facts.

@@ -11,8 +11,9 @@
     ├── JournalClosed (RuntimeError)
     ├── JournalBusy                            another writer held the lock past lock_wait
     ├── ConcurrencyConflict
-    └── CorruptEvent (ValueError)
-        └── UnknownEventType
+    ├── CorruptEvent (ValueError)
+    │   └── UnknownEventType
+    └── IndexTorn (RuntimeError)               an as_of view's index was left half built
     ActorsError                                (from the live layer)
     ├── InvalidFact (ValueError)
     │   └── OrganizationNotConfigured
@@ -43,6 +44,7 @@ from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
     EventsError,
+    IndexTorn,
     JournalBusy,
     JournalClosed,
     JournalUnreadable,
@@ -80,6 +82,7 @@ __all__ = [
     "ConfigurationError",
     "CorruptEvent",
     "EventsError",
+    "IndexTorn",
     "InvalidArgument",
     "InvalidFact",
     "JournalBusy",

@@ -1,0 +1,551 @@
+"""Attacks on ADR 0056: memory opened cold defers its search index to the first search.
+
+The oracle is a fold from the journal's start that indexes as it goes (``eager_view``), asked
+at the clock's time, which every test keeps at the last event's time (a ``ManualClock`` that
+only moves when a test advances it).
+"""
+
+from __future__ import annotations
+
+import signal
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+
+import pytest
+from in_place import Interrupt, eager_view, writer_of
+
+import journaled
+from journaled.actors.scope import ScopeShelf
+from journaled.events.journal import SNAPSHOT_TABLE
+from journaled.events.memory_state import ScopeState, memory_snapshot_key
+from journaled.memory import Memory, MemoryView
+from journaled.runtime import verify
+from journaled.testing import ManualClock
+
+QUERIES = ["alpha", "beta gamma", "deploy region", "rotate keys weekly", "tabs", "zeta"]
+WAIT = 10.0
+
+
+def _fill(rt: journaled.Runtime, clock: ManualClock, n: int = 40) -> None:
+    """Facts of every class: plain, keyed and superseded, expiring, doubtful, of a domain, in
+    other scopes, deleted, purged; plus a chain whose superseder is deleted (restored)."""
+    for i in range(n):
+        rt.memory.remember(f"alpha note {i} beta", scope=("project", "user", "session")[i % 3])
+        clock.advance(1)
+    for i in range(6):
+        rt.memory.remember(f"deploy region is eu-{i}", conflict_key="deploy.region")
+        clock.advance(1)
+    rt.memory.remember("rotate keys weekly", confidence=0.4, domain="ops")
+    rt.memory.remember("gamma until soon", valid_until=clock.now + 5)
+    rt.memory.remember("beta gamma in the repository", scope="repository")
+    doomed = rt.memory.remember("alpha doomed tabs")
+    rt.memory.delete(doomed.id)
+    erased = rt.memory.remember("alpha erased tabs secret")
+    rt.memory.purge(erased.id)
+    rt.memory.remember("tabs over spaces", conflict_key="style.indent")
+    rt.memory.remember("tabs are wide", conflict_key="style.width")
+    top = rt.memory.remember("tabs are narrow", conflict_key="style.width")
+    rt.memory.delete(top.id)  # "tabs are wide" is restored
+    clock.advance(1)
+
+
+def _drop_snapshots(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"DELETE FROM {SNAPSHOT_TABLE}")  # noqa: S608
+
+
+def _states(rt: journaled.Runtime) -> list[ScopeState]:
+    return [shelf.state for shelf in writer_of(rt).shelves.values()]
+
+
+def _shelves(rt: journaled.Runtime) -> list[ScopeShelf]:
+    return list(writer_of(rt).shelves.values())
+
+
+def _searches(memory: journaled.Memory | MemoryView) -> list[list[journaled.Fact]]:
+    found = []
+    for query in QUERIES:
+        found.append(memory.search(query, limit=50))
+        found.append(memory.search(query, limit=3))
+        found.append(memory.search(query, scopes=["user", "session"], limit=50))
+        found.append(memory.search(query, domains=["ops"], min_confidence=0.1, limit=50))
+        found.append(memory.search(query, min_confidence=0.9, limit=50))
+    return found
+
+
+def _cold_journal(tmp_path: Path, n: int = 40) -> tuple[Path, str, ManualClock]:
+    path = tmp_path / "j.sqlite"
+    url = f"sqlite:///{path}"
+    clock = ManualClock(1_000_000)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        _fill(rt, clock, n)
+    _drop_snapshots(path)
+    return path, url, clock
+
+
+@pytest.fixture
+def cold(tmp_path: Path) -> tuple[Path, str, ManualClock]:
+    """A journal of :func:`_fill`'s facts with no snapshot, and its clock."""
+    return _cold_journal(tmp_path)
+
+
+@pytest.fixture
+def sigusr1_raises() -> Iterator[None]:
+    """SIGUSR1 raises Interrupt in the main thread (as Ctrl-C would)."""
+    assert threading.current_thread() is threading.main_thread()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupt(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def _interrupt_here() -> None:
+    """Send SIGUSR1 to this (the main) thread and spin until its handler raises."""
+    signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+    spins = 0
+    while True:  # pure bytecode: the handler runs at the loop's next check
+        spins += 1
+        if spins > 10**8:
+            raise AssertionError("the signal was not handled")
+
+
+class _Deleting(dict[str, None]):
+    """A scope's pending facts; the ``at``-th one settled (deleted from it) lands an interrupt
+    right after: between two facts, where ``settle`` promises to go on from."""
+
+    def __init__(self, pending: dict[str, None], counter: list[int], at: int) -> None:
+        super().__init__(pending)
+        self.counter = counter
+        self.at = at
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.counter[0] += 1
+        if self.counter[0] == self.at and threading.current_thread() is threading.main_thread():
+            _interrupt_here()
+
+
+def _interrupt_between_facts(states: list[ScopeState], at: int) -> None:
+    counter = [0]
+    for state in states:
+        state._touched = _Deleting(state._touched, counter, at)
+
+
+class _SecondInterrupt(list[ScopeShelf]):
+    """The door's shelves; once armed, iterating them lands a second interrupt after the first
+    shelf (a second Ctrl-C while ``read_in_place`` handles the first one)."""
+
+    armed = False
+
+    def __iter__(self) -> Iterator[ScopeShelf]:
+        items = list(super().__iter__())
+        for n, item in enumerate(items):
+            if n == 1 and self.armed:
+                self.armed = False
+                _interrupt_here()
+            yield item
+
+
+# -- interrupts ----------------------------------------------------------------------------------
+
+
+def test_a_torn_scope_is_broken_at_once_and_a_second_interrupt_cannot_leave_it_readable(
+    cold: tuple[Path, str, ManualClock], monkeypatch: pytest.MonkeyPatch, sigusr1_raises: None
+) -> None:
+    """ADR 0056: a first search interrupted part way through a fact leaves that scope broken the
+    moment its state is torn, with no handler to run: a second interrupt (Ctrl-C twice), landing
+    in the next read before it heals, cannot leave it readable, and the read after that is
+    rebuilt and exact. (Found by an attack pass: the shelf was marked broken in an ``except``
+    handler that the second interrupt cut short, and the next search raised.)"""
+    _, url, clock = cold
+    real = ScopeState._classify_now
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        shelves = _SecondInterrupt(rt.memory._shelves)
+        monkeypatch.setattr(rt.memory, "_shelves", shelves)
+
+        def tearing(state: ScopeState, fact: journaled.Fact) -> None:
+            if (
+                state.physical == "project"
+                and threading.current_thread() is threading.main_thread()
+            ):
+                monkeypatch.setattr(ScopeState, "_classify_now", real)
+                state.index.add(fact.id, fact.text)  # the index has part of the fact
+                shelves.armed = True
+                _interrupt_here()
+            real(state, fact)
+
+        monkeypatch.setattr(ScopeState, "_classify_now", tearing)
+        with pytest.raises(Interrupt):
+            rt.memory.search("alpha")
+        torn = [shelf for shelf in writer_of(rt).shelves.values() if shelf.state.torn]
+        assert torn
+        assert all(shelf.broken for shelf in torn)
+        with pytest.raises(Interrupt):  # the second, in the next read's look at the scopes
+            rt.memory.search("alpha")
+        assert not shelves.armed
+        reference = eager_view(rt)
+        assert rt.memory.search("alpha", limit=50) == reference.search("alpha", limit=50)
+
+
+@pytest.mark.parametrize("after", [False, True], ids=["inside-a-fact", "end-of-a-fact"])
+@pytest.mark.parametrize("call", [1, 7, 30, 45])
+def test_an_interrupt_anywhere_in_the_first_search_leaves_memory_exact(
+    cold: tuple[Path, str, ManualClock],
+    monkeypatch: pytest.MonkeyPatch,
+    sigusr1_raises: None,
+    call: int,
+    after: bool,
+) -> None:
+    """One real signal during the first search's settle, delivered inside a fact's indexing
+    (torn: rebuilt) or just after it (between facts: the next search goes on); then remembers,
+    gets and searches answer as the eager fold, and the close's snapshot serves a reopen."""
+    _, url, clock = cold
+    real = ScopeState._classify_now
+    calls = [0]
+
+    def interrupting(state: ScopeState, fact: journaled.Fact) -> None:
+        calls[0] += 1
+        if calls[0] == call and threading.current_thread() is threading.main_thread():
+            if after:
+                real(state, fact)
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+            if not after:
+                real(state, fact)
+            return
+        real(state, fact)
+
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        monkeypatch.setattr(ScopeState, "_classify_now", interrupting)
+        with pytest.raises(Interrupt):
+            rt.memory.search("alpha")
+        monkeypatch.setattr(ScopeState, "_classify_now", real)
+        some = rt.memory.all()[3]
+        assert rt.memory.get(some.id) == some
+        rt.memory.remember("zeta after the interrupt")
+        rt.memory.remember("deploy region is us-9", conflict_key="deploy.region")
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert not any(s.torn or s.pending for s in _states(rt))
+        assert rt.memory.checkpoint()
+        searched = _searches(rt.memory)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        assert rt._journal.snapshot(memory_snapshot_key(None)) is not None
+        assert _searches(rt.memory) == searched == _searches(eager_view(rt))
+        assert verify(url).ok
+
+
+def test_concurrent_first_searches_in_place_and_by_message_while_remembering(
+    tmp_path: Path,
+) -> None:
+    """Several threads make the first search at once, some reading in place and some through
+    a door without shelves (by message), while others remember: no error, each search finds
+    every alpha fact, and memory ends as the eager fold."""
+    _, url, clock = _cold_journal(tmp_path, n=600)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        assert any(s.pending for s in _states(rt))
+        by_message = Memory(rt._journal, rt._actors.writer, rt._actors.scopes, clock, None, None)
+        expected = {f.id for f in eager_view(rt).search("alpha", limit=10_000)}
+        errors: list[BaseException] = []
+        found: list[set[str]] = []
+        start = threading.Barrier(8)
+
+        def search(door: Memory) -> None:
+            try:
+                start.wait(WAIT)
+                found.append({f.id for f in door.search("alpha", limit=10_000)})
+            except BaseException as exc:
+                errors.append(exc)
+
+        def remember(i: int) -> None:
+            try:
+                start.wait(WAIT)
+                for j in range(5):
+                    rt.memory.remember(f"zeta {i} {j}", conflict_key=f"k{j % 2}")
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [
+            threading.Thread(target=search, args=(rt.memory if i % 2 else by_message,))
+            for i in range(5)
+        ] + [threading.Thread(target=remember, args=(i,)) for i in range(3)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(WAIT * 3)
+        assert not errors, errors
+        assert found == [expected] * 5
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert _searches(by_message) == _searches(eager_view(rt))
+
+
+# -- changes to facts still pending -------------------------------------------------------------
+
+
+def test_deletes_purges_and_restores_of_pending_facts_before_and_after_the_first_search(
+    cold: tuple[Path, str, ManualClock],
+) -> None:
+    """Facts the open left unindexed are deleted, purged, superseded, restored (their
+    superseder deleted) and re-linked, before the first search and after it."""
+    _, url, clock = cold
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        facts = {f.text: f for f in rt.memory.all()}
+        rt.memory.delete(facts["alpha note 0 beta"].id)
+        rt.memory.purge(facts["alpha note 1 beta"].id)
+        rt.memory.delete(facts["deploy region is eu-5"].id)  # eu-4 is restored
+        rt.memory.delete(facts["tabs are wide"].id)
+        clock.advance(1)
+        gone = rt.memory.remember("tabs temporary", conflict_key="style.indent")
+        assert any(s.pending for s in _states(rt))
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+        rt.memory.delete(gone.id)  # "tabs over spaces", indexed by the search, comes back
+        rt.memory.delete(facts["deploy region is eu-4"].id)
+        rt.memory.purge(facts["alpha note 2 beta"].id)
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+        view = rt.memory.as_of(position=rt.journal.position() - 3)
+        assert _searches(view) == _searches(eager_view(rt, rt.journal.position() - 3))
+
+
+def test_a_rebuild_while_facts_are_pending_answers_exactly(
+    cold: tuple[Path, str, ManualClock],
+) -> None:
+    """A scope marked broken before any search: the writer rebuilds every scope from the
+    journal (indexing at once), and searches then answer as the eager fold."""
+    _, url, clock = cold
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        with _shelves(rt)[0].lock:
+            _shelves(rt)[0].broken = True
+        rt.memory.remember("zeta during the rebuild")
+        assert not any(s.pending for s in _states(rt))
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+
+
+# -- two runtimes ------------------------------------------------------------------------------
+
+
+def test_a_catch_up_onto_pending_facts_of_another_runtimes_changes(
+    cold: tuple[Path, str, ManualClock],
+) -> None:
+    """Two runtimes open the same cold journal; one supersedes, deletes and purges facts both
+    left unindexed; the other folds that while its facts are pending, then searches."""
+    _, url, clock = cold
+    with (
+        journaled.open(url, clock=clock, follow=None) as here,
+        journaled.open(url, clock=clock, follow=None) as other,
+    ):
+        facts = {f.text: f for f in here.memory.all()}
+        here.memory.remember("deploy region is us-1", conflict_key="deploy.region")
+        here.memory.delete(facts["tabs are wide"].id)
+        here.memory.purge(facts["alpha note 3 beta"].id)
+        here.memory.remember("zeta from here")
+        other._actors.catch_up()
+        assert any(s.pending for s in _states(other))
+        assert _searches(other.memory) == _searches(eager_view(other))
+        here.memory.delete(facts["deploy region is eu-5"].id)
+        other._actors.catch_up()
+        assert _searches(other.memory) == _searches(eager_view(other))
+        assert _searches(here.memory) == _searches(eager_view(here))
+
+
+def test_a_follower_folding_while_the_first_search_settles(tmp_path: Path) -> None:
+    """A following runtime folds another's remembers while its first search builds the index
+    (the fold waits for the scopes' lock): its answers then equal the eager fold."""
+    _, url, clock = _cold_journal(tmp_path, n=1500)
+    with (
+        journaled.open(url, clock=clock, follow=0.01) as other,
+        journaled.open(url, clock=clock, follow=None) as here,
+    ):
+        done = threading.Event()
+
+        def write() -> None:
+            for i in range(30):
+                here.memory.remember(f"alpha zeta {i}", conflict_key=f"z{i % 3}")
+            done.set()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        first = other.memory.search("alpha", limit=10_000)
+        assert first
+        writer.join(WAIT)
+        assert done.is_set()
+        deadline = time.monotonic() + WAIT
+        while other._actors.catch_up() < here.journal.position():
+            assert time.monotonic() < deadline
+        assert _searches(other.memory) == _searches(eager_view(other))
+
+
+# -- snapshots -----------------------------------------------------------------------------------
+
+
+def test_the_close_snapshot_after_a_cold_open_and_a_partial_settle_passes_verify(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, sigusr1_raises: None
+) -> None:
+    """The first search is interrupted between facts; the close's snapshot settles the rest.
+    ``journal verify`` compares it with an eager fold (index content included), and the
+    reopen restored from it answers exactly."""
+    _, url, clock = _cold_journal(tmp_path, n=520)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        _interrupt_between_facts(_states(rt), 100)
+        with pytest.raises(Interrupt):
+            rt.memory.search("alpha")
+        assert any(s.pending for s in _states(rt))
+        assert not any(s.torn for s in _states(rt))
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        assert rt._journal.snapshot(memory_snapshot_key(None)) is not None
+        assert not any(s.pending for s in _states(rt))
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+    report = verify(url)
+    assert report.ok, report
+    assert report.snapshots >= 1, report
+
+
+def test_a_cold_open_with_no_search_writes_an_exact_snapshot_at_close(tmp_path: Path) -> None:
+    _, url, clock = _cold_journal(tmp_path, n=520)
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        assert any(s.pending for s in _states(rt))
+        rt.memory.remember("zeta never searched")
+    report = verify(url)
+    assert report.ok, report
+    assert report.snapshots >= 1, report
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        assert _searches(rt.memory) == _searches(eager_view(rt))
+
+
+# -- semantic and hybrid ------------------------------------------------------------------------
+
+
+class _Letters:
+    """A deterministic embedder: counts of a few letters."""
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return [[float(t.count(c)) + 0.1 for c in "aeiotz"] for t in texts]
+
+
+def test_hybrid_and_semantic_first_searches_after_a_cold_open(
+    cold: tuple[Path, str, ManualClock],
+) -> None:
+    _, url, clock = cold
+    with journaled.open(url, clock=clock, follow=None, embedder=_Letters()) as rt:
+        reference = eager_view(rt)
+        for query in QUERIES:
+            assert rt.memory.search_hybrid(query, limit=20) == reference.search_hybrid(
+                query, limit=20
+            )
+            assert rt.memory.search_semantic(query, limit=20) == reference.search_semantic(
+                query, limit=20
+            )
+        assert _searches(rt.memory) == _searches(reference)
+
+
+# -- views -----------------------------------------------------------------------------------
+
+
+def test_an_as_of_view_interrupted_between_facts_goes_on_exactly(
+    cold: tuple[Path, str, ManualClock], monkeypatch: pytest.MonkeyPatch, sigusr1_raises: None
+) -> None:
+    _, url, clock = cold
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        position = rt.journal.position() - 5
+        view = rt.memory.as_of(position=position)
+        _interrupt_between_facts(list(view._state.scopes.values()), 10)
+        with pytest.raises(Interrupt):
+            view.search("alpha")
+        assert not any(s.torn for s in view._state.scopes.values())
+        assert _searches(view) == _searches(eager_view(rt, position))
+
+
+# -- PostgreSQL ----------------------------------------------------------------------------------
+
+
+def test_a_cold_open_on_postgresql_and_a_catch_up_onto_pending_facts(pg_url: str) -> None:
+    """On PostgreSQL (fewer events than any snapshot waits for, so every open folds the log):
+    the first search after a cold open, and a second runtime's changes folded onto pending
+    facts, answer as the eager fold."""
+    clock = ManualClock(1_000_000)
+    with journaled.open(pg_url, clock=clock, follow=None) as rt:
+        _fill(rt, clock)
+    with (
+        journaled.open(pg_url, clock=clock, follow=None) as here,
+        journaled.open(pg_url, clock=clock, follow=None) as other,
+    ):
+        assert here._journal.snapshot(memory_snapshot_key(None)) is None
+        assert any(s.pending for s in _states(other))
+        facts = {f.text: f for f in here.memory.all()}
+        here.memory.remember("deploy region is us-1", conflict_key="deploy.region")
+        here.memory.delete(facts["tabs are wide"].id)
+        here.memory.purge(facts["alpha note 3 beta"].id)
+        other._actors.catch_up()
+        assert _searches(other.memory) == _searches(eager_view(other))
+        assert _searches(here.memory) == _searches(eager_view(here))
+
+
+def test_an_as_of_view_interrupted_part_way_through_a_fact_says_to_take_a_new_one(
+    cold: tuple[Path, str, ManualClock], monkeypatch: pytest.MonkeyPatch, sigusr1_raises: None
+) -> None:
+    """ADR 0056: a view of the past has no owner to rebuild it. Interrupted part way through a
+    fact, its later searches raise ``IndexTorn``, which says to take a new view, and never
+    answer from half an index; a new view answers exactly. (Found by an attack pass: it raised
+    a bare RuntimeError that said nothing of what to do.)"""
+    _, url, clock = cold
+    real = ScopeState._classify_now
+    calls = [0]
+
+    def interrupting(state: ScopeState, fact: journaled.Fact) -> None:
+        calls[0] += 1
+        if calls[0] == 10:
+            signal.pthread_kill(threading.get_ident(), signal.SIGUSR1)
+        real(state, fact)
+
+    with journaled.open(url, clock=clock, follow=None) as rt:
+        position = rt.journal.position() - 5
+        view = rt.memory.as_of(position=position)
+        monkeypatch.setattr(ScopeState, "_classify_now", interrupting)
+        with pytest.raises(Interrupt):
+            view.search("alpha")
+        monkeypatch.setattr(ScopeState, "_classify_now", real)
+        assert any(s.torn for s in view._state.scopes.values())
+        with pytest.raises(journaled.IndexTorn, match=r"take a new one with memory\.as_of"):
+            view.search("alpha")
+        again = rt.memory.as_of(position=position)
+        assert _searches(again) == _searches(eager_view(rt, position))
+
+
+def test_a_close_during_the_first_search(tmp_path: Path) -> None:
+    """The runtime is closed while another thread's first search builds the index: the search
+    answers (or says the runtime is closed), and the close's snapshot is exact."""
+    _, url, clock = _cold_journal(tmp_path, n=1500)
+    outcome: list[object] = []
+    rt = journaled.open(url, clock=clock, follow=None)
+    expected = eager_view(rt).search("alpha", limit=20)
+    started = threading.Event()
+    real = ScopeState._classify_now
+
+    def slow_start(state: ScopeState, fact: journaled.Fact) -> None:
+        started.set()
+        real(state, fact)
+
+    def search() -> None:
+        try:
+            outcome.append(rt.memory.search("alpha", limit=20))
+        except BaseException as exc:
+            outcome.append(exc)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ScopeState, "_classify_now", slow_start)
+        thread = threading.Thread(target=search)
+        thread.start()
+        assert started.wait(WAIT)
+        rt.close()
+        thread.join(WAIT)
+    assert outcome, "the search never returned"
+    assert outcome[0] == expected or isinstance(outcome[0], journaled.RuntimeClosed), outcome
+    report = verify(url)
+    assert report.ok, report
+    assert report.snapshots >= 1, report
