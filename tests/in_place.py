@@ -5,7 +5,10 @@ runtimes on one journal, and memory folded from the start indexing as it goes.""
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import pytest
@@ -40,6 +43,22 @@ def sqlite_rt(sqlite_url: str) -> Iterator[journaled.Runtime]:
 
 class Interrupt(BaseException):
     """What a test's signal handler raises in the main thread (as Ctrl-C would)."""
+
+
+@pytest.fixture(name="sigusr1_raises")
+def interrupting_signal() -> Iterator[None]:
+    """A fixture named ``sigusr1_raises``: SIGUSR1 raises :class:`Interrupt` in the main thread
+    (as Ctrl-C would). A module imports it to use it."""
+    assert threading.current_thread() is threading.main_thread()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise Interrupt(signum)
+
+    previous = signal.signal(signal.SIGUSR1, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
 
 
 def fail_fold_once(monkeypatch: pytest.MonkeyPatch, text: str = "boom") -> None:

@@ -9,15 +9,14 @@ import signal
 import threading
 import time
 from collections import deque
-from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import pytest
 from in_place import (
     Interrupt,
     desk_of,
+    interrupting_signal,  # noqa: F401  (the sigusr1_raises fixture)
     sqlite_rt,  # noqa: F401  (the rt fixture: a runtime on SQLite)
     writer_of,
 )
@@ -29,20 +28,6 @@ from journaled.actors.memory import MemoryWriter
 from journaled.events.messages import Remember
 from journaled.memory import Memory
 from journaled.testing import wait_for
-
-
-@pytest.fixture
-def sigusr1_raises() -> Iterator[None]:
-    assert threading.current_thread() is threading.main_thread()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupt
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def _kill_main() -> None:

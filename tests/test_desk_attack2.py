@@ -17,6 +17,7 @@ import pytest
 from in_place import (
     Interrupt,
     desk_of,
+    interrupting_signal,  # noqa: F401  (the sigusr1_raises fixture)
     sqlite_rt,  # noqa: F401  (the rt fixture: a runtime on SQLite)
 )
 from test_group_commit import WAIT, HeldWriter
@@ -228,20 +229,6 @@ def test_many_callers_against_a_writer_busy_at_random_store_each_remember_once_i
             assert found is not None
             assert found.superseded_by is None, fact
     assert set(texts) == expected
-
-
-@pytest.fixture
-def sigusr1_raises() -> Iterator[None]:
-    assert threading.current_thread() is threading.main_thread()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupt(signum)
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def _busy_group_led_by_main(

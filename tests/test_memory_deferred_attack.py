@@ -1,111 +1,44 @@
 """Attacks on ADR 0056: memory opened cold defers its search index to the first search.
 
-The oracle is a fold from the journal's start that indexes as it goes (``eager_view``), asked
-at the clock's time, which every test keeps at the last event's time (a ``ManualClock`` that
-only moves when a test advances it).
+The oracle and the journal are ``deferred``'s (a fold from the start that indexes as it goes).
 """
 
 from __future__ import annotations
 
 import signal
-import sqlite3
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
 
 import pytest
-from in_place import Interrupt, eager_view, writer_of
+from deferred import (
+    QUERIES,
+    cold_fixture,  # noqa: F401  (the cold fixture)
+    cold_journal,
+    fill,
+    scope_states,
+    searches,
+)
+from in_place import (
+    Interrupt,
+    eager_view,
+    interrupting_signal,  # noqa: F401  (the sigusr1_raises fixture)
+    writer_of,
+)
 
 import journaled
 from journaled.actors.scope import ScopeShelf
-from journaled.events.journal import SNAPSHOT_TABLE
 from journaled.events.memory_state import ScopeState, memory_snapshot_key
-from journaled.memory import Memory, MemoryView
+from journaled.memory import Memory
 from journaled.runtime import verify
 from journaled.testing import ManualClock
 
-QUERIES = ["alpha", "beta gamma", "deploy region", "rotate keys weekly", "tabs", "zeta"]
 WAIT = 10.0
-
-
-def _fill(rt: journaled.Runtime, clock: ManualClock, n: int = 40) -> None:
-    """Facts of every class: plain, keyed and superseded, expiring, doubtful, of a domain, in
-    other scopes, deleted, purged; plus a chain whose superseder is deleted (restored)."""
-    for i in range(n):
-        rt.memory.remember(f"alpha note {i} beta", scope=("project", "user", "session")[i % 3])
-        clock.advance(1)
-    for i in range(6):
-        rt.memory.remember(f"deploy region is eu-{i}", conflict_key="deploy.region")
-        clock.advance(1)
-    rt.memory.remember("rotate keys weekly", confidence=0.4, domain="ops")
-    rt.memory.remember("gamma until soon", valid_until=clock.now + 5)
-    rt.memory.remember("beta gamma in the repository", scope="repository")
-    doomed = rt.memory.remember("alpha doomed tabs")
-    rt.memory.delete(doomed.id)
-    erased = rt.memory.remember("alpha erased tabs secret")
-    rt.memory.purge(erased.id)
-    rt.memory.remember("tabs over spaces", conflict_key="style.indent")
-    rt.memory.remember("tabs are wide", conflict_key="style.width")
-    top = rt.memory.remember("tabs are narrow", conflict_key="style.width")
-    rt.memory.delete(top.id)  # "tabs are wide" is restored
-    clock.advance(1)
-
-
-def _drop_snapshots(path: Path) -> None:
-    with sqlite3.connect(path) as conn:
-        conn.execute(f"DELETE FROM {SNAPSHOT_TABLE}")  # noqa: S608
-
-
-def _states(rt: journaled.Runtime) -> list[ScopeState]:
-    return [shelf.state for shelf in writer_of(rt).shelves.values()]
 
 
 def _shelves(rt: journaled.Runtime) -> list[ScopeShelf]:
     return list(writer_of(rt).shelves.values())
-
-
-def _searches(memory: journaled.Memory | MemoryView) -> list[list[journaled.Fact]]:
-    found = []
-    for query in QUERIES:
-        found.append(memory.search(query, limit=50))
-        found.append(memory.search(query, limit=3))
-        found.append(memory.search(query, scopes=["user", "session"], limit=50))
-        found.append(memory.search(query, domains=["ops"], min_confidence=0.1, limit=50))
-        found.append(memory.search(query, min_confidence=0.9, limit=50))
-    return found
-
-
-def _cold_journal(tmp_path: Path, n: int = 40) -> tuple[Path, str, ManualClock]:
-    path = tmp_path / "j.sqlite"
-    url = f"sqlite:///{path}"
-    clock = ManualClock(1_000_000)
-    with journaled.open(url, clock=clock, follow=None) as rt:
-        _fill(rt, clock, n)
-    _drop_snapshots(path)
-    return path, url, clock
-
-
-@pytest.fixture
-def cold(tmp_path: Path) -> tuple[Path, str, ManualClock]:
-    """A journal of :func:`_fill`'s facts with no snapshot, and its clock."""
-    return _cold_journal(tmp_path)
-
-
-@pytest.fixture
-def sigusr1_raises() -> Iterator[None]:
-    """SIGUSR1 raises Interrupt in the main thread (as Ctrl-C would)."""
-    assert threading.current_thread() is threading.main_thread()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise Interrupt(signum)
-
-    previous = signal.signal(signal.SIGUSR1, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGUSR1, previous)
 
 
 def _interrupt_here() -> None:
@@ -142,7 +75,7 @@ def _interrupt_between_facts(states: list[ScopeState], at: int) -> None:
 
 class _SecondInterrupt(list[ScopeShelf]):
     """The door's shelves; once armed, iterating them lands a second interrupt after the first
-    shelf (a second Ctrl-C while ``read_in_place`` handles the first one)."""
+    shelf (a second Ctrl-C, while the door looks at the scopes)."""
 
     armed = False
 
@@ -232,13 +165,13 @@ def test_an_interrupt_anywhere_in_the_first_search_leaves_memory_exact(
         assert rt.memory.get(some.id) == some
         rt.memory.remember("zeta after the interrupt")
         rt.memory.remember("deploy region is us-9", conflict_key="deploy.region")
-        assert _searches(rt.memory) == _searches(eager_view(rt))
-        assert not any(s.torn or s.pending for s in _states(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
+        assert not any(s.torn or s.pending for s in scope_states(rt))
         assert rt.memory.checkpoint()
-        searched = _searches(rt.memory)
+        searched = searches(rt.memory)
     with journaled.open(url, clock=clock, follow=None) as rt:
         assert rt._journal.snapshot(memory_snapshot_key(None)) is not None
-        assert _searches(rt.memory) == searched == _searches(eager_view(rt))
+        assert searches(rt.memory) == searched == searches(eager_view(rt))
         assert verify(url).ok
 
 
@@ -248,9 +181,9 @@ def test_concurrent_first_searches_in_place_and_by_message_while_remembering(
     """Several threads make the first search at once, some reading in place and some through
     a door without shelves (by message), while others remember: no error, each search finds
     every alpha fact, and memory ends as the eager fold."""
-    _, url, clock = _cold_journal(tmp_path, n=600)
+    _, url, clock = cold_journal(tmp_path, n=600)
     with journaled.open(url, clock=clock, follow=None) as rt:
-        assert any(s.pending for s in _states(rt))
+        assert any(s.pending for s in scope_states(rt))
         by_message = Memory(rt._journal, rt._actors.writer, rt._actors.scopes, clock, None, None)
         expected = {f.id for f in eager_view(rt).search("alpha", limit=10_000)}
         errors: list[BaseException] = []
@@ -282,8 +215,8 @@ def test_concurrent_first_searches_in_place_and_by_message_while_remembering(
             t.join(WAIT * 3)
         assert not errors, errors
         assert found == [expected] * 5
-        assert _searches(rt.memory) == _searches(eager_view(rt))
-        assert _searches(by_message) == _searches(eager_view(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
+        assert searches(by_message) == searches(eager_view(rt))
 
 
 # -- changes to facts still pending -------------------------------------------------------------
@@ -303,14 +236,14 @@ def test_deletes_purges_and_restores_of_pending_facts_before_and_after_the_first
         rt.memory.delete(facts["tabs are wide"].id)
         clock.advance(1)
         gone = rt.memory.remember("tabs temporary", conflict_key="style.indent")
-        assert any(s.pending for s in _states(rt))
-        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert any(s.pending for s in scope_states(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
         rt.memory.delete(gone.id)  # "tabs over spaces", indexed by the search, comes back
         rt.memory.delete(facts["deploy region is eu-4"].id)
         rt.memory.purge(facts["alpha note 2 beta"].id)
-        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
         view = rt.memory.as_of(position=rt.journal.position() - 3)
-        assert _searches(view) == _searches(eager_view(rt, rt.journal.position() - 3))
+        assert searches(view) == searches(eager_view(rt, rt.journal.position() - 3))
 
 
 def test_a_rebuild_while_facts_are_pending_answers_exactly(
@@ -323,8 +256,8 @@ def test_a_rebuild_while_facts_are_pending_answers_exactly(
         with _shelves(rt)[0].lock:
             _shelves(rt)[0].broken = True
         rt.memory.remember("zeta during the rebuild")
-        assert not any(s.pending for s in _states(rt))
-        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert not any(s.pending for s in scope_states(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
 
 
 # -- two runtimes ------------------------------------------------------------------------------
@@ -346,18 +279,18 @@ def test_a_catch_up_onto_pending_facts_of_another_runtimes_changes(
         here.memory.purge(facts["alpha note 3 beta"].id)
         here.memory.remember("zeta from here")
         other._actors.catch_up()
-        assert any(s.pending for s in _states(other))
-        assert _searches(other.memory) == _searches(eager_view(other))
+        assert any(s.pending for s in scope_states(other))
+        assert searches(other.memory) == searches(eager_view(other))
         here.memory.delete(facts["deploy region is eu-5"].id)
         other._actors.catch_up()
-        assert _searches(other.memory) == _searches(eager_view(other))
-        assert _searches(here.memory) == _searches(eager_view(here))
+        assert searches(other.memory) == searches(eager_view(other))
+        assert searches(here.memory) == searches(eager_view(here))
 
 
 def test_a_follower_folding_while_the_first_search_settles(tmp_path: Path) -> None:
     """A following runtime folds another's remembers while its first search builds the index
     (the fold waits for the scopes' lock): its answers then equal the eager fold."""
-    _, url, clock = _cold_journal(tmp_path, n=1500)
+    _, url, clock = cold_journal(tmp_path, n=1500)
     with (
         journaled.open(url, clock=clock, follow=0.01) as other,
         journaled.open(url, clock=clock, follow=None) as here,
@@ -378,7 +311,7 @@ def test_a_follower_folding_while_the_first_search_settles(tmp_path: Path) -> No
         deadline = time.monotonic() + WAIT
         while other._actors.catch_up() < here.journal.position():
             assert time.monotonic() < deadline
-        assert _searches(other.memory) == _searches(eager_view(other))
+        assert searches(other.memory) == searches(eager_view(other))
 
 
 # -- snapshots -----------------------------------------------------------------------------------
@@ -390,32 +323,32 @@ def test_the_close_snapshot_after_a_cold_open_and_a_partial_settle_passes_verify
     """The first search is interrupted between facts; the close's snapshot settles the rest.
     ``journal verify`` compares it with an eager fold (index content included), and the
     reopen restored from it answers exactly."""
-    _, url, clock = _cold_journal(tmp_path, n=520)
+    _, url, clock = cold_journal(tmp_path, n=520)
     with journaled.open(url, clock=clock, follow=None) as rt:
-        _interrupt_between_facts(_states(rt), 100)
+        _interrupt_between_facts(scope_states(rt), 100)
         with pytest.raises(Interrupt):
             rt.memory.search("alpha")
-        assert any(s.pending for s in _states(rt))
-        assert not any(s.torn for s in _states(rt))
+        assert any(s.pending for s in scope_states(rt))
+        assert not any(s.torn for s in scope_states(rt))
     with journaled.open(url, clock=clock, follow=None) as rt:
         assert rt._journal.snapshot(memory_snapshot_key(None)) is not None
-        assert not any(s.pending for s in _states(rt))
-        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert not any(s.pending for s in scope_states(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
     report = verify(url)
     assert report.ok, report
     assert report.snapshots >= 1, report
 
 
 def test_a_cold_open_with_no_search_writes_an_exact_snapshot_at_close(tmp_path: Path) -> None:
-    _, url, clock = _cold_journal(tmp_path, n=520)
+    _, url, clock = cold_journal(tmp_path, n=520)
     with journaled.open(url, clock=clock, follow=None) as rt:
-        assert any(s.pending for s in _states(rt))
+        assert any(s.pending for s in scope_states(rt))
         rt.memory.remember("zeta never searched")
     report = verify(url)
     assert report.ok, report
     assert report.snapshots >= 1, report
     with journaled.open(url, clock=clock, follow=None) as rt:
-        assert _searches(rt.memory) == _searches(eager_view(rt))
+        assert searches(rt.memory) == searches(eager_view(rt))
 
 
 # -- semantic and hybrid ------------------------------------------------------------------------
@@ -441,7 +374,7 @@ def test_hybrid_and_semantic_first_searches_after_a_cold_open(
             assert rt.memory.search_semantic(query, limit=20) == reference.search_semantic(
                 query, limit=20
             )
-        assert _searches(rt.memory) == _searches(reference)
+        assert searches(rt.memory) == searches(reference)
 
 
 # -- views -----------------------------------------------------------------------------------
@@ -458,7 +391,7 @@ def test_an_as_of_view_interrupted_between_facts_goes_on_exactly(
         with pytest.raises(Interrupt):
             view.search("alpha")
         assert not any(s.torn for s in view._state.scopes.values())
-        assert _searches(view) == _searches(eager_view(rt, position))
+        assert searches(view) == searches(eager_view(rt, position))
 
 
 # -- PostgreSQL ----------------------------------------------------------------------------------
@@ -470,20 +403,20 @@ def test_a_cold_open_on_postgresql_and_a_catch_up_onto_pending_facts(pg_url: str
     facts, answer as the eager fold."""
     clock = ManualClock(1_000_000)
     with journaled.open(pg_url, clock=clock, follow=None) as rt:
-        _fill(rt, clock)
+        fill(rt, clock)
     with (
         journaled.open(pg_url, clock=clock, follow=None) as here,
         journaled.open(pg_url, clock=clock, follow=None) as other,
     ):
         assert here._journal.snapshot(memory_snapshot_key(None)) is None
-        assert any(s.pending for s in _states(other))
+        assert any(s.pending for s in scope_states(other))
         facts = {f.text: f for f in here.memory.all()}
         here.memory.remember("deploy region is us-1", conflict_key="deploy.region")
         here.memory.delete(facts["tabs are wide"].id)
         here.memory.purge(facts["alpha note 3 beta"].id)
         other._actors.catch_up()
-        assert _searches(other.memory) == _searches(eager_view(other))
-        assert _searches(here.memory) == _searches(eager_view(here))
+        assert searches(other.memory) == searches(eager_view(other))
+        assert searches(here.memory) == searches(eager_view(here))
 
 
 def test_an_as_of_view_interrupted_part_way_through_a_fact_says_to_take_a_new_one(
@@ -514,13 +447,13 @@ def test_an_as_of_view_interrupted_part_way_through_a_fact_says_to_take_a_new_on
         with pytest.raises(journaled.IndexTorn, match=r"take a new one with memory\.as_of"):
             view.search("alpha")
         again = rt.memory.as_of(position=position)
-        assert _searches(again) == _searches(eager_view(rt, position))
+        assert searches(again) == searches(eager_view(rt, position))
 
 
 def test_a_close_during_the_first_search(tmp_path: Path) -> None:
     """The runtime is closed while another thread's first search builds the index: the search
     answers (or says the runtime is closed), and the close's snapshot is exact."""
-    _, url, clock = _cold_journal(tmp_path, n=1500)
+    _, url, clock = cold_journal(tmp_path, n=1500)
     outcome: list[object] = []
     rt = journaled.open(url, clock=clock, follow=None)
     expected = eager_view(rt).search("alpha", limit=20)
