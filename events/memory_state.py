@@ -129,7 +129,7 @@ class ScopeState:
         """Facts whose class and index entry were deferred, in the order the fold touched them."""
         self.torn = False
         """A :meth:`settle` was interrupted part way through one fact: the index may hold part
-        of it, and the state must be rebuilt, not read (its owner marks it broken)."""
+        of it, and the state must be rebuilt, not read (a live scope's shelf reads as broken)."""
         self._settling = threading.Lock()
         """Held while settling: a second reader waits for the whole index, not a part of it."""
         self._superseder_until: dict[str, int | None] = {}
