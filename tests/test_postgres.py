@@ -599,6 +599,91 @@ def test_followers_wake_only_for_other_processes_events_they_fold(pg_url: str) -
         other.close()
 
 
+def test_run_appends_notify_the_quiet_channel_and_memory_appends_the_main_one(
+    pg_url: str,
+) -> None:
+    """J3, ADR 0057: an append of runs alone is never heard on the main channel, which memory's
+    followers listen on; it is heard on the quiet one. A fact is heard on the main one alone."""
+    from journaled.events.catalog import STORED_EVENTS
+    from journaled.events.runs import RunHeartbeat
+
+    journal = Journal(parse_url(pg_url), Codec(STORED_EVENTS))
+    main, quiet = journal._channels()
+    assert quiet == f"{main}_quiet"
+    heard: dict[str, list[str]] = {main: [], quiet: []}
+    listeners = {}
+    try:
+        for channel in heard:
+            conn = psycopg.connect(pg_url, autocommit=True)
+            conn.execute(f'LISTEN "{channel}"')
+            listeners[channel] = conn
+
+        def drain() -> None:
+            for channel, conn in listeners.items():
+                heard[channel] += [n.payload for n in conn.notifies(timeout=0.5, stop_after=1)]
+
+        journal.append([Pending(stream="run-x", version=1, data=RunHeartbeat(at=1, owner="x"))])
+        drain()
+        assert heard[main] == []
+        assert [note.split()[1:] for note in heard[quiet]] == [["run"]]
+        heard[quiet].clear()
+        journal.append(
+            [
+                Pending(stream="run-y", version=1, data=RunHeartbeat(at=1, owner="y")),
+                Pending(stream="f", version=1, data=_remembered("f")),
+            ]
+        )
+        drain()
+        assert heard[quiet] == []
+        assert [note.split()[1:] for note in heard[main]] == [["run", "memory"]]
+    finally:
+        for conn in listeners.values():
+            conn.close()
+        journal.close()
+
+
+def test_a_waiter_with_a_mark_wakes_for_another_processes_run_append(pg_url: str) -> None:
+    """A3, ADR 0057: subscriptions and `runs follow` wait with a mark; their watcher listens on
+    both channels, so another process's run append wakes them at once, not at the timeout."""
+    from journaled.events.catalog import STORED_EVENTS
+    from journaled.events.runs import RunHeartbeat
+
+    codec = Codec(STORED_EVENTS)
+    mine = Journal(parse_url(pg_url), codec)
+    other = Journal(parse_url(pg_url), codec)
+    try:
+        mark = mine.append_mark()
+        mine.wait_for_appends(0.5, since=mark)  # starts the watcher; its first look bumps
+        mark = mine.append_mark()
+        time.sleep(0.3)  # the watcher listens by now
+        waited: list[float] = []
+
+        def wait() -> None:
+            start = time.monotonic()
+            mine.wait_for_appends(20.0, since=mark)
+            waited.append(time.monotonic() - start)
+
+        waiter = threading.Thread(target=wait)
+        waiter.start()
+        time.sleep(0.2)
+        other.append([Pending(stream="run-x", version=1, data=RunHeartbeat(at=1, owner="x"))])
+        waiter.join(30)
+        assert waited, "the waiter never returned"
+        assert waited[0] < 10.0, waited
+    finally:
+        mine.close()
+        other.close()
+
+
+def test_wait_for_foreign_refuses_prefixes_that_leave_out_the_quiet_families(
+    journal: Journal,
+) -> None:
+    """ADR 0057: appends of runs alone are never heard by wait_for_foreign, so a caller that
+    wants to be woken by them is told so instead of waiting in vain."""
+    with pytest.raises(ValueError, match="skip_prefixes must include"):
+        journal.wait_for_foreign(0.01, ("orchestration.",))
+
+
 def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
     """J1, R5: what an append returned survives a server crash, in order and chained (ADR 0044).
 

@@ -61,6 +61,7 @@ from eventsourcing.persistence import (
 from eventsourcing.utils import Environment, get_topic
 
 from journaled.events.base import DomainEvent, Event, Pending, hollow
+from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import Codec, topic_of
 from journaled.events.errors import (
     ConcurrencyConflict,
@@ -132,6 +133,14 @@ _PG_PROBE = 0.25
 """Seconds a PostgreSQL listener waits for a notification before checking it is still wanted."""
 _WATCH_IDLE = 1.0
 """Seconds a watcher thread lingers with nobody waiting before it ends."""
+
+QUIET_PREFIXES = frozenset(NOT_MEMORY)
+"""Topic prefixes of the events memory's followers skip: runs and orchestrations (ADR 0057)."""
+QUIET_FAMILIES = frozenset(prefix.rstrip(".") for prefix in QUIET_PREFIXES)
+"""The families of :data:`QUIET_PREFIXES`: a PostgreSQL append whose events are all of these is
+notified on the quiet channel, which memory's followers do not listen on (ADR 0057)."""
+QUIET_SUFFIX = "_quiet"
+"""The quiet channel's name is the main channel's (the library's) with this suffix."""
 
 
 class _JournalApp(Application[str]):
@@ -244,6 +253,9 @@ class Journal:
         self.config = config
         self.codec = codec
         self._listener: Any = None
+        """The connection :meth:`wait_for_foreign` listens on: the main channel alone."""
+        self._listener_all: Any = None
+        """The connection :meth:`wait_for_appends` listens on: both channels."""
         self._listen_lock = threading.Lock()
         if config.backend == "sqlite":
             assert config.path is not None
@@ -369,7 +381,7 @@ class Journal:
                 forget=list(forget),
                 snapshots=dict(snapshots or {}),
                 drop_snapshots=drop_snapshots,
-                **({"note": self._note(stored)} if self.notifies else {}),
+                **(self._notice(stored) if self.notifies else {}),
                 **({"lock_wait": max(0.0, lock_wait)} if lock_wait is not None else {}),
             )
         except LockWaitExpired as exc:
@@ -388,11 +400,26 @@ class Journal:
         """Whether appends notify other processes with a note of who appended what (ADR 0044)."""
         return self.config.backend == "postgresql"
 
-    def _note(self, stored: Sequence[StoredEvent]) -> str:
-        """Return an append's notification note: this journal's token, then the families of
-        its events' topics (the part before the first dot), each once."""
+    def _notice(self, stored: Sequence[StoredEvent]) -> dict[str, str]:
+        """Return an append's notification: its note and, for an append of quiet families
+        alone, the quiet channel (ADR 0057).
+
+        The note is this journal's token, then the families of its events' topics (the part
+        before the first dot), each once.
+        """
         families = dict.fromkeys(e.topic.partition(".")[0] for e in stored)
-        return " ".join((self._token, *families))
+        note = " ".join((self._token, *families))
+        if families.keys() <= QUIET_FAMILIES:
+            return {"note": note, "channel": self._quiet_channel()}
+        return {"note": note}
+
+    def _channels(self) -> tuple[str, str]:
+        """Return the main channel (the library's) and the quiet one (ADR 0057)."""
+        main = str(getattr(self._recorder, "channel_name", ""))
+        return main, f"{main}{QUIET_SUFFIX}"
+
+    def _quiet_channel(self) -> str:
+        return self._channels()[1]
 
     def wait_for_foreign(self, timeout: float, skip_prefixes: Sequence[str]) -> bool:
         """Wait up to ``timeout`` seconds for another process's append a reader may need.
@@ -401,8 +428,16 @@ class Journal:
         whose events are not all of topics starting with ``skip_prefixes`` (or one that says
         nothing of them: an append by an older release, or a snapshot or erasure); False when
         the time runs out. Elsewhere wait the whole timeout and return True (callers poll).
+
+        It listens on the main channel alone: appends of :data:`QUIET_FAMILIES` alone are
+        notified on the quiet one (ADR 0057), so ``skip_prefixes`` must cover them.
         """
         self._check_open()
+        if not set(skip_prefixes) >= QUIET_PREFIXES:
+            raise ValueError(
+                f"wait_for_foreign never hears appends of {sorted(QUIET_FAMILIES)} alone "
+                f"(ADR 0057): skip_prefixes must include {sorted(QUIET_PREFIXES)}"
+            )
         if not self.notifies:
             time.sleep(timeout)
             return True
@@ -426,15 +461,29 @@ class Journal:
                 time.sleep(max(0.0, deadline - time.monotonic()))
                 return True
 
-    def _listen(self) -> Any:
-        """Return the connection listening on the append channel (opened on first use)."""
-        if self._listener is None:
-            conn = _pg()._pg_connect(self.config)
+    def _listen(self, *, quiet: bool = False) -> Any:
+        """Return the connection listening on the main channel, and with ``quiet`` on the
+        quiet one too (ADR 0057); each is opened on first use."""
+        held = self._listener_all if quiet else self._listener
+        if held is None:
+            held = self._listening(*self._channels()[: 2 if quiet else 1])
+            if quiet:
+                self._listener_all = held
+            else:
+                self._listener = held
+        return held
+
+    def _listening(self, *channels: str) -> Any:
+        """Open an autocommit connection that listens on ``channels``."""
+        conn = _pg()._pg_connect(self.config)
+        try:
             conn.autocommit = True
-            channel = getattr(self._recorder, "channel_name", "")
-            conn.execute(f'LISTEN "{channel}"')
-            self._listener = conn
-        return self._listener
+            for channel in channels:
+                conn.execute(f'LISTEN "{channel}"')
+        except BaseException:
+            conn.close()
+            raise
+        return conn
 
     def scrub(self, wait: float = 1.0) -> None:
         """Make erased payload bytes unrecoverable from the files (after ``forget``).
@@ -760,7 +809,7 @@ class Journal:
             return
         with self._listen_lock:
             try:
-                for _ in self._listen().notifies(timeout=timeout, stop_after=1):
+                for _ in self._listen(quiet=True).notifies(timeout=timeout, stop_after=1):
                     pass
             except Exception:
                 self._drop_listener()  # the poll remains the safety net; retry next time
@@ -815,11 +864,8 @@ class Journal:
     def _watch_source(self) -> Iterator[Callable[[], bool]]:
         """Yield a probe that waits a little and tells whether another process committed."""
         if self.config.backend == "postgresql":
-            conn = _pg()._pg_connect(self.config)
+            conn = self._listening(*self._channels())
             try:
-                conn.autocommit = True
-                channel = getattr(self._recorder, "channel_name", "")
-                conn.execute(f'LISTEN "{channel}"')
 
                 def notified() -> bool:
                     return any(True for _ in conn.notifies(timeout=_PG_PROBE, stop_after=1))
@@ -847,10 +893,12 @@ class Journal:
             watch.close()
 
     def _drop_listener(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is not None:
-            with contextlib.suppress(Exception):
-                listener.close()
+        held = (self._listener, self._listener_all)
+        self._listener = self._listener_all = None
+        for listener in held:
+            if listener is not None:
+                with contextlib.suppress(Exception):
+                    listener.close()
 
     def close(self) -> None:
         """Close the journal's connections. Idempotent."""

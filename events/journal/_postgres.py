@@ -684,11 +684,12 @@ if _POSTGRES_MISSING is None:
             ):
                 side, note = kwargs.get("payloads") or {}, kwargs.get("note")
                 appended: list[int] = self._append(
-                    stored_events, side, note, kwargs.get("lock_wait")
+                    stored_events, side, note, kwargs.get("lock_wait"), kwargs.get("channel")
                 )
                 self._known_durable(appended[-1])
                 return appended
             kwargs.pop("note", None)
+            kwargs.pop("channel", None)  # the library notifies on the main channel
             # The library's append without its retry, which would also retry a lock timeout
             # (ten waits of ``lock_wait``): a dropped connection is retried here, a timeout not.
             library_append = PostgresApplicationRecorder.insert_events.__wrapped__
@@ -712,8 +713,12 @@ if _POSTGRES_MISSING is None:
             payloads: Mapping[str, bytes],
             note: Any,
             lock_wait: float | None = None,
+            channel: str | None = None,
         ) -> list[int]:
             """Call the append procedure: one statement, one round trip; durable on return.
+
+            The procedure notifies ``channel`` (default: the main one, the library's) with
+            ``note``; the journal picks the quiet channel for appends followers skip (ADR 0057).
 
             A ``lock_wait`` shorter than the connection's is set around the call (two round
             trips more, only for a caller short of time). A lock timeout is not retried.
@@ -726,7 +731,9 @@ if _POSTGRES_MISSING is None:
             backend: list[int] = []
             for attempt in range(1, _APPEND_ATTEMPTS + 1):
                 try:
-                    return self._call_append(stored_events, payloads, note, lock_wait, backend)
+                    return self._call_append(
+                        stored_events, payloads, note, lock_wait, backend, channel
+                    )
                 except (InterfaceError, OperationalError):
                     if attempt == _APPEND_ATTEMPTS:
                         raise
@@ -784,6 +791,7 @@ if _POSTGRES_MISSING is None:
             note: Any,
             lock_wait: float | None,
             backend: list[int],
+            channel: str | None = None,
         ) -> list[int]:
             events = [
                 (str(e.originator_id), e.originator_version, e.topic, e.state)
@@ -801,7 +809,7 @@ if _POSTGRES_MISSING is None:
                 b"".join(hashes),
                 entries,
                 self.chained,
-                self.channel_name,
+                channel or self.channel_name,
                 note if isinstance(note, str) else "",
             ]
             with (
