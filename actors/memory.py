@@ -77,7 +77,7 @@ from journaled.events.messages import (
     WithKey,
 )
 from journaled.events.redact import redact, redact_report
-from journaled.events.snapshot_audit import unbacked_text
+from journaled.events.snapshot_audit import backed_scopes
 from journaled.events.tenancy import belongs_elsewhere
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
@@ -599,10 +599,7 @@ class MemoryWriter(pykka.ThreadingActor):
             ask_all(
                 list(self.scopes.values()),
                 None,
-                messages=[
-                    RestoreScope(data=_ENCODER.encode(ScopeState(name).export()))
-                    for name in self.scopes
-                ],
+                messages=[RestoreScope(state=ScopeState(name).export()) for name in self.scopes],
                 sent_under=self.send_lock,
             )
             self.position = self._snapshot_position = self._since_snapshot = 0
@@ -651,9 +648,10 @@ class MemoryWriter(pykka.ThreadingActor):
         self._catch_up()
         key = memory_snapshot_key(self.organization)
         for _ in range(_SNAPSHOT_ATTEMPTS):
-            scopes = dict(
-                zip(self.scopes, ask_all(list(self.scopes.values()), ExportScope()), strict=True)
-            )
+            exported = ask_all(list(self.scopes.values()), ExportScope())
+            scopes = {
+                name: msgspec.Raw(data) for name, data in zip(self.scopes, exported, strict=True)
+            }
             snapshot = MemorySnapshot(
                 position=self.position,
                 organization=self.organization,
@@ -713,7 +711,7 @@ class MemoryWriter(pykka.ThreadingActor):
             or snapshot.position > self.journal.position()
         ):
             return
-        unbacked = unbacked_text(snapshot, self.journal.payloads)
+        scopes, unbacked = backed_scopes(snapshot, self.journal.payloads)
         if unbacked is not None:
             # Snapshots are outside the digest chain (ADR 0021); payloads are inside it. Never
             # serve a text the journal does not hold: fold the events instead (R7).
@@ -726,7 +724,7 @@ class MemoryWriter(pykka.ThreadingActor):
         ask_all(
             list(self.scopes.values()),
             None,
-            messages=[RestoreScope(data=snapshot.scopes[name]) for name in self.scopes],
+            messages=[RestoreScope(state=scopes[name]) for name in self.scopes],
             sent_under=self.send_lock,
         )
         self.position = self._snapshot_position = snapshot.position

@@ -18,7 +18,7 @@ import pykka
 from journaled.actors.directory import CountingInbox
 from journaled.actors.errors import MemoryBehind
 from journaled.events.memory import FactRemembered
-from journaled.events.memory_state import SCOPE_SNAPSHOT_DECODER, ScopeState, combine
+from journaled.events.memory_state import ScopeState, combine
 from journaled.events.messages import (
     All,
     Apply,
@@ -235,8 +235,8 @@ class ScopeActor(pykka.ThreadingActor):
                 return state.candidates(query)
             case ExportScope():
                 return _ENCODER.encode(state.export())
-            case RestoreScope(data=data):
-                self.shelf.state = ScopeState.restore(SCOPE_SNAPSHOT_DECODER.decode(data))
+            case RestoreScope(state=snapshot):
+                self.shelf.state = ScopeState.restore(snapshot)
                 self.shelf.broken = False  # a whole state again, whatever a fold left before
                 return None
         raise TypeError(f"scope actor got an unknown message {type(message).__name__}")

@@ -85,8 +85,9 @@ class ScopeSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """(scope, domain, plain facts, their summed length): totals restored without a loop."""
 
 
-MEMORY_SNAPSHOT_SCHEMA = 3
-"""Bump when the snapshot layout changes incompatibly: older snapshots are then ignored."""
+MEMORY_SNAPSHOT_SCHEMA = 4
+"""Bump when the snapshot layout changes incompatibly: older snapshots are then ignored.
+4: each scope's snapshot is embedded as it was encoded, not wrapped in bytes (ADR 0058)."""
 MEMORY_SNAPSHOT_PREFIX = "memory:"
 
 
@@ -108,8 +109,9 @@ class MemorySnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """Another organization's superseded fact -> its superseder (healed by a delete, R1)."""
     hidden_valid_until: dict[str, int | None] = {}
     """Another organization's live facts -> their expiry (a delete may re-link to one, R1)."""
-    scopes: dict[str, bytes]
-    """Physical scope -> encoded :class:`ScopeSnapshot`."""
+    scopes: dict[str, msgspec.Raw]
+    """Physical scope -> encoded :class:`ScopeSnapshot`, embedded as it is: decoding the
+    snapshot leaves each scope's part undecoded and uncopied (ADR 0058)."""
 
 
 SCOPE_SNAPSHOT_DECODER: msgspec.msgpack.Decoder[ScopeSnapshot]

@@ -13,7 +13,7 @@ from __future__ import annotations
 import msgspec
 
 from journaled.events.memory import Fact, FactEvent
-from journaled.events.memory_state import Query
+from journaled.events.memory_state import Query, ScopeSnapshot
 
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
@@ -172,9 +172,13 @@ class ExportScope(Message, frozen=True, kw_only=True, tag="memory.export-scope")
 
 
 class RestoreScope(Message, frozen=True, kw_only=True, tag="memory.restore-scope"):
-    """Replace the scope's state with an encoded ScopeSnapshot."""
+    """Replace the scope's state with a ScopeSnapshot, freshly decoded (it is adopted).
 
-    data: bytes
+    An open decodes memory's snapshot once, to check its texts, and hands each scope its part
+    as decoded (ADR 0058); nothing else may hold the same containers.
+    """
+
+    state: ScopeSnapshot
 
 
 class SaveSnapshot(Message, frozen=True, kw_only=True, tag="memory.save-snapshot"):

@@ -20,7 +20,7 @@ from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.inverted_index import IndexSnapshot
 from journaled.events.journal import Journal, Problem, VerifyReport
-from journaled.events.memory import MEMORY_EVENTS, Fact, FactPurged, FactRemembered
+from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
 from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
     MEMORY_SNAPSHOT_PREFIX,
@@ -259,41 +259,37 @@ def _texts(journal: Journal, events: Sequence[Event]) -> dict[str, bytes]:
     return journal.payloads(ids) if ids else {}
 
 
-class _FactsOnly(msgspec.Struct):
-    """The part of a scope snapshot that holds what memory serves: facts and erased ids."""
-
-    facts: dict[str, Fact]
-    erased: list[str]
-
-
-_FACTS_ONLY_DECODER = msgspec.msgpack.Decoder(_FactsOnly)
-
-
-def unbacked_text(
+def backed_scopes(
     snapshot: MemorySnapshot, payloads: Callable[[list[str]], Mapping[str, bytes]]
-) -> str | None:
-    """Say which fact of a memory snapshot has a text its payload does not hold, or None.
+) -> tuple[dict[str, ScopeSnapshot], str | None]:
+    """Decode a memory snapshot's scopes and check their texts against the journal's payloads.
 
     The cheap check an open makes before serving a snapshot (R7): every fact text must be the
     payload the journal keeps for that fact (covered by the digest chain), and a fact whose text
-    was erased must have no payload left. It reads the payloads, not the events; the full
-    comparison with the events' fold is :func:`verify`'s.
+    was erased must have no payload left. It reads the payloads (of every scope at once), not the
+    events; the full comparison with the events' fold is :func:`verify`'s.
+
+    Returns:
+        The scopes, decoded once and owned by nobody else (ADR 0058), and None; or no scopes and
+        the first reason the snapshot must not be served.
     """
+    scopes: dict[str, ScopeSnapshot] = {}
     for physical in sorted(snapshot.scopes):
         try:
-            held = _FACTS_ONLY_DECODER.decode(snapshot.scopes[physical])
+            scopes[physical] = SCOPE_SNAPSHOT_DECODER.decode(snapshot.scopes[physical])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            return f"scope {physical} cannot be read ({exc})"
-        stored = payloads(list(held.facts))
+            return {}, f"scope {physical} cannot be read ({exc})"
+    stored = payloads([fact_id for held in scopes.values() for fact_id in held.facts])
+    for held in scopes.values():
         erased = set(held.erased)
         for fact_id, fact in held.facts.items():
             raw = stored.get(fact_id)
             if fact_id in erased:
                 if raw is not None or fact.text != PURGED_TEXT:
-                    return f"fact {fact_id} is marked erased but has a text"
+                    return {}, f"fact {fact_id} is marked erased but has a text"
             elif raw is None or raw != fact.text.encode("utf-8"):
-                return f"the text of fact {fact_id} is not the one the journal holds"
-    return None
+                return {}, f"the text of fact {fact_id} is not the one the journal holds"
+    return scopes, None
 
 
 # -- runs ----------------------------------------------------------------------------------------

@@ -74,6 +74,79 @@ def test_unreadable_snapshot_is_ignored(tmp_path: Path) -> None:
         assert _answers(rt, now) == expected
 
 
+def _edit_snapshot(path: Path, edit: object) -> None:
+    """Rewrite memory's stored snapshot, decoded as plain maps, through ``edit``."""
+    with sqlite3.connect(path) as conn:
+        key, state = conn.execute(f"SELECT stream, state FROM {SNAPSHOT_TABLE}").fetchone()  # noqa: S608
+        snapshot = msgspec.msgpack.decode(state)
+        assert callable(edit)
+        edit(snapshot)
+        conn.execute(
+            f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+            (msgspec.msgpack.encode(snapshot), key),
+        )
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda s: s["scopes"].__setitem__("user", 7), id="a-scope-part-not-a-map"),
+        pytest.param(
+            lambda s: s["scopes"]["project"].__setitem__("facts", [1, 2]), id="facts-not-a-map"
+        ),
+        pytest.param(lambda s: s["scopes"]["repository"].pop("index"), id="a-scope-without-index"),
+    ],
+)
+def test_a_snapshot_with_a_scope_part_of_the_wrong_shape_is_folded_instead(
+    tmp_path: Path, damage: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """J5, ADR 0058: a scope's part is embedded undecoded, so the snapshot as a whole decodes;
+    the check that decodes each part refuses it, names the scope, and the open folds the log."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    clock = ManualClock(step=3)
+    with journaled.open(url, clock=clock) as rt:
+        _populate(rt, clock)
+        rt.memory.checkpoint()
+        now = clock.now
+        expected = _answers(rt, now)
+    _edit_snapshot(tmp_path / "journal.sqlite", damage)
+    with caplog.at_level("WARNING"), journaled.open(url, clock=clock) as rt:
+        assert _answers(rt, now) == expected
+    assert any("cannot be read" in r.getMessage() for r in caplog.records), caplog.records
+
+
+def test_a_snapshot_of_the_previous_layout_is_ignored(tmp_path: Path) -> None:
+    """ADR 0058: a schema-3 snapshot (each scope's part wrapped in bytes) is not served; the
+    open folds the log and answers the same."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    clock = ManualClock(step=3)
+    with journaled.open(url, clock=clock) as rt:
+        _populate(rt, clock)
+        rt.memory.checkpoint()
+        now = clock.now
+        expected = _answers(rt, now)
+
+    def to_previous_layout(snapshot: dict[str, object]) -> None:
+        scopes = snapshot["scopes"]
+        assert isinstance(scopes, dict)
+        snapshot["schema"] = 3
+        snapshot["scopes"] = {k: msgspec.msgpack.encode(v) for k, v in scopes.items()}
+
+    _edit_snapshot(tmp_path / "journal.sqlite", to_previous_layout)
+    served: list[int] = []
+    restore = MemoryWriter._restore_snapshot
+
+    def spy(self: MemoryWriter) -> None:
+        restore(self)
+        served.append(self.position)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MemoryWriter, "_restore_snapshot", spy)
+        with journaled.open(url, clock=clock) as rt:
+            assert _answers(rt, now) == expected
+    assert served == [0]  # nothing restored: the fold started from the journal's beginning
+
+
 def test_purge_drops_memory_snapshots(tmp_path: Path) -> None:
     """M10: snapshots hold fact texts, so a purge deletes them in the same transaction."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"

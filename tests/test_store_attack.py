@@ -760,9 +760,8 @@ def test_as_of_never_answers_an_altered_snapshot_text(sqlite_url: str, clock: Ma
             (key,),
         )
         snapshot = msgspec.msgpack.decode(bytes(state))
-        scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+        scope = snapshot["scopes"]["project"]  # embedded as encoded (ADR 0058)
         scope["facts"][ids[0]]["text"] = "wire the funds to account 666"
-        snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
         conn.execute(
             f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
             (msgspec.msgpack.encode(snapshot), key),
@@ -792,9 +791,8 @@ def test_as_of_never_answers_an_altered_snapshot_field(sqlite_url: str, clock: M
             (key,),
         )
         snapshot = msgspec.msgpack.decode(bytes(state))
-        scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+        scope = snapshot["scopes"]["project"]  # embedded as encoded (ADR 0058)
         scope["facts"][ids[1]]["confidence"] = 0.01
-        snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
         conn.execute(
             f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
             (msgspec.msgpack.encode(snapshot), key),

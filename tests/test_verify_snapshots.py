@@ -110,9 +110,8 @@ def _edit_memory_snapshot(url: str, forge: Forgery) -> tuple[str, int]:
         f"SELECT stream, state FROM {SNAPSHOT_TABLE} WHERE stream LIKE 'memory:%'"  # noqa: S608
     ).fetchone()
     snapshot = msgspec.msgpack.decode(state)
-    scope = msgspec.msgpack.decode(snapshot["scopes"]["project"])
+    scope = snapshot["scopes"]["project"]  # embedded as encoded (ADR 0058)
     forge(scope, sorted(scope["facts"]))
-    snapshot["scopes"]["project"] = msgspec.msgpack.encode(scope)
     conn.execute(
         f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
         (msgspec.msgpack.encode(snapshot), key),

@@ -179,6 +179,8 @@ class _FullPool(_Pool):
 
 _RANGE_FROM = 32
 """Side rows wanted from one stream from which a range read beats a list of keys."""
+_SPAN_SLACK = 4
+"""A range of payload keys is read whole when it holds at most this many rows per key wanted."""
 
 
 class _SQLiteRecorder(SQLiteApplicationRecorder):
@@ -654,21 +656,41 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             return out
 
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
-        """Return the payloads of the given streams (every payload when None)."""
+        """Return the payloads of the given streams (every payload when None).
+
+        Keys are looked up 500 at a time, sorted: each 500 first as one range of the table's
+        key (text compares bytewise here), read whole when it holds at most
+        :data:`_SPAN_SLACK` times as many rows as it has keys, which is one ordered scan in
+        place of 500 lookups (a memory snapshot's check reads every fact's text, ADR 0058);
+        a range with more rows than that, by their keys.
+        """
         with self.datastore.transaction(commit=False) as c:
+            c.sqlite_cursor.row_factory = None  # plain tuples (ADR 0034's update)
             if streams is None:
                 c.execute(f"SELECT stream, payload FROM {PAYLOAD_TABLE}")  # noqa: S608
-                return {row[0]: bytes(row[1]) for row in c.fetchall()}
+                return dict(c.fetchall())
             found: dict[str, bytes] = {}
-            wanted = list(streams)
+            wanted = sorted(set(streams))
             for start in range(0, len(wanted), _ROWS_PER_INSERT):
                 chunk = wanted[start : start + _ROWS_PER_INSERT]
+                if len(chunk) >= _RANGE_FROM:
+                    limit = _SPAN_SLACK * len(chunk)
+                    c.execute(
+                        f"SELECT stream, payload FROM {PAYLOAD_TABLE} "  # noqa: S608
+                        "WHERE stream >= ? AND stream <= ? ORDER BY stream LIMIT ?",
+                        [chunk[0], chunk[-1], limit + 1],
+                    )
+                    rows: list[tuple[str, bytes]] = c.fetchall()
+                    if len(rows) <= limit:
+                        keys = set(chunk)
+                        found.update(row for row in rows if row[0] in keys)
+                        continue
                 marks = ",".join("?" * len(chunk))
                 c.execute(
                     f"SELECT stream, payload FROM {PAYLOAD_TABLE} WHERE stream IN ({marks})",  # noqa: S608
                     chunk,
                 )
-                found.update((row[0], bytes(row[1])) for row in c.fetchall())
+                found.update(c.fetchall())
             return found
 
 
