@@ -680,7 +680,7 @@ def test_wait_for_foreign_refuses_prefixes_that_leave_out_the_quiet_families(
 ) -> None:
     """ADR 0057: appends of runs alone are never heard by wait_for_foreign, so a caller that
     wants to be woken by them is told so instead of waiting in vain."""
-    with pytest.raises(ValueError, match="skip_prefixes must include"):
+    with pytest.raises(ValueError, match="skip_prefixes must cover"):
         journal.wait_for_foreign(0.01, ("orchestration.",))
 
 

@@ -429,36 +429,37 @@ class Journal:
         nothing of them: an append by an older release, or a snapshot or erasure); False when
         the time runs out. Elsewhere wait the whole timeout and return True (callers poll).
 
-        It listens on the main channel alone: appends of :data:`QUIET_FAMILIES` alone are
-        notified on the quiet one (ADR 0057), so ``skip_prefixes`` must cover them.
+        On PostgreSQL it listens on the main channel alone: appends of :data:`QUIET_FAMILIES`
+        alone are notified on the quiet one (ADR 0057), so ``skip_prefixes`` must cover them.
+        It listens in slices of :data:`_PG_PROBE`, so a close waits for one slice at most.
         """
         self._check_open()
-        if not set(skip_prefixes) >= QUIET_PREFIXES:
-            raise ValueError(
-                f"wait_for_foreign never hears appends of {sorted(QUIET_FAMILIES)} alone "
-                f"(ADR 0057): skip_prefixes must include {sorted(QUIET_PREFIXES)}"
-            )
         if not self.notifies:
             time.sleep(timeout)
             return True
+        skipped = tuple(skip_prefixes)
+        if not all(quiet.startswith(skipped) for quiet in QUIET_PREFIXES):
+            raise ValueError(
+                f"wait_for_foreign never hears appends of {sorted(QUIET_FAMILIES)} alone "
+                f"(ADR 0057): skip_prefixes must cover {sorted(QUIET_PREFIXES)}"
+            )
         deadline = time.monotonic() + timeout
         with self._listen_lock:
             try:
                 listener = self._listen()
-                while (left := deadline - time.monotonic()) > 0:
-                    for notice in listener.notifies(timeout=left, stop_after=1):
+                while (left := deadline - time.monotonic()) > 0 and not self._closed:
+                    for notice in listener.notifies(timeout=min(left, _PG_PROBE), stop_after=1):
                         token, _, families = notice.payload.partition(" ")
                         if token == self._token:
                             continue
                         if not families or any(
-                            not f"{family}.".startswith(tuple(skip_prefixes))
-                            for family in families.split()
+                            not f"{family}.".startswith(skipped) for family in families.split()
                         ):
                             return True
                 return False
             except Exception:
                 self._drop_listener()  # the caller's poll remains the safety net
-                time.sleep(max(0.0, deadline - time.monotonic()))
+                time.sleep(max(0.0, min(deadline - time.monotonic(), _PG_PROBE)))
                 return True
 
     def _listen(self, *, quiet: bool = False) -> Any:
@@ -807,13 +808,18 @@ class Journal:
         if self.config.backend != "postgresql":
             time.sleep(timeout)
             return
+        deadline = time.monotonic() + timeout
         with self._listen_lock:
             try:
-                for _ in self._listen(quiet=True).notifies(timeout=timeout, stop_after=1):
-                    pass
+                listener = self._listen(quiet=True)
+                # In slices, so that a close waits for one slice at most.
+                while (left := deadline - time.monotonic()) > 0 and not self._closed:
+                    slice_ = min(left, _PG_PROBE)
+                    if any(True for _ in listener.notifies(timeout=slice_, stop_after=1)):
+                        return
             except Exception:
                 self._drop_listener()  # the poll remains the safety net; retry next time
-                time.sleep(timeout)
+                time.sleep(min(timeout, _PG_PROBE))  # a pause, not the whole wait: see close()
 
     def _wait_marked(self, timeout: float, since: int) -> None:
         with self._appended:
@@ -854,8 +860,17 @@ class Journal:
                             return
                     if changed():
                         self._bump()
-        except Exception:  # the waiters' timeouts remain the safety net
+        except Exception:
             log.debug("watching the journal for appends failed", exc_info=True)
+            with self._appended:
+                if self._watcher is threading.current_thread():
+                    self._watcher = None
+            # The waiters wake, read, and the next wait starts another watcher: a waiter must
+            # not sleep out its whole timeout on a watcher that is gone. After a pause, so that
+            # a journal that cannot be reached is not asked again in a tight loop.
+            time.sleep(_PG_PROBE)
+            self._bump()
+            return
         with self._appended:
             if self._watcher is threading.current_thread():
                 self._watcher = None

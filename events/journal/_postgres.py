@@ -20,6 +20,7 @@ try:
         PostgresDatastore,
         PostgresFactory,
     )
+    from psycopg import sql
     from psycopg.rows import DictRow, tuple_row
 
     from journaled.events.journal import _pg_arrays
@@ -688,8 +689,6 @@ if _POSTGRES_MISSING is None:
                 )
                 self._known_durable(appended[-1])
                 return appended
-            kwargs.pop("note", None)
-            kwargs.pop("channel", None)  # the library notifies on the main channel
             # The library's append without its retry, which would also retry a lock timeout
             # (ten waits of ``lock_wait``): a dropped connection is retried here, a timeout not.
             library_append = PostgresApplicationRecorder.insert_events.__wrapped__
@@ -841,9 +840,22 @@ if _POSTGRES_MISSING is None:
             assert found is not None
             return [int(p) for p in found[0]]
 
+        def _notify_channel(self, curs: psycopg.Cursor[DictRow]) -> None:
+            """Notify nothing here: :meth:`_insert_stored_events` notifies with the note."""
+
         def _insert_stored_events(
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> None:
+            # In place of the library's bare NOTIFY (see _notify_channel): the journal's note
+            # and, for runs alone, the quiet channel, as the append procedure's (ADR 0057).
+            # Sent at the commit; first here, since the library reads the INSERT's result last.
+            note = kwargs.get("note")
+            curs.execute(
+                sql.SQL("NOTIFY {0}, {1}").format(
+                    sql.Identifier(kwargs.get("channel") or self.channel_name),
+                    sql.Literal(note if isinstance(note, str) else ""),
+                )
+            )
             super()._insert_stored_events(curs, stored_events, **kwargs)
             if self.chained:
                 # Queued in the same pipeline after the INSERT, which holds the table's EXCLUSIVE
