@@ -10,6 +10,11 @@ leader sends its whole group to the actor, in line order, before it hands the le
 caller waits for its reply: the actor then stores them in that order, grouped its own way (ADR
 0015), and before a stop that comes later.
 
+A leader that finds fewer callers in line than the last group held waits a little for them
+first (ADR 0059): the callers a group answers come back at about the same time, but the
+leader's own thread, already running, would otherwise lead a group of one, and pay a commit for
+one remember, while the others line up behind it.
+
 The line's bookkeeping runs to its end whatever interrupts it (a signal handler raising in the
 main thread): an interrupt is held back until the lead is handed on, then raised.
 """
@@ -17,6 +22,7 @@ main thread): an interrupt is held back until the lead is handed on, then raised
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, Protocol, TypeVar
@@ -34,6 +40,11 @@ H = TypeVar("H")
 
 GROUP_MAX = 256
 """Remembers one leader stores at most in one transaction (as the actor's group, ADR 0015)."""
+GATHER_FACTOR = 2.0
+"""A leader waits for the last group's callers at most this many times as long as the last
+group took to store (ADR 0059): never more than a few commits' worth of waiting."""
+GATHER_MAX = 0.002
+"""Seconds a leader waits for the last group's callers at most, whatever the last group took."""
 
 
 class Storer(Protocol):
@@ -108,6 +119,12 @@ class WriterDesk:
         self._line: deque[_Seat] = deque()
         self._mutex = threading.Lock()
         self._emptied = threading.Condition(self._mutex)
+        self._grown = threading.Condition(self._mutex)
+        """Notified when a caller joins the line: a gathering leader counts it."""
+        self._last_group = 1
+        """How many remembers the last leader took (ADR 0059)."""
+        self._last_took = 0.0
+        """Seconds the last leader's group took to store or send."""
         self._closed = False
 
     def remember(
@@ -137,17 +154,21 @@ class WriterDesk:
                     return UNSETTLED
                 self._line.append(seat)
                 leads = self._line[0] is seat
+                self._grown.notify()
             if not leads:
                 seat.turn.wait()
                 if seat.done:
                     return seat.outcome()
+            self._gather()
             group = self._take(seat)
+            started = time.monotonic()
             if not writer.remember_here([s.message for s in group], _answering(group)):
                 for s in group:  # the actor stores them, in line order, before what comes later
                     try:
                         s.sent = Sent(s.send(s.message))
                     except Exception as exc:
                         s.error = exc
+            self._last_took = time.monotonic() - started
         finally:
             # Also on an interrupt, wherever it lands: a leader answers its group and hands the
             # lead on; a caller interrupted before it led steps out of line.
@@ -177,7 +198,23 @@ class WriterDesk:
         """
         with self._mutex:
             self._closed = True
+            self._grown.notify_all()  # a gathering leader leads at once
             return self._emptied.wait_for(lambda: not self._line, timeout)
+
+    def _gather(self) -> None:
+        """Wait a little for the last group's callers to line up behind this leader (ADR 0059).
+
+        Only after a group of more than one, while the line is shorter than that group was, and
+        for at most :data:`GATHER_FACTOR` times as long as that group took (and
+        :data:`GATHER_MAX`): a caller alone never waits, and a group that does not come back
+        costs its next leader one short wait, after which it leads as many as are there.
+        """
+        with self._mutex:
+            want = self._last_group
+            if want <= 1 or len(self._line) >= want or self._closed:
+                return
+            bound = min(GATHER_MAX, GATHER_FACTOR * self._last_took)
+            self._grown.wait_for(lambda: len(self._line) >= want or self._closed, bound)
 
     def _take(self, leader: _Seat) -> list[_Seat]:
         """Take the group this leader stores: the line's front, in order, up to the group's
@@ -194,6 +231,7 @@ class WriterDesk:
                 if key is not None:
                     keys.add(key)
                 group.append(s)
+            self._last_group = len(group)
             leader.group = group  # from here on, the leader's finally answers the group
             for s in group:
                 s.taken = True
