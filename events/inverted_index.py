@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from types import MappingProxyType
+from typing import Any
 
 import msgspec
 
@@ -30,13 +31,20 @@ from journaled.events.bm25 import (
 __all__ = ["IndexSnapshot", "InvertedIndex", "search"]
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
+_POSTING_DECODER = msgspec.msgpack.Decoder(dict[int, int])
+
+
+def decode_posting(posting: msgspec.Raw) -> dict[int, int]:
+    """Decode one term's posting as an :class:`IndexSnapshot` holds it."""
+    return _POSTING_DECODER.decode(posting)
 
 
 class IndexSnapshot(msgspec.Struct, frozen=True):
     """What an :class:`InvertedIndex` holds, in the shape it holds it (restored without loops)."""
 
-    postings: dict[str, dict[int, int]]
-    """term -> {document number: tf}."""
+    postings: dict[str, msgspec.Raw]
+    """term -> {document number: tf}, each posting as encoded: a restore decodes a term's on
+    its first use (ADR 0060). An export holds the live dicts (and the untouched encodings)."""
     names: list[str]
     """Document number -> id (numbers are never reused)."""
     terms: dict[str, str]
@@ -70,6 +78,9 @@ class InvertedIndex:
         # Postings key documents by a small number, not their (long) id: smaller to snapshot
         # and faster to decode; ``_names`` maps numbers back, ``_numbers`` ids to numbers.
         self._postings: dict[str, dict[int, int]] = {}
+        # Postings restored from a snapshot, as encoded: decoded into ``_postings`` on first
+        # use (ADR 0060), which shadows the encoding from then on; dropped with the posting.
+        self._packed: dict[str, msgspec.Raw] = {}
         self._names: list[str] = []
         self._numbers: dict[str, int] = {}
         self._dl: dict[int, int] = {}
@@ -80,8 +91,10 @@ class InvertedIndex:
 
         The snapshot holds the live containers, not copies: encode it before the index changes.
         """
+        # Decoded postings shadow their encodings; untouched ones are encoded as they came.
+        postings: dict[str, Any] = {**self._packed, **self._postings}
         return IndexSnapshot(
-            postings=self._postings,
+            postings=postings,
             names=self._names,
             terms=self._terms,
             lengths=self._lengths,
@@ -97,7 +110,9 @@ class InvertedIndex:
         live result of another index's :meth:`export`.
         """
         index = cls(impact_min)
-        index._postings = snapshot.postings
+        # Each posting's encoding copied out of the snapshot's buffer, so that the buffer (the
+        # whole memory snapshot) is not kept alive by the terms nobody searches.
+        index._packed = {term: msgspec.Raw(bytes(raw)) for term, raw in snapshot.postings.items()}
         index._names = snapshot.names
         index._numbers = dict(zip(snapshot.names, range(len(snapshot.names)), strict=True))
         index._terms = snapshot.terms
@@ -130,7 +145,7 @@ class InvertedIndex:
         self._total_length += length
         postings = self._postings
         for term, tf in counts.items():
-            posting = postings.get(term)
+            posting = postings.get(term) or self._unpacked(term)
             if posting is None:
                 postings[term] = {number: tf}
             else:
@@ -157,7 +172,8 @@ class InvertedIndex:
         del self._dl[number]
         impacts = self._impacts
         for term in terms.split(" ") if terms else ():
-            posting = self._postings[term]
+            posting = self._posting(term)
+            assert posting is not None, term  # the document's terms have postings
             tf = posting.pop(number)
             buckets = impacts.get(term)
             if buckets is not None:
@@ -170,6 +186,25 @@ class InvertedIndex:
             # Empty postings would otherwise accumulate forever under churn.
             if not posting:
                 del self._postings[term]
+                self._packed.pop(term, None)  # its encoding would bring it back
+
+    def _posting(self, term: str) -> dict[int, int] | None:
+        """Return a term's posting (None if no document has it), decoding it on first use."""
+        posting = self._postings.get(term)
+        return posting if posting is not None else self._unpacked(term)
+
+    def _unpacked(self, term: str) -> dict[int, int] | None:
+        """Decode a term's posting restored from a snapshot; None if it has none there.
+
+        The decoded posting is assigned whole and the encoding stays (shadowed), so readers of
+        an index nobody writes to, decoding at once, find the same posting whichever wins (as
+        impact buckets are built, ADR 0014).
+        """
+        packed = self._packed.get(term)
+        if packed is None:
+            return None
+        posting = self._postings[term] = _POSTING_DECODER.decode(packed)
+        return posting
 
     def __contains__(self, doc_id: object) -> bool:
         """Tell whether a document with this id is indexed."""
@@ -202,7 +237,7 @@ class InvertedIndex:
         Returns:
             A live mapping of doc id to term frequency; empty if no document has the term.
         """
-        posting = self._postings.get(term)
+        posting = self._posting(term)
         if posting is None:
             return _EMPTY
         names = self._names
@@ -210,7 +245,7 @@ class InvertedIndex:
 
     def count(self, term: str, accept: Callable[[str], bool] | None = None) -> int:
         """Count the documents containing a term (that ``accept`` keeps, if given)."""
-        posting = self._postings.get(term)
+        posting = self._posting(term)
         if not posting:
             return 0
         if accept is None:
@@ -264,7 +299,7 @@ class InvertedIndex:
         names = self._names
         numbers = self._numbers
         for term in dict.fromkeys(terms):
-            posting = self._postings.get(term, {})
+            posting = self._posting(term) or {}
             if members is None:
                 counts[term] = self.count(term, accept)
             elif len(members) < len(posting):
@@ -320,8 +355,8 @@ class InvertedIndex:
         check_limit(limit)
         if avgdl <= 0:
             raise ValueError(f"avgdl must be > 0, got {avgdl}")
-        postings = self._postings
-        weighted = [(t, idf[t] * (K1 + 1.0)) for t in dict.fromkeys(terms) if t in postings]
+        found = {t: p for t in dict.fromkeys(terms) if (p := self._posting(t)) is not None}
+        weighted = [(t, idf[t] * (K1 + 1.0)) for t in found]
         if limit == 0 or not weighted:
             return []
         c1 = K1 * (1.0 - B)
@@ -332,7 +367,7 @@ class InvertedIndex:
         visits: list[list[tuple[float, set[int]]] | None] = []
         caps: list[float] = []
         for term, weight in summation_order(weighted):
-            posting = postings[term]
+            posting = found[term]
             order.append((posting, weight))
             if len(posting) < self.impact_min:
                 visits.append(None)
@@ -408,7 +443,9 @@ class InvertedIndex:
         if buckets is None:
             buckets = {}
             lengths = self._dl
-            for doc, tf in self._postings[term].items():
+            posting = self._posting(term)
+            assert posting is not None, term  # only terms with postings get buckets
+            for doc, tf in posting.items():
                 key = (tf, lengths[doc])
                 bucket = buckets.get(key)
                 if bucket is None:

@@ -18,7 +18,7 @@ import msgspec
 
 from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
-from journaled.events.inverted_index import IndexSnapshot
+from journaled.events.inverted_index import IndexSnapshot, decode_posting
 from journaled.events.journal import Journal, Problem, VerifyReport
 from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
 from journaled.events.memory_state import (
@@ -200,8 +200,8 @@ def _index(index: IndexSnapshot) -> tuple[object, ...]:
         return index.names[number] if 0 <= number < len(index.names) else f"#{number}"
 
     per_doc: dict[str, dict[str, int]] = {}
-    for term, posting in index.postings.items():
-        for number, tf in posting.items():
+    for term, packed in index.postings.items():
+        for number, tf in decode_posting(packed).items():
             per_doc.setdefault(name(number), {})[term] = tf
     lengths = {name(number): length for number, length in index.dl.items()}
     return per_doc, lengths, index.lengths, index.terms
