@@ -711,7 +711,7 @@ class MemoryWriter(pykka.ThreadingActor):
             or snapshot.position > self.journal.position()
         ):
             return
-        scopes, unbacked = backed_scopes(snapshot, self.journal.payloads)
+        scopes, unbacked = backed_scopes(snapshot, self.journal.payloads, self.journal.firsts)
         if unbacked is not None:
             # Snapshots are outside the digest chain (ADR 0021); payloads are inside it. Never
             # serve a text the journal does not hold: fold the events instead (R7).

@@ -33,6 +33,7 @@ from journaled.events.memory_state import (
 )
 from journaled.events.run_state import SNAPSHOT_SCHEMA, decode_snapshot, fold_run
 from journaled.events.run_summaries import SUMMARIES_KEY, check_stored
+from journaled.events.tenancy import belongs_elsewhere
 
 SNAPSHOT_ALTERED = "snapshot-altered"
 _BATCH = 2000
@@ -260,14 +261,18 @@ def _texts(journal: Journal, events: Sequence[Event]) -> dict[str, bytes]:
 
 
 def backed_scopes(
-    snapshot: MemorySnapshot, payloads: Callable[[list[str]], Mapping[str, bytes]]
+    snapshot: MemorySnapshot,
+    payloads: Callable[[list[str]], Mapping[str, bytes]],
+    firsts: Callable[[list[str]], Mapping[str, Event]],
 ) -> tuple[dict[str, ScopeSnapshot], str | None]:
     """Decode a memory snapshot's scopes and check their texts against the journal's payloads.
 
     The cheap check an open makes before serving a snapshot (R7): every fact text must be the
     payload the journal keeps for that fact (covered by the digest chain), and a fact whose text
     was erased must have no payload left. It reads the payloads (of every scope at once), not the
-    events; the full comparison with the events' fold is :func:`verify`'s.
+    events; the full comparison with the events' fold is :func:`verify`'s. Facts of the
+    organization scope are checked against the events that remembered them (``firsts``): a
+    fact of another organization is never served (R1).
 
     Returns:
         The scopes, decoded once and owned by nobody else (ADR 0058), and None; or no scopes and
@@ -279,6 +284,20 @@ def backed_scopes(
             scopes[physical] = SCOPE_SNAPSHOT_DECODER.decode(snapshot.scopes[physical])
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             return {}, f"scope {physical} cannot be read ({exc})"
+    for physical, held in scopes.items():
+        why = _inconsistent(physical, held, snapshot.route)
+        if why is not None:
+            return {}, f"scope {physical}: {why}"
+    shared = scopes.get("organization")  # the physical scope organizations share (R1)
+    if shared is not None and shared.facts:
+        remembered = firsts(list(shared.facts))
+        for fact_id in shared.facts:
+            first = remembered.get(fact_id)
+            data = None if first is None else first.data
+            if not isinstance(data, FactRemembered) or belongs_elsewhere(
+                data, snapshot.organization
+            ):
+                return {}, f"fact {fact_id} is not this organization's"
     stored = payloads([fact_id for held in scopes.values() for fact_id in held.facts])
     for held in scopes.values():
         erased = set(held.erased)
@@ -290,6 +309,30 @@ def backed_scopes(
             elif raw is None or raw != fact.text.encode("utf-8"):
                 return {}, f"the text of fact {fact_id} is not the one the journal holds"
     return scopes, None
+
+
+def _inconsistent(
+    physical: str, held: ScopeSnapshot, route: Mapping[str, str | None]
+) -> str | None:
+    """Say what makes a scope's part disagree with itself or the route, or None.
+
+    Cheap checks, made before a part is served: a fact filed under another fact's id would be
+    served with that id's text; a fact the route sends elsewhere is not this scope's; an
+    indexed or classified fact missing from the facts would fail a search.
+    """
+    if held.physical != physical:
+        return f"it says it is scope {held.physical}"
+    facts = held.facts
+    for fact_id, fact in facts.items():
+        if fact.id != fact_id:
+            return f"fact {fact.id} is filed under id {fact_id}"
+        if route.get(fact_id) != physical:
+            return f"fact {fact_id} is not routed to it"
+    if not held.index.lengths.keys() <= facts.keys():
+        return "its search index holds a fact it does not have"
+    if not held.plain_group.keys() <= facts.keys() or not set(held.conditional) <= facts.keys():
+        return "its search groups hold a fact it does not have"
+    return None
 
 
 # -- runs ----------------------------------------------------------------------------------------

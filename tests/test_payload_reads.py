@@ -96,3 +96,35 @@ def test_dense_keys_are_read_as_ranges_and_sparse_ones_by_key(
         assert " IN (" in sparse[1]
     finally:
         journal.close()
+
+
+def test_the_first_events_of_many_streams_on_every_backend(journal_url: str) -> None:
+    """Journal.firsts: the first event of each stream asked for that has one, in one read per
+    500 streams; streams without events and repeated names are no trouble."""
+    journal = Journal(parse_url(journal_url), Codec(STORED_EVENTS))
+    try:
+        streams = [f"mem_{i:04d}" for i in range(1200)]
+        for start in range(0, len(streams), 400):
+            chunk = streams[start : start + 400]
+            journal.append(
+                [
+                    Pending(stream=k, version=1, data=FactRemembered(at=1, fact_id=k, scope="user"))
+                    for k in chunk
+                ]
+            )
+        journal.append(
+            [
+                Pending(
+                    stream="mem_0000",
+                    version=2,
+                    data=FactRemembered(at=2, fact_id="x", scope="user"),
+                )
+            ]
+        )
+        asked = [*streams[::3], "absent", streams[0], streams[0]]
+        found = journal.firsts(asked)
+        assert set(found) == set(streams[::3])
+        assert all(e.version == 1 and e.data.fact_id == s for s, e in found.items())  # type: ignore[attr-defined]
+        assert journal.firsts([]) == {}
+    finally:
+        journal.close()

@@ -713,6 +713,13 @@ class Journal:
         events = self.stream(stream, limit=1)
         return events[0] if events else None
 
+    def firsts(self, streams: Sequence[str]) -> dict[str, Event]:
+        """Return the first event of each of these streams that has one, by stream."""
+        self._check_open()
+        if not streams:
+            return {}
+        return {e.stream: e for e in self._events(self._recorder.select_firsts(streams))}
+
     def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
         """Return the forgettable payloads of the given streams (all when None)."""
         self._check_open()

@@ -170,6 +170,13 @@ class _POPORecorder(POPOApplicationRecorder):
                     break
             return out
 
+    def select_firsts(self, streams: Sequence[str]) -> list[Row]:
+        """Return the first event's row of each of these streams that has one (any order)."""
+        rows: list[Row] = []
+        for stream in dict.fromkeys(streams):
+            rows += self.select_stream(stream, 0, None, 1)
+        return rows
+
     def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
         """Return the side rows of these versions of one stream, by version."""
         found = self.select_payloads([content_key(stream, v) for v in versions])

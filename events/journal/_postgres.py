@@ -1023,6 +1023,17 @@ if _POSTGRES_MISSING is None:
                 params.append(limit)
             return _rows(self._fetch(query, params))
 
+        def select_firsts(self, streams: Sequence[str]) -> list[Row]:
+            """Return the first event's row of each of these streams that has one (any order),
+            of what is durable."""
+            query = (
+                "SELECT notification_id, originator_id, originator_version, topic, state "  # noqa: S608
+                f"FROM public.{self.events_table_name} "
+                "WHERE originator_id = ANY(%s) AND originator_version = 1"
+            )
+            bound, more = self._bounded(None)
+            return _rows(self._fetch(query + bound, [list(dict.fromkeys(streams)), *more]))
+
         def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
             """Return the side rows of these versions of one stream, by version.
 

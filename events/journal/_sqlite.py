@@ -629,6 +629,23 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             c.execute("SELECT changes()")
             return int(c.fetchone()[0]) > 0
 
+    def select_firsts(self, streams: Sequence[str]) -> list[Row]:
+        """Return the first event's row of each of these streams that has one (any order)."""
+        rows: list[Row] = []
+        wanted = list(dict.fromkeys(streams))
+        with self.datastore.transaction(commit=False) as c:
+            c.sqlite_cursor.row_factory = None
+            for start in range(0, len(wanted), _ROWS_PER_INSERT):
+                chunk = wanted[start : start + _ROWS_PER_INSERT]
+                c.execute(
+                    f"SELECT rowid, originator_id, originator_version, topic, state "  # noqa: S608
+                    f"FROM {self.events_table_name} WHERE originator_version = 1 "
+                    f"AND originator_id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                )
+                rows += c.fetchall()
+        return rows
+
     def select_content(self, stream: str, versions: Sequence[int]) -> dict[int, bytes]:
         """Return the side rows of these versions of one stream, by version.
 
@@ -655,11 +672,23 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                     out[int(suffix)] = bytes(payload)
             return out
 
+    _utf8: bool | None = None
+    """Whether the file stores text as UTF-8 (asked once): the one encoding whose bytewise
+    order, SQLite's for text, is the order Python sorts strings in."""
+
+    def _sorts_as_python(self, c: Any) -> bool:
+        """Tell whether a range of text keys holds what Python sorts between its ends."""
+        if self._utf8 is None:
+            c.execute("PRAGMA encoding")
+            self._utf8 = str(c.fetchone()[0]).upper() == "UTF-8"
+        return self._utf8
+
     def select_payloads(self, streams: Sequence[str] | None) -> dict[str, bytes]:
         """Return the payloads of the given streams (every payload when None).
 
         Keys are looked up 500 at a time, sorted: each 500 first as one range of the table's
-        key (text compares bytewise here), read whole when it holds at most
+        key (text compares bytewise, which sorts as Python does in a UTF-8 file; a file of
+        another encoding looks every key up), read whole when it holds at most
         :data:`_SPAN_SLACK` times as many rows as it has keys, which is one ordered scan in
         place of 500 lookups (a memory snapshot's check reads every fact's text, ADR 0058);
         a range with more rows than that, by their keys.
@@ -671,9 +700,10 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 return dict(c.fetchall())
             found: dict[str, bytes] = {}
             wanted = sorted(set(streams))
+            ranges = len(wanted) >= _RANGE_FROM and self._sorts_as_python(c)
             for start in range(0, len(wanted), _ROWS_PER_INSERT):
                 chunk = wanted[start : start + _ROWS_PER_INSERT]
-                if len(chunk) >= _RANGE_FROM:
+                if ranges and len(chunk) >= _RANGE_FROM:
                     limit = _SPAN_SLACK * len(chunk)
                     c.execute(
                         f"SELECT stream, payload FROM {PAYLOAD_TABLE} "  # noqa: S608
