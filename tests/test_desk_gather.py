@@ -21,16 +21,22 @@ from journaled.events.messages import Remember
 
 
 class TimedWriter:
-    """Stores each group in ``took`` seconds, answering every remember with a fact."""
+    """Stores each group in ``took`` seconds (or refuses it as busy while ``busy`` is set),
+    answering every remember with a fact."""
 
     def __init__(self, took: float) -> None:
         self.took = took
-        self.groups: list[int] = []
+        self.busy = threading.Event()
+        self.groups: list[list[Remember]] = []
+        self.entered = threading.Event()
         self._lock = threading.Lock()
 
     def remember_here(self, group: Sequence[Remember], answer: Answer) -> bool:
+        self.entered.set()
+        if self.busy.is_set():
+            return False
         with self._lock:
-            self.groups.append(len(group))
+            self.groups.append(list(group))
         time.sleep(self.took)
         for message in group:
             answer(
@@ -39,6 +45,14 @@ class TimedWriter:
                 None,
             )
         return True
+
+    def sizes(self) -> list[int]:
+        with self._lock:
+            return [len(g) for g in self.groups]
+
+    def stored(self) -> list[str]:
+        with self._lock:
+            return [m.text for g in self.groups for m in g]
 
 
 def _never_sent(message: Remember) -> object:
@@ -80,11 +94,11 @@ def test_callers_answered_together_are_stored_together_again(
     desk.writer = writer
     callers, each = 4, 25
     assert _callers(desk, callers, each) == []
-    assert sum(writer.groups) == callers * each
+    assert sum(writer.sizes()) == callers * each
     # Perfect grouping stores the 100 remembers in 25 groups (and the first few may be short);
     # the 1, 3, 1, 3 pattern takes about 50.
-    assert len(writer.groups) <= 30, writer.groups
-    assert writer.groups.count(callers) >= 20, writer.groups
+    assert len(writer.groups) <= 30, writer.sizes()
+    assert writer.sizes().count(callers) >= 20, writer.sizes()
 
 
 def test_a_caller_alone_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,8 +127,8 @@ def test_a_leader_waits_no_longer_than_twice_the_last_group_took(
     desk = WriterDesk()
     desk.writer = writer
     assert _callers(desk, 3, 1) == []  # one group of three (or so), then nobody comes back
-    last = writer.groups[-1]
-    assert last >= 2, writer.groups  # the barrier released them together
+    last = writer.sizes()[-1]
+    assert last >= 2, writer.sizes()  # the barrier released them together
     start = time.monotonic()
     fact = desk.remember(Remember(text="alone after the group"), _never_sent)
     waited = time.monotonic() - start - writer.took

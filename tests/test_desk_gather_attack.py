@@ -11,54 +11,24 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
 import pytest
 from in_place import Interrupt, desk_of, writer_of
+from test_desk_gather import TimedWriter as Writer
 
 import journaled
 from journaled.actors import desk as desk_module
 from journaled.actors.desk import Sent, WriterDesk
 from journaled.actors.directory import CountingInbox
-from journaled.actors.group_commit import Answer
 from journaled.actors.scope import UNSETTLED
 from journaled.events.memory import Fact
 from journaled.events.messages import Remember
 from journaled.testing import wait_for
 
 WAIT = 30.0
-
-
-class Writer:
-    """Stores each group in ``took`` seconds (or refuses it as busy while ``busy`` is set)."""
-
-    def __init__(self, took: float) -> None:
-        self.took = took
-        self.busy = threading.Event()
-        self.groups: list[list[Remember]] = []
-        self.entered = threading.Event()
-        self._lock = threading.Lock()
-
-    def remember_here(self, group: Sequence[Remember], answer: Answer) -> bool:
-        self.entered.set()
-        if self.busy.is_set():
-            return False
-        with self._lock:
-            self.groups.append(list(group))
-        time.sleep(self.took)
-        for message in group:
-            answer(
-                message,
-                Fact(id=f"f-{id(message)}", scope="project", text=message.text, created_at=1),
-                None,
-            )
-        return True
-
-    def stored(self) -> list[str]:
-        with self._lock:
-            return [m.text for g in self.groups for m in g]
 
 
 def _never_sent(message: Remember) -> object:

@@ -37,6 +37,17 @@ def _populate(rt: journaled.Runtime, clock: ManualClock) -> None:
     rt.memory.delete(rt.memory.all()[3].id)
 
 
+def _snapshotted(tmp_path: Path) -> tuple[str, ManualClock, int, object]:
+    """Populate a journal, snapshot memory, close; return the URL, clock, time and answers."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    clock = ManualClock(step=3)
+    with journaled.open(url, clock=clock) as rt:
+        _populate(rt, clock)
+        rt.memory.checkpoint()
+        now = clock.now
+        return url, clock, now, _answers(rt, now)
+
+
 def test_reopen_from_snapshot_answers_identically(tmp_path: Path) -> None:
     """M4/M6: a runtime restored from a snapshot plus the tail answers exactly like a full fold."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
@@ -61,13 +72,7 @@ def test_reopen_from_snapshot_answers_identically(tmp_path: Path) -> None:
 
 def test_unreadable_snapshot_is_ignored(tmp_path: Path) -> None:
     """J5: a damaged snapshot is only a cache miss: the journal is folded from the start."""
-    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    clock = ManualClock(step=3)
-    with journaled.open(url, clock=clock) as rt:
-        _populate(rt, clock)
-        rt.memory.checkpoint()
-        now = clock.now
-        expected = _answers(rt, now)
+    url, clock, now, expected = _snapshotted(tmp_path)
     with sqlite3.connect(tmp_path / "journal.sqlite") as conn:
         conn.execute(f"UPDATE {SNAPSHOT_TABLE} SET state = x'c1c1c1'")  # noqa: S608
     with journaled.open(url, clock=clock) as rt:
@@ -102,13 +107,7 @@ def test_a_snapshot_with_a_scope_part_of_the_wrong_shape_is_folded_instead(
 ) -> None:
     """J5, ADR 0058: a scope's part is embedded undecoded, so the snapshot as a whole decodes;
     the check that decodes each part refuses it, names the scope, and the open folds the log."""
-    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    clock = ManualClock(step=3)
-    with journaled.open(url, clock=clock) as rt:
-        _populate(rt, clock)
-        rt.memory.checkpoint()
-        now = clock.now
-        expected = _answers(rt, now)
+    url, clock, now, expected = _snapshotted(tmp_path)
     _edit_snapshot(tmp_path / "journal.sqlite", damage)
     with caplog.at_level("WARNING"), journaled.open(url, clock=clock) as rt:
         assert _answers(rt, now) == expected
@@ -118,13 +117,7 @@ def test_a_snapshot_with_a_scope_part_of_the_wrong_shape_is_folded_instead(
 def test_a_snapshot_of_the_previous_layout_is_ignored(tmp_path: Path) -> None:
     """ADR 0058: a schema-3 snapshot (each scope's part wrapped in bytes) is not served; the
     open folds the log and answers the same."""
-    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    clock = ManualClock(step=3)
-    with journaled.open(url, clock=clock) as rt:
-        _populate(rt, clock)
-        rt.memory.checkpoint()
-        now = clock.now
-        expected = _answers(rt, now)
+    url, clock, now, expected = _snapshotted(tmp_path)
 
     def to_previous_layout(snapshot: dict[str, object]) -> None:
         scopes = snapshot["scopes"]
