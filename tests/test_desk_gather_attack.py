@@ -184,8 +184,8 @@ def test_a_fast_store_bounds_the_wait_by_twice_its_time(
     desk = WriterDesk()
     desk.writer = writer
     _burst(desk, 4)
-    if len(writer.groups[-1]) < 2:
-        pytest.skip("the burst did not group on this machine")
+    # As after a group of four that took half a millisecond, whatever this burst grouped.
+    desk._last_group, desk._last_took = 4, 0.0005
     took = desk._last_took
     bounds = waits(desk)
     assert isinstance(desk.remember(Remember(text="alone"), _never_sent), Fact)
