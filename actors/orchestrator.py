@@ -34,6 +34,7 @@ from journaled.actors.run_args import check_budget, find_policy, new_run_id, pol
 from journaled.actors.run_recorder import Progress
 from journaled.actors.runs import RunHandle, Runs, check_callable
 from journaled.events.base import DomainEvent, Event, Pending
+from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, JournalClosed
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
@@ -222,8 +223,8 @@ class Orchestrations:
 
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
-        first = self._journal.first(run_id)
-        return first is not None and isinstance(first.data, OrchestrationStarted)
+        head = self._journal.head(run_id)  # the tag alone: no plan decoded
+        return head is not None and head[1] == tag_of(OrchestrationStarted)
 
     def state(self, run_id: str, position: int | None = None) -> OrchestrationState:
         """Fold an orchestration's events (up to a journal position)."""

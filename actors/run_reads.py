@@ -13,7 +13,7 @@ import threading
 
 from journaled.actors.errors import RunNotFound
 from journaled.events.base import Event
-from journaled.events.codec import topics_of
+from journaled.events.codec import tag_of, topics_of
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
@@ -65,13 +65,17 @@ class RunReads:
         The latest state starts from the run's snapshot, when there is one, and folds only the
         events after it; a past state folds the prefix of the stream.
         """
-        first = self._first(run_id)
+        # Its position and kind only: the first event holds the whole plan, decoded below
+        # from the snapshot or the stream anyway.
+        began = self._journal.head(run_id)
+        check_head(run_id, began)
+        assert began is not None
         if position is not None:
             check_position(position)
-            if position < first.position:
+            if position < began[0]:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
-                    f"(its first event is at {first.position})"
+                    f"(its first event is at {began[0]})"
                 )
             return fold_run(self._journal.stream(run_id, upto=position))
         snapshot = self._journal.snapshot(run_id)
@@ -263,6 +267,19 @@ def check_position(position: object, name: str = "position") -> None:
         raise TypeError(
             f"{name}: a journal position is an int, got {type(position).__name__} {position!r}"
         )
+
+
+_OPENING_TAGS = frozenset(tag_of(cls) for cls in (RunStarted, RunForked, OrchestrationStarted))
+"""The tags of the events a run's or an orchestration's stream starts with."""
+
+
+def check_head(run_id: str, head: tuple[int, str] | None) -> None:
+    """Raise RunNotFound unless a stream's head (``Journal.head``) opens a run or an
+    orchestration; as :func:`check_run`, without decoding the first event."""
+    if head is None:
+        raise RunNotFound(f"no run {run_id!r} in this journal")
+    if head[1] not in _OPENING_TAGS:
+        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {head[1]} events")
 
 
 def check_run(run_id: str, first: Event | None) -> None:

@@ -656,7 +656,7 @@ class Runs(RunForks):
         waited, crashed, was suspended or retried) is resumed, never started twice.
         """
         run_id = child_run_id(parent[0], parent[1], call)
-        if self._journal.first(run_id) is None:
+        if self._journal.head(run_id) is None:
             return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
         state = self.state(run_id)
         changed = _child_plan_change(plan, state.plan())

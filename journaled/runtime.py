@@ -509,7 +509,7 @@ class Runtime:
                     raise RunNotResumable(
                         f"run {run_id}: the answer for step {step_id!r} {problem}"
                     )
-        if self._journal.first(run_id) is None:
+        if self._journal.head(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         if self._orchestrations.is_orchestration(run_id):
             orchestration: RunHandle[Any] = self._orchestrations.resume_start(

@@ -128,3 +128,28 @@ def test_the_first_events_of_many_streams_on_every_backend(journal_url: str) -> 
         assert journal.firsts([]) == {}
     finally:
         journal.close()
+
+
+def test_the_head_of_a_stream_on_every_backend(journal_url: str) -> None:
+    """Journal.head: the first event's position and tag (no version), None for no events."""
+    journal = Journal(parse_url(journal_url), Codec(STORED_EVENTS))
+    try:
+        assert journal.head("mem_a") is None
+        [first] = journal.append(
+            [
+                Pending(
+                    stream="mem_a", version=1, data=FactRemembered(at=1, fact_id="a", scope="user")
+                )
+            ]
+        )
+        journal.append(
+            [
+                Pending(
+                    stream="mem_a", version=2, data=FactRemembered(at=2, fact_id="a", scope="user")
+                )
+            ]
+        )
+        assert journal.head("mem_a") == (first, "memory.fact-remembered")
+        assert journal.head("mem_b") is None
+    finally:
+        journal.close()

@@ -713,6 +713,17 @@ class Journal:
         events = self.stream(stream, limit=1)
         return events[0] if events else None
 
+    def head(self, stream: str) -> tuple[int, str] | None:
+        """Return the position and the tag of a stream's first event, or None if it is empty.
+
+        The event's payload is neither read nor decoded: a run's first event holds its whole
+        plan, which is what a caller asking only whether the run exists, or what kind of run
+        it is, should not pay for.
+        """
+        self._check_open()
+        found = self._recorder.select_head(stream)
+        return None if found is None else (found[0], found[1].partition("@")[0])
+
     def firsts(self, streams: Sequence[str]) -> dict[str, Event]:
         """Return the first event of each of these streams that has one, by stream."""
         self._check_open()

@@ -170,6 +170,11 @@ class _POPORecorder(POPOApplicationRecorder):
                     break
             return out
 
+    def select_head(self, stream: str) -> tuple[int, str] | None:
+        """Return the position and topic of a stream's first event (its state unread)."""
+        rows = self.select_stream(stream, 0, None, 1)
+        return (int(rows[0][0]), str(rows[0][3])) if rows else None
+
     def select_firsts(self, streams: Sequence[str]) -> list[Row]:
         """Return the first event's row of each of these streams that has one (any order)."""
         rows: list[Row] = []

@@ -1023,6 +1023,17 @@ if _POSTGRES_MISSING is None:
                 params.append(limit)
             return _rows(self._fetch(query, params))
 
+        def select_head(self, stream: str) -> tuple[int, str] | None:
+            """Return the position and topic of a stream's first durable event (its state
+            unread)."""
+            bound, more = self._bounded(None)
+            rows = self._fetch(
+                f"SELECT notification_id, topic FROM public.{self.events_table_name} "  # noqa: S608
+                f"WHERE originator_id = %s{bound} ORDER BY originator_version LIMIT 1",
+                [stream, *more],
+            )
+            return (int(rows[0][0]), str(rows[0][1])) if rows else None
+
         def select_firsts(self, streams: Sequence[str]) -> list[Row]:
             """Return the first event's row of each of these streams that has one (any order),
             of what is durable."""

@@ -629,6 +629,18 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             c.execute("SELECT changes()")
             return int(c.fetchone()[0]) > 0
 
+    def select_head(self, stream: str) -> tuple[int, str] | None:
+        """Return the position and topic of a stream's first event (its state unread)."""
+        with self.datastore.transaction(commit=False) as c:
+            c.sqlite_cursor.row_factory = None
+            c.execute(
+                f"SELECT rowid, topic FROM {self.events_table_name} "  # noqa: S608
+                "WHERE originator_id = ? ORDER BY originator_version LIMIT 1",
+                [stream],
+            )
+            row = c.fetchone()
+        return None if row is None else (int(row[0]), str(row[1]))
+
     def select_firsts(self, streams: Sequence[str]) -> list[Row]:
         """Return the first event's row of each of these streams that has one (any order)."""
         rows: list[Row] = []
