@@ -57,6 +57,7 @@ from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_PREFIX,
     MEMORY_SNAPSHOT_SCHEMA,
     MemorySnapshot,
+    ScopeSnapshot,
     ScopeState,
     memory_snapshot_key,
 )
@@ -116,6 +117,11 @@ _RETRY_FOLDS = 1000
 """Events folded before an automatic snapshot put off by a deferred index is asked again."""
 
 
+def _empty_scope(physical: str) -> ScopeSnapshot:
+    """Return an empty scope's state, freshly made (a restore adopts its containers)."""
+    return ScopeState(physical).export()
+
+
 class MemoryWriter(pykka.ThreadingActor):
     """Decide memory commands, append their events atomically, and fan them out to scopes."""
 
@@ -169,6 +175,8 @@ class MemoryWriter(pykka.ThreadingActor):
         """Another organization's live facts -> their expiry, for a delete that re-links to one."""
         self._since_snapshot = 0
         self._snapshot_position = 0
+        self._snapshot_owed = False
+        """The stored snapshot failed to fold on (ADR 0060): the next save writes one anyway."""
         self._auto_snapshot_queued = False
         self._auto_snapshot_backoff = 0
         self._group: list[Remember] = []
@@ -596,24 +604,31 @@ class MemoryWriter(pykka.ThreadingActor):
         """
         self._set_stale(True)
         try:
-            ask_all(
-                list(self.scopes.values()),
-                None,
-                messages=[RestoreScope(state=ScopeState(name).export()) for name in self.scopes],
-                sent_under=self.send_lock,
-            )
-            self.position = self._snapshot_position = self._since_snapshot = 0
-            self.versions = {}
-            self.route = {}
-            self.purged = set()
-            self.hidden_superseders = {}
-            self.hidden_valid_until = {}
-            self._replay()
+            self._empty()
+            # From the journal's start: the snapshot may be what broke the scopes (ADR 0060),
+            # and the next save replaces it.
+            self._replay(from_snapshot=False)
+            self._snapshot_owed = True
         except Exception as exc:
             log.warning("memory could not be rebuilt from the journal yet: %s", exc)
             log.debug("why memory could not be rebuilt", exc_info=True)
             return
         self._set_stale(False)
+
+    def _empty(self) -> None:
+        """Give every scope an empty state and forget what the writer folded."""
+        ask_all(
+            list(self.scopes.values()),
+            None,
+            messages=[RestoreScope(state=_empty_scope(name)) for name in self.scopes],
+            sent_under=self.send_lock,
+        )
+        self.position = self._snapshot_position = self._since_snapshot = 0
+        self.versions = {}
+        self.route = {}
+        self.purged = set()
+        self.hidden_superseders = {}
+        self.hidden_valid_until = {}
 
     def _set_stale(self, stale: bool) -> None:
         """Mark memory behind the journal (or whole again), for readers too (ADR 0053).
@@ -641,7 +656,7 @@ class MemoryWriter(pykka.ThreadingActor):
     def _save_snapshot(self, min_events: int) -> bool:
         """Store memory's state at the current position, so the next open folds only the tail."""
         self._refuse_if_behind()  # empty or partial scopes: a snapshot would lose facts for good
-        if self._since_snapshot < min_events:
+        if self._since_snapshot < min_events and not self._snapshot_owed:
             return False
         # Fold what other processes appended first, even when this runtime does not follow: a
         # purge among it is then folded before the first try instead of refusing it (R2).
@@ -674,6 +689,7 @@ class MemoryWriter(pykka.ThreadingActor):
         self._since_snapshot = 0
         self._snapshot_position = self.position
         self._auto_snapshot_backoff = 0
+        self._snapshot_owed = False
         return True
 
     def _auto_snapshot_due(self) -> int:
@@ -695,22 +711,23 @@ class MemoryWriter(pykka.ThreadingActor):
             self._auto_snapshot_queued = True
             self.actor_ref.tell(SaveSnapshot(auto=True))
 
-    def _restore_snapshot(self) -> None:
-        """Start from memory's latest snapshot, if a usable one exists (a cache of the fold)."""
+    def _restore_snapshot(self) -> bool:
+        """Start from memory's latest snapshot, if a usable one exists (a cache of the fold);
+        tell whether one was restored."""
         stored = self.journal.snapshot(memory_snapshot_key(self.organization))
         if stored is None:
-            return
+            return False
         try:
             snapshot = MEMORY_SNAPSHOT_DECODER.decode(stored[1])
         except (msgspec.DecodeError, msgspec.ValidationError):
-            return  # unreadable: fold from the start instead
+            return False  # unreadable: fold from the start instead
         if (
             snapshot.schema != MEMORY_SNAPSHOT_SCHEMA
             or snapshot.organization != self.organization
             or set(snapshot.scopes) != set(self.scopes)
             or snapshot.position > self.journal.position()
         ):
-            return
+            return False
         scopes, unbacked = backed_scopes(snapshot, self.journal.payloads, self.journal.firsts)
         if unbacked is not None:
             # Snapshots are outside the digest chain (ADR 0021); payloads are inside it. Never
@@ -720,7 +737,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 memory_snapshot_key(self.organization),
                 unbacked,
             )
-            return
+            return False
         ask_all(
             list(self.scopes.values()),
             None,
@@ -733,13 +750,31 @@ class MemoryWriter(pykka.ThreadingActor):
         self.purged = set(snapshot.purged)
         self.hidden_superseders = dict(snapshot.hidden_superseders)
         self.hidden_valid_until = dict(snapshot.hidden_valid_until)
+        return True
 
-    def _replay(self) -> None:
-        """Fold the journal on open — from memory's snapshot when there is one — reading every
-        payload once, and check that no fact lost its text unpurged (J5)."""
-        self._restore_snapshot()
+    def _replay(self, *, from_snapshot: bool = True) -> None:
+        """Fold the journal on open — from memory's snapshot when there is one and
+        ``from_snapshot`` — reading every payload once, and check that no fact lost its text
+        unpurged (J5)."""
+        served = from_snapshot and self._restore_snapshot()
         missing: dict[str, int] = {}
-        self._catch_up(missing=missing)
+        try:
+            self._catch_up(missing=missing)
+        except Exception as exc:
+            if not served:
+                raise
+            # The snapshot passed the open's check, but folding after it failed: a posting the
+            # check could not read, say (ADR 0060). Fold the journal from its start instead, and
+            # store a snapshot of that, so the next open is not served the same one.
+            log.warning(
+                "folding after memory snapshot %s failed (%s): folding the journal from its start",
+                memory_snapshot_key(self.organization),
+                exc,
+            )
+            self._empty()
+            self._replay(from_snapshot=False)
+            self._snapshot_owed = True  # the next snapshot (the close's at the latest) replaces it
+            return
         with self.send_lock:
             # What the open folded is indexed by the first search (ADR 0056); what comes next,
             # as it comes. A fold still queued at a scope may go either way: both are exact.

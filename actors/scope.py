@@ -78,10 +78,11 @@ class ScopeShelf:
     @property
     def broken(self) -> bool:
         """A fold failed part way, or building the deferred index stopped part way through a
-        fact (ADR 0056), and the state may hold half of it: until a restore gives it a whole
+        fact (ADR 0056), and the state may hold half of it, or a posting restored from the
+        snapshot cannot be read (ADR 0060): until a restore gives it a whole
         state again, it is read neither in place nor by message, and the writer rebuilds memory
         (ADR 0053). The index's half is seen by everyone at once, whatever interrupted whom."""
-        return self._failed or self.state.torn
+        return self._failed or self.state.torn or self.state.index.unreadable
 
     @broken.setter
     def broken(self, failed: bool) -> None:

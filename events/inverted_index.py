@@ -27,8 +27,9 @@ from journaled.events.bm25 import (
     summation_order,
     tokenize,
 )
+from journaled.events.errors import IndexTorn
 
-__all__ = ["IndexSnapshot", "InvertedIndex", "search"]
+__all__ = ["IndexSnapshot", "InvertedIndex", "decode_posting", "search"]
 
 _EMPTY: Mapping[str, int] = MappingProxyType({})
 _POSTING_DECODER = msgspec.msgpack.Decoder(dict[int, int])
@@ -81,6 +82,8 @@ class InvertedIndex:
         # Postings restored from a snapshot, as encoded: decoded into ``_postings`` on first
         # use (ADR 0060), which shadows the encoding from then on; dropped with the posting.
         self._packed: dict[str, msgspec.Raw] = {}
+        self.unreadable = False
+        """A restored posting failed to decode: the index must be rebuilt, not read."""
         self._names: list[str] = []
         self._numbers: dict[str, int] = {}
         self._dl: dict[int, int] = {}
@@ -105,14 +108,20 @@ class InvertedIndex:
     def restore(cls, snapshot: IndexSnapshot, impact_min: int = 32) -> InvertedIndex:
         """Rebuild an index from :meth:`export` output, decoded.
 
-        The snapshot's containers are adopted, not copied (restoring 100k documents would
-        otherwise copy over a million postings), so pass a freshly decoded snapshot, never the
-        live result of another index's :meth:`export`.
+        The snapshot's containers are adopted, not copied, so pass a freshly decoded snapshot,
+        never the live result of another index's :meth:`export`. The postings are the
+        exception: each stays encoded until first used (ADR 0060), as a copy of its bytes.
         """
         index = cls(impact_min)
         # Each posting's encoding copied out of the snapshot's buffer, so that the buffer (the
-        # whole memory snapshot) is not kept alive by the terms nobody searches.
-        index._packed = {term: msgspec.Raw(bytes(raw)) for term, raw in snapshot.postings.items()}
+        # whole memory snapshot) is not kept alive by the terms nobody searches; a posting
+        # already decoded (an export not encoded since) is taken as it is.
+        postings: Mapping[str, Any] = snapshot.postings
+        for term, raw in postings.items():
+            if isinstance(raw, msgspec.Raw):
+                index._packed[term] = msgspec.Raw(bytes(raw))
+            else:
+                index._postings[term] = dict(raw)
         index._names = snapshot.names
         index._numbers = dict(zip(snapshot.names, range(len(snapshot.names)), strict=True))
         index._terms = snapshot.terms
@@ -203,7 +212,17 @@ class InvertedIndex:
         packed = self._packed.get(term)
         if packed is None:
             return None
-        posting = self._postings[term] = _POSTING_DECODER.decode(packed)
+        try:
+            posting = _POSTING_DECODER.decode(packed)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            # The snapshot's check could not see it (postings stay encoded): the index answers
+            # nothing from now on, and its owner rebuilds it from the journal.
+            self.unreadable = True
+            raise IndexTorn(
+                f"the search index restored from memory's snapshot holds a posting that cannot "
+                f"be read (term {term!r}: {exc}); memory is rebuilt from the journal"
+            ) from None
+        self._postings[term] = posting
         return posting
 
     def __contains__(self, doc_id: object) -> bool:

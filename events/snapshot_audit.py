@@ -20,7 +20,7 @@ from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.inverted_index import IndexSnapshot, decode_posting
 from journaled.events.journal import Journal, Problem, VerifyReport
-from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
+from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered, physical_scope
 from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
     MEMORY_SNAPSHOT_PREFIX,
@@ -202,7 +202,11 @@ def _index(index: IndexSnapshot) -> tuple[object, ...]:
 
     per_doc: dict[str, dict[str, int]] = {}
     for term, packed in index.postings.items():
-        for number, tf in decode_posting(packed).items():
+        try:
+            posting = decode_posting(packed)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            posting = {-1: -1}  # unreadable: it differs from any fold's
+        for number, tf in posting.items():
             per_doc.setdefault(name(number), {})[term] = tf
     lengths = {name(number): length for number, length in index.dl.items()}
     return per_doc, lengths, index.lengths, index.terms
@@ -326,10 +330,14 @@ def _inconsistent(
     for fact_id, fact in facts.items():
         if fact.id != fact_id:
             return f"fact {fact.id} is filed under id {fact_id}"
-        if route.get(fact_id) != physical:
+        if route.get(fact_id) != physical or physical_scope(fact.scope) != physical:
             return f"fact {fact_id} is not routed to it"
-    if not held.index.lengths.keys() <= facts.keys():
+    index = held.index
+    if not index.lengths.keys() <= facts.keys() or len(index.dl) != len(index.lengths):
         return "its search index holds a fact it does not have"
+    names = index.names
+    if any(not 0 <= n < len(names) or names[n] not in index.lengths for n in index.dl):
+        return "its search index numbers a fact it does not have"
     if not held.plain_group.keys() <= facts.keys() or not set(held.conditional) <= facts.keys():
         return "its search groups hold a fact it does not have"
     return None

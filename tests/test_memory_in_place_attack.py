@@ -45,11 +45,11 @@ def test_a_rebuild_after_a_failed_fold_never_shows_readers_an_empty_memory(
         emptied, release = threading.Event(), threading.Event()
         real_replay = MemoryWriter._replay
 
-        def replay(self: MemoryWriter) -> None:
+        def replay(self: MemoryWriter, **kwargs: Any) -> None:
             if self._stale:  # the rebuild's replay, after the scopes were restored empty
                 emptied.set()
                 release.wait(10)
-            real_replay(self)
+            real_replay(self, **kwargs)
 
         fail_fold_once(monkeypatch)
         monkeypatch.setattr(MemoryWriter, "_replay", replay)
@@ -85,11 +85,11 @@ def test_a_rebuild_that_fails_leaves_no_empty_memory_answering_reads(
 
         real_replay = MemoryWriter._replay
 
-        def replay(self: MemoryWriter) -> None:
+        def replay(self: MemoryWriter, **kwargs: Any) -> None:
             if self._stale and replay_failures:
                 replay_failures.pop()
                 raise OperationalError("the journal could not be read just now")
-            real_replay(self)
+            real_replay(self, **kwargs)
 
         fail_fold_once(monkeypatch)
         monkeypatch.setattr(MemoryWriter, "_replay", replay)

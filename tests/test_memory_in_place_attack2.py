@@ -51,11 +51,11 @@ def test_a_reader_waiting_for_busy_scopes_does_not_read_them_emptied_by_a_rebuil
         emptied, release_replay = threading.Event(), threading.Event()
         real_replay = MemoryWriter._replay
 
-        def replay(self: MemoryWriter) -> None:
+        def replay(self: MemoryWriter, **kwargs: Any) -> None:
             if self._stale:  # the rebuild's replay, after the scopes were restored empty
                 emptied.set()
                 release_replay.wait(20)
-            real_replay(self)
+            real_replay(self, **kwargs)
 
         waiting = threading.Event()
         real_wait_for = lock.wait_for

@@ -161,9 +161,29 @@ def _text_changed_by_one_char(snapshot: dict[str, Any]) -> None:
     fact["text"] = fact["text"] + " "
 
 
+def _fact_of_another_scope(snapshot: dict[str, Any]) -> None:
+    """A project fact filed, and routed, under the user scope's part."""
+    project, user = _project(snapshot)["facts"], snapshot["scopes"]["user"]["facts"]
+    fact_id = sorted(project)[0]
+    user[fact_id] = project.pop(fact_id)
+    snapshot["route"][fact_id] = "user"
+
+
+def _fact_gone_with_its_lengths(snapshot: dict[str, Any]) -> None:
+    """A fact dropped with its index lengths and groups; its number stays in the index."""
+    part = _project(snapshot)
+    fact_id = sorted(part["facts"])[-1]
+    del part["facts"][fact_id]
+    part["index"]["lengths"].pop(fact_id, None)
+    part["index"]["terms"].pop(fact_id, None)
+    part["plain_group"].pop(fact_id, None)
+
+
 @pytest.mark.parametrize(
     "forge",
     [
+        _fact_of_another_scope,
+        _fact_gone_with_its_lengths,
         _id_not_key,
         _extra_scope,
         _missing_scope,
@@ -563,3 +583,85 @@ def test_memory_with_many_facts_opens_from_the_snapshot_with_every_text(
     with journaled.open(sqlite_url) as rt:
         assert {f.id: f.text for f in rt.memory.all()} == expected
     assert served == [position]
+
+
+# -- a posting the open's check cannot read (it stays encoded, ADR 0060) ---------------------------
+
+
+def _bad_posting(snapshot: dict[str, Any]) -> None:
+    """The posting of a term every search of ``_answers`` reads."""
+    postings = _project(snapshot)["index"]["postings"]
+    assert "deploy" in postings
+    postings["deploy"] = "not a posting"
+
+
+def test_an_unreadable_posting_is_healed_from_the_journal(
+    made: tuple[str, ManualClock, int, object],
+) -> None:
+    """The first search to read it fails with IndexTorn, memory is rebuilt from the journal
+    (never from that snapshot again), answers as a full fold, and the close replaces the
+    snapshot: the next open is served a good one and verify says ok."""
+    url, clock, now, expected = made
+    _edit(_path(url), "memory:", _bad_posting)
+    with journaled.open(url, clock=clock) as rt:
+        with pytest.raises(journaled.IndexTorn, match="cannot be read"):
+            _answers(rt, now)  # the search that meets it; the next ones are answered
+        assert _answers(rt, now) == expected
+    with journaled.open(url, clock=clock) as rt:
+        assert _answers(rt, now) == expected
+    assert verify(url).ok
+
+
+def test_an_unreadable_posting_met_by_the_opens_fold_folds_from_the_start(
+    made: tuple[str, ManualClock, int, object],
+) -> None:
+    """A fact remembered after the snapshot is folded on open into the restored index: when
+    that meets the unreadable posting, the open folds the journal from its start instead of
+    failing, and the close replaces the snapshot."""
+    url, clock, now, _ = made
+    with journaled.open(url, clock=clock) as rt:
+        rt.memory.remember("deploy api number 99 on port 9999", scope="project")
+        now = clock.now
+        expected = _answers(rt, now)
+    _edit(_path(url), "memory:", _poison_every_posting)
+    with journaled.open(url, clock=clock) as rt:
+        assert _answers(rt, now) == expected
+    assert verify(url).ok
+
+
+def _poison_every_posting(snapshot: dict[str, Any]) -> None:
+    postings = _project(snapshot)["index"]["postings"]
+    for term in postings:
+        postings[term] = "not a posting"
+
+
+def test_verify_reports_an_unreadable_posting(made: tuple[str, ManualClock, int, object]) -> None:
+    url, _, _, _ = made
+    _edit(_path(url), "memory:", _bad_posting)
+    report = verify(url)
+    assert not report.ok
+    assert report.problem is not None
+    assert report.problem.kind == "snapshot-altered"
+
+
+def test_a_wait_that_finds_the_journal_closed_opens_no_listener(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """close() between a wait's open check and its listener: the wait opens none (it could
+    never be closed)."""
+    journal = Journal(parse_url(pg_url), Codec(STORED_EVENTS))
+    real = Journal._check_open
+
+    def check_then_close(self: Journal) -> None:
+        real(self)
+        monkeypatch.setattr(Journal, "_check_open", real)
+        self.close()
+
+    monkeypatch.setattr(Journal, "_check_open", check_then_close)
+    assert journal.wait_for_foreign(0.05, ("run.", "orchestration.")) is False
+    assert journal._listener is None
+    monkeypatch.setattr(Journal, "_check_open", check_then_close)
+    reopened = Journal(parse_url(pg_url), Codec(STORED_EVENTS))
+    monkeypatch.setattr(Journal, "_check_open", check_then_close)
+    reopened.wait_for_appends(0.05)
+    assert reopened._listener_all is None

@@ -419,6 +419,7 @@ class Journal:
         return main, f"{main}{QUIET_SUFFIX}"
 
     def _quiet_channel(self) -> str:
+        """Return the channel appends of runs alone notify (ADR 0057)."""
         return self._channels()[1]
 
     def wait_for_foreign(self, timeout: float, skip_prefixes: Sequence[str]) -> bool:
@@ -445,6 +446,8 @@ class Journal:
             )
         deadline = time.monotonic() + timeout
         with self._listen_lock:
+            if self._closed:  # closed since the check: open no listener close() cannot drop
+                return False
             try:
                 listener = self._listen()
                 while (left := deadline - time.monotonic()) > 0 and not self._closed:
@@ -808,8 +811,9 @@ class Journal:
     def wait_for_appends(self, timeout: float, *, since: int | None = None) -> None:
         """Wait up to ``timeout`` seconds, returning early when another process appends.
 
-        Without ``since``, on PostgreSQL this listens to the channel the library notifies on
-        every append (one dedicated connection, opened on first use); elsewhere it simply waits.
+        Without ``since``, on PostgreSQL this listens to both channels appends notify (the main
+        one and the quiet one, ADR 0057; one dedicated connection, opened on first use);
+        elsewhere it simply waits.
         Callers poll the position afterwards either way, so a lost notification costs at most
         one timeout.
 
@@ -828,6 +832,8 @@ class Journal:
             return
         deadline = time.monotonic() + timeout
         with self._listen_lock:
+            if self._closed:  # closed since the check: open no listener close() cannot drop
+                return
             try:
                 listener = self._listen(quiet=True)
                 # In slices, so that a close waits for one slice at most.
