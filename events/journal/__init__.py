@@ -410,17 +410,13 @@ class Journal:
         families = dict.fromkeys(e.topic.partition(".")[0] for e in stored)
         note = " ".join((self._token, *families))
         if families.keys() <= QUIET_FAMILIES:
-            return {"note": note, "channel": self._quiet_channel()}
+            return {"note": note, "channel": self._channels()[1]}
         return {"note": note}
 
     def _channels(self) -> tuple[str, str]:
         """Return the main channel (the library's) and the quiet one (ADR 0057)."""
         main = str(getattr(self._recorder, "channel_name", ""))
         return main, f"{main}{QUIET_SUFFIX}"
-
-    def _quiet_channel(self) -> str:
-        """Return the channel appends of runs alone notify (ADR 0057)."""
-        return self._channels()[1]
 
     def wait_for_foreign(self, timeout: float, skip_prefixes: Sequence[str]) -> bool:
         """Wait up to ``timeout`` seconds for another process's append a reader may need.
