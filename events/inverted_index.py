@@ -73,6 +73,12 @@ class InvertedIndex:
         # decides a document's contribution, built on the first query that reads the posting
         # and kept up to date from then on, so scoring can visit the strongest first.
         self._impacts: dict[str, dict[tuple[int, int], set[int]]] = {}
+        # term -> (changes, avgdl, its buckets strongest first as (tf / (tf + norm), docs)):
+        # the order a query reads a long posting in, kept while neither the index nor the
+        # candidates' mean length change, so a repeated query does not sort its buckets again.
+        self._orders: dict[str, tuple[int, float, list[tuple[float, set[int]]]]] = {}
+        self._changes = 0
+        """Counts adds and removes: a bucket order made before a change is not used after."""
         # Each document's distinct terms, space-joined: what remove() needs, compact to store.
         self._terms: dict[str, str] = {}
         self._lengths: dict[str, int] = {}
@@ -148,6 +154,7 @@ class InvertedIndex:
             number = self._numbers[doc_id] = len(self._names)
             self._names.append(doc_id)
         length = len(tokens)
+        self._changes += 1
         self._terms[doc_id] = " ".join(counts)
         self._lengths[doc_id] = length
         self._dl[number] = length
@@ -176,6 +183,7 @@ class InvertedIndex:
         if terms is None:
             return
         dl = self._lengths.pop(doc_id)
+        self._changes += 1
         self._total_length -= dl
         number = self._numbers[doc_id]
         del self._dl[number]
@@ -192,8 +200,10 @@ class InvertedIndex:
                     del buckets[tf, dl]
                 if len(posting) < self.impact_min // 2 or not posting:
                     del impacts[term]  # short again: reading it whole is cheaper
+                    self._orders.pop(term, None)
             # Empty postings would otherwise accumulate forever under churn.
             if not posting:
+                self._orders.pop(term, None)
                 del self._postings[term]
                 self._packed.pop(term, None)  # its encoding would bring it back
 
@@ -383,7 +393,7 @@ class InvertedIndex:
         order: list[tuple[dict[int, int], float]] = []
         # Per term: its buckets strongest first with what a document in each gets from the
         # term, or None to read the posting whole; and a cap on what the term gives anyone.
-        visits: list[list[tuple[float, set[int]]] | None] = []
+        visits: list[tuple[float, list[tuple[float, set[int]]]] | None] = []
         caps: list[float] = []
         for term, weight in summation_order(weighted):
             posting = found[term]
@@ -392,15 +402,9 @@ class InvertedIndex:
                 visits.append(None)
                 caps.append(weight)  # tf / (tf + norm) < 1
                 continue
-            ranked = sorted(
-                (
-                    (weight * tf / (tf + (c1 + c2 * dl)), docs)
-                    for (tf, dl), docs in self._impact_buckets(term).items()
-                ),
-                key=lambda bucket: -bucket[0],
-            )
-            visits.append(ranked)
-            caps.append(ranked[0][0])
+            ranked = self._bucket_order(term, avgdl, c1, c2)
+            visits.append((weight, ranked))
+            caps.append(weight * ranked[0][0])
         # rest[i] caps what terms i.. can give a document that none of the earlier terms reached.
         rest = [0.0] * (len(order) + 1)
         for i in range(len(order) - 1, -1, -1):
@@ -444,8 +448,9 @@ class InvertedIndex:
             if buckets is None:
                 visit(posting, i == 0)
                 continue
-            for gain, docs in buckets:
-                if len(best) == limit and (gain + rest[i + 1]) * slack < best[0]:
+            weight, ranked = buckets
+            for factor, docs in ranked:
+                if len(best) == limit and (weight * factor + rest[i + 1]) * slack < best[0]:
                     break
                 visit(docs, False)
 
@@ -455,6 +460,29 @@ class InvertedIndex:
             scores = {doc: value for doc, value in scores.items() if value >= kth}
         top = heapq.nsmallest(limit, scores.items(), key=lambda kv: (-kv[1], names[kv[0]]))
         return [(value, names[doc]) for doc, value in top]
+
+    def _bucket_order(
+        self, term: str, avgdl: float, c1: float, c2: float
+    ) -> list[tuple[float, set[int]]]:
+        """Return a long posting's impact buckets strongest first, with what a document in each
+        gets from the term per unit of its weight: ``tf / (tf + norm)``.
+
+        The order depends only on the buckets and on ``avgdl`` (the weight scales every bucket
+        alike), so it is kept until the index changes or a query brings another ``avgdl``; it
+        is assigned whole, as the buckets are, so concurrent readers stay safe.
+        """
+        kept = self._orders.get(term)
+        if kept is not None and kept[0] == self._changes and kept[1] == avgdl:
+            return kept[2]
+        ranked = sorted(
+            (
+                (tf / (tf + (c1 + c2 * dl)), docs)
+                for (tf, dl), docs in self._impact_buckets(term).items()
+            ),
+            key=lambda bucket: -bucket[0],
+        )
+        self._orders[term] = (self._changes, avgdl, ranked)
+        return ranked
 
     def _impact_buckets(self, term: str) -> dict[tuple[int, int], set[int]]:
         """Return the term's impact buckets, building them from its posting on first use."""

@@ -304,6 +304,51 @@ def test_long_postings_are_read_strongest_bucket_first() -> None:
         index.add("d002", "common pad pad")
 
 
+def test_bucket_order_is_not_reused_after_a_change_that_keeps_avgdl() -> None:
+    """M6: a long posting's bucket order, kept between queries, is made again after any change,
+    even one that leaves the mean length as it was (the order is keyed by both)."""
+    index = InvertedIndex(impact_min=1)
+    docs = {"a": "common pad pad", "b": "common pad pad pad pad"}
+    for doc_id, text in docs.items():
+        index.add(doc_id, text)
+
+    def top() -> list[tuple[float, str]]:
+        n_docs, total, counts = index.stats(["common"], None)
+        idfs = {term: idf(n_docs, n) for term, n in counts.items()}
+        return index.score(["common"], idfs, total / n_docs, None, 1)
+
+    assert top() == bm25_rescore("common", list(docs.items()), 1)
+    # Same count, same total length (avgdl 4 before and after), a bucket no query has seen.
+    index.remove("b")
+    del docs["b"]
+    index.add("c", "common common pad pad pad")
+    docs["c"] = "common common pad pad pad"
+    assert top() == bm25_rescore("common", list(docs.items()), 1)
+    assert [doc for _, doc in top()] == ["c"]
+
+
+def test_bucket_order_follows_the_mean_length_each_query_brings() -> None:
+    """M6: the candidates' mean length, which the caller passes, reorders a long posting's
+    buckets; a query with another one must not prune by the order made for the last."""
+    index = InvertedIndex(impact_min=1)
+    index.add("short", "common pad")  # tf 1, length 2
+    index.add("long", "common common" + " pad" * 8)  # tf 2, length 10
+    idfs = {"common": 1.0}
+
+    def expected(avgdl: float) -> str:
+        def bm25(tf: int, dl: int) -> float:
+            return tf * (K1 + 1) / (tf + K1 * (1 - B + B * dl / avgdl))
+
+        return "short" if bm25(1, 2) > bm25(2, 10) else "long"
+
+    assert expected(2.0) == "short"
+    assert expected(20.0) == "long"
+    for avgdl in (2.0, 20.0, 2.0):
+        assert [doc for _, doc in index.score(["common"], idfs, avgdl, None, 1)] == [
+            expected(avgdl)
+        ]
+
+
 def test_doc_reached_only_through_weaker_term_can_still_win() -> None:
     """M6: pruning never drops a doc whose weaker term alone outscores the rarer term's docs."""
     docs = {f"m{i}": "mid other" for i in range(3)}
