@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import msgspec
 
 from journaled.events.base import DomainEvent, Event
-from journaled.events.bm25 import idf, merge_top, tokenize
+from journaled.events.bm25 import check_limit, idf, tokenize
 from journaled.events.errors import IndexTorn
 from journaled.events.inputs import decode_text
 from journaled.events.inverted_index import IndexSnapshot, InvertedIndex
@@ -493,13 +493,20 @@ def merge_hits(per_scope: Iterable[list[tuple[float, Fact]]], limit: int) -> lis
 def merge_scored(
     per_scope: Iterable[list[tuple[float, Fact]]], limit: int
 ) -> list[tuple[float, Fact]]:
-    """Merge per-scope hit lists into the global top ``limit`` (score, fact), as merge_hits."""
-    by_id: dict[str, Fact] = {}
-    lists: list[list[tuple[float, str]]] = []
-    for hits in per_scope:
-        lists.append([(s, f.id) for s, f in hits])
-        by_id.update((f.id, f) for _, f in hits)
-    return [(s, by_id[i]) for s, i in merge_top(lists, limit)]
+    """Merge per-scope hit lists into the global top ``limit`` (score, fact), as merge_hits.
+
+    As :func:`merge_top` orders (score desc, id asc), without pairing ids and facts apart: the
+    lists are short (a scope's top ``limit``), so one sort of them all is the cheapest cut.
+    """
+    check_limit(limit)
+    merged = [hit for hits in per_scope for hit in hits]
+    merged.sort(key=_score_then_id)
+    del merged[limit:]
+    return merged
+
+
+def _score_then_id(hit: tuple[float, Fact]) -> tuple[float, str]:
+    return (-hit[0], hit[1].id)
 
 
 def cosine(a: Sequence[float], b: Sequence[float]) -> float:

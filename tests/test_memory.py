@@ -332,6 +332,17 @@ def test_ties_broken_by_id_and_limit(rt: journaled.Runtime) -> None:
     assert len(rt.memory.search("same", limit=10)) == 5
 
 
+def test_ties_across_physical_scopes_go_by_id(rt: journaled.Runtime) -> None:
+    """M6: equal scores held by different physical scopes (each its own index) are merged by
+    id ascending too, whichever scope holds which."""
+    scopes = ["user", "repository", "project", "session"]  # session lives in project
+    ids = [rt.memory.remember("same words here", scope=scopes[i % 4]).id for i in range(12)]
+    for _ in range(3):
+        rt.memory.remember("unrelated text", scope="repository")
+    assert [f.id for f in rt.memory.search("same words", limit=12)] == sorted(ids)
+    assert [f.id for f in rt.memory.search("same words", limit=5)] == sorted(ids)[:5]
+
+
 def test_bm25_stats_count_only_filtered_candidates(rt: journaled.Runtime) -> None:
     """M6: N and n are counted over the filtered candidates, so filters change scores."""
     a = rt.memory.remember("alpha beta", domain="d1")
