@@ -25,6 +25,7 @@ from journaled.actors.ownership import HEARTBEAT_SECONDS
 from journaled.actors.run_recorder import Progress, RunRecorder, Trace
 from journaled.actors.steps import Services, StepWorker, missing
 from journaled.events.base import DomainEvent
+from journaled.events.inputs import INT64_MAX
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import (
     Reserve,
@@ -426,6 +427,14 @@ class Executor(pykka.ThreadingActor):
                 except ReserveFailed as exc:  # a failing reserve fails its step, not the run
                     self._reserve_errors[step.id] = str(exc)
                     reserved = 0
+                if reserved is not None and total + reserved > INT64_MAX:
+                    # The wave's estimate is journaled (E6): one a journal cannot hold fails
+                    # the step that would carry it over, as any answer it cannot store.
+                    self._reserve_errors[step.id] = (
+                        f"reserve failed for agent {step.agent!r}: its answer {reserved} takes "
+                        f"the wave's estimate past what a journal holds ({INT64_MAX})"
+                    )
+                    reserved = 0
                 self._reservations[step.id] = reserved
                 cost = reserved or 0  # unbounded only without a budget: nothing to gate
             total += cost
@@ -523,8 +532,10 @@ class Executor(pykka.ThreadingActor):
             self._interrupted.append(step.id)
             self._draining = True
         else:
-            if msg.reads or msg.read_ops:
-                # Ids only, once per attempt, in the commit of its result (P1, ADR 0033).
+            if msg.reads or msg.read_ops or (msg.memory and msg.attempt > 1):
+                # Ids only, once per attempt, in the commit of its result (P1, ADR 0033); a
+                # re-run that read nothing says so, and an earlier attempt's reads no longer
+                # stand for the result (ADR 0062).
                 self.recorder.stage(
                     MemoryRead(
                         at=self.clock(),
@@ -532,6 +543,8 @@ class Executor(pykka.ThreadingActor):
                         attempt=msg.attempt,
                         fact_ids=msg.reads,
                         ops=msg.read_ops,
+                        read_position=msg.read_position,
+                        read_at=msg.read_at,
                     )
                 )
             if not (

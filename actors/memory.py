@@ -27,10 +27,11 @@ from journaled.actors.clock import Clock, new_fact_id
 from journaled.actors.desk import GROUP_MAX as _GROUP_MAX
 from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import CountingInbox, Directory, failure
-from journaled.actors.errors import MemoryBehind
+from journaled.actors.errors import InvalidFact, MemoryBehind
 from journaled.actors.group_commit import Answer, commit_remembers
 from journaled.actors.remember_rules import validate_remember
-from journaled.actors.scope import ScopeShelf, Unsettled, read_in_place
+from journaled.actors.run_reads import opens_run
+from journaled.actors.scope import FoldMark, ScopeShelf, Unsettled, read_in_place
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
@@ -143,8 +144,11 @@ class MemoryWriter(pykka.ThreadingActor):
         directory: Directory,
         shelves: dict[str, ScopeShelf] | None = None,
         desk: WriterDesk | None = None,
+        mark: FoldMark | None = None,
     ) -> None:
         super().__init__()
+        self.mark = mark if mark is not None else FoldMark()
+        """The position up to which every fold is queued for the scopes (ADR 0062)."""
         self.command_lock = threading.Lock()
         """Held for every message the actor handles, and by a caller doing a remember here."""
         self._done = 0
@@ -388,6 +392,11 @@ class MemoryWriter(pykka.ThreadingActor):
     def _decide_remember(self, msg: Remember) -> tuple[list[Staged], str, Fact]:
         """Decide a remember's events against the stored state: (events, redacted text, fact)."""
         fields = validate_remember(msg, self.organization)
+        if msg.run_id is not None and not opens_run(self.journal.head(msg.run_id)):
+            # Provenance is a claim the record makes (P1): it names a run that exists.
+            raise InvalidFact(
+                "run_id", f"names no run of this journal ({msg.run_id!r}): give the run's id"
+            )
         now = self.clock()
         fact_id = new_fact_id(now)
         text, found = redact_report(msg.text)
@@ -624,6 +633,7 @@ class MemoryWriter(pykka.ThreadingActor):
             sent_under=self.send_lock,
         )
         self.position = self._snapshot_position = self._since_snapshot = 0
+        self.mark.position = 0
         self.versions = {}
         self.route = {}
         self.purged = set()
@@ -745,6 +755,7 @@ class MemoryWriter(pykka.ThreadingActor):
             sent_under=self.send_lock,
         )
         self.position = self._snapshot_position = snapshot.position
+        self.mark.position = self.position
         self.versions = dict(snapshot.versions)
         self.route = dict(snapshot.route)
         self.purged = set(snapshot.purged)
@@ -818,6 +829,7 @@ class MemoryWriter(pykka.ThreadingActor):
                     for batch, texts in tail:
                         self._fold_batch(batch, missing, texts)
                     self.position = max(self.position, end)
+                    self.mark.position = self.position
                 return
             self._set_stale(True)  # too long to hold whole: readers wait for the writer instead
             for batch, texts in tail:
@@ -825,11 +837,13 @@ class MemoryWriter(pykka.ThreadingActor):
             for batch in _batches(events, _FOLD_BATCH):
                 self._fold_batch(batch, missing)
             self.position = max(self.position, end)
+            self.mark.position = self.position
             self._set_stale(False)
             return
         for batch in _batches(events, _FOLD_BATCH):
             self._fold_batch(batch, missing)
         self.position = max(self.position, end)
+        self.mark.position = self.position
 
     def _fold_batch(
         self,
@@ -913,6 +927,7 @@ class MemoryWriter(pykka.ThreadingActor):
                 shelf = self.shelves.get(physical)
                 if shelf is None or not shelf.fold_here(apply):
                     ref.tell(apply)
+            self.mark.position = self.position
         self._queue_auto_snapshot()
 
     def _track_hidden(self, data: DomainEvent) -> None:

@@ -37,16 +37,18 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
     physical = physical_scope(msg.scope)
     if physical == "organization" and organization is None:
         raise OrganizationNotConfigured
-    for name in ("domain", "conflict_key", "source"):
+    for name in ("domain", "conflict_key", "source", "run_id", "step_id"):
         value = getattr(msg, name)
         if value is not None and not isinstance(value, str):
             raise InvalidFact(name, f"must be a string or None, got {type(value).__name__}")
-    for name in ("text", "scope", "domain", "conflict_key", "source"):
+    if msg.step_id is not None and msg.run_id is None:
+        raise InvalidFact("run_id", "is missing: a step_id names a step of a run (P1)")
+    for name in ("text", "scope", "domain", "conflict_key", "source", "run_id", "step_id"):
         value = getattr(msg, name)
         problem = None if value is None else text_problem(value, limit=_LIMITS.get(name, 1024))
         if problem:
             raise InvalidFact(name, problem)
-    for name in ("scope", "domain", "conflict_key"):
+    for name in ("scope", "domain", "conflict_key", "run_id", "step_id"):
         value = getattr(msg, name)
         if value is not None and "\x00" in value:
             # They name streams and keys, which PostgreSQL keeps as text: one rule for every

@@ -16,7 +16,8 @@ from journaled.actors.errors import RunNotResumable
 from journaled.actors.run_args import RUN_PREFIX, check_budget, new_run_id
 from journaled.actors.run_reads import RunReads, check_run
 from journaled.actors.steps import journalable
-from journaled.events.base import Pending
+from journaled.events.base import Event, Pending
+from journaled.events.codec import topics_of
 from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
@@ -202,10 +203,34 @@ class RunForks(RunReads):
         """
         if run_id is None:
             reads = read_events(self._journal)
+            for forked in self._journal.read(topics=topics_of(RunForked)):
+                if isinstance(forked.data, RunForked):
+                    reads += self._carried_reads(forked.stream, forked.data, {forked.stream})
         else:
-            check_run(run_id, self._journal.first(run_id) if isinstance(run_id, str) else None)
+            first = self._journal.first(run_id) if isinstance(run_id, str) else None
+            check_run(run_id, first)
+            assert first is not None
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
+            if isinstance(first.data, RunForked):
+                reads += self._carried_reads(run_id, first.data, {run_id})
         return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact)
+
+    def _carried_reads(self, fork_id: str, forked: RunForked, seen: set[str]) -> list[Event]:
+        """Return the reads behind the steps a fork carried, as the fork's own (P3, ADR 0062).
+
+        A carried step never runs again in the fork (F1): its output rests on the reads its
+        source recorded up to the fork's position, and on those of the source's source for a
+        step it carried in turn.
+        """
+        carried = {c.observation.step_id for c in forked.carried}
+        if not carried or forked.source in seen:
+            return []
+        source = self._journal.stream(forked.source, upto=forked.position)
+        reads = [e for e in source if isinstance(e.data, MemoryRead) and e.data.step_id in carried]
+        if source and isinstance(source[0].data, RunForked):
+            further = self._carried_reads(forked.source, source[0].data, seen | {forked.source})
+            reads += [e for e in further if e.data.step_id in carried]  # type: ignore[attr-defined]
+        return [msgspec.structs.replace(e, stream=fork_id) for e in reads]
 
     def refresh(self, run_id: str) -> str:
         """Fork the run so that its stale steps and their dependents run again (P4); return its id.
@@ -218,6 +243,8 @@ class RunForks(RunReads):
             RunNotFound: ``run_id`` names no run.
             ValueError: the run has no stale step.
         """
+        if not isinstance(run_id, str):
+            check_run(run_id, None)  # None would ask for every run's stale steps
         found = self.stale(run_id)
         if not found:
             raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")

@@ -29,6 +29,7 @@ from journaled.events.run_summaries import (
     select,
 )
 from journaled.events.runs import RunForked, RunStarted
+from journaled.events.tenancy import Boundary
 
 log = logging.getLogger("journaled")
 
@@ -46,12 +47,19 @@ class RunReads:
         self.checkpoints = RunCheckpoints()
         """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
         self._checkpoints_lock = threading.Lock()
+        self.boundary: Boundary | None = None
+        """The runtime's tenant boundary (R1): the run events it shows (history, why) name
+        none of another organization's facts. The runtime sets it."""
 
     def history(self, run_id: str) -> list[Event]:
         """Return every event of a run, oldest first."""
-        events = self._journal.stream(run_id)
+        events = self._seen(self._journal.stream(run_id))
         check_run(run_id, events[0] if events else None)
         return events
+
+    def _seen(self, events: list[Event]) -> list[Event]:
+        """Return run events as this runtime may show them (R1, :attr:`boundary`)."""
+        return events if self.boundary is None else self.boundary.scrub_reads(events)
 
     def _first(self, run_id: str) -> Event:
         first = self._journal.first(run_id)
@@ -209,7 +217,9 @@ class RunReads:
         """Explain, from events alone, why a run or orchestration is in its state (O6)."""
         events = self.history(run_id)
         if isinstance(events[0].data, OrchestrationStarted):
-            return explain_orchestration(run_id, events, self._journal.stream)
+            return explain_orchestration(
+                run_id, events, lambda stream: self._seen(self._journal.stream(stream))
+            )
         return explain_run(run_id, events)
 
     def list(
@@ -271,6 +281,11 @@ def check_position(position: object, name: str = "position") -> None:
 
 _OPENING_TAGS = frozenset(tag_of(cls) for cls in (RunStarted, RunForked, OrchestrationStarted))
 """The tags of the events a run's or an orchestration's stream starts with."""
+
+
+def opens_run(head: tuple[int, str] | None) -> bool:
+    """Tell whether a stream's head (``Journal.head``) opens a run or an orchestration."""
+    return head is not None and head[1] in _OPENING_TAGS
 
 
 def check_head(run_id: str, head: tuple[int, str] | None) -> None:

@@ -16,7 +16,7 @@ from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import Directory
 from journaled.actors.errors import ActorTimeout
 from journaled.actors.memory import MemoryWriter
-from journaled.actors.scope import ScopeActor, ScopeShelf
+from journaled.actors.scope import FoldMark, ScopeActor, ScopeShelf
 from journaled.actors.scrubber import Scrubber
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.errors import JournalClosed
@@ -54,11 +54,20 @@ class MemoryActors:
         self.writer: Any = None
         self.desk = WriterDesk()
         """Where a caller stores a remember itself while the writer is idle (ADR 0054)."""
+        self.mark = FoldMark()
+        """How far the writer has queued its folds: where a read begins (ADR 0062)."""
         try:
             for name in physical:
                 self.scopes[name] = ScopeActor.start(self.shelves[name])
             self.writer = MemoryWriter.start(
-                journal, self.scopes, clock, organization, self.directory, self.shelves, self.desk
+                journal,
+                self.scopes,
+                clock,
+                organization,
+                self.directory,
+                self.shelves,
+                self.desk,
+                self.mark,
             )
             self._known = int(ask(self.writer, CatchUp(initial=True)))
         except BaseException:

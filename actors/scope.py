@@ -49,6 +49,20 @@ log = logging.getLogger("journaled.memory")
 _ENCODER = msgspec.msgpack.Encoder()
 
 
+class FoldMark:
+    """How far the memory writer has queued its folds for the scopes: a journal position.
+
+    Set under the scopes' lock once every fold up to it is queued, so a read begun after it was
+    taken (in place once settled, or by message behind those folds) reflects at least that
+    position: a change after it is one the read may not have seen (ADR 0062).
+    """
+
+    __slots__ = ("position",)
+
+    def __init__(self) -> None:
+        self.position = 0
+
+
 class ScopeShelf:
     """One physical scope's state, kept by its actor and readable in place (ADR 0053).
 

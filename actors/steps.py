@@ -84,6 +84,19 @@ class StepMemory:
         self._ids: dict[str, None] = {}
         self._ops: dict[str, None] = {}
         self._lock = threading.Lock()
+        self.began: tuple[int | None, int | None] = (None, None)
+        """Where and when the first read began (ADR 0062): (journal position, epoch ms)."""
+        self._begun = False
+
+    def _begin(self) -> None:
+        """Note where the attempt's first read begins, before it reads (ADR 0062)."""
+        if self._begun:
+            return
+        mark = getattr(self._memory, "read_mark", None)
+        began = mark() if mark is not None else (None, None)
+        with self._lock:
+            if not self._begun:
+                self.began, self._begun = began, True
 
     def _note(self, op: str, facts: list[Fact]) -> list[Fact]:
         with self._lock:
@@ -94,24 +107,29 @@ class StepMemory:
 
     def search(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]:
         """Search by BM25 like ``rt.memory.search``; the ids returned are journaled."""
+        self._begin()
         return self._note("search", self._memory.search(query, *args, **kwargs))
 
     def search_semantic(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]:
         """Search by meaning like ``rt.memory.search_semantic``; the ids returned are journaled."""
+        self._begin()
         return self._note("search_semantic", self._memory.search_semantic(query, *args, **kwargs))
 
     def search_hybrid(self, query: str, *args: Any, **kwargs: Any) -> list[Fact]:
         """Search like ``rt.memory.search_hybrid`` (ADR 0047); the ids returned are journaled."""
+        self._begin()
         return self._note("search_hybrid", self._memory.search_hybrid(query, *args, **kwargs))
 
     def get(self, fact_id: str) -> Fact | None:
         """Return a fact like ``rt.memory.get``; its id is journaled when found."""
+        self._begin()
         fact = self._memory.get(fact_id)
         self._note("get", [] if fact is None else [fact])
         return fact
 
     def all(self) -> list[Fact]:
         """Return every fact like ``rt.memory.all``; every id returned is journaled."""
+        self._begin()
         return self._note("all", self._memory.all())
 
     def remember(self, text: str, *args: Any, **kwargs: Any) -> Fact:
@@ -483,7 +501,10 @@ def _observe_agent(
     code = result.code
     if code == "agent-waiting":
         question = result.error or "the agent is waiting for input"
-        obs = Observation(**base, ok=False, code=code, error=question, agent_task_id=task)
+        # The calls it spent before asking are charged with the wait (E8, ADR 0013).
+        obs = Observation(
+            **base, ok=False, code=code, error=question, calls_used=calls, agent_task_id=task
+        )
         return obs, question
     obs = Observation(
         **base,
@@ -598,6 +619,9 @@ class StepWorker(pykka.ThreadingActor):
             interrupted=interrupted,
             reads=reads,
             read_ops=ops,
+            read_position=None if memory is None else memory.began[0],
+            read_at=None if memory is None else memory.began[1],
+            memory=memory is not None,
         )
         # The executor takes the result in this thread when it is free: on a chain the next step
         # comes back to this worker without crossing a thread (ADR 0043). Otherwise it is told;

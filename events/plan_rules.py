@@ -10,7 +10,7 @@ import math
 from collections.abc import Callable, Container, Sequence
 
 from journaled.events.errors import PlanRejected
-from journaled.events.inputs import text_problem
+from journaled.events.inputs import INT64_MAX, text_problem
 from journaled.events.plans import Limits, Observation, Plan, Step
 
 _MAX_NAME_BYTES = 1024
@@ -162,7 +162,8 @@ def reservation(step: Step, remaining: float, reserve: Reserve | None) -> int | 
     charged what it reports (R6).
 
     Raises:
-        ReserveFailed: the policy raised or answered NaN or a non-number.
+        ReserveFailed: the policy raised, or answered NaN, a non-number or a finite number
+            above what a journal holds (2**63 - 1).
     """
     if reserve is None:
         return 0
@@ -182,7 +183,13 @@ def reservation(step: Step, remaining: float, reserve: Reserve | None) -> int | 
         if math.isinf(remaining):
             return None
         return max(0, int(remaining))
-    return max(0, int(answer))
+    reserved = max(0, int(answer))
+    if reserved > INT64_MAX:
+        raise ReserveFailed(
+            f"reserve failed for agent {step.agent!r}: it answered {answer!r}, more calls than "
+            f"a journal holds (at most {INT64_MAX})"
+        )
+    return reserved
 
 
 def step_calls(step: Step, remaining: float, reserve: Reserve | None) -> int:

@@ -130,8 +130,9 @@ def stale_reads(
 ) -> list[Stale]:
     """Return the reads whose fact changed after the read: superseded, deleted, purged, expired.
 
-    Only each step's latest recorded attempt counts. A change counts when it comes after the read
-    in the journal (for expiry: the fact expired after the read's time and before ``now``).
+    Only each step's latest recorded attempt counts. A change counts when it comes after the
+    position where the attempt's first read began (for expiry: the fact expired after the time
+    of that read and before ``now``), ADR 0062.
     ``hidden`` names facts this runtime must not see (another organization's, R1).
     """
 
@@ -157,7 +158,13 @@ def stale_reads(
             if change is None:
                 continue
             kind, since, replacement = change
-            after = since > data.at if kind == "expired" else since > event.position
+            # After where the read began (ADR 0062); events of earlier releases say only when
+            # and where the result was committed.
+            if kind == "expired":
+                after = since > (data.at if data.read_at is None else data.read_at)
+            else:
+                began = event.position if data.read_position is None else data.read_position
+                after = since > began
             if after:
                 found.append(
                     Stale(

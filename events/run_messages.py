@@ -66,6 +66,13 @@ class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
     """Ids of the facts the attempt read through ``ctx.memory``, journaled with its result (P1)."""
     read_ops: tuple[str, ...] = ()
     """The read operations used (``search``, ``get``, ...)."""
+    read_position: int | None = None
+    """Where the attempt's first read began, as ``run.memory-read`` records it (ADR 0062)."""
+    read_at: int | None = None
+    """When the attempt first read (epoch ms)."""
+    memory: bool = False
+    """The attempt was offered ``ctx.memory``: a re-run that read nothing journals an empty
+    read, so an earlier attempt's reads no longer stand for its result (ADR 0062)."""
 
 
 class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline"):

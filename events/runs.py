@@ -271,6 +271,13 @@ class MemoryRead(DomainEvent, frozen=True, kw_only=True, tag="run.memory-read"):
     ops: tuple[str, ...] = ()
     """The distinct read operations used (``search``, ``search_semantic``, ``search_hybrid``,
     ``get``, ``all``)."""
+    read_position: int | None = None
+    """Where the attempt's first read began: every change of memory up to this journal
+    position was folded before it, so only a later one can have been missed by it (ADR 0062).
+    None in earlier releases' events: the event's own position stands in."""
+    read_at: int | None = None
+    """When the attempt first read (epoch ms): a fact expiring after it was valid then. None
+    in earlier releases' events: ``at`` stands in."""
 
 
 class RunFinished(DomainEvent, frozen=True, kw_only=True, tag="run.finished"):

@@ -12,8 +12,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 
+import msgspec
+
 from journaled.events.base import Event
 from journaled.events.memory import MEMORY_EVENTS, FactRemembered, physical_scope
+from journaled.events.runs import MemoryRead
 
 __all__ = ["Boundary", "belongs_elsewhere"]
 
@@ -32,9 +35,16 @@ class Boundary:
     remembered for the life of the object (it never changes). Thread-safe.
     """
 
-    def __init__(self, organization: str | None, first: Callable[[str], Event | None]) -> None:
+    def __init__(
+        self,
+        organization: str | None,
+        first: Callable[[str], Event | None],
+        firsts: Callable[[list[str]], dict[str, Event]] | None = None,
+    ) -> None:
         self.organization = organization
         self._first = first
+        self._firsts = firsts
+        """The first events of many streams in one read, to sort many fact ids at once."""
         self._elsewhere: dict[str, bool] = {}
         self._lock = threading.Lock()
 
@@ -66,5 +76,45 @@ class Boundary:
         return isinstance(fact_id, str) and self.fact_elsewhere(fact_id)
 
     def visible(self, events: Iterable[Event]) -> list[Event]:
-        """Return the events this organization may see, in their order."""
-        return [e for e in events if not self.hides(e)]
+        """Return the events this organization may see, in their order, with the reads of run
+        steps naming none of another organization's facts (:meth:`scrub_reads`)."""
+        return self.scrub_reads([e for e in events if not self.hides(e)])
+
+    def scrub_reads(self, events: list[Event]) -> list[Event]:
+        """Return ``events`` with another organization's fact ids left out of every
+        ``run.memory-read``: a step of that organization read them, and to this one such an id
+        behaves as unknown (R1). Every other event is returned as it is."""
+        reads = [e for e in events if isinstance(e.data, MemoryRead) and e.data.fact_ids]
+        if not reads:
+            return events
+        self._sort({i for e in reads for i in e.data.fact_ids})  # type: ignore[attr-defined]
+        with self._lock:
+            elsewhere = {i for i, hidden in self._elsewhere.items() if hidden}
+        if not elsewhere:
+            return events
+        out = []
+        for event in events:
+            data = event.data
+            if isinstance(data, MemoryRead) and not elsewhere.isdisjoint(data.fact_ids):
+                kept = tuple(i for i in data.fact_ids if i not in elsewhere)
+                data = msgspec.structs.replace(data, fact_ids=kept)
+                out.append(msgspec.structs.replace(event, data=data))
+            else:
+                out.append(event)
+        return out
+
+    def _sort(self, fact_ids: set[str]) -> None:
+        """Learn whose each of these fact ids is, reading the unknown ones' first events."""
+        with self._lock:
+            unknown = [i for i in fact_ids if i not in self._elsewhere]
+        if not unknown:
+            return
+        if self._firsts is None:
+            for fact_id in unknown:
+                self.fact_elsewhere(fact_id)
+            return
+        found = self._firsts(unknown)
+        with self._lock:
+            for fact_id, first in found.items():
+                if isinstance(first.data, FactRemembered):
+                    self._elsewhere[fact_id] = belongs_elsewhere(first.data, self.organization)

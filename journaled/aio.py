@@ -223,6 +223,10 @@ class AsyncMemory:
         """Tell the writer a remember and return (correlation, future) at once (no wait)."""
         return self._memory.request_remember(request)
 
+    def read_mark(self) -> tuple[int | None, int]:
+        """Return where a read begun now starts, as :meth:`Memory.read_mark` (ADR 0062)."""
+        return self._memory.read_mark()
+
     async def get(self, fact_id: str) -> Fact | None:
         """Return a fact from any traversed scope, or None (M4)."""
         return await self._pool.run(self._memory.get, fact_id)

@@ -15,7 +15,7 @@ from journaled.actors.asking import ask, ask_all, await_reply
 from journaled.actors.desk import Sent, WriterDesk
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import MemoryBehind, RuntimeClosed
-from journaled.actors.scope import UNSETTLED, ScopeShelf, Unsettled, read_in_place
+from journaled.actors.scope import UNSETTLED, FoldMark, ScopeShelf, Unsettled, read_in_place
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -186,6 +186,7 @@ class Memory:
         inbox: Inbox | None = None,
         shelves: Mapping[str, ScopeShelf] | None = None,
         desk: WriterDesk | None = None,
+        mark: FoldMark | None = None,
     ) -> None:
         self._inbox = inbox if inbox is not None else Inbox(Directory(), "memory")
         self._journal = journal
@@ -194,6 +195,8 @@ class Memory:
         self._scopes = scopes
         self._refs = list(scopes.values())
         self._desk = desk
+        self._mark = mark
+        """How far the writer has queued its folds (ADR 0062): see :meth:`read_mark`."""
         """Where a remember is stored on the caller's thread while the writer is idle."""
         self._shelves = [shelves[name] for name in scopes] if shelves else []
         """The scopes' states where their actors keep them, in the order of ``_refs``: a read
@@ -203,7 +206,7 @@ class Memory:
         self._semantic = Semantic(embedder, journal)
         self._lone_scope = True
         """Whether the last BM25 search found all its candidates in one scope."""
-        self._boundary = Boundary(organization, journal.first)
+        self._boundary = Boundary(organization, journal.first, journal.firsts)
 
     def remember(
         self,
@@ -546,6 +549,15 @@ class Memory:
             for use in uses(fact_id, read_events(self._journal)):
                 text += f"\n  read by step {use.step_id!r} of run {use.run_id} [#{use.position}]"
         return text
+
+    def read_mark(self) -> tuple[int | None, int]:
+        """Return where a read begun now starts: (journal position, epoch-ms time).
+
+        The position is one every read begun after this call reflects at least (ADR 0062); a
+        change appended after it may be one such a read did not see. None when this memory has
+        no writer to say so.
+        """
+        return (None if self._mark is None else self._mark.position), self._clock()
 
     def used_by(self, fact_id: str) -> list[Use]:
         """Return every step that read the fact, in journal order (P2).

@@ -59,7 +59,7 @@ class JournalHandle:
 
     def __init__(self, journal: Journal, organization: str | None = None) -> None:
         self._journal = journal
-        self._boundary = Boundary(organization, journal.first)
+        self._boundary = Boundary(organization, journal.first, journal.firsts)
 
     @property
     def url(self) -> str:
@@ -223,6 +223,7 @@ class Runtime:
             Inbox(self._directory, "memory"),
             self._actors.shelves,
             self._actors.desk,
+            self._actors.mark,
         )
         self._registry = Registry(agents_enabled=agents)
         self._services = Services(
@@ -241,7 +242,9 @@ class Runtime:
             self._services,
         )
         self.runs.summaries_writable = create and config.backend != "memory"
-        self.runs.hidden_fact = Boundary(organization, self._journal.first).fact_elsewhere
+        boundary = Boundary(organization, self._journal.first, self._journal.firsts)
+        self.runs.hidden_fact = boundary.fact_elsewhere
+        self.runs.boundary = boundary
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
         )

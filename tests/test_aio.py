@@ -53,7 +53,14 @@ PAIRS: list[tuple[type, type]] = [
     (RunHandle, AsyncRunHandle),
     (MemoryView, AsyncMemoryView),
 ]
-PLAIN = {"register_skill", "register_tool", "register_agent", "done", "request_remember"}
+PLAIN = {
+    "register_skill",
+    "register_tool",
+    "register_agent",
+    "done",
+    "request_remember",
+    "read_mark",
+}
 """Async-class methods that stay plain: registration, and calls that never wait."""
 INSTANCE = {
     Runtime: {"organization", "agents", "memory", "runs", "journal"},
