@@ -29,6 +29,19 @@ __all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
 
 log = logging.getLogger("journaled.executor")
 
+_REPORTING = threading.local()
+"""The run whose ``on_progress`` this thread is calling, if any (see :func:`reporting`)."""
+
+
+def reporting() -> str | None:
+    """Return the id of the run whose ``on_progress`` the calling thread is in, or None.
+
+    The callback runs on the run's executor: a wait there for that run to end would never end.
+    """
+    run_id: str | None = getattr(_REPORTING, "run_id", None)
+    return run_id
+
+
 SNAPSHOT_EVERY = 2000
 """Events between two snapshots of a long-running run."""
 
@@ -152,12 +165,16 @@ class RunRecorder:
                 for position, result in zip(positions, traced, strict=True):
                     self.trace(position, result)
         notes, self._notes = self._notes, []
-        if self.on_progress is not None:
-            for note in notes:
-                try:
-                    if self._progress_run_id:
-                        self.on_progress(*note, run_id=self.state.run_id)
-                    else:
-                        self.on_progress(*note)
-                except Exception:
-                    log.exception("on_progress raised at %s; the run goes on", note[0])
+        if self.on_progress is not None and notes:
+            _REPORTING.run_id = self.state.run_id
+            try:
+                for note in notes:
+                    try:
+                        if self._progress_run_id:
+                            self.on_progress(*note, run_id=self.state.run_id)
+                        else:
+                            self.on_progress(*note)
+                    except Exception:
+                        log.exception("on_progress raised at %s; the run goes on", note[0])
+            finally:
+                _REPORTING.run_id = None

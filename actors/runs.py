@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import logging
 import os
 import threading
@@ -22,6 +24,7 @@ from journaled.actors.errors import (
     RuntimeClosed,
 )
 from journaled.actors.executor import Executor
+from journaled.actors.loop import LoopRunner
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_args import (
     RUN_PREFIX,
@@ -33,7 +36,7 @@ from journaled.actors.run_args import (
 )
 from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_forks import RunForks
-from journaled.actors.run_recorder import Progress, Trace
+from journaled.actors.run_recorder import Progress, Trace, reporting
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent
@@ -203,10 +206,19 @@ class RunHandle(Generic[R]):
 
         Raises:
             TimeoutError: it did not stop within ``timeout`` seconds (it goes on executing).
-            RuntimeError: called from the event loop async steps run on, which it would block.
+            ValueError: ``timeout`` is not None nor a non-negative number.
+            RuntimeError: called from the event loop async steps run on, which it would block,
+                or from the run's own ``on_progress``, which the run waits for.
         """
-        if self._may_wait is not None and not self.future.done():
-            self._may_wait()
+        check_timeout(timeout)
+        if not self.future.done():
+            if reporting() == self.run_id:
+                raise RuntimeError(
+                    f"run {self.run_id}'s on_progress waits for the run to end, and the run "
+                    "cannot go on until on_progress returns: wait for it elsewhere (A2)"
+                )
+            if self._may_wait is not None:
+                self._may_wait()
         return self.future.result(timeout)
 
     def done(self) -> bool:
@@ -563,6 +575,7 @@ class Runs(RunForks):
         when it stops; that reply completes the handle and releases the claim.
         """
         correlation, reply = self._inbox.expect(f"{run_id}.{os.urandom(4).hex()}")
+        on_progress = awaited_progress(on_progress, self._services.loop)
         try:
             executor = Executor.start(
                 journal=self._journal,
@@ -776,6 +789,30 @@ def _check_limits(limits: Limits | None) -> Limits:
                     f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}"
                 )
     return limits
+
+
+def check_timeout(timeout: object) -> None:
+    """Raise ValueError naming ``timeout`` unless it is None or a non-negative number."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        raise ValueError(
+            f"timeout must be None or a non-negative number of seconds, got {timeout!r}"
+        )
+
+
+def awaited_progress(on_progress: Progress | None, loop: LoopRunner) -> Progress | None:
+    """Return ``on_progress`` as the executor calls it: an ``async def`` one is run to its end
+    on the loop async steps run on (A1), each time, as a plain one is called."""
+    if on_progress is None or not inspect.iscoroutinefunction(on_progress):
+        return on_progress
+    coroutine_function = on_progress
+
+    @functools.wraps(coroutine_function)  # its signature says whether it takes run_id
+    def call(*args: Any, **kwargs: Any) -> None:
+        loop.run(coroutine_function(*args, **kwargs))
+
+    return call
 
 
 def check_callable(name: str, value: object) -> None:

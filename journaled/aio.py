@@ -32,7 +32,7 @@ from journaled.actors.errors import RuntimeClosed
 from journaled.actors.orchestrator import Planner
 from journaled.actors.placement import Placement
 from journaled.actors.run_recorder import Progress
-from journaled.actors.runs import RunHandle, Runs
+from journaled.actors.runs import RunHandle, Runs, check_timeout
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
 from journaled.events.fork import Lineage, RunComparison
@@ -129,7 +129,11 @@ class AsyncRunHandle(Generic[R]):
 
         Raises:
             TimeoutError: it did not stop within ``timeout`` seconds.
+            ValueError: ``timeout`` is not None nor a non-negative number.
         """
+        check_timeout(timeout)
+        if self.future.done():  # at once: a wrapped future settles only on the loop's next turn
+            return self.future.result()
         waited = asyncio.shield(asyncio.wrap_future(self.future))
         return await asyncio.wait_for(waited, timeout)
 

@@ -107,7 +107,8 @@ class JournalHandle:
         ``after``, and ``sub.ack(position)`` stores it (at-least-once, ADR 0026).
 
         Raises:
-            InvalidArgument: a negative ``after``, an unknown tag, a bad name.
+            InvalidArgument: a negative ``after``, or one past the journal's end (ADR 0063), an
+                unknown tag, a bad name.
         """
         return Subscription(self, after, topics, name)
 

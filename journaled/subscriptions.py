@@ -143,6 +143,8 @@ class Subscription:
         if problem:
             raise InvalidArgument("after", problem)
         self.name = None if name is None else check_name(name)
+        if topics is not None and not isinstance(topics, str | bytes | dict):
+            topics = tuple(topics) if isinstance(topics, Iterable) else topics  # read once
         self._topics = stored_topics(topics)
         self.topics: tuple[str, ...] | None = (
             None if topics is None else tuple([topics] if isinstance(topics, str) else topics)
@@ -150,6 +152,14 @@ class Subscription:
         # The door's own handle: the subscription reads through its boundary (R1).
         self._journal: Journal = journal._journal
         self._boundary: Boundary = journal._boundary
+        head = self._journal.position()
+        if after > head:
+            # Events appended later at positions up to `after` would never be delivered (and a
+            # named subscription would store that skip for good): a position from elsewhere.
+            raise InvalidArgument(
+                "after",
+                f"({after}) is past the end of the journal ({head}): give a position it holds",
+            )
         start = after
         if self.name is not None:
             # Registered at once (listed by rt.journal.subscriptions()); a larger explicit
@@ -187,15 +197,18 @@ class Subscription:
             CorruptEvent: an event cannot be decoded (J5); its position is in the error.
             JournalClosed: the runtime was closed.
         """
-        if timeout is not None and (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, int | float)
-            or not timeout >= 0  # NaN too
-        ):
-            raise InvalidArgument("timeout", f"must be a non-negative number, got {timeout!r}")
-        if self._ready(timeout, self._generation):
-            return self._take()
-        return None
+        _check_timeout(timeout)
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not self._ready(left, self._generation):
+                return None
+            event = self._take()
+            if event is not None:
+                return event
+            # Another thread took the event this one saw buffered: wait on, until the time.
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
 
     def ack(self, position: int) -> None:
         """Acknowledge every event delivered up to ``position`` (A3).
@@ -350,12 +363,27 @@ class AsyncSubscription:
         An event already read is returned at once; otherwise a daemon thread reads and waits
         (a daemon, so that a subscription never closed cannot hold the interpreter at exit).
         """
+        _check_timeout(timeout)
         sync = self._sync
-        if sync.closed:
-            return None
-        event = sync._take()
-        if event is not None:
-            return event
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            if sync.closed:
+                return None
+            event = sync._take()
+            if event is not None:
+                return event
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not await self._wait(left):
+                return None
+            event = sync._take()
+            if event is not None:
+                return event
+            if deadline is not None and time.monotonic() >= deadline:
+                return None
+
+    async def _wait(self, timeout: float | None) -> bool:
+        """Wait in a daemon thread until an event is buffered; False: time up or closed."""
+        sync = self._sync
         generation = sync._generation
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
@@ -370,11 +398,10 @@ class AsyncSubscription:
 
         threading.Thread(target=wait, name="journaled-subscription", daemon=True).start()
         try:
-            ready = await done
+            return await done
         except asyncio.CancelledError:
             sync._interrupt()
             raise
-        return sync._take() if ready else None
 
     async def ack(self, position: int) -> None:
         """Acknowledge every event delivered up to ``position`` (stored for a named one)."""
@@ -403,6 +430,14 @@ class AsyncSubscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def _check_timeout(timeout: object) -> None:
+    """Refuse a poll timeout that is not None nor a non-negative number (NaN included)."""
+    if timeout is not None and (
+        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
+    ):
+        raise InvalidArgument("timeout", f"must be a non-negative number, got {timeout!r}")
 
 
 def _settle(

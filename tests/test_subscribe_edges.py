@@ -1,0 +1,192 @@
+"""Subscriptions and run handles at their edges (A1, A2, A3): two consumers of one
+subscription, poll timeouts on the asyncio side, topics given once, a start past the head, an
+async handle of a finished run, async and self-waiting on_progress callbacks, bad timeouts.
+
+Every wait is bounded, so a test that would hang fails instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import threading
+import time
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import journaled
+import journaled.aio
+from journaled import Plan, Step
+from journaled.errors import InvalidArgument
+from journaled.subscriptions import AsyncSubscription
+
+WAIT = 10.0
+TRIALS = 300
+"""Attempts at the two-consumer race (it showed in about 1 of 60 on a 2-core machine)."""
+
+
+@pytest.fixture
+def three(journal_url: str) -> Iterator[journaled.Runtime]:
+    """Yield a runtime whose journal holds three remembered facts (positions 1, 2, 3)."""
+    with journaled.open(journal_url) as rt:
+        for text in ("alpha", "beta", "gamma"):
+            rt.memory.remember(f"the {text} service is up")
+        yield rt
+
+
+def test_two_threads_iterating_one_subscription_never_end_before_it_is_closed() -> None:
+    """A3: a ``for`` loop over a subscription ends only once the subscription is closed."""
+    previous = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # hand the GIL over often: the race shows within a few trials
+    try:
+        with journaled.open("memory://") as rt:
+            for i in range(30):
+                rt.memory.remember(f"fact {i}")
+            for trial in range(TRIALS):
+                sub = rt.journal.subscribe(topics=["memory.fact-remembered"])
+                ended = threading.Event()
+
+                def consume(sub: Any = sub, ended: threading.Event = ended) -> None:
+                    for _ in sub:
+                        pass
+                    if not sub.closed:
+                        ended.set()
+
+                consumers = [threading.Thread(target=consume) for _ in range(2)]
+                for t in consumers:
+                    t.start()
+                time.sleep(0.02)  # both drain the 30 events, then wait for more
+                sub.close()
+                for t in consumers:
+                    t.join(WAIT)
+                assert not any(t.is_alive() for t in consumers)
+                assert not ended.is_set(), f"a for loop ended before close (trial {trial})"
+    finally:
+        sys.setswitchinterval(previous)
+
+
+def test_async_poll_checks_its_timeout_like_poll(three: journaled.Runtime) -> None:
+    """A3: ``await sub.poll(t)`` refuses a negative, NaN or non-number ``t`` at once."""
+
+    async def story() -> list[str]:
+        wrong: list[str] = []
+        async with await AsyncSubscription.open(three.journal, after=3) as sub:
+            for timeout in (-1, float("nan"), "1"):
+                try:
+                    got = await asyncio.wait_for(sub.poll(timeout), 3.0)  # type: ignore[arg-type]
+                except InvalidArgument as exc:
+                    if not str(exc).startswith("timeout "):
+                        wrong.append(f"{timeout!r}: {exc}")
+                except TimeoutError:
+                    wrong.append(f"{timeout!r}: still waiting after 3 s")
+                except Exception as exc:  # any other error is the defect
+                    wrong.append(f"{timeout!r}: {type(exc).__name__}: {exc}")
+                else:
+                    wrong.append(f"{timeout!r}: returned {got!r}")
+        return wrong
+
+    assert asyncio.run(story()) == []
+
+
+def test_topics_given_as_a_generator_are_told_by_sub_topics(three: journaled.Runtime) -> None:
+    """A3: ``sub.topics`` names the tags given, whatever iterable they came in."""
+    tags = (t for t in ["memory.fact-remembered"])
+    with three.journal.subscribe(topics=tags) as sub:
+        assert sub.poll(WAIT) is not None  # the filter itself works
+        assert sub.topics == ("memory.fact-remembered",)
+
+
+def test_an_after_past_the_head_is_refused(three: journaled.Runtime) -> None:
+    """A3: ``after`` past the last position is refused and stores no name."""
+    head = three.journal.position()
+    with pytest.raises(InvalidArgument, match=r"^after "):
+        three.journal.subscribe(after=head + 100, name="typo")
+    assert three.journal.subscriptions() == []
+
+
+def test_an_async_handle_result_zero_returns_a_finished_run(sqlite_url: str) -> None:
+    """A2: ``await handle.result(0)`` returns the result of a run that has finished."""
+
+    async def story() -> journaled.ExecuteResult:
+        async with journaled.aio.open(sqlite_url) as rt:
+            rt.register_tool("echo", lambda x: x)
+            handle = await rt.start(Plan(goal="g", steps=[Step("a", tool="echo", input=1)]))
+            await handle
+            assert handle.done()
+            return await handle.result(0)
+
+    assert asyncio.run(story()).ok
+
+
+def test_an_async_on_progress_is_run_or_refused(sqlite_url: str) -> None:
+    """A1/E12: an ``async def`` on_progress is awaited at each point, or refused by start."""
+    seen: list[str] = []
+
+    async def progress(at: str, delta: list[Any], calls: int, waiting: list[str]) -> None:
+        seen.append(at)
+
+    async def story() -> str:
+        async with journaled.aio.open(sqlite_url) as rt:
+            rt.register_tool("echo", lambda x: x)
+            plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+            try:
+                handle = await rt.start(plan, on_progress=progress)  # type: ignore[arg-type]
+            except ValueError as exc:
+                return f"refused: {exc}"
+            await handle
+            return "ran"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcome = asyncio.run(story())
+    assert outcome.startswith("refused: on_progress") or seen[-1:] == ["plan-end"], outcome
+
+
+def test_waiting_for_its_own_run_from_on_progress_is_refused() -> None:
+    """A2: ``handle.result()`` from the run's own on_progress raises RuntimeError at once."""
+    box: dict[str, Any] = {}
+    outcome: list[str] = []
+
+    def progress(at: str, delta: list[Any], calls: int, waiting: list[str]) -> None:
+        handle = box.get("handle")
+        if handle is None or outcome:
+            return
+        began = time.monotonic()
+        try:
+            handle.result(timeout=1.0)
+            outcome.append("returned")
+        except RuntimeError:
+            outcome.append(f"refused in {time.monotonic() - began:.2f} s")
+        except TimeoutError:
+            outcome.append("deadlocked until the timeout")
+
+    with journaled.open("memory://") as rt:
+        gate = threading.Event()
+        rt.register_tool("gate", lambda x: gate.wait(WAIT) and x)
+        rt.register_tool("echo", lambda x: x)
+        plan = Plan(
+            goal="g",
+            steps=[Step("a", tool="gate", input=1), Step("b", tool="echo", depends_on=["a"])],
+        )
+        box["handle"] = handle = rt.start(plan, on_progress=progress)
+        gate.set()
+        assert handle.result(WAIT).ok
+    assert outcome, "on_progress never waited"
+    assert outcome[0].startswith("refused"), outcome
+
+
+def test_a_handle_refuses_a_timeout_that_is_no_number() -> None:
+    """A2: ``handle.result(timeout="soon")`` raises an error naming ``timeout``."""
+    with journaled.open("memory://") as rt:
+        release = threading.Event()
+        rt.register_tool("gate", lambda x: release.wait(WAIT) and x)
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="gate", input=1)]))
+        try:
+            with pytest.raises(ValueError, match=r"^timeout "):
+                handle.result(timeout="soon")  # type: ignore[arg-type]
+        finally:
+            release.set()
+            handle.result(WAIT)
