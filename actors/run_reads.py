@@ -14,6 +14,7 @@ import threading
 from journaled.actors.errors import RunNotFound
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
+from journaled.events.inputs import INT64_MAX, int_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
@@ -80,6 +81,7 @@ class RunReads:
         assert began is not None
         if position is not None:
             check_position(position)
+            self._check_end([position])
             if position < began[0]:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
@@ -119,6 +121,8 @@ class RunReads:
         """
         for position in positions:
             check_position(position)
+        if max(positions) > INT64_MAX:
+            self._check_end(positions)  # past any journal's end: said before a read that'd fail
         with self._checkpoints_lock:
             first = self.checkpoints.first(run_id)
         prefix: builtins.list[Event] | None = None
@@ -197,7 +201,13 @@ class RunReads:
         """Return the journal position of a run's last event recorded by an epoch-ms time.
 
         For an orchestration, the events of its passes count too.
+
+        Raises:
+            ValueError: ``at`` is not an epoch-ms int.
         """
+        problem = int_problem(at, unit="epoch milliseconds (int)")
+        if problem:
+            raise ValueError(f"at {problem}")
         events = self.history(run_id)
         if at < events[0].data.at:
             raise ValueError(

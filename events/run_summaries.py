@@ -400,6 +400,13 @@ def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
             waiting, wave = (tuple(last.waiting), last.wave) if last is not None else ((), 0)
             pass_no = len(t.passes)
             status = _orchestration_status(t, last)
+        latest = t
+        if t.kind == "orchestration":
+            # Its passes' events are its own as much as its own events are (T2, as position_at
+            # counts them): a pass still running keeps it active.
+            for r in t.passes:
+                if r in runs and runs[r].last_position > latest.last_position:
+                    latest = runs[r]
         out[run_id] = RunSummary(
             run_id=run_id,
             kind=_first_event(t),
@@ -407,9 +414,9 @@ def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
             goal=t.goal,
             started_at=t.started_at,
             started_position=t.started_position,
-            last_event=t.last_event,
-            last_at=t.last_at,
-            last_position=t.last_position,
+            last_event=latest.last_event,
+            last_at=latest.last_at,
+            last_position=latest.last_position,
             steps_done=sum(1 for v in steps.values() if v in _SETTLED_STEP),
             steps_total=len(steps),
             calls_used=calls,

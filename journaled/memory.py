@@ -573,7 +573,9 @@ class Memory:
         """View the store as it was at a journal position or a time (M12).
 
         ``position`` is a journal position; ``at`` an epoch-ms time (the view holds every event
-        recorded at or before it). The view's searches default ``now`` to that time.
+        recorded at or before it). The view's searches default ``now`` to that time. A position
+        inside one append (a remember that supersedes is several events) is taken at the end of
+        that append, which readers saw whole or not at all (J2): the view's ``position`` says so.
         """
         if (position is None) == (at is None):
             raise InvalidArgument("as_of", "takes exactly one of position= or at=")
@@ -589,6 +591,7 @@ class Memory:
                 raise InvalidArgument(
                     "position", f"{position} is past the end of the journal ({last})"
                 )
+            position = self._journal.commit_end(position)
         state, now = self._past(position, at)
         return MemoryView(state, now, self._semantic)
 

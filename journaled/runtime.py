@@ -593,7 +593,7 @@ class Runtime:
                 # Off the append path: readers then fold only the run events after it (T2).
                 self.runs._save_summaries(SAVE_AFTER)
             try:
-                if self._journal.config.backend != "memory":
+                if self.runs.summaries_writable:  # a read-only runtime writes nothing (T4)
                     self._actors.save_snapshot(SNAPSHOT_MIN_EVENTS)
             except Exception as exc:  # a cache: a read-only or full journal still closes cleanly
                 log.warning("memory snapshot not saved on close (only a cache): %s", exc)

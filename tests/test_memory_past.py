@@ -86,9 +86,10 @@ def test_as_of_answers_as_a_full_fold_at_every_position(
         monkeypatch.setattr(Journal, "snapshot", no_snapshot)
         for position in range(end + 1):
             view = rt.memory.as_of(position=position)
-            assert _answers(view, ids, nows) == _answers(eager_view(rt, position), ids, nows), (
-                f"position {position}"
-            )
+            # Inside one append, the view is taken at its end (J2, ADR 0064).
+            assert view.position == rt._journal.commit_end(position) >= position
+            expected = eager_view(rt, view.position)
+            assert _answers(view, ids, nows) == _answers(expected, ids, nows), position
         for at in [0, *nows, clock.now]:
             view = rt.memory.as_of(at=at)
             assert _answers(view, ids, nows) == _answers(eager_view(rt, at=at), ids, nows), at

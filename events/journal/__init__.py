@@ -71,6 +71,7 @@ from journaled.events.errors import (
     JournalUnreadable,
     JournalUrlError,
 )
+from journaled.events.inputs import INT64_MAX
 from journaled.events.journal._common import (
     _PG_CONNECT_TIMEOUT,
     _PG_MAX_OVERFLOW,
@@ -711,6 +712,18 @@ class Journal:
         """Return the first event of a stream, or None if the stream is empty."""
         events = self.stream(stream, limit=1)
         return events[0] if events else None
+
+    def commit_end(self, position: int) -> int:
+        """Return the last position of the append that holds ``position``: the events of one
+        append are stored, and seen, together (J2). A position no append is known to hold (an
+        unchained journal, past the end) is returned as it is."""
+        self._check_open()
+        if position <= 0:
+            return position
+        found = self._recorder.select_digests(position - 1, INT64_MAX, 1)
+        if found and found[0][1] <= position <= found[0][0]:
+            return found[0][0]
+        return position
 
     def head(self, stream: str) -> tuple[int, str] | None:
         """Return the position and the tag of a stream's first event, or None if it is empty.
