@@ -142,6 +142,8 @@ class LoopRunner:
             token.on_set(future.cancel)
         try:
             return future.result()
+        except _Escaped as escaped:
+            raise escaped.original from None
         except (CancelledError, asyncio.CancelledError):
             if (token is not None and token.is_set()) or self._closed:
                 raise StepCancelled(
@@ -189,8 +191,21 @@ class LoopRunner:
             thread.join(5.0)
 
 
+class _Escaped(Exception):
+    """A KeyboardInterrupt or SystemExit raised by user code on the loop, carried out of it."""
+
+    def __init__(self, original: BaseException) -> None:
+        super().__init__(repr(original))
+        self.original = original
+
+
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
+    try:
+        return await awaitable
+    except (KeyboardInterrupt, SystemExit) as exc:
+        # asyncio lets these out of the loop, which would stop it for every later step: they
+        # are raised in the thread that waits for this coroutine instead.
+        raise _Escaped(exc) from None
 
 
 def _close(awaitable: Awaitable[Any]) -> None:

@@ -17,7 +17,7 @@ from journaled.actors.run_args import RUN_PREFIX, check_budget, new_run_id
 from journaled.actors.run_reads import RunReads, check_run
 from journaled.actors.steps import journalable
 from journaled.events.base import Event, Pending
-from journaled.events.codec import topics_of
+from journaled.events.codec import tag_of, topics_of
 from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
@@ -26,6 +26,9 @@ from journaled.events.plans import Plan, Step
 from journaled.events.provenance import Stale, read_events, stale_reads
 from journaled.events.run_state import RunState
 from journaled.events.runs import CarriedStep, MemoryRead, RunForked, StepSucceeded
+
+_FORKED = tag_of(RunForked)
+"""The tag a fork's stream starts with."""
 
 
 class RunForks(RunReads):
@@ -201,36 +204,71 @@ class RunForks(RunReads):
         Raises:
             RunNotFound: ``run_id`` names no run.
         """
+        carried: list[tuple[Event, str]] = []
         if run_id is None:
             reads = read_events(self._journal)
+            by_run: dict[str, list[Event]] = {}
+            for e in reads:
+                by_run.setdefault(e.stream, []).append(e)
+
+            def recorded(stream: str, upto: int) -> list[Event]:
+                return [e for e in by_run.get(stream, ()) if e.position <= upto]
+
             for forked in self._journal.read(topics=topics_of(RunForked)):
                 if isinstance(forked.data, RunForked):
-                    reads += self._carried_reads(forked.stream, forked.data, {forked.stream})
+                    inherited = self._carried_reads(forked.data, {forked.stream}, recorded)
+                    reads += [
+                        msgspec.structs.replace(e, stream=forked.stream) for e, _ in inherited
+                    ]
+                    carried += inherited
         else:
             first = self._journal.first(run_id) if isinstance(run_id, str) else None
             check_run(run_id, first)
             assert first is not None
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
             if isinstance(first.data, RunForked):
-                reads += self._carried_reads(run_id, first.data, {run_id})
-        return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact)
+                carried = self._carried_reads(first.data, {run_id}, self._recorded_reads)
+                reads += [msgspec.structs.replace(e, stream=run_id) for e, _ in carried]
+        origin = {e.position: source for e, source in carried}
+        return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact, origin)
 
-    def _carried_reads(self, fork_id: str, forked: RunForked, seen: set[str]) -> list[Event]:
-        """Return the reads behind the steps a fork carried, as the fork's own (P3, ADR 0062).
+    def _recorded_reads(self, run_id: str, upto: int) -> builtins.list[Event]:
+        """Return the read events a run recorded up to a journal position."""
+        stream = self._journal.stream(run_id, upto=upto)
+        return [e for e in stream if isinstance(e.data, MemoryRead)]
+
+    def _carried_reads(
+        self,
+        forked: RunForked,
+        seen: set[str],
+        recorded: Callable[[str, int], builtins.list[Event]],
+    ) -> builtins.list[tuple[Event, str]]:
+        """Return the reads behind the steps a fork carried, each with the run that made it
+        (P3, ADR 0062).
 
         A carried step never runs again in the fork (F1): its output rests on the reads its
-        source recorded up to the fork's position, and on those of the source's source for a
-        step it carried in turn.
+        source recorded up to the fork's position (``recorded``), and on those of the source's
+        source for a step it carried in turn.
         """
         carried = {c.observation.step_id for c in forked.carried}
         if not carried or forked.source in seen:
             return []
-        source = self._journal.stream(forked.source, upto=forked.position)
-        reads = [e for e in source if isinstance(e.data, MemoryRead) and e.data.step_id in carried]
-        if source and isinstance(source[0].data, RunForked):
-            further = self._carried_reads(forked.source, source[0].data, seen | {forked.source})
-            reads += [e for e in further if e.data.step_id in carried]  # type: ignore[attr-defined]
-        return [msgspec.structs.replace(e, stream=fork_id) for e in reads]
+        found = [
+            (e, forked.source)
+            for e in recorded(forked.source, forked.position)
+            if e.data.step_id in carried  # type: ignore[attr-defined]
+        ]
+        head = self._journal.head(forked.source)  # a fork of a fork: its plan is decoded only then
+        if head is not None and head[1] == _FORKED:
+            source = self._journal.first(forked.source)
+            if source is not None and isinstance(source.data, RunForked):
+                further = self._carried_reads(source.data, seen | {forked.source}, recorded)
+                found += [
+                    (e, by)
+                    for e, by in further
+                    if e.data.step_id in carried  # type: ignore[attr-defined]
+                ]
+        return found
 
     def refresh(self, run_id: str) -> str:
         """Fork the run so that its stale steps and their dependents run again (P4); return its id.

@@ -9,6 +9,7 @@ after the append (E12).
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import logging
 import threading
@@ -31,15 +32,20 @@ log = logging.getLogger("journaled.executor")
 
 _REPORTING = threading.local()
 """The run whose ``on_progress`` this thread is calling, if any (see :func:`reporting`)."""
+REPORTING_TASK: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "journaled_reporting", default=None
+)
+"""The run whose ``async def`` on_progress this task (and the tasks it starts) runs for."""
 
 
 def reporting() -> str | None:
-    """Return the id of the run whose ``on_progress`` the calling thread is in, or None.
+    """Return the id of the run whose ``on_progress`` the caller is in (this thread, or this
+    task for an async one), or None.
 
     The callback runs on the run's executor: a wait there for that run to end would never end.
     """
     run_id: str | None = getattr(_REPORTING, "run_id", None)
-    return run_id
+    return run_id if run_id is not None else REPORTING_TASK.get()
 
 
 SNAPSHOT_EVERY = 2000
@@ -174,7 +180,7 @@ class RunRecorder:
                             self.on_progress(*note, run_id=self.state.run_id)
                         else:
                             self.on_progress(*note)
-                    except Exception:
+                    except BaseException:  # SystemExit too: pykka would stop every actor
                         log.exception("on_progress raised at %s; the run goes on", note[0])
             finally:
                 _REPORTING.run_id = None

@@ -36,7 +36,7 @@ from journaled.actors.run_args import (
 )
 from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_forks import RunForks
-from journaled.actors.run_recorder import Progress, Trace, reporting
+from journaled.actors.run_recorder import REPORTING_TASK, Progress, Trace, reporting
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent
@@ -802,17 +802,30 @@ def check_timeout(timeout: object) -> None:
 
 
 def awaited_progress(on_progress: Progress | None, loop: LoopRunner) -> Progress | None:
-    """Return ``on_progress`` as the executor calls it: an ``async def`` one is run to its end
-    on the loop async steps run on (A1), each time, as a plain one is called."""
-    if on_progress is None or not inspect.iscoroutinefunction(on_progress):
-        return on_progress
-    coroutine_function = on_progress
+    """Return ``on_progress`` as the executor calls it: when a call gives back an awaitable (an
+    ``async def`` function, an object with an async ``__call__``), it is run to its end on the
+    loop async steps run on (A1), each time, as a plain call is; the run's id marks its task, so
+    a wait there for the run is refused as it is from a plain one (ADR 0063)."""
+    if on_progress is None:
+        return None
+    given = on_progress
 
-    @functools.wraps(coroutine_function)  # its signature says whether it takes run_id
+    @functools.wraps(given)  # its signature says whether it takes run_id
     def call(*args: Any, **kwargs: Any) -> None:
-        loop.run(coroutine_function(*args, **kwargs))
+        result = given(*args, **kwargs)
+        if inspect.isawaitable(result):
+            loop.run(_marked(result, reporting()))
 
     return call
+
+
+async def _marked(awaitable: Any, run_id: str | None) -> None:
+    """Await an on_progress coroutine with its run's id as the task's mark."""
+    token = REPORTING_TASK.set(run_id)
+    try:
+        await awaitable
+    finally:
+        REPORTING_TASK.reset(token)
 
 
 def check_callable(name: str, value: object) -> None:

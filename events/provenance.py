@@ -7,7 +7,7 @@ same as the one that ran them.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Literal
 
 import msgspec
@@ -127,14 +127,25 @@ def stale_reads(
     history: Callable[[str], Sequence[Event]],
     now: int,
     hidden: Callable[[str], bool] = lambda _: False,
+    origin: Mapping[int, str] | None = None,
 ) -> list[Stale]:
     """Return the reads whose fact changed after the read: superseded, deleted, purged, expired.
 
     Only each step's latest recorded attempt counts. A change counts when it comes after the
     position where the attempt's first read began (for expiry: the fact expired after the time
     of that read and before ``now``), ADR 0062.
-    ``hidden`` names facts this runtime must not see (another organization's, R1).
+    ``hidden`` names facts this runtime must not see (another organization's, R1). A fact
+    superseded by one the reading step remembered itself is not stale: the step wrote what it
+    read over (ADR 0062). ``origin`` names, by read position, the run whose step read, when it
+    is not the read's stream (a fork's carried reads).
     """
+
+    def writer(fact_id: str) -> tuple[str | None, str | None]:
+        """Return the run and step that remembered a fact (its provenance, P1)."""
+        for event in history(fact_id):
+            if isinstance(event.data, FactRemembered):
+                return event.data.run_id, event.data.step_id
+        return None, None
 
     def lapsed(fact_id: str) -> bool:
         """Tell whether a superseder has expired by ``now`` (its superseded fact shows again)."""
@@ -158,6 +169,12 @@ def stale_reads(
             if change is None:
                 continue
             kind, since, replacement = change
+            if kind == "superseded" and replacement is not None:
+                reader = (
+                    event.stream if origin is None else origin.get(event.position, event.stream)
+                )
+                if writer(replacement) == (reader, data.step_id):
+                    continue
             # After where the read began (ADR 0062); events of earlier releases say only when
             # and where the result was committed.
             if kind == "expired":

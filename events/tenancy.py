@@ -87,9 +87,11 @@ class Boundary:
         reads = [e for e in events if isinstance(e.data, MemoryRead) and e.data.fact_ids]
         if not reads:
             return events
-        self._sort({i for e in reads for i in e.data.fact_ids})  # type: ignore[attr-defined]
+        ids = {i for e in reads for i in e.data.fact_ids}  # type: ignore[attr-defined]
+        self._sort(ids)
         with self._lock:
-            elsewhere = {i for i, hidden in self._elsewhere.items() if hidden}
+            known = self._elsewhere
+            elsewhere = {i for i in ids if known.get(i)}
         if not elsewhere:
             return events
         out = []

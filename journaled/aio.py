@@ -31,7 +31,7 @@ from journaled.actors.clock import Clock
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.orchestrator import Planner
 from journaled.actors.placement import Placement
-from journaled.actors.run_recorder import Progress
+from journaled.actors.run_recorder import Progress, reporting
 from journaled.actors.runs import RunHandle, Runs, check_timeout
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
@@ -134,6 +134,11 @@ class AsyncRunHandle(Generic[R]):
         check_timeout(timeout)
         if self.future.done():  # at once: a wrapped future settles only on the loop's next turn
             return self.future.result()
+        if reporting() == self.run_id:
+            raise RuntimeError(
+                f"run {self.run_id}'s on_progress awaits the run's end, and the run cannot go "
+                "on until on_progress returns: await it elsewhere (A2)"
+            )
         waited = asyncio.shield(asyncio.wrap_future(self.future))
         return await asyncio.wait_for(waited, timeout)
 
