@@ -51,7 +51,7 @@ def reporting() -> str | None:
 SNAPSHOT_EVERY = 2000
 """Events between two snapshots of a long-running run."""
 
-Progress = Callable[..., None]
+Progress = Callable[..., object]
 """``on_progress(at, observations_delta, calls_used, waiting)`` (E12); a callable that also takes
 a ``run_id`` keyword (or ``**kwargs``) is given the run's id (A2)."""
 Trace = Callable[[int, ExecuteResult], None]

@@ -77,7 +77,7 @@ def test_an_async_on_progress_awaiting_its_own_run_is_refused_at_once(tmp_path: 
                 reported.set()
 
             plan = Plan(goal="g", steps=[Step("a", tool="t", input=1)])
-            handles.append(await rt.start(plan, on_progress=progress))  # type: ignore[arg-type]
+            handles.append(await rt.start(plan, on_progress=progress))
             await asyncio.wait_for(reported.wait(), WAIT)
             await asyncio.wait_for(handles[0].result(), WAIT)
 
@@ -101,7 +101,7 @@ def test_an_on_progress_object_with_an_async_call_is_awaited(srt: journaled.Runt
         warnings.simplefilter("always")
         result = srt.execute(
             Plan(goal="g", steps=[Step("a", tool="t", input=1)]),
-            on_progress=reporter,  # type: ignore[arg-type]
+            on_progress=reporter,
         )
     assert result.ok
     assert reporter.points
@@ -163,7 +163,7 @@ def test_an_async_on_progress_raising_keyboard_interrupt_does_not_hang_the_run(
 
         handle = rt.start(
             Plan(goal="g", steps=[Step("a", tool="t", input=1)]),
-            on_progress=progress,  # type: ignore[arg-type]
+            on_progress=progress,
         )
         result = handle.result(5.0)
         assert result.ok

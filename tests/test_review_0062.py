@@ -446,7 +446,7 @@ def test_an_async_on_progress_on_the_asyncio_runtime_survives_a_close_mid_run(
 
         handle = await rt.start(
             Plan(goal="g", steps=[Step("a", tool="slow", input=1)]),
-            on_progress=progress,  # type: ignore[arg-type] # Progress is typed plain (ADR 0063)
+            on_progress=progress,
         )
         while not started.is_set():
             await asyncio.sleep(0.01)

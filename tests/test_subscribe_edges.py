@@ -133,7 +133,7 @@ def test_an_async_on_progress_is_run_or_refused(sqlite_url: str) -> None:
             rt.register_tool("echo", lambda x: x)
             plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
             try:
-                handle = await rt.start(plan, on_progress=progress)  # type: ignore[arg-type]
+                handle = await rt.start(plan, on_progress=progress)
             except ValueError as exc:
                 return f"refused: {exc}"
             await handle
