@@ -489,11 +489,13 @@ class Memory:
             self._writer, Purge(fact_id=fact_id, reason=reason, deadline=self._deadline())
         )
         if purged:
-            self._semantic.forget(fact_id)
-            # The erasure is committed; scrubbing the files gives way to readers and retries
-            # in the background, so a backup or report holding old data never fails a purge
-            # nor holds up a remember (see scrub()).
-            self._scrubber.after_erasure()
+            try:
+                self._semantic.forget(fact_id)
+            finally:
+                # The erasure is committed; scrubbing the files gives way to readers and retries
+                # in the background, so a backup or report holding old data never fails a purge
+                # nor holds up a remember (see scrub()).
+                self._scrubber.after_erasure()
         return purged
 
     def scrub(self, timeout: float = 10.0) -> None:

@@ -9,6 +9,7 @@ embedded usably.
 
 from __future__ import annotations
 
+import logging
 import math
 import operator
 import sqlite3
@@ -22,6 +23,8 @@ from journaled.events.memory import Fact
 from journaled.events.memory_state import Query, usable
 
 __all__ = ["Embedder", "Semantic", "cache_path"]
+
+log = logging.getLogger("journaled.semantic")
 
 
 class Embedder(Protocol):
@@ -71,39 +74,90 @@ class Semantic:
         if embedder is None or not candidates:
             return None
         try:
-            if self.cache.path is not None:
-                self.cache.catch_up(self._journal)
+            caught_up = self._catch_up()
             keys = {c.id: digest(c.text) for c in candidates}
-            known = self.cache.get(self._model, list(keys.values()))
+            known = self._cached(list(keys.values()))
             need: dict[bytes, str] = {}
             for c in candidates:
                 if keys[c.id] not in known:
                     need.setdefault(keys[c.id], c.text)
-            if need:
-                vectors = embedder.embed(list(need.values()))
-                fresh = {
-                    d: [float(x) for x in v]
-                    for d, v in zip(need, vectors, strict=False)
-                    if usable(v)
-                }
-                self.cache.put(
-                    self._model,
-                    [
-                        (c.id, keys[c.id], fresh[keys[c.id]])
-                        for c in candidates
-                        if keys[c.id] in fresh
-                    ],
-                )
-                known |= fresh
+            fresh = self._embed(embedder, need)
+            if fresh is None:
+                return None
+            self._store(candidates, keys, fresh, caught_up)
+            known |= fresh
             query_vectors = embedder.embed([text])
             query_vector = query_vectors[0] if query_vectors else None
-            docs = [(c, known[keys[c.id]]) for c in candidates if keys[c.id] in known]
-            if not usable(query_vector) or not docs:
+            if not usable(query_vector):
                 return None
             assert query_vector is not None
+            # A cached vector of another length was made by another setting of the model (its
+            # dimensions): embedded again, once; a fresh one of another length scores 0 (M7).
+            stale = {
+                keys[c.id]: c.text
+                for c in candidates
+                if keys[c.id] in known
+                and keys[c.id] not in fresh
+                and len(known[keys[c.id]]) != len(query_vector)
+            }
+            again = self._embed(embedder, stale) if stale else {}
+            if again:
+                self._store(candidates, keys, again, caught_up)
+                known |= again
+            docs = [(c, known[keys[c.id]]) for c in candidates if keys[c.id] in known]
+            if not docs:
+                return None
             return _cosines(query_vector, docs)
         except Exception:
             return None
+
+    def _embed(self, embedder: Embedder, need: dict[bytes, str]) -> dict[bytes, list[float]] | None:
+        """Embed the texts by digest; None when the answer is not one vector per text (nothing
+        is then cached: the vectors could not be told apart)."""
+        if not need:
+            return {}
+        vectors = embedder.embed(list(need.values()))
+        if not isinstance(vectors, list | tuple) or len(vectors) != len(need):
+            return None
+        return {d: [float(x) for x in v] for d, v in zip(need, vectors, strict=True) if usable(v)}
+
+    def _catch_up(self) -> int | None:
+        """Apply purges to the file cache before it serves; None when it cannot be read now
+        (search goes on with the vectors it computes, M7)."""
+        if self.cache.path is None:
+            return None
+        try:
+            return self.cache.catch_up(self._journal)
+        except (sqlite3.Error, OSError):
+            log.warning("vector cache %s unreadable for now; embedding without it", self.cache.path)
+            return None
+
+    def _cached(self, digests: list[bytes]) -> dict[bytes, list[float]]:
+        try:
+            return self.cache.get(self._model, digests)
+        except (sqlite3.Error, OSError):
+            return {}
+
+    def _store(
+        self,
+        candidates: Sequence[Fact],
+        keys: dict[str, bytes],
+        vectors: dict[bytes, list[float]],
+        caught_up: int | None,
+    ) -> None:
+        """Cache fresh vectors; then drop any of a fact another process purged since the catch-up
+        (R2). A cache that cannot be written now is skipped: the answer does not need it."""
+        entries = [
+            (c.id, keys[c.id], vectors[keys[c.id]]) for c in candidates if keys[c.id] in vectors
+        ]
+        if not entries:
+            return
+        try:
+            self.cache.put(self._model, entries)
+            if self.cache.path is not None and caught_up is not None:
+                self.cache.forget_purged(self._journal, caught_up)
+        except (sqlite3.Error, OSError):
+            log.warning("vector cache %s busy or unwritable; not stored this time", self.cache.path)
 
     def rank(
         self,
@@ -143,8 +197,15 @@ class Semantic:
         return [by_id[i] for _, i in fused[: query.limit]]
 
     def forget(self, fact_id: str) -> None:
-        """Drop a purged fact's vector (M10): from memory and from the file beside the journal."""
-        self.cache.forget_facts([fact_id])
+        """Drop a purged fact's vector (M10): from memory and from the file beside the journal.
+
+        A file that cannot be written now is left to the next catch-up, which reads the purge
+        from the journal: the purge itself is committed already and never fails for it.
+        """
+        try:
+            self.cache.forget_facts([fact_id])
+        except (sqlite3.Error, OSError):
+            log.warning("vector cache %s: purge applied at its next use", self.cache.path)
 
 
 def _cosines(query: list[float], docs: list[tuple[Fact, list[float]]]) -> list[tuple[float, Fact]]:

@@ -18,7 +18,7 @@ import sqlite3
 import threading
 from array import array
 from collections.abc import Iterable, Iterator, Sequence
-from contextlib import closing, contextmanager
+from contextlib import closing, contextmanager, suppress
 
 from journaled.events.codec import topics_of
 from journaled.events.journal import Journal
@@ -38,6 +38,9 @@ CREATE TABLE IF NOT EXISTS position (id INTEGER PRIMARY KEY CHECK (id = 0), seen
 """
 
 _PURGED_TOPICS = topics_of(FactPurged)
+_BUSY = 2.0
+"""Seconds a write waits for another process's: a cache that stays busy is skipped, not
+waited for (search answers with the vectors it computed, M7)."""
 
 
 def digest(text: str) -> bytes:
@@ -60,17 +63,37 @@ class VectorCache:
         self._seen = 0
         self._purged: set[str] = set()
         if path is not None:
-            with self._connect() as db:
-                db.executescript(_SCHEMA)
-                db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
+            with self._connect():
+                pass  # made (or checked) now: a file that cannot be is known at once
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
+        """Open the file, making its tables if it lost them (deleted while open: rebuilt on
+        use). WAL, so that a reader (a backup) never holds up a write; a writer waits for
+        another at most :data:`_BUSY` seconds, and the caller goes on without the cache."""
         assert self.path is not None
-        with closing(sqlite3.connect(self.path, timeout=30)) as db:
+        with closing(sqlite3.connect(self.path, timeout=_BUSY, isolation_level=None)) as db:
             db.execute("PRAGMA secure_delete = ON")
-            with db:
+            if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+                with suppress(sqlite3.OperationalError):  # a reader holds it: next time
+                    db.execute("PRAGMA journal_mode = WAL")
+            tables = db.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table'"
+                " AND name IN ('vectors', 'facts', 'position')"
+            ).fetchone()[0]
+            if tables < 3:  # a new file, or one deleted while open: made again (a read else)
+                db.executescript(_SCHEMA)
+                db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
+                with self._lock:  # what the file held is embedded and stored again
+                    self._vectors.clear()
+                    self._facts.clear()
+            db.execute("BEGIN")
+            try:
                 yield db
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+            db.execute("COMMIT")
 
     def get(self, model: str, digests: Sequence[bytes]) -> dict[bytes, list[float]]:
         """Return the cached vectors among ``digests`` for ``model``."""
@@ -147,28 +170,44 @@ class VectorCache:
                 del self._vectors[key]
         return cursor.rowcount
 
-    def catch_up(self, journal: Journal) -> None:
-        """Apply every purge the journal recorded after the position this cache last saw."""
+    def catch_up(self, journal: Journal) -> int:
+        """Apply every purge the journal recorded after the position this cache last saw;
+        return the journal position it applied them up to."""
         if self.path is None:
             seen = self._seen
         else:
             with self._connect() as db:
-                seen = int(db.execute("SELECT seen FROM position WHERE id = 0").fetchone()[0])
+                row = db.execute("SELECT seen FROM position WHERE id = 0").fetchone()
+            seen = 0 if row is None else int(row[0])
         last = journal.position()
         if last <= seen:
+            return seen
+        self.forget_purged(journal, seen, last)
+        if self.path is None:
+            self._seen = last
+            return last
+        with self._connect() as db:
+            db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
+            db.execute("UPDATE position SET seen = ? WHERE id = 0 AND seen < ?", (last, last))
+        return last
+
+    def forget_purged(self, journal: Journal, after: int, upto: int | None = None) -> None:
+        """Drop the vectors of the facts the journal purged after a position.
+
+        Also what a caller runs after storing vectors it embedded from a catch-up at ``after``:
+        another process may have purged one of those facts, and moved this file's position past
+        that purge, meanwhile (R2).
+        """
+        end = journal.position() if upto is None else upto
+        if end <= after:
             return
         purged = [
             e.data.fact_id
-            for e in journal.read(after=seen, upto=last, topics=_PURGED_TOPICS)
+            for e in journal.read(after=after, upto=end, topics=_PURGED_TOPICS)
             if isinstance(e.data, FactPurged)
         ]
         if purged:
             self.forget_facts(purged)
-        if self.path is None:
-            self._seen = last
-            return
-        with self._connect() as db:
-            db.execute("UPDATE position SET seen = ? WHERE id = 0 AND seen < ?", (last, last))
 
     def __len__(self) -> int:
         """Return how many vectors are stored."""

@@ -7,14 +7,17 @@ inference servers (vLLM, llama.cpp's server, Ollama, text-embeddings-inference, 
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
+import time
 import urllib.error
 import urllib.request
 from typing import Any
 
 from journaled.errors import JournaledError
+from journaled.events.redact import redact
 
 __all__ = ["EmbeddingsError", "OpenAIEmbeddings"]
 
@@ -31,7 +34,7 @@ class OpenAIEmbeddings:
         base_url: The API root, e.g. ``https://api.openai.com/v1`` or ``http://127.0.0.1:8080/v1``.
         api_key: Sent as a bearer token; defaults to ``$OPENAI_API_KEY``; none is sent if unset.
         batch_size: Most texts per request.
-        timeout: Seconds to wait for each request.
+        timeout: Seconds a request may take, its answer read whole.
         dimensions: Ask the server for vectors of this length (models that support it).
     """
 
@@ -90,17 +93,41 @@ class OpenAIEmbeddings:
             method="POST",
         )
         self.requests += 1
+        deadline = time.monotonic() + self.timeout
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                answer = json.loads(response.read())
+                answer = json.loads(_read_by(response, deadline))
         except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200].decode("utf-8", "replace")
+            detail = self._hidden(exc.read()[:200].decode("utf-8", "replace"))
             raise EmbeddingsError(
                 f"{self.base_url}/embeddings answered HTTP {exc.code}: {detail}"
-            ) from exc
-        except (OSError, ValueError) as exc:
-            raise EmbeddingsError(f"{self.base_url}/embeddings failed: {exc}") from exc
+            ) from None
+        except (OSError, ValueError, http.client.HTTPException) as exc:
+            raise EmbeddingsError(
+                f"{self.base_url}/embeddings failed: {self._hidden(str(exc))}"
+            ) from None
         return _vectors(answer, len(texts), self.base_url)
+
+    def _hidden(self, text: str) -> str:
+        """Return ``text`` without the API key, and with any secret in it redacted (M9)."""
+        if self._api_key:
+            text = text.replace(self._api_key, "[api key]")
+        return redact(text)
+
+
+def _read_by(response: Any, deadline: float) -> bytes:
+    """Read a response's body whole by ``deadline``: the socket's timeout bounds each read, and
+    a server sending a byte at a time would otherwise hold a search for as long as it likes."""
+    chunks: list[bytes] = []
+    while chunk := response.read1(65536):
+        chunks.append(chunk)
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer took longer than the timeout")
+    body = b"".join(chunks)
+    left = getattr(response, "length", None)
+    if left:  # the connection closed before the Content-Length it announced
+        raise http.client.IncompleteRead(body, left)
+    return body
 
 
 def _vectors(answer: object, expected: int, where: str) -> list[list[float]]:

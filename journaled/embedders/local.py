@@ -21,7 +21,9 @@ class SentenceTransformerEmbeddings:
     Args:
         model: A model directory or a name sentence-transformers resolves.
         name: The model's name in the vector cache's key (ADR 0048); defaults to the
-            directory's name, so moving the same weights elsewhere keeps the cache.
+            directory's name, so moving the same weights elsewhere keeps the cache. Give it to
+            tell apart two models whose directories have one name, and with ``instance=``: an
+            instance without it gets no cache that outlives the runtime.
         batch_size: Texts encoded per forward pass.
         device: Where the model runs, e.g. ``"cpu"``.
         normalize: Return unit vectors (cosine then equals the dot product).
@@ -46,7 +48,9 @@ class SentenceTransformerEmbeddings:
             library = _library()
             instance = library.SentenceTransformer(str(model), device=device)
         self._model = instance
-        self.model = name or Path(str(model)).name or type(instance).__name__
+        self.model = name or Path(str(model)).name
+        """The vector cache's key (ADR 0048). Empty for an instance given without ``name``:
+        nothing tells two such models apart, so their vectors last as long as the runtime."""
         self.batch_size = batch_size
         self.normalize = normalize
         self.batches = 0
@@ -54,7 +58,7 @@ class SentenceTransformerEmbeddings:
 
     def __repr__(self) -> str:
         """Name the model."""
-        return f"SentenceTransformerEmbeddings(model={self.model!r})"
+        return f"SentenceTransformerEmbeddings(model={self.model or type(self._model).__name__!r})"
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Return one vector per text, encoding ``batch_size`` texts at a time."""
