@@ -41,7 +41,13 @@ from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent
 from journaled.events.errors import PlanRejected
-from journaled.events.inputs import int_problem, number_problem, short, text_problem
+from journaled.events.inputs import (
+    int_problem,
+    number_problem,
+    short,
+    text_problem,
+    timeout_problem,
+)
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan
@@ -793,12 +799,9 @@ def _check_limits(limits: Limits | None) -> Limits:
 
 def check_timeout(timeout: object) -> None:
     """Raise ValueError naming ``timeout`` unless it is None or a non-negative number."""
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise ValueError(
-            f"timeout must be None or a non-negative number of seconds, got {timeout!r}"
-        )
+    problem = timeout_problem(timeout)
+    if problem:
+        raise ValueError(f"timeout {problem}")
 
 
 def awaited_progress(on_progress: Progress | None, loop: LoopRunner) -> Progress | None:

@@ -66,6 +66,15 @@ def int_problem(
     return None
 
 
+def timeout_problem(value: object) -> str | None:
+    """Return why ``value`` is not a wait in seconds (None, or a non-negative number), or None."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:  # NaN too
+        return f"must be None or a non-negative number of seconds, got {value!r}"
+    return None
+
+
 def number_problem(value: object) -> str | None:
     """Return why ``value`` is not a finite real number, or None."""
     if isinstance(value, bool) or not isinstance(value, int | float):

@@ -31,7 +31,7 @@ from journaled.errors import InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import STORED_EVENTS
 from journaled.events.codec import tag_of, topics_of
-from journaled.events.inputs import int_problem, text_problem
+from journaled.events.inputs import int_problem, text_problem, timeout_problem
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
@@ -434,10 +434,9 @@ class AsyncSubscription:
 
 def _check_timeout(timeout: object) -> None:
     """Refuse a poll timeout that is not None nor a non-negative number (NaN included)."""
-    if timeout is not None and (
-        isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout >= 0
-    ):
-        raise InvalidArgument("timeout", f"must be a non-negative number, got {timeout!r}")
+    problem = timeout_problem(timeout)
+    if problem:
+        raise InvalidArgument("timeout", problem)
 
 
 def _settle(

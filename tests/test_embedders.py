@@ -6,14 +6,14 @@ import importlib
 import json
 import math
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
 from click.testing import CliRunner
+from local_http import serving
 
 import journaled
 from journaled.cli import main
@@ -76,15 +76,8 @@ def server() -> Iterator[str]:
     _Handler.seen = []
     _Handler.answer = None
     _Handler.status = 200
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Handler) as url:
+        yield url
 
 
 # -- OpenAI-compatible HTTP ------------------------------------------------------------------------

@@ -16,11 +16,12 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from local_http import serving
 
 import journaled
 from journaled.embedders import EmbeddingsError, OpenAIEmbeddings, digest
@@ -123,16 +124,8 @@ def server() -> Iterator[str]:
     """Serve embeddings on 127.0.0.1; yield the API root URL."""
     _Handler.mode = "ok"
     _Handler.seen = []
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Handler) as url:
+        yield url
 
 
 # -- what an embedder answers ----------------------------------------------------------------------

@@ -13,11 +13,12 @@ import textwrap
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from local_http import serving
 
 import journaled
 from journaled.embedders import (
@@ -117,16 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
 def server() -> Iterator[str]:
     """Serve embeddings on 127.0.0.1; yield the API root URL."""
     _Handler.mode = "ok"
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.daemon_threads = True
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{httpd.server_address[1]}/v1"
-    finally:
-        httpd.shutdown()
-        httpd.server_close()
-        thread.join(timeout=5)
+    with serving(_Handler) as url:
+        yield url
 
 
 # -- the vector cache file -------------------------------------------------------------------------
@@ -150,10 +143,13 @@ def test_a_cache_file_deleted_while_open_is_rebuilt_on_use(
     }
 
 
-def test_purge_returns_true_when_the_cache_cannot_be_written(
-    tmp_path: Path, clock: ManualClock
+@pytest.mark.parametrize("made_unusable", ["deleted", "a directory"])
+def test_a_committed_purge_returns_true_whatever_the_cache_file(
+    tmp_path: Path, clock: ManualClock, made_unusable: str
 ) -> None:
-    """M10, R2: a committed purge returns True even if the vector cache is unreachable."""
+    """M10, R2: a committed purge returns True, and its scrub runs, when the vector cache file
+    was deleted (made again on use) or its path cannot be opened at all (the cache applies the
+    purge at its next use)."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     cache = tmp_path / "journal.sqlite.vectors"
     with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
@@ -161,23 +157,8 @@ def test_purge_returns_true_when_the_cache_cannot_be_written(
         rt.memory.remember("dog")
         rt.memory.search_semantic("cat")
         cache.unlink()
-        assert rt.memory.purge(gone.id) is True
-        assert rt.memory.get(gone.id) is None
-
-
-def test_purge_returns_true_when_the_cache_cannot_be_opened(
-    tmp_path: Path, clock: ManualClock
-) -> None:
-    """M10, R2: a committed purge returns True, and its scrub runs, when the vector cache's
-    path cannot be opened at all; the cache applies the purge at its next use."""
-    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    cache = tmp_path / "journal.sqlite.vectors"
-    with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
-        gone = rt.memory.remember("cat secret plan")
-        rt.memory.remember("dog")
-        rt.memory.search_semantic("cat")
-        cache.unlink()
-        cache.mkdir()  # no file can be opened there
+        if made_unusable == "a directory":
+            cache.mkdir()  # no file can be opened there
         assert rt.memory.purge(gone.id) is True
         assert rt.memory.get(gone.id) is None
         assert rt.memory.search("secret") == []
