@@ -320,7 +320,9 @@ class Orchestrations:
         actor.tell(BeginOrchestration())
         if self.cancel_requested(run_id):
             actor.tell(CancelOrchestration())
-        return RunHandle(run_id, done, self.cancel, self._runs.current)
+        return RunHandle(
+            run_id, done, self.cancel, self._runs.current, started_by=self._runs.started_by
+        )
 
     def close(self, timeout: float) -> list[str]:
         """Tell every orchestrator the runtime is closing; wait for them to stop (R3).

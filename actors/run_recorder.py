@@ -48,6 +48,38 @@ def reporting() -> str | None:
     return run_id if run_id is not None else REPORTING_TASK.get()
 
 
+def refuse_close_from_progress() -> None:
+    """Refuse to close a runtime from a run's ``on_progress`` (R3, A2).
+
+    The close drains every run, that one too, and it cannot go on until on_progress returns:
+    the close would wait out its whole drain and leave the run neither finished nor suspended.
+
+    Raises:
+        RuntimeError: the caller is in a run's on_progress.
+    """
+    reporter = reporting()
+    if reporter is not None:
+        raise RuntimeError(
+            f"closing the runtime from run {reporter}'s on_progress would wait for that run to "
+            "drain, and it cannot go on until on_progress returns: close the runtime elsewhere "
+            "(R3)"
+        )
+
+
+def on_progress_wait(reporter: str, run_id: str, verb: str = "waits for") -> str:
+    """Say why a wait from run ``reporter``'s on_progress for run ``run_id`` is refused (A2)."""
+    if reporter == run_id:
+        return (
+            f"run {run_id}'s on_progress {verb} the run's end, and the run cannot go on until "
+            "on_progress returns: wait for it elsewhere (A2)"
+        )
+    return (
+        f"run {reporter}'s on_progress {verb} the end of run {run_id}, which waits for run "
+        f"{reporter} (a run it started), and that run cannot go on until on_progress returns: "
+        "wait for it elsewhere (A2)"
+    )
+
+
 SNAPSHOT_EVERY = 2000
 """Events between two snapshots of a long-running run."""
 

@@ -9,7 +9,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -36,7 +36,13 @@ from journaled.actors.run_args import (
 )
 from journaled.actors.run_erasure import purge_run
 from journaled.actors.run_forks import RunForks
-from journaled.actors.run_recorder import REPORTING_TASK, Progress, Trace, reporting
+from journaled.actors.run_recorder import (
+    REPORTING_TASK,
+    Progress,
+    Trace,
+    on_progress_wait,
+    reporting,
+)
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent
@@ -199,6 +205,7 @@ class RunHandle(Generic[R]):
         cancel: Callable[[str], bool],
         state: Callable[[str], Any],
         may_wait: Callable[[], None] | None = None,
+        started_by: Callable[[str], Iterable[str]] | None = None,
     ) -> None:
         self.run_id = run_id
         self.future = future
@@ -206,6 +213,20 @@ class RunHandle(Generic[R]):
         self._cancel = cancel
         self._state = state
         self._may_wait = may_wait
+        self._started_by = started_by
+
+    def waits_on_caller(self) -> str | None:
+        """Return the run whose ``on_progress`` the caller is in when this run waits for it.
+
+        That is the reporting run itself, or a run it was started by (a step's child run, an
+        orchestration's pass), however far up: each waits for the runs it started, and a run
+        waits for its ``on_progress`` to return. None when waiting here cannot deadlock so.
+        """
+        reporter = reporting()
+        if reporter is None:
+            return None
+        line = self._started_by(reporter) if self._started_by is not None else (reporter,)
+        return reporter if self.run_id in line else None
 
     def result(self, timeout: float | None = None) -> R:
         """Wait for the run to stop (completed, failed, waiting, suspended, ...); return its result.
@@ -218,11 +239,9 @@ class RunHandle(Generic[R]):
         """
         check_timeout(timeout)
         if not self.future.done():
-            if reporting() == self.run_id:
-                raise RuntimeError(
-                    f"run {self.run_id}'s on_progress waits for the run to end, and the run "
-                    "cannot go on until on_progress returns: wait for it elsewhere (A2)"
-                )
+            reporter = self.waits_on_caller()
+            if reporter is not None:
+                raise RuntimeError(on_progress_wait(reporter, self.run_id))
             if self._may_wait is not None:
                 self._may_wait()
         return self.future.result(timeout)
@@ -268,6 +287,9 @@ class Runs(RunForks):
         self._active: dict[str, _Claim] = {}
         """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
+        self._parents: dict[str, str] = {}
+        """run id -> the run that started it (a step's child, an orchestration's pass), while
+        it executes here: a wait from its on_progress for any run up that line never ends."""
         self._closing = False
         """Set by :meth:`close`: no run starts from then on (R3)."""
         self._drain: tuple[float, str] = (0.0, "close")
@@ -621,6 +643,7 @@ class Runs(RunForks):
             closing = self._closing
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
+                self._parents[run_id] = parent[0]
                 parent_active = self._active.get(parent[0])
         claim.ready.set()
         if claim.token.is_set() or (parent_active is not None and parent_active.token.is_set()):
@@ -629,7 +652,7 @@ class Runs(RunForks):
             executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
         executor.tell(Begin())
         handle: RunHandle[ExecuteResult] = RunHandle(
-            run_id, done, self.cancel, self.current, self._check_may_wait
+            run_id, done, self.cancel, self.current, self._check_may_wait, self.started_by
         )
         # Return once the opening events are in the journal, so that the id can be read at once;
         # a run that ends before (it failed to append) has nothing more to wait for.
@@ -638,6 +661,14 @@ class Runs(RunForks):
             done.result()  # the run could not even begin: raise its error here
         # Begun, even if it stopped since: the caller gets its id, and its error from result().
         return handle
+
+    def started_by(self, run_id: str) -> list[str]:
+        """Return the run and the runs that started it, up to the first not executing here."""
+        line = [run_id]
+        with self._lock:
+            while (parent := self._parents.get(line[-1])) is not None and parent not in line:
+                line.append(parent)
+        return line
 
     def _check_may_wait(self) -> None:
         """Refuse to block the event loop that async steps run on, waiting for a run (A1).
@@ -659,6 +690,7 @@ class Runs(RunForks):
                 del self._active[run_id]
                 _let_go_in_process(run_id)
             self._children.pop(run_id, None)
+            self._parents.pop(run_id, None)
             if parent is not None:
                 siblings = self._children.get(parent[0])
                 if siblings is not None and run_id in siblings:

@@ -31,7 +31,7 @@ from journaled.actors.clock import Clock
 from journaled.actors.errors import RuntimeClosed
 from journaled.actors.orchestrator import Planner
 from journaled.actors.placement import Placement
-from journaled.actors.run_recorder import Progress, reporting
+from journaled.actors.run_recorder import Progress, on_progress_wait, refuse_close_from_progress
 from journaled.actors.runs import RunHandle, Runs, check_timeout
 from journaled.errors import ConfigurationError
 from journaled.events.base import Event
@@ -134,11 +134,9 @@ class AsyncRunHandle(Generic[R]):
         check_timeout(timeout)
         if self.future.done():  # at once: a wrapped future settles only on the loop's next turn
             return self.future.result()
-        if reporting() == self.run_id:
-            raise RuntimeError(
-                f"run {self.run_id}'s on_progress awaits the run's end, and the run cannot go "
-                "on until on_progress returns: await it elsewhere (A2)"
-            )
+        reporter = self._handle.waits_on_caller()
+        if reporter is not None:
+            raise RuntimeError(on_progress_wait(reporter, self.run_id, "awaits"))
         waited = asyncio.shield(asyncio.wrap_future(self.future))
         return await asyncio.wait_for(waited, timeout)
 
@@ -748,7 +746,12 @@ class AsyncRuntime:
         """Drain, suspend what is unfinished, close the journal (R3), then the pool. Idempotent.
 
         A second call waits for the first; cancelling the awaiting task does not stop the close.
+
+        Raises:
+            RuntimeError: awaited from a run's ``on_progress`` (see :meth:`Runtime.close`);
+                nothing is closed.
         """
+        refuse_close_from_progress()
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close(drain))
         await asyncio.shield(self._closing)

@@ -22,7 +22,7 @@ from journaled.actors.gateway import ProtocolDoor
 from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator import Orchestrations, Planner
 from journaled.actors.placement import Placement
-from journaled.actors.run_recorder import Progress
+from journaled.actors.run_recorder import Progress, refuse_close_from_progress
 from journaled.actors.runs import RunHandle, Runs
 from journaled.actors.runtime import MemoryActors
 from journaled.actors.steps import AgentContext, Registry, Services
@@ -565,7 +565,12 @@ class Runtime:
         run still executing is journaled ``run.suspended`` — steps still in flight run again on
         resume — and stays resumable by ``rt.resume`` in a new runtime. Nothing is cancelled:
         only ``cancel(run_id)`` cancels. Idempotent.
+
+        Raises:
+            RuntimeError: called from a run's ``on_progress``: the close would wait for that run,
+                which cannot go on until on_progress returns (nothing is closed).
         """
+        refuse_close_from_progress()
         self._close(drain, "close")
 
     def _close(self, drain: float | None, cause: str) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -189,3 +190,174 @@ def test_an_on_progress_raising_system_exit_leaves_other_runtimes_open(tmp_path:
             handle.result(5.0)
         time.sleep(0.3)
         assert other.memory.remember("the other runtime still works").text
+
+
+def _waiter(box: dict[str, Any], outcome: list[str]) -> Any:
+    """Return an on_progress that waits (once) for the handle in ``box``, saying how it ended."""
+
+    def progress(at: str, delta: Any, calls: int, waiting: Any) -> None:
+        handle = box.get("handle")
+        if handle is None or outcome:
+            return
+        began = time.monotonic()
+        try:
+            handle.result(timeout=1.0)
+            outcome.append("returned")
+        except RuntimeError as exc:
+            outcome.append(f"refused in {time.monotonic() - began:.2f} s: {exc}")
+        except TimeoutError:
+            outcome.append("deadlocked until the timeout")
+
+    return progress
+
+
+def test_a_child_runs_on_progress_waiting_for_its_parent_is_refused(
+    srt: journaled.Runtime,
+) -> None:
+    """A2, E9: the parent waits for the step that waits for the child, which waits for its
+    on_progress: a wait there for the parent is refused at once, and both runs complete."""
+    box: dict[str, Any] = {}
+    outcome: list[str] = []
+    srt.register_tool("echo", lambda x: x)
+
+    def lead(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        child = ctx.execute(
+            Plan(goal="sub", steps=[Step("x", tool="echo", input=5)]),
+            on_progress=_waiter(box, outcome),
+        )
+        return journaled.AgentResult(output=child.observations[0].output, calls_used=0)
+
+    srt.register_agent("lead", lead)
+    gate = threading.Event()
+    srt.register_tool("gate", lambda x: gate.wait(WAIT) and x)
+    plan = Plan(
+        goal="g", steps=[Step("a", tool="gate", input=1), Step("p", agent="lead", depends_on=["a"])]
+    )
+    box["handle"] = handle = srt.start(plan)
+    gate.set()
+    result = handle.result(WAIT)
+    assert result.ok and result.observations[-1].output == 5
+    assert outcome and outcome[0].startswith("refused"), outcome
+    assert f"waits for the end of run {handle.run_id}," in outcome[0]
+
+
+def test_a_passs_on_progress_waiting_for_its_orchestration_is_refused(
+    srt: journaled.Runtime,
+) -> None:
+    """A2, O5: an orchestration waits for its pass, the pass for its on_progress: a wait there
+    for the orchestration is refused at once, and the orchestration completes."""
+    box: dict[str, Any] = {}
+    outcome: list[str] = []
+    gate = threading.Event()
+    srt.register_tool("gate", lambda x: gate.wait(WAIT) and x)
+
+    def planner(goal: str, observations: Any, clarifications: Any) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", tool="gate", input=1)])
+
+    box["handle"] = handle = srt.orchestrate_start("g", planner, on_progress=_waiter(box, outcome))
+    gate.set()
+    assert handle.result(WAIT).status == "completed"
+    assert outcome and outcome[0].startswith("refused"), outcome
+    assert f"waits for the end of run {handle.run_id}," in outcome[0]
+
+
+def test_an_async_childs_on_progress_awaiting_its_parent_is_refused(tmp_path: Path) -> None:
+    """A2, E9 on the asyncio door: ``await parent_handle`` from a child's async on_progress."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    seen: list[str] = []
+
+    async def main() -> None:
+        async with journaled.aio.open(url) as rt:
+            rt.register_tool("echo", lambda x: x)
+            handles: list[Any] = []
+
+            async def progress(at: str, delta: Any, calls: int, waiting: Any) -> None:
+                if seen or not handles:
+                    return
+                try:
+                    await asyncio.wait_for(handles[0].result(), 1.0)
+                    seen.append("returned")
+                except RuntimeError as exc:
+                    seen.append(f"RuntimeError: {exc}")
+                except TimeoutError:
+                    seen.append("TimeoutError")
+
+            async def lead(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+                while not handles:
+                    await asyncio.sleep(0.005)
+                child = await ctx.execute_async(
+                    Plan(goal="sub", steps=[Step("x", tool="echo", input=5)]),
+                    on_progress=progress,
+                )
+                return journaled.AgentResult(output=child.observations[0].output, calls_used=0)
+
+            rt.register_agent("lead", lead)
+            handles.append(await rt.start(Plan(goal="g", steps=[Step("p", agent="lead")])))
+            result = await asyncio.wait_for(handles[0].result(), WAIT)
+            assert result.ok
+
+    asyncio.run(main())
+    assert seen and seen[0].startswith("RuntimeError"), seen
+    assert "awaits the end of run" in seen[0]
+
+
+def test_closing_the_runtime_from_on_progress_is_refused_and_closes_nothing(
+    sqlite_url: str,
+) -> None:
+    """R3, A2: ``rt.close()`` from on_progress would drain the reporting run, which waits for
+    on_progress: it waited out the whole drain and left the run neither finished nor
+    suspended. It is refused at once; the runtime stays open and the run completes."""
+    outcome: list[str] = []
+    rt = journaled.open(sqlite_url)
+    rt.register_tool("echo", lambda x: x)
+
+    def progress(at: str, delta: Any, calls: int, waiting: Any) -> None:
+        if outcome:
+            return
+        began = time.monotonic()
+        try:
+            rt.close()
+            outcome.append("closed")
+        except RuntimeError as exc:
+            outcome.append(f"refused in {time.monotonic() - began:.2f} s: {exc}")
+
+    try:
+        plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+        result = rt.execute(plan, on_progress=progress)
+        assert result.ok
+        assert outcome and outcome[0].startswith("refused"), outcome
+        assert "close the runtime elsewhere" in outcome[0]
+        assert rt.execute(plan).ok  # still open
+    finally:
+        rt.close()
+    rt.close()  # closed above: a second close is a no-op
+
+
+def test_closing_the_async_runtime_from_an_async_on_progress_is_refused(tmp_path: Path) -> None:
+    """R3, A2 on the asyncio door: the refusal comes before anything is shut down, so the
+    runtime (and its worker pool) still serves calls afterwards."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    seen: list[str] = []
+
+    async def main() -> None:
+        async with journaled.aio.open(url) as rt:
+            rt.register_tool("echo", lambda x: x)
+
+            async def progress(at: str, delta: Any, calls: int, waiting: Any) -> None:
+                if seen:
+                    return
+                try:
+                    await asyncio.wait_for(rt.close(), 2.0)
+                    seen.append("closed")
+                except RuntimeError:
+                    seen.append("RuntimeError")
+                except TimeoutError:
+                    seen.append("TimeoutError")
+
+            plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+            assert (await rt.execute(plan, on_progress=progress)).ok
+            assert (await rt.execute(plan)).ok
+            assert await rt.memory.remember("still open")
+
+    asyncio.run(main())
+    assert seen == ["RuntimeError"]
