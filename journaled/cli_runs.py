@@ -211,7 +211,8 @@ def runs_show(ctx: click.Context, run_id: str, position: int | None, at_time: st
         render.render_run(render.console(), view)
 
 
-@runs.command("diff")
+# A and B as given: a negative position reaches check_position's error, not "no such option".
+@runs.command("diff", context_settings={"ignore_unknown_options": True})
 @click.argument("run_id")
 @click.argument("a", type=int)
 @click.argument("b", type=int)

@@ -384,6 +384,15 @@ def test_runs_diff(world: World) -> None:
     assert "status changes:\n  none\nnew observations:\n  none" in same
 
 
+def test_runs_diff_names_a_negative_position_instead_of_an_unknown_option(world: World) -> None:
+    """O7: ``runs diff RUN -1 2`` says the position is negative (it read ``-1`` as an option)."""
+    for args, named in ((["-1", "2"], "A -1"), (["1", "-2", "--json"], "B -2")):
+        result = cli(world.url, "runs", "diff", world.failed_run, *args)
+        assert result.exit_code == 1, result.output
+        assert f"{named} is negative: give a journal position, 0 or more" in result.stderr
+        assert "No such option" not in result.output
+
+
 def test_runs_read_commands(world: World) -> None:
     """O6: runs list/why/history, each in human and --json form."""
     listed = as_json(world.url, "runs", "list")
