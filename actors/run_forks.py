@@ -17,13 +17,19 @@ from journaled.actors.run_args import RUN_PREFIX, check_budget, new_run_id
 from journaled.actors.run_reads import RunReads, check_run
 from journaled.actors.steps import journalable
 from journaled.events.base import Event, Pending
-from journaled.events.codec import tag_of, topics_of
+from journaled.events.codec import tag_of
 from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted
 from journaled.events.plans import Plan, Step
-from journaled.events.provenance import Stale, read_events, stale_reads
+from journaled.events.provenance import (
+    Stale,
+    carried_reads,
+    forks_reads,
+    read_events,
+    stale_reads,
+)
 from journaled.events.run_state import RunState
 from journaled.events.runs import CarriedStep, MemoryRead, RunForked, StepSucceeded
 
@@ -207,27 +213,16 @@ class RunForks(RunReads):
         carried: list[tuple[Event, str]] = []
         if run_id is None:
             reads = read_events(self._journal)
-            by_run: dict[str, list[Event]] = {}
-            for e in reads:
-                by_run.setdefault(e.stream, []).append(e)
-
-            def recorded(stream: str, upto: int) -> list[Event]:
-                return [e for e in by_run.get(stream, ()) if e.position <= upto]
-
-            for forked in self._journal.read(topics=topics_of(RunForked)):
-                if isinstance(forked.data, RunForked):
-                    inherited = self._carried_reads(forked.data, {forked.stream}, recorded)
-                    reads += [
-                        msgspec.structs.replace(e, stream=forked.stream) for e, _ in inherited
-                    ]
-                    carried += inherited
+            for fork, event, source in forks_reads(self._journal, reads):
+                carried.append((msgspec.structs.replace(event, stream=fork), source))
+            reads += [e for e, _ in carried]
         else:
             first = self._journal.first(run_id) if isinstance(run_id, str) else None
             check_run(run_id, first)
             assert first is not None
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
             if isinstance(first.data, RunForked):
-                carried = self._carried_reads(first.data, {run_id}, self._recorded_reads)
+                carried = carried_reads(self._journal, first.data, {run_id}, self._recorded_reads)
                 reads += [msgspec.structs.replace(e, stream=run_id) for e, _ in carried]
         origin = {e.position: source for e, source in carried}
         return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact, origin)
@@ -236,39 +231,6 @@ class RunForks(RunReads):
         """Return the read events a run recorded up to a journal position."""
         stream = self._journal.stream(run_id, upto=upto)
         return [e for e in stream if isinstance(e.data, MemoryRead)]
-
-    def _carried_reads(
-        self,
-        forked: RunForked,
-        seen: set[str],
-        recorded: Callable[[str, int], builtins.list[Event]],
-    ) -> builtins.list[tuple[Event, str]]:
-        """Return the reads behind the steps a fork carried, each with the run that made it
-        (P3, ADR 0062).
-
-        A carried step never runs again in the fork (F1): its output rests on the reads its
-        source recorded up to the fork's position (``recorded``), and on those of the source's
-        source for a step it carried in turn.
-        """
-        carried = {c.observation.step_id for c in forked.carried}
-        if not carried or forked.source in seen:
-            return []
-        found = [
-            (e, forked.source)
-            for e in recorded(forked.source, forked.position)
-            if e.data.step_id in carried  # type: ignore[attr-defined]
-        ]
-        head = self._journal.head(forked.source)  # a fork of a fork: its plan is decoded only then
-        if head is not None and head[1] == _FORKED:
-            source = self._journal.first(forked.source)
-            if source is not None and isinstance(source.data, RunForked):
-                further = self._carried_reads(source.data, seen | {forked.source}, recorded)
-                found += [
-                    (e, by)
-                    for e, by in further
-                    if e.data.step_id in carried  # type: ignore[attr-defined]
-                ]
-        return found
 
     def refresh(self, run_id: str) -> str:
         """Fork the run so that its stale steps and their dependents run again (P4); return its id.

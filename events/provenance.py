@@ -13,7 +13,7 @@ from typing import Literal
 import msgspec
 
 from journaled.events.base import Event
-from journaled.events.codec import topics_of
+from journaled.events.codec import tag_of, topics_of
 from journaled.events.journal import Journal
 from journaled.events.memory import (
     FactDeleted,
@@ -23,7 +23,7 @@ from journaled.events.memory import (
     FactRestored,
     FactSuperseded,
 )
-from journaled.events.runs import MemoryRead
+from journaled.events.runs import MemoryRead, RunForked
 
 Change = Literal["superseded", "deleted", "purged", "expired"]
 
@@ -35,6 +35,9 @@ class Use(msgspec.Struct, frozen=True, kw_only=True):
     step_id: str
     position: int
     """Journal position of the ``run.memory-read`` event that recorded the read."""
+    carried_from: str | None = None
+    """For a fork's step that kept its source's output (F1): the run whose read that output
+    rests on (the read is that run's event). None for a read the step made itself."""
 
 
 class Stale(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +66,84 @@ def uses(fact_id: str, reads: Iterable[Event]) -> list[Use]:
         data = event.data
         if isinstance(data, MemoryRead) and fact_id in data.fact_ids:
             found.append(Use(run_id=event.stream, step_id=data.step_id, position=event.position))
+    return found
+
+
+def fact_uses(fact_id: str, journal: Journal) -> list[Use]:
+    """Return every step that read ``fact_id``, forks' kept steps included, in journal order (P2).
+
+    A fork's step that kept its source's output (F1) never runs again: it rests on the reads its
+    source recorded, so it is listed at that read's position, with ``carried_from`` naming the
+    run that read. At one position the step that read comes first, then the forks, by run id.
+    """
+    reads = read_events(journal)
+    found = uses(fact_id, reads)
+    for fork, event, source in forks_reads(journal, reads):
+        data = event.data
+        if isinstance(data, MemoryRead) and fact_id in data.fact_ids:
+            found.append(
+                Use(run_id=fork, step_id=data.step_id, position=event.position, carried_from=source)
+            )
+    found.sort(key=lambda u: (u.position, u.carried_from is not None, u.run_id))
+    return found
+
+
+def forks_reads(journal: Journal, reads: Sequence[Event]) -> list[tuple[str, Event, str]]:
+    """Return ``(fork, read, run that read)`` for every read a fork's kept steps rest on.
+
+    ``reads`` are every ``run.memory-read`` event of the journal (:func:`read_events`): the
+    sources' reads are looked up there, not read again.
+    """
+    by_run: dict[str, list[Event]] = {}
+    for event in reads:
+        by_run.setdefault(event.stream, []).append(event)
+
+    def recorded(run_id: str, upto: int) -> list[Event]:
+        return [e for e in by_run.get(run_id, ()) if e.position <= upto]
+
+    found: list[tuple[str, Event, str]] = []
+    for fork in journal.read(topics=topics_of(RunForked)):
+        if isinstance(fork.data, RunForked):
+            for event, source in carried_reads(journal, fork.data, {fork.stream}, recorded):
+                found.append((fork.stream, event, source))
+    return found
+
+
+_FORKED = tag_of(RunForked)
+"""The tag a fork's stream starts with."""
+
+
+def carried_reads(
+    journal: Journal,
+    forked: RunForked,
+    seen: set[str],
+    recorded: Callable[[str, int], list[Event]],
+) -> list[tuple[Event, str]]:
+    """Return the reads behind the steps a fork carried, each with the run that made it
+    (P2, P3, ADR 0062).
+
+    A carried step never runs again in the fork (F1): its output rests on the reads its source
+    recorded up to the fork's position (``recorded(source, position)``), and on those of the
+    source's source for a step it carried in turn. ``seen`` holds the runs already walked.
+    """
+    carried = {c.observation.step_id for c in forked.carried}
+    if not carried or forked.source in seen:
+        return []
+    found = [
+        (e, forked.source)
+        for e in recorded(forked.source, forked.position)
+        if isinstance(e.data, MemoryRead) and e.data.step_id in carried
+    ]
+    head = journal.head(forked.source)  # a fork of a fork: its plan is decoded only then
+    if head is not None and head[1] == _FORKED:
+        source = journal.first(forked.source)
+        if source is not None and isinstance(source.data, RunForked):
+            further = carried_reads(journal, source.data, seen | {forked.source}, recorded)
+            found += [
+                (e, by)
+                for e, by in further
+                if isinstance(e.data, MemoryRead) and e.data.step_id in carried
+            ]
     return found
 
 

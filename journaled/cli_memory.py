@@ -232,7 +232,8 @@ def memory_scrub(ctx: click.Context, timeout: float) -> None:
 def memory_used_by(ctx: click.Context, fact_id: str) -> None:
     """List the steps that read a fact, from the journal (P2).
 
-    JSON: [{run_id, step_id, position}].
+    JSON: [{run_id, step_id, position, carried_from}]; ``carried_from`` names the run whose
+    read a fork's kept step rests on (null for a step's own read).
     """
     with open_runtime(ctx) as rt:
         if not rt.memory.history(fact_id):
@@ -244,4 +245,7 @@ def memory_used_by(ctx: click.Context, fact_id: str) -> None:
         if not uses:
             render.echo(f"no step read {fact_id}")
         for use in uses:
-            render.echo(f"[#{use.position}] step {use.step_id!r} of run {use.run_id}")
+            line = f"[#{use.position}] step {use.step_id!r} of run {use.run_id}"
+            if use.carried_from is not None:
+                line += f" (a fork: its output is run {use.carried_from}'s)"
+            render.echo(line)

@@ -49,7 +49,7 @@ from journaled.events.messages import (
     SearchScore,
     SearchStats,
 )
-from journaled.events.provenance import Use, read_events, uses
+from journaled.events.provenance import Use, fact_uses
 from journaled.events.tenancy import Boundary
 from journaled.semantic import Embedder, Semantic, by_cosine
 
@@ -548,8 +548,10 @@ class Memory:
         history = self.history(fact_id)
         text = explain(fact_id, history)
         if history:
-            for use in uses(fact_id, read_events(self._journal)):
+            for use in fact_uses(fact_id, self._journal):
                 text += f"\n  read by step {use.step_id!r} of run {use.run_id} [#{use.position}]"
+                if use.carried_from is not None:
+                    text += f" (a fork: its output is run {use.carried_from}'s)"
         return text
 
     def read_mark(self) -> tuple[int | None, int]:
@@ -565,11 +567,13 @@ class Memory:
         """Return every step that read the fact, in journal order (P2).
 
         A projection of the journal's ``run.memory-read`` events: a process that never saw the
-        reads answers the same. Empty for an unknown id and for another organization's fact (R1).
+        reads answers the same. A fork's step that kept its source's output rests on the
+        source's read: it is listed at that read, ``carried_from`` naming the source (F1). Empty
+        for an unknown id and for another organization's fact (R1).
         """
         if not self.history(fact_id):
             return []
-        return uses(fact_id, read_events(self._journal))
+        return fact_uses(fact_id, self._journal)
 
     def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
         """View the store as it was at a journal position or a time (M12).

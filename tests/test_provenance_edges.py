@@ -117,6 +117,34 @@ def test_a_fork_that_carried_a_stale_read_is_stale_and_refreshable(
     assert {(source.run_id, "a"), (fork, "a")} <= everywhere  # every run's, forks included
 
 
+def test_used_by_lists_the_forks_whose_kept_steps_rest_on_the_read(
+    srt: journaled.Runtime,
+) -> None:
+    """P2/F1: a fork's kept step rests on its source's read: ``used_by`` lists it there (it
+    listed only the source), with ``carried_from``; a fork of the fork too; a step the fork
+    ran again, and a fork that kept nothing of the reader, are not listed."""
+    fact = srt.memory.remember("region is north", conflict_key="region")
+    srt.register_tool("t", lambda x: x)
+    plan = Plan(
+        goal="g",
+        steps=[Step("a", tool="read", input="region"), Step("c", tool="t", input=1)],
+    )
+    source = srt.execute(plan)
+    kept = srt.runs.fork(source.run_id, replace={"c": Step("c", tool="t", input=2)})
+    again = srt.runs.fork(source.run_id, replace={"a": Step("a", tool="t", input=3)})
+    deeper = srt.runs.fork(kept, replace={"c": Step("c", tool="t", input=4)})
+    [read] = srt.memory.used_by(fact.id)[:1]
+    assert (read.run_id, read.step_id, read.carried_from) == (source.run_id, "a", None)
+    uses = [(u.run_id, u.step_id, u.position, u.carried_from) for u in srt.memory.used_by(fact.id)]
+    assert uses == [
+        (source.run_id, "a", read.position, None),
+        *sorted((run, "a", read.position, source.run_id) for run in (kept, deeper)),
+    ]
+    assert again not in {u[0] for u in uses}
+    why = srt.memory.why(fact.id)
+    assert f"of run {kept} [#{read.position}] (a fork: its output is run {source.run_id}'s)" in why
+
+
 def test_a_retry_whose_last_attempt_read_nothing_is_not_stale(srt: journaled.Runtime) -> None:
     """P3/S2: reads of a failed attempt that was redone do not make the step stale."""
     fact = srt.memory.remember("gamma setting", conflict_key="gamma")
