@@ -321,7 +321,7 @@ class Orchestrations:
         if self.cancel_requested(run_id):
             actor.tell(CancelOrchestration())
         return RunHandle(
-            run_id, done, self.cancel, self._runs.current, started_by=self._runs.started_by
+            run_id, done, self.cancel, self._runs.current, started_by=self._runs._started_by
         )
 
     def close(self, timeout: float) -> list[str]:

@@ -215,7 +215,7 @@ class RunHandle(Generic[R]):
         self._may_wait = may_wait
         self._started_by = started_by
 
-    def waits_on_caller(self) -> str | None:
+    def _waits_on_caller(self) -> str | None:
         """Return the run whose ``on_progress`` the caller is in when this run waits for it.
 
         That is the reporting run itself, or a run it was started by (a step's child run, an
@@ -239,7 +239,7 @@ class RunHandle(Generic[R]):
         """
         check_timeout(timeout)
         if not self.future.done():
-            reporter = self.waits_on_caller()
+            reporter = self._waits_on_caller()
             if reporter is not None:
                 raise RuntimeError(on_progress_wait(reporter, self.run_id))
             if self._may_wait is not None:
@@ -652,7 +652,7 @@ class Runs(RunForks):
             executor.tell(Drain(drain=self._drain[0], cause=self._drain[1]))
         executor.tell(Begin())
         handle: RunHandle[ExecuteResult] = RunHandle(
-            run_id, done, self.cancel, self.current, self._check_may_wait, self.started_by
+            run_id, done, self.cancel, self.current, self._check_may_wait, self._started_by
         )
         # Return once the opening events are in the journal, so that the id can be read at once;
         # a run that ends before (it failed to append) has nothing more to wait for.
@@ -662,7 +662,7 @@ class Runs(RunForks):
         # Begun, even if it stopped since: the caller gets its id, and its error from result().
         return handle
 
-    def started_by(self, run_id: str) -> list[str]:
+    def _started_by(self, run_id: str) -> list[str]:
         """Return the run and the runs that started it, up to the first not executing here."""
         line = [run_id]
         with self._lock:

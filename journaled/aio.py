@@ -47,6 +47,7 @@ from journaled.events.run_state import RunState
 from journaled.events.run_summaries import RunSummary
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
+from journaled.semantic import EMBED_TIMEOUT
 from journaled.subscriptions import AsyncSubscription, StoredSubscription
 
 __all__ = [
@@ -134,7 +135,7 @@ class AsyncRunHandle(Generic[R]):
         check_timeout(timeout)
         if self.future.done():  # at once: a wrapped future settles only on the loop's next turn
             return self.future.result()
-        reporter = self._handle.waits_on_caller()
+        reporter = self._handle._waits_on_caller()
         if reporter is not None:
             raise RuntimeError(on_progress_wait(reporter, self.run_id, "awaits"))
         waited = asyncio.shield(asyncio.wrap_future(self.future))
@@ -823,6 +824,7 @@ def open(
     workers: int = WORKERS,
     steps: Placement | None = None,
     lock_wait: float | None = None,
+    embed_timeout: float | None = EMBED_TIMEOUT,
 ) -> _Opening:
     """Open an asyncio runtime over the journal at ``url``: ``await`` it or ``async with`` it.
 
@@ -844,5 +846,6 @@ def open(
         "drain": drain,
         "steps": steps,
         "lock_wait": lock_wait,
+        "embed_timeout": embed_timeout,
     }
     return _Opening(url, workers, options)

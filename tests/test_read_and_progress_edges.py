@@ -236,8 +236,10 @@ def test_a_child_runs_on_progress_waiting_for_its_parent_is_refused(
     box["handle"] = handle = srt.start(plan)
     gate.set()
     result = handle.result(WAIT)
-    assert result.ok and result.observations[-1].output == 5
-    assert outcome and outcome[0].startswith("refused"), outcome
+    assert result.ok
+    assert result.observations[-1].output == 5
+    assert outcome, "on_progress never waited"
+    assert outcome[0].startswith("refused"), outcome
     assert f"waits for the end of run {handle.run_id}," in outcome[0]
 
 
@@ -257,7 +259,8 @@ def test_a_passs_on_progress_waiting_for_its_orchestration_is_refused(
     box["handle"] = handle = srt.orchestrate_start("g", planner, on_progress=_waiter(box, outcome))
     gate.set()
     assert handle.result(WAIT).status == "completed"
-    assert outcome and outcome[0].startswith("refused"), outcome
+    assert outcome, "on_progress never waited"
+    assert outcome[0].startswith("refused"), outcome
     assert f"waits for the end of run {handle.run_id}," in outcome[0]
 
 
@@ -297,7 +300,8 @@ def test_an_async_childs_on_progress_awaiting_its_parent_is_refused(tmp_path: Pa
             assert result.ok
 
     asyncio.run(main())
-    assert seen and seen[0].startswith("RuntimeError"), seen
+    assert seen, "on_progress never awaited"
+    assert seen[0].startswith("RuntimeError"), seen
     assert "awaits the end of run" in seen[0]
 
 
@@ -325,7 +329,8 @@ def test_closing_the_runtime_from_on_progress_is_refused_and_closes_nothing(
         plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
         result = rt.execute(plan, on_progress=progress)
         assert result.ok
-        assert outcome and outcome[0].startswith("refused"), outcome
+        assert outcome, "on_progress never closed"
+        assert outcome[0].startswith("refused"), outcome
         assert "close the runtime elsewhere" in outcome[0]
         assert rt.execute(plan).ok  # still open
     finally:
