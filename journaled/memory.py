@@ -51,7 +51,7 @@ from journaled.events.messages import (
 )
 from journaled.events.provenance import Use, fact_uses
 from journaled.events.tenancy import Boundary
-from journaled.semantic import Embedder, Semantic, by_cosine
+from journaled.semantic import EMBED_TIMEOUT, Embedder, Semantic, by_cosine
 
 __all__ = ["Embedder", "Memory", "MemoryView"]  # Embedder: re-exported as journaled.Embedder
 
@@ -187,6 +187,7 @@ class Memory:
         shelves: Mapping[str, ScopeShelf] | None = None,
         desk: WriterDesk | None = None,
         mark: FoldMark | None = None,
+        embed_timeout: float | None = EMBED_TIMEOUT,
     ) -> None:
         self._inbox = inbox if inbox is not None else Inbox(Directory(), "memory")
         self._journal = journal
@@ -195,15 +196,15 @@ class Memory:
         self._scopes = scopes
         self._refs = list(scopes.values())
         self._desk = desk
+        """Where a remember is stored on the caller's thread while the writer is idle."""
         self._mark = mark
         """How far the writer has queued its folds (ADR 0062): see :meth:`read_mark`."""
-        """Where a remember is stored on the caller's thread while the writer is idle."""
         self._shelves = [shelves[name] for name in scopes] if shelves else []
         """The scopes' states where their actors keep them, in the order of ``_refs``: a read
         takes them in place when every actor is idle (ADR 0053)."""
         self._clock = clock
         self._organization = organization
-        self._semantic = Semantic(embedder, journal)
+        self._semantic = Semantic(embedder, journal, embed_timeout)
         self._lone_scope = True
         """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first, journal.firsts)

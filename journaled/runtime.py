@@ -39,6 +39,7 @@ from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
+from journaled.semantic import EMBED_TIMEOUT, check_embed_timeout
 from journaled.subscriptions import StoredSubscription, Subscription, check_name
 
 AgentFunction = Callable[[Step, AgentContext], AgentResult | Awaitable[AgentResult]]
@@ -159,6 +160,7 @@ class Runtime:
         loop: asyncio.AbstractEventLoop | None = None,
         steps: Placement | None = None,
         lock_wait: float | None = None,
+        embed_timeout: float | None = EMBED_TIMEOUT,
     ) -> None:
         """Open the journal and start the actors; see :func:`open`.
 
@@ -185,6 +187,11 @@ class Runtime:
             raise ConfigurationError("clock must be a callable returning epoch milliseconds")
         if embedder is not None and not callable(getattr(embedder, "embed", None)):
             raise ConfigurationError("embedder must have an embed(list[str]) -> list[list[float]]")
+        try:
+            embed_timeout = check_embed_timeout(embed_timeout)
+        except ValueError as exc:
+            hint = "pass e.g. embed_timeout=10 to journaled.open()"
+            raise ConfigurationError(f"{exc}: {hint}") from exc
         if steps is not None and not callable(getattr(steps, "run_step", None)):
             raise ConfigurationError(
                 "steps must be a placement such as journaled.ray.RaySteps(), got "
@@ -225,6 +232,7 @@ class Runtime:
             self._actors.shelves,
             self._actors.desk,
             self._actors.mark,
+            embed_timeout,
         )
         self._registry = Registry(agents_enabled=agents)
         self._services = Services(
@@ -645,6 +653,7 @@ def open(
     drain: float = DRAIN,
     steps: Placement | None = None,
     lock_wait: float | None = None,
+    embed_timeout: float | None = EMBED_TIMEOUT,
 ) -> Runtime:
     """Open a runtime over the journal at ``url`` (default ``$JOURNALED_URL``, then the
     embedded SQLite file ``./.journaled/journal.sqlite``), replaying it into the actors.
@@ -659,6 +668,9 @@ def open(
     it (a backup, a VACUUM, a shell's open transaction) before it fails with
     :class:`JournalBusy`, nothing stored (None: 5/6 of the 30 s a caller waits for an answer;
     it must stay below that, so a caller told of a failure never finds the write made later).
+    ``embed_timeout`` is how long one semantic or hybrid search waits for the embedder before
+    it answers as BM25 does (M7; default 30 s, None: no bound); a late answer is still cached,
+    and searches fall back at once until it comes (ADR 0067).
     """
     return Runtime(
         url,
@@ -670,6 +682,7 @@ def open(
         drain=drain,
         steps=steps,
         lock_wait=lock_wait,
+        embed_timeout=embed_timeout,
     )
 
 

@@ -9,12 +9,16 @@ embedded usably.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import math
 import operator
 import sqlite3
+import threading
+import time
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from concurrent.futures import Future
+from typing import Any, Protocol
 
 from journaled.embedders.cache import VectorCache, digest
 from journaled.events.fusion import FUSION_WINDOW, convex_fusion
@@ -22,9 +26,37 @@ from journaled.events.journal import Journal
 from journaled.events.memory import Fact
 from journaled.events.memory_state import Query, usable
 
-__all__ = ["Embedder", "Semantic", "cache_path"]
+__all__ = ["EMBED_TIMEOUT", "Embedder", "Semantic", "cache_path", "check_embed_timeout"]
 
 log = logging.getLogger("journaled.semantic")
+
+EMBED_TIMEOUT = 30.0
+"""How long one search waits for the embedder, in seconds, by default (ADR 0067): as long as a
+caller waits for any answer of memory's actors."""
+
+
+def check_embed_timeout(timeout: object) -> float | None:
+    """Return ``embed_timeout`` checked: a positive, finite number of seconds, or None.
+
+    Raises:
+        ValueError: anything else, saying what was given.
+    """
+    if timeout is None:
+        return None
+    if (
+        isinstance(timeout, bool)
+        or not isinstance(timeout, int | float)
+        or not 0 < timeout < math.inf
+    ):
+        raise ValueError(
+            f"embed_timeout must be a positive number of seconds or None (no bound), "
+            f"got {timeout!r}"
+        )
+    return float(timeout)
+
+
+class _PastBound(Exception):
+    """The embedder did not answer within the search's bound (M7 falls back)."""
 
 
 class Embedder(Protocol):
@@ -57,9 +89,20 @@ def cache_path(journal: Journal, embedder: object) -> str | None:
 class Semantic:
     """Rank by cosine over cached fact vectors, alone or fused with BM25 (M7, ADR 0047)."""
 
-    def __init__(self, embedder: Embedder | None, journal: Journal) -> None:
+    def __init__(
+        self,
+        embedder: Embedder | None,
+        journal: Journal,
+        embed_timeout: float | None = EMBED_TIMEOUT,
+    ) -> None:
         self.embedder = embedder
         self._journal = journal
+        self.timeout = check_embed_timeout(embed_timeout)
+        """How long one search waits for the embedder (None: for as long as it takes)."""
+        self._late = 0
+        """Calls still running past their search's bound: while any is, searches fall back at
+        once instead of starting another call on an embedder that is stuck or slow."""
+        self._late_lock = threading.Lock()
         self._model = model_of(embedder) or ""
         path = cache_path(journal, embedder) if embedder is not None else None
         try:
@@ -73,6 +116,11 @@ class Semantic:
         embedder = self.embedder
         if embedder is None or not candidates:
             return None
+        if self.timeout is not None:
+            with self._late_lock:
+                if self._late:
+                    return None
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             caught_up = self._catch_up()
             keys = {c.id: digest(c.text) for c in candidates}
@@ -81,12 +129,16 @@ class Semantic:
             for c in candidates:
                 if keys[c.id] not in known:
                     need.setdefault(keys[c.id], c.text)
-            fresh = self._embed(embedder, need)
+
+            def store(vectors: dict[bytes, list[float]]) -> None:
+                self._store(candidates, keys, vectors, caught_up)
+
+            fresh = self._embed(embedder, need, deadline, store)
             if fresh is None:
                 return None
-            self._store(candidates, keys, fresh, caught_up)
+            store(fresh)
             known |= fresh
-            query_vectors = embedder.embed([text])
+            query_vectors = self._call(embedder, [text], deadline, None)
             query_vector = query_vectors[0] if query_vectors else None
             if not usable(query_vector):
                 return None
@@ -100,9 +152,9 @@ class Semantic:
                 and keys[c.id] not in fresh
                 and len(known[keys[c.id]]) != len(query_vector)
             }
-            again = self._embed(embedder, stale) if stale else {}
+            again = self._embed(embedder, stale, deadline, store) if stale else {}
             if again:
-                self._store(candidates, keys, again, caught_up)
+                store(again)
                 known |= again
             docs = [(c, known[keys[c.id]]) for c in candidates if keys[c.id] in known]
             if not docs:
@@ -111,15 +163,85 @@ class Semantic:
         except Exception:
             return None
 
-    def _embed(self, embedder: Embedder, need: dict[bytes, str]) -> dict[bytes, list[float]] | None:
+    def _embed(
+        self,
+        embedder: Embedder,
+        need: dict[bytes, str],
+        deadline: float | None,
+        late: Callable[[dict[bytes, list[float]]], None],
+    ) -> dict[bytes, list[float]] | None:
         """Embed the texts by digest; None when the answer is not one vector per text (nothing
-        is then cached: the vectors could not be told apart)."""
+        is then cached: the vectors could not be told apart). An answer that comes after the
+        search gave up on it is still cached (``late``): the next search need not wait again."""
         if not need:
             return {}
-        vectors = embedder.embed(list(need.values()))
-        if not isinstance(vectors, list | tuple) or len(vectors) != len(need):
-            return None
-        return {d: [float(x) for x in v] for d, v in zip(need, vectors, strict=True) if usable(v)}
+
+        def parsed(vectors: object) -> dict[bytes, list[float]] | None:
+            if not isinstance(vectors, list | tuple) or len(vectors) != len(need):
+                return None
+            pairs = zip(need, vectors, strict=True)
+            return {d: [float(x) for x in v] for d, v in pairs if usable(v)}
+
+        def stored_late(vectors: object) -> None:
+            found = parsed(vectors)
+            if found:
+                late(found)
+
+        return parsed(self._call(embedder, list(need.values()), deadline, stored_late))
+
+    def _call(
+        self,
+        embedder: Embedder,
+        texts: list[str],
+        deadline: float | None,
+        late: Callable[[object], None] | None,
+    ) -> Any:
+        """Call the embedder, waiting until ``deadline`` at most (ADR 0067).
+
+        Without a bound it runs on the caller's thread. With one, on a daemon thread of its own
+        (a call that never returns must not keep the process from exiting), in the caller's
+        context (a current span, T3). Past the deadline :class:`_PastBound` is raised and the
+        search falls back (M7); the call's answer, when it comes, goes to ``late``.
+        """
+        if deadline is None:
+            return embedder.embed(texts)
+        answer: Future[Any] = Future()
+        context = contextvars.copy_context()
+
+        def call() -> None:
+            try:
+                answer.set_result(context.run(embedder.embed, texts))
+            except BaseException as exc:  # the caller's thread raises it, or nobody does
+                answer.set_exception(exc)
+
+        threading.Thread(target=call, name="journaled-embed", daemon=True).start()
+        remaining = deadline - time.monotonic()
+        done = threading.Event()
+        answer.add_done_callback(lambda _: done.set())
+        if remaining > 0 and done.wait(remaining):
+            return answer.result()
+        with self._late_lock:
+            if answer.done():  # it answered as the wait ended: nothing is late
+                return answer.result()
+            self._late += 1
+        answer.add_done_callback(lambda ended: self._ended_late(ended, late))
+        log.warning(
+            "embedder %s did not answer within %g s: this search falls back to BM25 (M7), and "
+            "searches do until it answers",
+            type(embedder).__name__,
+            self.timeout,
+        )
+        raise _PastBound
+
+    def _ended_late(self, ended: Future[Any], late: Callable[[object], None] | None) -> None:
+        with self._late_lock:
+            self._late -= 1
+        if late is None or ended.exception() is not None:
+            return
+        try:
+            late(ended.result())
+        except Exception:  # a cache: the answers never needed it
+            log.warning("a late embedding was not cached", exc_info=True)
 
     def _catch_up(self) -> int | None:
         """Apply purges to the file cache before it serves; None when it cannot be read now

@@ -5,6 +5,8 @@ API key quoted back by the server."""
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import json
 import sqlite3
 import subprocess
@@ -21,6 +23,7 @@ import pytest
 from local_http import serving
 
 import journaled
+import journaled.aio
 from journaled.embedders import (
     EmbeddingsError,
     OpenAIEmbeddings,
@@ -376,3 +379,108 @@ def test_the_timeout_bounds_the_whole_request(server: str) -> None:
     _Handler.mode = "trickle"  # ~3 s in all, each byte within 0.05 s
     with pytest.raises(EmbeddingsError):
         OpenAIEmbeddings("toy", server, timeout=1.0).embed(["cat"])
+
+
+# -- an embedder that does not answer (ADR 0067) ---------------------------------------------------
+
+
+class StuckEmbedder(KeywordEmbedder):
+    """A keyword embedder whose calls wait for ``release`` while ``stuck`` is set."""
+
+    model = "keywords-stuck"
+
+    def __init__(self, vocabulary: list[str]) -> None:
+        super().__init__(vocabulary)
+        self.stuck = threading.Event()
+        self.release = threading.Event()
+        self.threads: list[str] = []
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Wait while stuck (bounded), then answer as a keyword embedder."""
+        self.threads.append(threading.current_thread().name)
+        if self.stuck.is_set():
+            self.release.wait(30.0)
+        return super().embed(texts)
+
+
+def test_a_stuck_embedder_costs_a_search_its_bound_then_its_answer_is_cached(
+    sqlite_url: str,
+) -> None:
+    """M7, ADR 0067: a search waits ``embed_timeout`` for the embedder, then answers as BM25
+    does (it waited for ever); while that call is out, searches fall back at once without
+    another call; the late vectors are cached, so the next search embeds only its query."""
+    embedder = StuckEmbedder(WORDS)
+    with journaled.open(sqlite_url, embedder=embedder, embed_timeout=0.3) as rt:
+        for text in ("cat cat dog", "dog fish", "bird cat"):
+            rt.memory.remember(text)
+        bm25 = rt.memory.search("cat")
+        embedder.stuck.set()
+        began = time.monotonic()
+        assert rt.memory.search_semantic("cat") == bm25
+        assert 0.25 <= time.monotonic() - began < 5.0
+        assert rt.memory.search_hybrid("cat") == rt.memory.search("cat")
+        calls = len(embedder.calls)
+        began = time.monotonic()
+        assert rt.memory.search_semantic("cat") == bm25  # at once: the first call is still out
+        assert time.monotonic() - began < 0.25
+        assert len(embedder.calls) == calls
+        embedder.stuck.clear()
+        embedder.release.set()
+        wait_for(lambda: rt.memory._semantic._late == 0, timeout=10.0)
+        before = len(embedder.calls)
+        semantic = rt.memory.search_semantic("cat")
+        assert [f.text for f in semantic] == ["cat cat dog", "bird cat"]
+        assert embedder.calls[before:] == [["cat"]]  # the facts' vectors came late and were kept
+        assert "journaled-embed" in embedder.threads[0]
+
+
+def test_without_a_bound_the_embedder_runs_on_the_callers_thread(sqlite_url: str) -> None:
+    """ADR 0067: ``embed_timeout=None`` calls the embedder as before: on the searching thread."""
+    embedder = StuckEmbedder(WORDS)
+    with journaled.open(sqlite_url, embedder=embedder, embed_timeout=None) as rt:
+        rt.memory.remember("cat dog")
+        assert [f.text for f in rt.memory.search_semantic("cat")] == ["cat dog"]
+    assert set(embedder.threads) == {threading.current_thread().name}
+
+
+@pytest.mark.parametrize("bad", [0, -1, float("nan"), float("inf"), "10", True])
+def test_a_bad_embed_timeout_is_a_configuration_error(sqlite_url: str, bad: object) -> None:
+    """ADR 0067: ``embed_timeout`` must be a positive, finite number of seconds, or None."""
+    with pytest.raises(journaled.ConfigurationError, match="embed_timeout must be a positive"):
+        journaled.open(sqlite_url, embed_timeout=bad)  # type: ignore[arg-type]
+
+
+def test_the_embedders_thread_sees_the_callers_context(sqlite_url: str) -> None:
+    """ADR 0067, T3: the bounded call runs in the searching caller's context variables (a
+    current span is one), not in an empty context."""
+    seen: list[object] = []
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="unset")
+
+    class Looking(KeywordEmbedder):
+        def embed(self, texts: list[str]) -> list[list[float]]:
+            seen.append(marker.get())
+            return super().embed(texts)
+
+    with journaled.open(sqlite_url, embedder=Looking(WORDS), embed_timeout=5.0) as rt:
+        rt.memory.remember("cat dog")
+        marker.set("caller's")
+        rt.memory.search_semantic("cat")
+    assert seen
+    assert set(seen) == {"caller's"}
+
+
+def test_the_asyncio_door_takes_embed_timeout(tmp_path: Path) -> None:
+    """ADR 0067 on the asyncio door: ``journaled.aio.open(embed_timeout=...)`` bounds it too."""
+    embedder = StuckEmbedder(WORDS)
+
+    async def main() -> list[str]:
+        url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+        async with journaled.aio.open(url, embedder=embedder, embed_timeout=0.2) as rt:
+            await rt.memory.remember("cat dog")
+            embedder.stuck.set()
+            try:
+                return [f.text for f in await asyncio.wait_for(rt.memory.search_semantic("cat"), 5)]
+            finally:
+                embedder.release.set()
+
+    assert asyncio.run(main()) == ["cat dog"]  # BM25's answer, within the bound
