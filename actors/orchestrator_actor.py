@@ -38,6 +38,7 @@ from journaled.events.orchestration_messages import (
     PlannerAnswered,
 )
 from journaled.events.plans import Plan
+from journaled.events.redact import redact
 from journaled.events.runs import RunHeartbeat
 
 if TYPE_CHECKING:
@@ -99,7 +100,18 @@ class PlannerWorker(pykka.ThreadingActor):
                 g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
                 for g in answer.gaps
             )
-            names = ", ".join(f"{g.kind} {g.name!r}" for g in gaps) or "unspecified"
+            for index, gap in enumerate(gaps):
+                for name in ("kind", "name", "reason"):
+                    if not isinstance(getattr(gap, name), str):
+                        # Journaled as it is, it would make the journal unreadable.
+                        return PlannerAnswered(
+                            correlation=correlation,
+                            failure=f"the planner's gap #{index} has a {name} of type "
+                            f"{type(getattr(gap, name)).__name__}, not a string",
+                        )
+            # Quoted from the redacted names: a quote escapes line breaks, and a secret that
+            # began a line would no longer be seen as one once quoted (M9).
+            names = ", ".join(f"{redact(g.kind)} {redact(g.name)!r}" for g in gaps) or "unspecified"
             return PlannerAnswered(
                 correlation=correlation, failure=f"missing capabilities: {names}", gaps=gaps
             )

@@ -54,10 +54,11 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
             # They name streams and keys, which PostgreSQL keeps as text: one rule for every
             # backend, so a fact SQLite would take is never refused by another journal.
             raise InvalidFact(name, f"holds a NUL character at index {value.index(chr(0))}")
-    for name in ("domain", "conflict_key"):
+    for name in ("scope", "domain", "conflict_key", "step_id"):
         value = getattr(msg, name)
         if value is not None and find_secrets(value):
-            # Keys and domains name streams and filters: they cannot be redacted, only refused.
+            # Scopes, keys, domains and step ids name streams, filters and steps: they cannot
+            # be redacted, only refused (M9).
             raise InvalidFact(
                 name, "contains what looks like a secret: name the subject, not a credential"
             )

@@ -30,6 +30,7 @@ from journaled.events.provenance import (
     read_events,
     stale_reads,
 )
+from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
 from journaled.events.runs import CarriedStep, MemoryRead, RunForked, StepSucceeded
 
@@ -135,6 +136,9 @@ class RunForks(RunReads):
             questions={i: state.questions[i] for i in state.waiting if i in state.questions},
             budget_from=state.budget,
         )
+        # Redacted as every other run event is where it is staged (M9, ADR 0018): the
+        # replacements' inputs and the answers given here are new content.
+        forked = forked.map_content(redact_data)
         self._journal.append([Pending(stream=new_id, version=1, data=forked)])
         return new_id
 

@@ -30,9 +30,10 @@ from journaled.actors.errors import RuntimeClosed
 from journaled.actors.loop import Cancellations, LoopRunner, StepToken
 from journaled.actors.placement import Placement, resources_problem, run_placed
 from journaled.actors.tracing import Tracing
-from journaled.events.inputs import int_problem, text_problem
+from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.memory import Fact
 from journaled.events.plans import (
+    OBSERVATION_CODES,
     AgentResult,
     ExecuteResult,
     Observation,
@@ -41,6 +42,7 @@ from journaled.events.plans import (
     Step,
     retry_problem,
 )
+from journaled.events.redact import redact
 from journaled.events.run_messages import RunStep, StepDone
 
 MAX_OUTPUT_BYTES = 1 << 20
@@ -382,8 +384,15 @@ def _error_text(exc: BaseException) -> str:
 
 
 def storable_text(text: str, limit: int = 4096) -> str:
-    """Return user code's message as UTF-8-storable text of at most ``limit`` characters."""
-    text = text if len(text) <= limit else text[:limit] + "…"
+    """Return user code's message as UTF-8-storable text of at most ``limit`` characters.
+
+    Redacted before it is cut (M9): a token cut first may be too short for its rule, and its
+    head would be kept. What is redacted is bounded too (eight times ``limit``), so a huge
+    message costs no more than a long one.
+    """
+    if len(text) > limit:
+        text = redact(text[: 8 * limit])
+        text = text if len(text) <= limit else text[:limit] + "…"
     # A lone surrogate cannot be stored; keep it visible as its escape instead of failing the run.
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
@@ -491,6 +500,13 @@ def _observe_agent(
         problem = None if result.error is None else text_problem(result.error)
         if problem:
             raise ValueError(f"the agent's error {problem}")
+        if result.code is not None and result.code not in OBSERVATION_CODES:
+            # Journaled as is it would be unreadable (not an ObservationCode), and a free text
+            # the redaction never reads (M9): the step fails instead, saying what it got.
+            raise ValueError(
+                f"the agent's code must be None or one of {', '.join(sorted(OBSERVATION_CODES))}"
+                f", got {_quoted(result.code)}"
+            )
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
     data = result.data
@@ -518,6 +534,12 @@ def _observe_agent(
         agent_task_id=task,
     )
     return obs, None
+
+
+def _quoted(value: object) -> str:
+    """Quote a value the user gave for an error message: redacted whole, then shortened (M9:
+    a token cut first may be too short for its rule, and its head would be kept)."""
+    return short(redact(value)) if isinstance(value, str) else type(value).__name__
 
 
 @dataclass

@@ -121,9 +121,11 @@ class PlanningFailed(DomainEvent, frozen=True, kw_only=True, tag="orchestration.
     has_content: ClassVar[bool] = True
 
     def map_content(self, f: Callable[[Any], Any]) -> Self:
-        """Apply ``f`` to the reason and each gap's name and reason (a planner writes both)."""
+        """Apply ``f`` to the reason and each gap's kind, name and reason (a planner writes
+        them all)."""
         gaps = tuple(
-            msgspec.structs.replace(g, name=f(g.name), reason=f(g.reason)) for g in self.gaps
+            msgspec.structs.replace(g, kind=f(g.kind), name=f(g.name), reason=f(g.reason))
+            for g in self.gaps
         )
         return msgspec.structs.replace(self, reason=f(self.reason), gaps=gaps)
 

@@ -12,6 +12,7 @@ from collections.abc import Callable, Container, Sequence
 from journaled.events.errors import PlanRejected
 from journaled.events.inputs import INT64_MAX, text_problem
 from journaled.events.plans import Limits, Observation, Plan, Step
+from journaled.events.redact import find_secrets
 
 _MAX_NAME_BYTES = 1024
 """Largest step id or skill/tool/agent name: names are shown, compared and journaled often."""
@@ -38,6 +39,16 @@ def validate(
     problem = text_problem(plan.goal)
     if problem:
         raise PlanRejected(None, f"the plan's goal {problem}")
+    if plan.id is not None and not isinstance(plan.id, str):
+        # Journaled as it is, any other type would make the journal unreadable.
+        raise PlanRejected(
+            None,
+            "the plan's id must be a string (empty or None: one is assigned), got "
+            f"{type(plan.id).__name__}",
+        )
+    problem = text_problem(plan.id, limit=_MAX_NAME_BYTES) if plan.id else None
+    if problem:
+        raise PlanRejected(None, f"the plan's id {problem}")
     if not isinstance(plan.steps, list | tuple) or not plan.steps:
         raise PlanRejected(None, "the plan has no steps")
     seen: set[str] = set()
@@ -72,6 +83,7 @@ def validate(
                 raise PlanRejected(step.id, f"it depends on unknown step {dep!r}")
             if dep == step.id:
                 raise PlanRejected(step.id, "it depends on itself")
+    _refuse_secret_ids(plan)
     cycle = find_cycle(plan.steps)
     if cycle:
         raise PlanRejected(cycle[0], f"dependency cycle {' -> '.join(cycle)}")
@@ -89,6 +101,29 @@ def validate(
                 )
             if step.agent not in agents:
                 raise PlanRejected(step.id, f"agent {step.agent!r} is not registered")
+
+
+def _refuse_secret_ids(plan: Plan) -> None:
+    """Refuse a plan or step id that holds a secret (M9), without quoting it.
+
+    Ids are names: journaled as given in every step's events, shown and compared, so they are
+    never redacted (as a fact's conflict key is not). All ids are scanned as one text first,
+    a line each, which costs about what one id does; only then one by one, to name the step.
+    """
+    if not find_secrets("\n".join([plan.id or "", *(s.id for s in plan.steps)])):
+        return
+    kinds = find_secrets(plan.id or "")
+    if kinds:
+        raise PlanRejected(None, f"the plan's id holds a secret ({', '.join(kinds)}): {_NAMES}")
+    for index, step in enumerate(plan.steps):
+        kinds = find_secrets(step.id)
+        if kinds:
+            raise PlanRejected(
+                None, f"the id of step #{index} holds a secret ({', '.join(kinds)}): {_NAMES}"
+            )
+
+
+_NAMES = "ids are journaled as they are, never redacted; name steps after what they do"
 
 
 def find_cycle(steps: Sequence[Step]) -> list[str]:
