@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
 import pykka
 
 from journaled.actors.directory import CountingInbox, failure
@@ -335,6 +336,11 @@ class Executor(pykka.ThreadingActor):
                 self._start_batch()
                 continue
             if self.state.waiting:
+                if self.state.cancel_requested:
+                    # Cancelled while its step ran, a step that then asked is skipped: its
+                    # answer would never be used, and the run ends cancelled (E5, E10).
+                    self._skip_for_cancel([self.state.steps[i] for i in self.state.waiting])
+                    continue
                 self._finish("waiting")
                 return
             if not self._partition_next_wave():
@@ -689,6 +695,20 @@ class Executor(pykka.ThreadingActor):
             charged, overrun = 0, None
         else:
             charged, overrun = self._charge(step, attempt, obs)
+        room = INT64_MAX - self.state.calls_used
+        if charged > room:
+            # Each report fits a journal, their sum need not: the run's total would be one it
+            # cannot hold, and every resume would fail the same way. The step fails instead,
+            # charged its reservation as far as the total allows (E8, R6).
+            charged, overrun, question = min(self._reservations.get(step.id) or 0, room), None, None
+            obs = msgspec.structs.replace(
+                obs,
+                ok=False,
+                output=None,
+                code="agent-failed",
+                error=f"calls_used {obs.calls_used} takes the run's calls past what a journal "
+                f"holds ({INT64_MAX}); charged its reservation",
+            )
         at = self.clock()
         event: DomainEvent
         if question is not None:

@@ -464,6 +464,18 @@ class Runs(RunForks):
                 f"run {run_id} already finished ({state.run_status}); there is nothing to resume"
             )
         budget = check_budget("call_budget", call_budget)
+        if budget is not None and budget < state.calls_used:
+            # As for an orchestration: a budget below what was spent would stop the run at once
+            # and read "2 of 1 used" (E14, O3).
+            raise ValueError(
+                f"call_budget must be at least the {state.calls_used} model call(s) already "
+                f"used, got {budget}"
+            )
+        if state.cancel_requested and answers:
+            raise RunNotResumable(
+                f"run {run_id} was cancelled while a step asked for an answer: the answer would "
+                "never be used (E5)"
+            )
         if answers is not None and not isinstance(answers, Mapping):
             raise RunNotResumable(
                 f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
@@ -476,7 +488,7 @@ class Runs(RunForks):
                     f"run {run_id}: step {step_id!r} is not waiting for an answer "
                     f"(waiting steps: {waiting})"
                 )
-            problem = text_problem(answer)
+            problem = text_problem(answer, empty=False)  # as a clarification (O4)
             if problem:
                 raise RunNotResumable(f"run {run_id}: the answer for step {step_id!r} {problem}")
         check_callable("reserve", reserve)

@@ -282,7 +282,9 @@ class RunWhy:
                 self._wave_told, self._implied = data.wave, None
             case StepStarted() if data.wave != self._wave_told:
                 self._tell_implied_partition(data, prefix)
-            case StepStarted() if self._implied is not None and data.attempt == 1:
+            case StepStarted() if self._implied is not None:
+                # Every step the wave starts, first attempts or not: a resumed wave's steps
+                # start again at attempt 2 or later (O6). A retry is already on the line.
                 line, started, told = self._implied
                 if data.step_id not in started:
                     started.append(data.step_id)

@@ -240,6 +240,9 @@ class RunState:
                     self._observe(obs, "skipped")
                 for step_id in data.unobserved:
                     self._set(step_id, "skipped")
+                if self.waiting:  # a step that asked once its run was cancelled (E5)
+                    skipped = {o.step_id for o in data.observations} | set(data.unobserved)
+                    self.waiting = [i for i in self.waiting if i not in skipped]
             case CancelRequested():
                 self.cancel_requested = True
             case BudgetStopped():

@@ -26,6 +26,7 @@ from journaled.events.orchestration import (
     ORCHESTRATION_EVENTS,
     ApprovalRequested,
     BudgetAwaited,
+    BudgetGiven,
     ClarificationRequested,
     OrchestrationEnded,
     OrchestrationResumed,
@@ -52,8 +53,9 @@ from journaled.events.runs import (
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 2
-"""Bump when the stored projection changes incompatibly: older ones are then refolded."""
+SCHEMA = 3
+"""Bump when the stored projection changes incompatibly: older ones are then refolded.
+3: an orchestration's budget follows its resumes (2 kept the budget it started with)."""
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
 SummaryStatus = Literal[
@@ -336,6 +338,10 @@ def _fold_orchestration(tracked: _Tracked, event: Event) -> None:
         case OrchestrationResumed():
             tracked.asked = None
             tracked.ended = None
+            if data.budget is not None:  # raised by the resume (O3)
+                tracked.call_budget = data.budget
+        case BudgetGiven():  # an older release's raise
+            tracked.call_budget = data.budget
         case OrchestrationEnded():
             tracked.ended = data.status
         case _:

@@ -506,6 +506,11 @@ class Runtime:
         """
         self._check_open()
         _check_run_id(run_id)
+        if not isinstance(approve, bool):
+            # Read by truth, "no" would approve the plan: an act that cannot be taken back.
+            raise RunNotResumable(
+                f"run {run_id}: approve must be True or False, got {type(approve).__name__}"
+            )
         if clarification is not None:
             problem = text_problem(clarification, empty=False)
             if problem:
@@ -516,7 +521,7 @@ class Runtime:
                     f"answers must be a dict {{step_id: answer}}, got {type(answers).__name__}"
                 )
             for step_id, answer in answers.items():
-                problem = text_problem(answer)
+                problem = text_problem(answer, empty=False)  # as a clarification (O4)
                 if problem:
                     raise RunNotResumable(
                         f"run {run_id}: the answer for step {step_id!r} {problem}"
