@@ -277,6 +277,12 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             except ConnectionUnavailableError:  # another thread of this process kept it
                 raise LockWaitExpired(time.monotonic() - started) from None
             try:
+                raw = conn._sqlite_conn  # the library's (eventsourcing 9.5, pinned)
+                if raw.in_transaction:
+                    # An append interrupted between its BEGIN and its end (a KeyboardInterrupt
+                    # lands between any two bytecodes of the main thread) left it open: what it
+                    # held was never committed, and every BEGIN after it would fail.
+                    raw.rollback()
                 # What the pool's lock took comes off SQLite's wait for the file's lock.
                 pool.bound_busy(conn, wait - (time.monotonic() - started))
                 # As SQLiteConnection.transaction does, without its generator's frames.
@@ -285,6 +291,13 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             except OperationalError as exc:
                 if busy(exc):  # rolled back: nothing of this append is stored
                     raise LockWaitExpired(time.monotonic() - started) from exc
+                raise
+            except BaseException:
+                # Interrupted where the library's transaction cannot roll back (in its enter,
+                # or in its exit before the commit): roll back here, so the file's write lock
+                # is not held until this connection's next append.
+                if conn._sqlite_conn.in_transaction:
+                    conn._sqlite_conn.rollback()
                 raise
             finally:
                 pool.release_writer()
