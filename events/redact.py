@@ -8,7 +8,8 @@ towards redacting: a false positive costs a few characters of context, a false n
 
 What is caught, under the kind name that :func:`find_secrets` reports for it:
 
-- ``openai-key``: ``sk-...`` API keys, including ``sk-proj-...`` and other prefixed forms;
+- ``openai-key``: ``sk-...`` API keys, including ``sk-proj-...`` and other prefixed forms (not
+  a slug of lower-case words and numbers such as ``sk-hynix-q3-2024-earnings``);
 - ``anthropic-key``: ``sk-ant-...`` API keys;
 - ``aws-access-key-id``: ``AKIA`` or ``ASIA`` followed by 16 upper-case letters or digits;
 - ``aws-secret-access-key``: the value of an ``aws_secret_access_key = ...`` assignment;
@@ -33,17 +34,26 @@ What is caught, under the kind name that :func:`find_secrets` reports for it:
   ``--password X``; the name may carry any prefix (``DB_PASSWORD``, ``PGPASSWORD``,
   ``dbPassword``, ``clientSecret``, ``SessionToken``, Azure's ``AccountKey``) and is matched
   case-insensitively. A value that only says where the secret comes from (``${DB_PASSWORD}``,
-  ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept;
+  ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept, and
+  so is an amount of money after a mid-sentence colon (``price per token: $0.00015``). Quotes
+  may be escaped, at any depth, as in JSON carried inside a JSON string
+  (``{\\"password\\": \\"...\\"}``);
 - ``bearer-token``: the token after ``Authorization: Bearer`` (or ``token``, ``Bot``) or after
   a bare ``Bearer``;
 - ``basic-auth``: the credentials after ``Authorization: Basic``;
-- ``command-password``: ``curl -u user:password``, a ``.netrc`` password, and the password
-  option of ``sshpass``, ``docker login``, ``redis-cli`` and ``mysql``;
+- ``command-password``: ``curl -u user:password`` (after ``curl`` only: the ``-u`` of
+  ``docker run`` or ``sort`` is no password), a ``.netrc`` password, and the password option of
+  ``sshpass``, ``docker login``, ``redis-cli`` and ``mysql``;
 - ``url-credentials``: the password in ``scheme://user:password@host``.
+
+Where a rule allows a space it allows any horizontal whitespace (a no-break space, an
+ideographic space), never a line break.
 
 Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are kept, so the
 redacted text still says what was there: ``password=hunter2`` becomes ``password=[REDACTED]``.
 Redaction is idempotent, and text that was already redacted has no secrets left to find.
+:func:`redact_data` applies the same rules to structured data, and reads its shapes too: what
+is stored under a name of a secret, name/value pairs, argv lists.
 """
 
 from __future__ import annotations
@@ -63,13 +73,25 @@ REDACTED: str = "[REDACTED]"
 """The marker that replaces every secret."""
 
 
+# A piece of a hyphenated phrase or URL slug: a lower-case word, a number, or a short mix such
+# as "q3" or "v2". The pieces of a random key are longer and mix letters with digits.
+_SLUG_PIECE = re.compile(r"[a-z]*|[0-9]+|[a-z0-9]{1,5}")
+_SLUG_WORD = re.compile(r"[a-z]{3,}")
+
+
 def _openai_body_is_key(secret: str) -> bool:
-    # A hyphenated word such as "sk-learn-compatible-estimators" is prose; a key has a digit,
-    # an upper-case letter or an underscore, or at least one long unbroken run of characters.
+    # "sk-learn-compatible-estimators" and a slug such as "sk-hynix-q3-2024-earnings-beat" are
+    # prose: lower-case words and numbers joined by hyphens, two of them words. A key has an
+    # upper-case letter or an underscore, a long unbroken run, or a piece no word would make
+    # (the hex groups of "sk-lf-" and a UUID).
     body = secret[3:]
-    return any(c.isdigit() or c.isupper() or c == "_" for c in body) or any(
-        len(run) >= 20 for run in body.split("-")
-    )
+    if any(c.isupper() or c == "_" for c in body):
+        return True
+    pieces = body.split("-")
+    if any(len(piece) >= 20 for piece in pieces):
+        return True
+    words = sum(_SLUG_WORD.fullmatch(piece) is not None for piece in pieces)
+    return words < 2 or not all(_SLUG_PIECE.fullmatch(piece) for piece in pieces)
 
 
 def _bearer_token_is_credential(secret: str) -> bool:
@@ -100,10 +122,22 @@ def _not_placeholder(secret: str) -> bool:
     return _PLACEHOLDER.fullmatch(secret.strip()) is None
 
 
+# A price: "price per token: $0.00015" is what a cost report is about.
+_AMOUNT = re.compile(
+    r"[$\u00a3\u00a5\u20ac]\d[\d,]*(?:\.\d+)?|\d[\d,]*(?:\.\d+)?[$\u00a2\u00a3\u00a5\u20ac]"
+)
+
+
 def _looks_like_value(secret: str) -> bool:
     # "password: hunter2" mid-sentence is a leak; "password: at least" and "password: 12
-    # characters" are prose, so a word of letters only, or a very short one, is left alone.
-    return len(secret) >= 4 and not secret.isalpha() and _not_placeholder(secret)
+    # characters" are prose, so a word of letters only, or a very short one, is left alone, and
+    # so is an amount of money.
+    return (
+        len(secret) >= 4
+        and not secret.isalpha()
+        and _AMOUNT.fullmatch(secret) is None
+        and _not_placeholder(secret)
+    )
 
 
 _MARKER = re.compile(re.escape(REDACTED))
@@ -180,9 +214,27 @@ class _Rule:
         return found
 
 
-_VALUE_GROUPS = ("dq", "sq", "bare")
+_VALUE_GROUPS = ("dq", "sq", "edq", "bare")
+_QUOTED_GROUPS = ("dq", "sq", "edq")
+# Where a rule allows a space it allows any horizontal whitespace: text pasted from a web page,
+# a chat or a word processor has no-break spaces (U+00A0), CJK input ideographic ones (U+3000).
+_SP = r"[^\S\r\n]"
 # Backslash escapes are honoured so that a password holding an escaped quote is not cut short.
-_QUOTED = r"""(?:"(?P<dq>(?:[^"\\\n]|\\.)*)"|'(?P<sq>(?:[^'\\\n]|\\.)*)')"""
+_SINGLE_QUOTED = r"""(?:"(?P<dq>(?:[^"\\\n]|\\.)*)"|'(?P<sq>(?:[^'\\\n]|\\.)*)')"""
+# JSON carried as a string inside JSON (a request body, a queue message, a log line that encodes
+# an encoded payload) has its quotes escaped: {\"password\": \"...\"}, or {\\\"password\\\": ...}
+# one level further down. A value opened by a quote after a run of backslashes (esc) is closed
+# by the same run and a quote. Inside it, a character that is neither a quote nor a backslash
+# stands for itself, and so does a run of backslashes before another character (\\n, \\u00e9);
+# a run before a quote holds escaped backslashes of the inner text (2 esc + 2 each) and then
+# either a quote of the inner text (2 esc + 1) or the closing run. Each run is read one way
+# only, so the scan does not backtrack beyond the run it is in.
+_ESCAPED_QUOTED = (
+    r'(?P<esc>\\+)"(?P<edq>(?:[^"\\\n]|\\+[^"\\\n]'
+    r'|(?:(?P=esc)(?P=esc)\\\\)*(?P=esc)(?P=esc)\\"'
+    r'|(?:(?P=esc)(?P=esc)\\\\)+(?=(?P=esc)"))*)(?P=esc)"'
+)
+_QUOTED = rf"(?:{_SINGLE_QUOTED}|{_ESCAPED_QUOTED})"
 # An unquoted value ends where a shell word, a query parameter or a connection-string field ends.
 _BARE_IN_LINE = r"""(?P<bare>[^\s'"&;,]+)"""
 _BARE_IN_JSON = r"""(?P<bare>[^\s'"&;,}\]]+)"""
@@ -192,6 +244,8 @@ _BARE_TO_EOL = r"""(?P<bare>[^\s'"](?:[^\r\n]*\S)?)"""
 # prefix is anchored by a quote or the start of a line, so it cannot rescan a long run; its bound
 # keeps a megabyte-long line from being backtracked through once per name (about 0.1 s a line).
 _NAME_PREFIX = r"[A-Za-z0-9_.-]{0,100}"
+# A key's closing quote, escaped too when the key is in JSON inside a JSON string.
+_KEY_QUOTE = r"""\\*["']"""
 
 
 def _assignment_rules(
@@ -208,10 +262,12 @@ def _assignment_rules(
 
     Returns:
         Rules for ``=`` anywhere, after any prefix (``PGPASSWORD=``, ``dbPassword =``); for
-        ``:`` after a quoted key, after a key that starts a line, or before a quoted value; and
-        for ``:`` elsewhere only when the value does not read as a word, because prose uses that
-        colon ("choose a strong password: at least 12 chars"). A value that only says where the
-        secret comes from (``${DB_PASSWORD}``, ``os.environ[...]``, ``getpass()``) is kept.
+        ``:`` after a quoted key, after a key that starts a line, or, after any prefix
+        (``accessToken: '...'``), before a quoted value; and for ``:`` elsewhere only when the
+        value does not read as a word or an amount, because prose uses that colon ("choose a
+        strong password: at least 12 chars"). A value that only says where the secret comes
+        from (``${DB_PASSWORD}``, ``os.environ[...]``, ``getpass()``) is kept. Quotes may be
+        escaped (JSON inside a JSON string), and spaces may be any horizontal whitespace.
     """
     flags = re.IGNORECASE
     # No boundary before the name: whatever precedes it (PG, db, x-api-) still names a secret,
@@ -219,16 +275,21 @@ def _assignment_rules(
     # The lookahead on the names' first letters lets most positions fail on one character test
     # instead of trying every name (ten times faster on text that holds none).
     equals = (
-        rf"""(?=[AaPpSsTt])(?:{names})["']?[ \t]*(?:=>|:?=)[ \t]*(?:{_QUOTED}|{_BARE_IN_LINE})"""
+        rf"""(?=[AaPpSsTt])(?:{names})(?:{_KEY_QUOTE})?{_SP}*(?:=>|:?=){_SP}*"""
+        rf"""(?:{_QUOTED}|{_BARE_IN_LINE})"""
     )
     quoted_key = (
-        rf"""["']{_NAME_PREFIX}(?:{names})["'][ \t]*:(?!=)[ \t]*(?:{_QUOTED}|{_BARE_IN_JSON})"""
+        rf"""["']{_NAME_PREFIX}(?:{names}){_KEY_QUOTE}{_SP}*:(?!=){_SP}*"""
+        rf"""(?:{_QUOTED}|{_BARE_IN_JSON})"""
     )
     line_start = (
-        rf"""^[ \t]*(?:-[ \t]+)?{_NAME_PREFIX}(?:{names})[ \t]*:(?!=)[ \t]*"""
+        rf"""^{_SP}*(?:-{_SP}+)?{_NAME_PREFIX}(?:{names}){_SP}*:(?!=){_SP}*"""
         rf"""(?:{_QUOTED}|{_BARE_TO_EOL})"""
     )
-    colon = rf"""(?<![A-Za-z0-9])(?:{names})[ \t]*:(?!=)[ \t]*"""
+    # Before a quoted value, as after "=", no boundary before the name: a prefix still names
+    # a secret (a JavaScript object's accessToken: '...', a log's clientSecret: "...").
+    quoted_value = rf"""(?=[AaPpSsTt])(?:{names}){_SP}*:(?!=){_SP}*{_QUOTED}"""
+    colon = rf"""(?<![A-Za-z0-9])(?:{names}){_SP}*:(?!=){_SP}*{_BARE_IN_LINE}"""
     rules = [
         _Rule(kind, re.compile(equals, flags), _VALUE_GROUPS, _not_placeholder, needs),
         _Rule(kind, re.compile(quoted_key, flags), _VALUE_GROUPS, _not_placeholder, needs),
@@ -239,11 +300,11 @@ def _assignment_rules(
             _not_placeholder,
             needs,
         ),
-        _Rule(kind, re.compile(colon + _QUOTED, flags), ("dq", "sq"), _not_placeholder, needs),
-        _Rule(kind, re.compile(colon + _BARE_IN_LINE, flags), ("bare",), _looks_like_value, needs),
+        _Rule(kind, re.compile(quoted_value, flags), _QUOTED_GROUPS, _not_placeholder, needs),
+        _Rule(kind, re.compile(colon, flags), ("bare",), _looks_like_value, needs),
     ]
     if flags_too:
-        option = rf"""(?<![A-Za-z0-9-])--?(?:[A-Za-z0-9]+-)*(?:{names})[ \t]+"""
+        option = rf"""(?<![A-Za-z0-9-])--?(?:[A-Za-z0-9]+-)*(?:{names}){_SP}+"""
         option += rf"(?:{_QUOTED}|{_BARE_IN_LINE})"
         rules.append(
             _Rule(kind, re.compile(option, flags), _VALUE_GROUPS, _looks_like_value, needs)
@@ -264,13 +325,12 @@ def _discord_id_segment(secret: str) -> bool:
 
 # RFC 6750 b64token, without a trailing dot so that a sentence's full stop is kept.
 _B64TOKEN = r"[A-Za-z0-9\-._~+/]*[A-Za-z0-9\-_~+/]=*"
-_AUTH_HEADER = r"""\bAuthorization["']?[ \t]*[:=][ \t]*["']?"""
+_AUTH_HEADER = rf"""\bAuthorization["']?{_SP}*[:=]{_SP}*["']?"""
 # The arguments between a command and its password option: up to 200 characters of its line,
 # stopping at the next of these commands, which starts a match of its own. Without the stop, a
 # line repeating "mysql " rescans 200 characters from each one (over a second per megabyte).
-_COMMAND_ARGS = (
-    r"(?:(?!\b(?:sshpass|docker[ \t]+login|redis-cli|mysql|mysqldump|mariadb)\b)[^\n]){0,200}?"
-)
+_COMMANDS = rf"curl|sshpass|docker{_SP}+login|redis-cli|mysql|mysqldump|mariadb"
+_COMMAND_ARGS = rf"(?:(?!\b(?:{_COMMANDS})\b)[^\n]){{0,200}}?"
 
 # Order is priority: when matches overlap they are redacted as one, and find_secrets reports the
 # kind of the earliest rule among them, so self-describing token formats come before the
@@ -386,9 +446,12 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "registry-auth",
         # docker's config.json keeps base64 "user:password" under "auth".
-        re.compile(r"""["']auth["'][ \t]*:[ \t]*["'](?P<auth>[A-Za-z0-9+/]{8,}={0,2})["']"""),
+        re.compile(
+            rf"""["']auth{_KEY_QUOTE}{_SP}*:{_SP}*{_KEY_QUOTE}"""
+            rf"""(?P<auth>[A-Za-z0-9+/]{{8,}}={{0,2}}){_KEY_QUOTE}"""
+        ),
         ("auth",),
-        needs=('"auth"', "'auth'"),
+        needs=('"auth', "'auth"),
     ),
     *_assignment_rules(
         "aws-secret-access-key", r"aws[_-]?secret[_-]?access[_-]?key", needs=("secret",)
@@ -407,14 +470,14 @@ _RULES: tuple[_Rule, ...] = (
         # In an Authorization header anything after the scheme is a credential, whatever it
         # looks like (GitHub also takes "token", Discord "Bot").
         re.compile(
-            rf"{_AUTH_HEADER}(?:Bearer|token|Bot)[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE
+            rf"{_AUTH_HEADER}(?:Bearer|token|Bot){_SP}+(?P<token>{_B64TOKEN})", re.IGNORECASE
         ),
         ("token",),
         needs=("authorization",),
     ),
     _Rule(
         "bearer-token",
-        re.compile(rf"(?<![A-Za-z0-9])Bearer[ \t]+(?P<token>{_B64TOKEN})", re.IGNORECASE),
+        re.compile(rf"(?<![A-Za-z0-9])Bearer{_SP}+(?P<token>{_B64TOKEN})", re.IGNORECASE),
         ("token",),
         accept=_bearer_token_is_credential,
         needs=("bearer",),
@@ -423,20 +486,23 @@ _RULES: tuple[_Rule, ...] = (
         "command-password",
         # Passwords given to a command on its command line: curl's user:password, a .netrc
         # entry, and the -p of commands whose -p is a password (not docker run's -p PORT).
+        # The -u of other commands is a user id (docker run -u 1000:1000, sort -u), so curl's
+        # is taken only after curl.
         re.compile(
-            r"(?:(?<![A-Za-z0-9-])(?:-u|--user)[ \t]+[\"']?[^\s:\"'$]+:(?P<user>[^\s\"'@]+)"
-            r"|\bmachine[ \t]+\S+\s+login[ \t]+\S+\s+password[ \t]+(?P<netrc>\S+)"
-            rf"|\b(?:sshpass|docker[ \t]+login|redis-cli)\b{_COMMAND_ARGS}[ \t]-[pa][ \t]+"
+            rf"(?:\bcurl\b{_COMMAND_ARGS}{_SP}(?:-u{_SP}*|--user(?:{_SP}+|=))"
+            r"[\"']?[^\s:\"'$]+:(?P<user>[^\s\"'@]+)"
+            rf"|\bmachine{_SP}+\S+\s+login{_SP}+\S+\s+password{_SP}+(?P<netrc>\S+)"
+            rf"|\b(?:sshpass|docker{_SP}+login|redis-cli)\b{_COMMAND_ARGS}{_SP}-[pa]{_SP}+"
             r"(?P<flag>[^\s-]\S*)"
-            rf"|\b(?:mysql|mysqldump|mariadb)\b{_COMMAND_ARGS}[ \t]-p(?P<glued>[^\s-]\S*))"
+            rf"|\b(?:mysql|mysqldump|mariadb)\b{_COMMAND_ARGS}{_SP}-p(?P<glued>[^\s-]\S*))"
         ),
         ("user", "netrc", "flag", "glued"),
         _not_placeholder,
-        needs=("-u", "--user", "machine", "sshpass", "docker", "redis-cli", "mysql", "mariadb"),
+        needs=("curl", "machine", "sshpass", "docker", "redis-cli", "mysql", "mariadb"),
     ),
     _Rule(
         "basic-auth",
-        re.compile(rf"{_AUTH_HEADER}Basic[ \t]+(?P<token>[A-Za-z0-9+/]+=*)", re.IGNORECASE),
+        re.compile(rf"{_AUTH_HEADER}Basic{_SP}+(?P<token>[A-Za-z0-9+/]+=*)", re.IGNORECASE),
         ("token",),
         needs=("basic",),
     ),
@@ -501,7 +567,9 @@ def _widen(start: int, end: int, markers: list[tuple[int, int]]) -> tuple[int, i
     return start, end
 
 
-def _scan(text: str, *, prefilter: bool = True) -> list[_Hit]:
+def _scan(
+    text: str, *, prefilter: bool = True, within: list[tuple[int, int]] | None = None
+) -> list[_Hit]:
     """Find every secret in ``text``, with overlapping and touching matches merged.
 
     Matching every rule against the same text, rather than against text already partly
@@ -516,6 +584,8 @@ def _scan(text: str, *, prefilter: bool = True) -> list[_Hit]:
         text: The text to scan.
         prefilter: Skip the rules that cannot match; off only to check that skipping changes
             nothing.
+        within: Disjoint spans of ``text``, in order: a match that does not lie inside one of
+            them is dropped before matches are merged, so that it cannot swallow one that does.
 
     Returns:
         Disjoint hits in order of position, each with the kind of the highest-priority rule
@@ -538,6 +608,14 @@ def _scan(text: str, *, prefilter: bool = True) -> list[_Hit]:
         for priority, rule in rules
         for start, end in rule.spans(text, markers)
     )
+    if within is not None:
+        starts = [span[0] for span in within]
+        found = [
+            match
+            for match in found
+            if (index := bisect.bisect_right(starts, match[0]) - 1) >= 0
+            and match[1] <= within[index][1]
+        ]
     hits: list[_Hit] = []
     best = len(_RULES)
     for start, end, priority, kind in found:
@@ -631,25 +709,173 @@ _SECRET_NAME = re.compile(
 )
 
 
-def _secret_under(key: Any, item: Any) -> bool:
-    """Return whether ``item`` is a scalar stored under a key naming a secret, to hide whole."""
-    return (
-        isinstance(key, str)
-        and isinstance(item, str | int | float)
-        and not isinstance(item, bool)
-        and _SECRET_NAME.fullmatch(key) is not None
-        and (not isinstance(item, str) or (bool(item) and _not_placeholder(item)))
-    )
+# The last three letters of every name _SECRET_NAME ends with: most keys fail on this one test.
+_SECRET_ENDINGS = frozenset(
+    ("ord", "swd", "pwd", "ase", "ken", "ret", "key", "uth", "ion", "ial", "als")
+)
+
+
+def _names_secret(name: Any) -> bool:
+    """Return whether ``name`` is a string that names a secret (``password``, ``DB_PASSWORD``)."""
+    if not isinstance(name, str):
+        return False
+    # Letters outside ASCII may fold to a name's (a long s to "s"): those keys take the regex.
+    if name.isascii() and name[-3:].lower() not in _SECRET_ENDINGS:
+        return False
+    return _SECRET_NAME.fullmatch(name) is not None
+
+
+def _hide(item: Any) -> Any:
+    """Return a scalar held under a name of a secret: replaced whole unless a placeholder.
+
+    Strings (but the empty one and placeholders, which are redacted as text) and numbers are
+    replaced; None and booleans say nothing and are kept.
+    """
+    if isinstance(item, str):
+        return REDACTED if item and _not_placeholder(item) else redact(item)
+    if isinstance(item, int | float) and not isinstance(item, bool):
+        return REDACTED
+    return item
+
+
+_NAME_FIELDS = ("name", "Name", "NAME", "key", "Key", "KEY")
+_VALUE_FIELDS = ("value", "Value", "VALUE")
+_NOTHING: frozenset[Any] = frozenset()
+
+
+def _assigned(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> frozenset[Any]:
+    """Return the keys or indices of ``container`` whose items a name of a secret is given to.
+
+    A mapping with a ``name`` or ``key`` naming a secret assigns its ``value`` to that name
+    (a Kubernetes env entry, a HAR header, an AWS tag), and so does a pair whose first item
+    names one (``["Authorization", "Basic ..."]``, header pairs as httpx and ASGI give them).
+    Field names may be lower-case, capitalised (AWS's ``Key``/``Value``) or upper-case.
+    """
+    if isinstance(container, dict):
+        if "value" not in container and "Value" not in container and "VALUE" not in container:
+            return _NOTHING  # most dicts: three lookups
+        if any(_names_secret(container.get(field)) for field in _NAME_FIELDS):
+            return frozenset(field for field in _VALUE_FIELDS if field in container)
+        return _NOTHING
+    if len(container) == 2 and _names_secret(container[0]):
+        return frozenset((1,))
+    return _NOTHING
+
+
+def _command_line(container: Any) -> list[str] | tuple[str, ...] | None:
+    """Redact a list of strings as the command line it spells, or return None for another value.
+
+    A shell tool takes its command as an argv list (``["sshpass", "-p", pw, "ssh", host]``):
+    the password is an item of its own, and only the items around it say that it is one. Each
+    item is redacted as text; then the items, joined by spaces, are scanned as one line, and
+    what a match finds within one item is redacted in that item (a match that spans items is
+    left to the items themselves, which keeps a value that runs to the end of a line from
+    taking the next item with it). Until nothing is left to find, as :func:`redact` does. A
+    pair whose first item names a secret is not a command line: its second item is replaced
+    whole.
+    """
+    if (
+        not isinstance(container, list | tuple)
+        or len(container) < 2
+        or not isinstance(container[0], str)
+        or not all(isinstance(item, str) for item in container)
+        or _assigned(container)
+    ):
+        return None
+    parts = [redact(item) for item in container]
+    while True:
+        spans: list[tuple[int, int]] = []
+        position = 0
+        for part in parts:
+            spans.append((position, position + len(part)))
+            position += len(part) + 1
+        starts = [span[0] for span in spans]
+        by_item: dict[int, list[_Hit]] = {}
+        for hit in _scan(" ".join(parts), within=spans):
+            by_item.setdefault(bisect.bisect_right(starts, hit.start) - 1, []).append(hit)
+        if not by_item:
+            return parts if isinstance(container, list) else type(container)(parts)
+        # Every hit holds text that is not a marker, so each round leaves less of it: the loop
+        # ends, and on text that was already redacted it finds nothing.
+        for index, hits in by_item.items():
+            base, part = starts[index], parts[index]
+            pieces: list[str] = []
+            position = 0
+            for hit in hits:
+                pieces.extend((part[position : hit.start - base], REDACTED))
+                position = hit.end - base
+            pieces.append(part[position:])
+            redacted = "".join(pieces)
+            # An item that is now only the marker has nothing left to find.
+            parts[index] = redacted if redacted == REDACTED else redact(redacted)
+
+
+@dataclass(slots=True)
+class _Frame:
+    """A container that :func:`redact_data` is copying.
+
+    Attributes:
+        source: The container.
+        entries: Its ``(key, item)`` pairs still to copy; a list's keys are its indices.
+        hidden: Whether it sits under a name of a secret: every scalar in it is replaced.
+        assigned: The keys or indices whose items a name of a secret is given to.
+        copy: The copy being built (a list for a tuple, made a tuple when done).
+        numbers: The next number to try for each key that collided after redaction.
+        slot: Where the child being walked goes into the copy.
+    """
+
+    source: dict[Any, Any] | list[Any] | tuple[Any, ...]
+    entries: Iterator[tuple[Any, Any]]
+    hidden: bool
+    assigned: frozenset[Any]
+    copy: dict[Any, Any] | list[Any]
+    numbers: dict[str, int] | None = None
+    slot: Any = None
+
+
+def _unused_key(key: str, frame: _Frame) -> str:
+    """Return ``key``, or, when the frame's copy already holds it, ``key`` numbered from 2 on.
+
+    Two keys that redact alike (two tokens) must not make one entry overwrite the other; the
+    numbers follow the order of the entries, so a replay numbers them the same way.
+    """
+    copy = frame.copy
+    if key not in copy:
+        return key
+    if frame.numbers is None:
+        frame.numbers = {}
+    numbers = frame.numbers
+    number = numbers.get(key, 2)
+    while f"{key} {number}" in copy:
+        number += 1
+    numbers[key] = number + 1
+    return f"{key} {number}"
+
+
+def _frame(container: dict[Any, Any] | list[Any] | tuple[Any, ...], *, hidden: bool) -> _Frame:
+    """Return the frame that starts copying ``container``."""
+    if isinstance(container, dict):
+        entries: Iterator[tuple[Any, Any]] = iter(container.items())
+        copy: dict[Any, Any] | list[Any] = {}
+    else:
+        entries, copy = enumerate(container), []
+    return _Frame(container, entries, hidden, _NOTHING if hidden else _assigned(container), copy)
 
 
 def redact_data(value: Any) -> Any:
     """Return structured run data (msgspec builtins) with every secret replaced (M9).
 
     Strings are redacted as text, string keys included (a map from tokens to their owners
-    holds its secrets in its keys); a string or number stored under a key that names a secret
-    (``{"password": "hunter2"}``, ``{"apiKey": 123}``) is replaced whole, unless it is a
-    placeholder; lists, tuples and dicts are walked, without recursion, so data nested as
-    deep as the journal can encode it does not exhaust the stack.
+    holds its secrets in its keys; keys that then collide are numbered, ``[REDACTED]``,
+    ``[REDACTED] 2``, so that no entry is lost). What is stored under a name of a secret is
+    replaced whole, unless it is a placeholder: a string or number under such a key
+    (``{"password": "hunter2"}``, ``{"apiKey": 123}``), every string and number inside a list
+    or dict under it, however deep (``{"client_secret": {"value": "x"}}``), and the value of a
+    name/value mapping or of a pair that names a secret (``{"name": "DB_PASSWORD", "value":
+    "x"}``, ``["Authorization", "Basic ..."]``). A list of strings is also redacted as the
+    command line it spells (``["sshpass", "-p", "x", "ssh", "host"]``). Lists, tuples and
+    dicts are walked without recursion, so data nested as deep as the journal can encode it
+    does not exhaust the stack.
 
     Args:
         value: A step's input or output, an agent's data, an answer: anything journalable.
@@ -659,41 +885,43 @@ def redact_data(value: Any) -> Any:
     """
     if not isinstance(value, dict | list | tuple):
         return redact(value) if isinstance(value, str) else value
-    # Each frame: the source container, an iterator over it, the copy being built, and the key
-    # (or None for a list) under which the child being walked goes into that copy.
-    stack: list[list[Any]] = [[value, _entries(value), {} if isinstance(value, dict) else [], None]]
+    line = _command_line(value)
+    if line is not None:
+        return line
+    stack = [_frame(value, hidden=False)]
     while True:
         frame = stack[-1]
-        source, entries, copy = frame[0], frame[1], frame[2]
-        for key, item in entries:
-            if isinstance(source, dict):
-                key = redact(key) if isinstance(key, str) else key  # noqa: PLW2901
-                if _secret_under(key, item):
-                    copy[key] = REDACTED
-                    continue
+        copy = frame.copy
+        for key, item in frame.entries:
+            hidden = frame.hidden or key in frame.assigned
+            if isinstance(copy, dict) and isinstance(key, str):
+                redacted = redact(key)
+                hidden = hidden or _names_secret(redacted)
+                key = _unused_key(redacted, frame)  # noqa: PLW2901
             if isinstance(item, dict | list | tuple):
-                frame[3] = key
-                stack.append([item, _entries(item), {} if isinstance(item, dict) else [], None])
-                break
-            leaf = redact(item) if isinstance(item, str) else item
-            if isinstance(source, dict):
+                leaf: Any = None if hidden or isinstance(item, dict) else _command_line(item)
+                if leaf is None:
+                    # The child is copied whole before the next entry: its place is its key,
+                    # or the end of the list, held for it.
+                    if isinstance(copy, dict):
+                        frame.slot = key
+                    else:
+                        frame.slot = len(copy)
+                        copy.append(None)
+                    stack.append(_frame(item, hidden=hidden))
+                    break
+            elif hidden:
+                leaf = _hide(item)
+            else:
+                leaf = redact(item) if isinstance(item, str) else item
+            if isinstance(copy, dict):
                 copy[key] = leaf
             else:
                 copy.append(leaf)
         else:
             stack.pop()
-            done = copy if isinstance(source, dict | list) else type(source)(copy)
+            done = copy if isinstance(frame.source, dict | list) else type(frame.source)(copy)
             if not stack:
                 return done
             parent = stack[-1]
-            if isinstance(parent[0], dict):
-                parent[2][parent[3]] = done
-            else:
-                parent[2].append(done)
-
-
-def _entries(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> Iterator[tuple[Any, Any]]:
-    """Iterate a container as ``(key, item)`` pairs; a list's keys are None."""
-    if isinstance(container, dict):
-        return iter(container.items())
-    return ((None, item) for item in container)
+            parent.copy[parent.slot] = done

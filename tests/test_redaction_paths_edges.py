@@ -1,5 +1,5 @@
 """Secrets on the paths into the journal that bypassed redaction, and inputs that made the
-journal unreadable (M9, E1, E9, O1, F1; ADR 0018, 0068): forks, agent codes, ids, fact scopes
+journal unreadable (M9, E1, E9, O1, F1; ADR 0018, 0069): forks, agent codes, ids, fact scopes
 and step ids, planner gaps, error messages cut before they were redacted, and a plan id or a
 gap that is not text.
 
