@@ -12,6 +12,7 @@ the reason in the summary and in the journal.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -86,6 +87,9 @@ class _Drive:
     answers: dict[str, str] = field(default_factory=dict)
     take_over: bool = False
     trace: OrchestrationTrace | None = None
+    context: contextvars.Context = field(default_factory=contextvars.Context)
+    """The context of the thread that started or resumed the orchestration: its passes start
+    in a copy of it, so a span current there is their runs' parent (T3, ADR 0070)."""
 
 
 _IN_PROCESS_LOCK = threading.Lock()
@@ -155,7 +159,14 @@ class Orchestrations:
         self._hold(run_id)
         try:
             self._planners[run_id] = planner
-            drive = _Drive(OrchestrationState(), planner, reserve, on_progress, trace=trace)
+            drive = _Drive(
+                OrchestrationState(),
+                planner,
+                reserve,
+                on_progress,
+                trace=trace,
+                context=contextvars.copy_context(),
+            )
             self.append(
                 drive,
                 OrchestrationStarted(
@@ -429,7 +440,16 @@ class Orchestrations:
             raise RunNotResumable(
                 f"run {run_id}: pass planner=... to resume, the planner must be asked again"
             )
-        drive = _Drive(state, chosen, reserve, on_progress, given, take_over, trace)
+        drive = _Drive(
+            state,
+            chosen,
+            reserve,
+            on_progress,
+            given,
+            take_over,
+            trace,
+            context=contextvars.copy_context(),  # the caller's: resume_start runs in its thread
+        )
         self.append(drive, resumed)
         if planner is not None:
             self._planners[run_id] = planner  # later resumes in this runtime may omit it
@@ -553,6 +573,15 @@ class Orchestrations:
         st = d.state
         run_id = st.pass_runs[st.pass_no]
         answers, d.answers = d.answers, {}  # answers are for the run that waited, never later
+        # In the caller's context, not this actor's thread's: the executor notes it (T3).
+        handle = d.context.copy().run(self._start_pass_run, d, run_id, answers)
+        return None if handle is None else (run_id, handle.future)
+
+    def _start_pass_run(
+        self, d: _Drive, run_id: str, answers: dict[str, str]
+    ) -> RunHandle[ExecuteResult] | None:
+        """Start or resume the pass's run; None when it already stopped."""
+        st = d.state
         handle: RunHandle[ExecuteResult] | None = None
         try:
             status = self._runs.state(run_id).run_status
@@ -575,7 +604,7 @@ class Orchestrations:
                     on_progress=d.on_progress,
                     take_over=d.take_over,
                 )
-        return None if handle is None else (run_id, handle.future)
+        return handle
 
     def cancel_pass(self, run_id: str) -> None:
         """Cancel a pass's run (E5)."""

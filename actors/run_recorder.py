@@ -3,8 +3,9 @@
 The executor decides; the recorder keeps the run's :class:`RunState` and the journal in step. An
 event is folded into the state the moment it is staged, so the executor's next decision already
 sees it; the staged events are appended together when the executor flushes — before it
-dispatches any step they started, and at each step's result (R4) — and progress is reported only
-after the append (E12).
+dispatches any step they started, and at each step's result (R4) — and spans (T3) and progress
+(E12) are derived from them only after the append: neither can hold a result out of the journal
+(ADR 0070).
 """
 
 from __future__ import annotations
@@ -123,7 +124,7 @@ class RunRecorder:
     ) -> None:
         self.journal = journal
         self.tracing = tracing
-        """Shown every staged event, to derive spans from (T3); None: tracing off."""
+        """Shown each batch of events once appended, to derive spans from (T3); None: off."""
         self.state = state
         self.on_progress = on_progress
         self._progress_run_id = wants_run_id(on_progress)
@@ -133,6 +134,9 @@ class RunRecorder:
         self.last_append = time.monotonic()
         """When this run last appended (monotonic seconds): heartbeats fill the silences."""
         self._staged: list[DomainEvent] = []
+        self._staged_at: list[int] = []
+        """When each staged event was staged (epoch nanoseconds), while tracing is on: its
+        span's time, whenever the span is derived."""
         self._traced: list[ExecuteResult] = []
         self._notes: list[tuple[str, list[Observation], int, list[str]]] = []
         self._emitted = len(state.observations)
@@ -149,7 +153,7 @@ class RunRecorder:
         self.state.fold(event)
         self._staged.append(event)
         if self.tracing is not None:
-            self.tracing.staged(self.state, event)
+            self._staged_at.append(time.time_ns())
         if self.trace is not None:
             self._traced.append(self.state.result())
 
@@ -166,8 +170,10 @@ class RunRecorder:
 
         A snapshot of the run goes with the append at the end of a pass and every
         :data:`SNAPSHOT_EVERY` events, so resuming a long run reads only the events after it.
+        The tracer sees the events once they are committed (ADR 0070), implied partitions too.
         """
         staged, self._staged = self._staged, []
+        committed, times, self._staged_at = staged, self._staged_at, []
         implied = implied_partitions(staged)
         if implied:
             # Folded already (the executor decided with it); not stored: the starts in this
@@ -198,6 +204,8 @@ class RunRecorder:
             self.state.position = positions[-1]
             if self.opened is not None and not self.opened.is_set():
                 self.opened.set()  # once: the run is readable from its first append on
+            if self.tracing is not None:  # in the journal now: spans may follow (ADR 0070)
+                self.tracing.appended(self.state, committed, times)
             if self.trace is not None:
                 traced, self._traced = self._traced, []
                 for position, result in zip(positions, traced, strict=True):

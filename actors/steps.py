@@ -555,7 +555,10 @@ class Services:
     memory: MemoryAccess | None = None
     """The runtime's memory, offered to steps as ``ctx.memory`` (P1)."""
     tracing: Tracing | None = None
-    """Spans for runs, waves and steps (T3); None: tracing off, nothing imported or emitted."""
+    """Spans for the runs started from now on (T3); None: off, nothing imported or emitted."""
+    traced_runs: dict[str, Tracing] = field(default_factory=dict)
+    """The tracer of each run whose pass is traced now, by run id, kept by that tracer: its
+    steps run in that tracer's spans, whatever :attr:`tracing` has become since (ADR 0070)."""
     placement: Placement | None = None
     """Where user code runs (S1); None: in the worker's own thread."""
 
@@ -590,11 +593,17 @@ class StepWorker(pykka.ThreadingActor):
             if services.memory is None or fn is None or not (takes_ctx or step.agent is not None)
             else StepMemory(services.memory, message.run_id, step.id)
         )
-        # The step's span is current while its user code runs, so a tool's own spans nest (T3).
+        # The step's span is current while its user code runs, so a tool's own spans nest (T3):
+        # the span of the tracer tracing the run, which the runtime's may no longer be.
+        tracing = (
+            services.traced_runs.get(message.run_id, services.tracing)
+            if services.traced_runs
+            else services.tracing
+        )
         scope = (
             None
-            if services.tracing is None
-            else services.tracing.step_scope(message.run_id, step.id, message.attempt)
+            if tracing is None
+            else tracing.step_scope(message.run_id, step.id, message.attempt)
         )
         try:
             if scope is not None:

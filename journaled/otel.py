@@ -19,16 +19,21 @@ run's previous pass when this process traced it. Failed steps and failed runs ha
 with the step's (redacted) error; cancelled, timed out, waiting, interrupted and budget-stopped
 are attributes (``journaled.step.outcome``, ``journaled.run.status``) and span events.
 
-The spans are derived from the events the executor journals, as it stages them: the journal stays
-the truth, and a runtime without :func:`instrument` neither imports OpenTelemetry nor emits a span.
+The spans are derived from the events the executor journals, once the journal holds them, with the
+times the events were staged at; spans are ended on a thread of the tracer's own, where span
+processors export, so a collector that does not answer never holds a step's result out of the
+journal (ADR 0070). The journal stays the truth, and a runtime without :func:`instrument` neither
+imports OpenTelemetry nor emits a span.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -47,10 +52,12 @@ from journaled.events.base import DomainEvent
 from journaled.events.plans import Observation
 from journaled.events.run_state import RunState
 from journaled.events.runs import (
+    BudgetRaised,
     BudgetStopped,
     CallsOverrun,
     CancelRequested,
     RunFinished,
+    RunResumed,
     RunStarted,
     RunSuspended,
     StepFailed,
@@ -78,6 +85,18 @@ _PASSES_REMEMBERED = 4096
 
 _GEN_AI_OPERATION = {"tool": "execute_tool", "agent": "invoke_agent"}
 """The GenAI semantic-convention operation a step kind honestly is (a skill names no model)."""
+
+SETTLE_WAIT = 1.0
+"""Seconds an executor that stops waits, at most, for the spans ended so far to be exported."""
+
+ENDS_QUEUED = 1 << 16
+"""Span ends waiting for the tracer's thread, at most; past that, new ones are dropped."""
+
+GATHER = 0.005
+"""Seconds the tracer's thread lets span ends gather before it ends them."""
+
+_Ends = list[tuple[trace.Span, int]]
+"""Spans to end, each with its end time (epoch nanoseconds)."""
 
 
 @dataclass
@@ -114,8 +133,111 @@ class _Scope:
             self._token = None
 
 
+class _Ender:
+    """End spans, in the order given, on a daemon thread of its own (ADR 0070).
+
+    Ending a span is where the SDK's span processors export: the ``SimpleSpanProcessor`` calls
+    its exporter inline. An exporter that does not answer holds this thread, never an executor.
+    The thread lets ends gather for :data:`GATHER` before it ends them, unless one waits for
+    them: one wake-up per few steps, not one per step.
+    """
+
+    def __init__(self) -> None:
+        lock = threading.Lock()
+        self._work = threading.Condition(lock)
+        """Where this thread waits for ends to come (or to gather)."""
+        self._progress = threading.Condition(lock)
+        """Where :meth:`wait` waits for ends to be done."""
+        self._queue: _Ends = []
+        self._handed = 0
+        """Ends queued so far."""
+        self._done = 0
+        """Ends done so far: only this thread adds to it."""
+        self._busy_since: float | None = None
+        """When the end this thread is in began (monotonic seconds); None: between ends."""
+        self._idle = False
+        """This thread waits for ends, with none queued: the next to come wakes it."""
+        self._hurry = 0
+        """Callers of :meth:`wait` waiting now: no gathering meanwhile."""
+        self._thread: threading.Thread | None = None
+        self._dropped = 0
+
+    def end(self, ends: _Ends) -> None:
+        """Hand spans over to be ended; never waits for an exporter.
+
+        Past :data:`ENDS_QUEUED` ends waiting, the spans are dropped: never ended, never
+        exported (as a batch processor drops what overflows its queue).
+        """
+        with self._work:
+            dropped = len(self._queue) + len(ends) > ENDS_QUEUED
+            if dropped:
+                first = self._dropped == 0
+                self._dropped += len(ends)
+                total = self._dropped
+            else:
+                self._queue.extend(ends)
+                self._handed += len(ends)
+                if self._thread is None:
+                    self._thread = threading.Thread(
+                        target=self._run, name="journaled-span-ends", daemon=True
+                    )
+                    self._thread.start()
+                elif self._idle:
+                    self._idle = False
+                    self._work.notify()
+        if dropped:
+            level = logging.WARNING if first else logging.DEBUG
+            _log.log(level, "the span exporter is not keeping up: %d spans dropped", total)
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the ends handed over so far are done; return False if they were not.
+
+        Waits ``timeout`` seconds at most, and not at all once one end has taken that long: an
+        exporter that does not answer costs one wait, not one per run.
+        """
+        deadline = time.monotonic() + timeout
+        with self._work:
+            target = self._handed
+            if self._done >= target:
+                return True
+            self._hurry += 1
+            self._work.notify()  # ends gathering: end them now
+            try:
+                while self._done < target:
+                    busy = self._busy_since
+                    limit = deadline if busy is None else min(deadline, busy + timeout)
+                    left = limit - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._progress.wait(left)
+            finally:
+                self._hurry -= 1
+        return True
+
+    def _run(self) -> None:
+        while True:
+            with self._work:
+                while not self._queue:
+                    self._idle = True
+                    self._work.wait()
+                self._idle = False
+                if not self._hurry:
+                    self._work.wait(GATHER)  # a caller of wait() cuts it short
+                ends, self._queue = self._queue, []
+            for span, at in ends:
+                self._busy_since = time.monotonic()
+                try:
+                    span.end(end_time=at)
+                except Exception:  # a span processor's failure must not stop the other ends
+                    _log.debug("ending a span failed", exc_info=True)
+                self._done += 1
+            with self._work:
+                self._busy_since = None
+                self._progress.notify_all()
+
+
 class OtelTracing(Tracing):
-    """Derive OpenTelemetry spans from the events a runtime's executors stage. Thread-safe."""
+    """Derive OpenTelemetry spans from the events a runtime's executors append. Thread-safe."""
 
     def __init__(self, tracer_provider: trace.TracerProvider | None = None) -> None:
         """Trace through ``tracer_provider``, or OpenTelemetry's global provider when None."""
@@ -138,6 +260,10 @@ class OtelTracing(Tracing):
         """The context of the thread that started a pass, when it held a span, by run state."""
         self._last: OrderedDict[str, trace.SpanContext] = OrderedDict()
         """Each run's last traced pass, so a resumed pass links to it (bounded)."""
+        self._ender = _Ender()
+        self._runs: dict[str, Tracing] | None = None
+        """The runtime's ``Services.traced_runs`` (set by :func:`instrument`): this tracer puts
+        each run in while its pass is open, so that run's steps keep this tracer's spans."""
 
     # -- the hooks -------------------------------------------------------------------------------
 
@@ -154,19 +280,37 @@ class OtelTracing(Tracing):
         except Exception:  # a span processor's or the SDK's failure must not stop the run
             self._failed("starting")
 
-    def staged(self, state: RunState, event: DomainEvent) -> None:
-        """Open, annotate or end the spans this event of the run implies."""
-        try:
-            self._staged(state, event)
-        except Exception:  # a span processor's or the SDK's failure must not stop the run
-            self._failed("staged")
+    def appended(
+        self, state: RunState, events: Sequence[DomainEvent], times: Sequence[int]
+    ) -> None:
+        """Open, annotate or end the spans these appended events of the run imply.
+
+        Spans are started and annotated here; their ends go to the tracer's own thread.
+        """
+        ends: _Ends = []
+        for event, at in zip(events, times, strict=True):
+            try:
+                self._staged(state, event, at, ends)
+            except Exception:  # a span processor's or the SDK's failure must not stop the run
+                self._failed("appended")
+        if ends:
+            self._ender.end(ends)
+
+    def staged(self, state: RunState, event: DomainEvent, at: int | None = None) -> None:
+        """Derive the spans of one event of the run, staged at ``at`` (epoch ns; None: now)."""
+        self.appended(state, (event,), (time.time_ns() if at is None else at,))
 
     def settled(self, run_id: str) -> None:
-        """End the spans a run left open when its executor stopped without ending its pass."""
+        """End the spans a run left open when its executor stopped without ending its pass;
+        wait up to :data:`SETTLE_WAIT` for the run's spans to be exported."""
+        ends: _Ends = []
         try:
-            self._settled(run_id)
+            self._settled(run_id, ends)
         except Exception:  # a span processor's or the SDK's failure must not stop the run
             self._failed("settled")
+        if ends:
+            self._ender.end(ends)
+        self._ender.wait(SETTLE_WAIT)
 
     def _starting(self, state: RunState) -> None:
         caller = otel_context.get_current()
@@ -174,20 +318,25 @@ class OtelTracing(Tracing):
             with self._lock:
                 self._callers[state] = caller
 
-    def _staged(self, state: RunState, event: DomainEvent) -> None:
+    def _staged(self, state: RunState, event: DomainEvent, at: int, ends: _Ends) -> None:
         run_id = state.run_id
-        # Only this run's executor thread changes its pass; the SDK is called outside any lock
-        # (a synchronous exporter must not hold up the other runs' executors).
+        # Only this run's executor thread changes its pass; the SDK is called outside any lock,
+        # and no span is ended here (an exporter must hold up no executor, ADR 0070).
         current = self._passes.get(run_id)
         if current is None:
-            current = self._open_pass(state, event)
+            current = self._open_pass(state, event, at)
         match event:
             case WavePartitioned():
-                self._on_wave(run_id, current, event)
+                self._on_wave(run_id, current, event, at, ends)
             case StepStarted():
-                self._on_step_started(state, current, event)
+                self._on_step_started(state, current, event, at, ends)
             case StepSucceeded() | StepFailed() | StepWaiting() | StepRetrying():
-                self._on_step_ended(state, current, event)
+                self._on_step_ended(state, current, event, at, ends)
+            case RunResumed():  # the pass's number, whatever the resume staged before it
+                current.span.set_attribute("journaled.run.resumptions", event.resumption)
+            case BudgetRaised():
+                if event.budget is not None:
+                    current.span.set_attribute("journaled.run.budget", event.budget)
             case BudgetStopped():
                 attributes = {
                     "journaled.wave.number": event.wave,
@@ -197,13 +346,15 @@ class OtelTracing(Tracing):
                 }
                 if current.wave is not None:
                     current.wave.set_attribute("journaled.wave.stopped_for_budget", True)
-                    current.wave.add_event("journaled.budget_stop", attributes)
-                current.span.add_event("journaled.budget_stop", attributes)
+                    current.wave.add_event("journaled.budget_stop", attributes, at)
+                current.span.add_event("journaled.budget_stop", attributes, at)
             case CancelRequested():
-                current.span.add_event("journaled.cancel_requested")
+                current.span.add_event("journaled.cancel_requested", timestamp=at)
             case StepsSkipped():
                 skipped = [o.step_id for o in event.observations] + list(event.unobserved)
-                current.span.add_event("journaled.steps_skipped", {"journaled.step.ids": skipped})
+                current.span.add_event(
+                    "journaled.steps_skipped", {"journaled.step.ids": skipped}, at
+                )
             case CallsOverrun():
                 current.span.add_event(
                     "journaled.calls_overrun",
@@ -213,15 +364,18 @@ class OtelTracing(Tracing):
                         "journaled.calls.reserved": event.reserved,
                         "journaled.calls.reported": event.reported,
                     },
+                    at,
                 )
             case RunFinished():
-                self._end_pass(state, current, event.status, failed=event.status == "failed")
+                failed = event.status == "failed"
+                self._end_pass(state, current, event.status, at, ends, failed=failed)
             case RunSuspended():
                 current.span.add_event(
                     "journaled.suspended",
                     {"journaled.run.in_flight": list(event.in_flight)},
+                    at,
                 )
-                self._end_pass(state, current, "suspended", failed=False)
+                self._end_pass(state, current, "suspended", at, ends, failed=False)
             case _:
                 pass
 
@@ -232,44 +386,53 @@ class OtelTracing(Tracing):
         span = flight[1] if flight is not None and flight[0] == attempt else None
         return _Scope(span)
 
-    def _settled(self, run_id: str) -> None:
+    def _settled(self, run_id: str, ends: _Ends) -> None:
         current = self._passes.pop(run_id, None)
         if current is None:
             return
+        self._let_go(run_id)
+        now = time.time_ns()
         error = trace.Status(
             trace.StatusCode.ERROR, "the executor stopped before the pass of the run ended"
         )
         for _, span in current.steps.values():
             span.set_attribute("journaled.step.outcome", "abandoned")
             span.set_status(error)
-            span.end()
+            ends.append((span, now))
         if current.wave is not None:
-            current.wave.end()
+            ends.append((current.wave, now))
         current.span.set_status(error)
-        current.span.end()
+        ends.append((current.span, now))
+
+    def _let_go(self, run_id: str) -> None:
+        """Take the run out of the runtime's traced runs, if this tracer put it there."""
+        runs = self._runs
+        if runs is not None and runs.get(run_id) is self:
+            del runs[run_id]
 
     # -- spans -----------------------------------------------------------------------------------
 
-    def _open_pass(self, state: RunState, first: DomainEvent) -> _Pass:
-        """Start the span of a pass: a new run, or a resumed (or forked) one."""
+    def _open_pass(self, state: RunState, first: DomainEvent, at: int) -> _Pass:
+        """Start the span of a pass: a new run, or a resumed (or forked) one.
+
+        ``state`` has the pass's opening events folded (they are appended together): the
+        budget is the one the pass runs under, raised by a resume (E14).
+        """
         started = state.started
         attributes: dict[str, Any] = {"journaled.run.id": state.run_id}
         with self._lock:
             parent = self._callers.pop(state, None)
-        if started is not None:
-            if started.call_budget is not None:
-                attributes["journaled.run.budget"] = started.call_budget
-            if started.parent_run is not None and started.parent_step is not None:
-                attributes["journaled.run.parent_id"] = started.parent_run
-                attributes["journaled.run.parent_step"] = started.parent_step
-                above = self._passes.get(started.parent_run)
-                flight = None if above is None else above.steps.get(started.parent_step)
-                if flight is not None and parent is None:
-                    parent = trace.set_span_in_context(flight[1])
-        resumed = not isinstance(first, RunStarted)
-        attributes["journaled.run.resumed"] = resumed
-        if resumed:
-            attributes["journaled.run.resumptions"] = state.resumptions
+        if state.budget is not None:
+            attributes["journaled.run.budget"] = state.budget
+        parent_step = None if started is None else started.parent_step
+        if started is not None and started.parent_run is not None and parent_step is not None:
+            attributes["journaled.run.parent_id"] = started.parent_run
+            attributes["journaled.run.parent_step"] = parent_step
+            above = self._passes.get(started.parent_run)
+            flight = None if above is None else above.steps.get(parent_step)
+            if flight is not None and parent is None:
+                parent = trace.set_span_in_context(flight[1])
+        attributes["journaled.run.resumed"] = not isinstance(first, RunStarted)
         with self._lock:
             previous = self._last.get(state.run_id)
         links = [trace.Link(previous)] if previous is not None else None
@@ -279,6 +442,7 @@ class OtelTracing(Tracing):
             kind=trace.SpanKind.INTERNAL,
             attributes=attributes,
             links=links,
+            start_time=at,
         )
         with self._lock:
             self._last[state.run_id] = span.get_span_context()
@@ -287,11 +451,15 @@ class OtelTracing(Tracing):
                 self._last.popitem(last=False)
         opened = _Pass(span=span)
         self._passes[state.run_id] = opened
+        if self._runs is not None:
+            self._runs[state.run_id] = self
         return opened
 
-    def _on_wave(self, run_id: str, current: _Pass, event: WavePartitioned) -> None:
+    def _on_wave(
+        self, run_id: str, current: _Pass, event: WavePartitioned, at: int, ends: _Ends
+    ) -> None:
         if current.wave is not None:
-            current.wave.end()
+            ends.append((current.wave, at))
         skipped = [o.step_id for o in event.skipped] + list(event.unobserved)
         current.wave = self._tracer.start_span(
             WAVE_SPAN,
@@ -302,11 +470,14 @@ class OtelTracing(Tracing):
                 "journaled.wave.runnable": len(event.runnable),
                 "journaled.wave.skipped": len(skipped),
             },
+            start_time=at,
         )
         if skipped:
-            current.wave.add_event("journaled.steps_skipped", {"journaled.step.ids": skipped})
+            current.wave.add_event("journaled.steps_skipped", {"journaled.step.ids": skipped}, at)
 
-    def _on_step_started(self, state: RunState, current: _Pass, event: StepStarted) -> None:
+    def _on_step_started(
+        self, state: RunState, current: _Pass, event: StepStarted, at: int, ends: _Ends
+    ) -> None:
         step = state.steps[event.step_id]
         kind = step.kind or "tool"
         attributes: dict[str, Any] = {
@@ -323,11 +494,14 @@ class OtelTracing(Tracing):
             attributes["gen_ai.tool.name" if kind == "tool" else "gen_ai.agent.name"] = step.target
         above = current.wave if current.wave is not None else current.span
         span = self._tracer.start_span(
-            STEP_SPAN, context=trace.set_span_in_context(above), attributes=attributes
+            STEP_SPAN,
+            context=trace.set_span_in_context(above),
+            attributes=attributes,
+            start_time=at,
         )
         stale = current.steps.get(step.id)
         if stale is not None:  # an attempt that never reported (it timed out and re-ran)
-            stale[1].end()
+            ends.append((stale[1], at))
         current.steps[step.id] = (event.attempt, span)
 
     def _on_step_ended(
@@ -335,6 +509,8 @@ class OtelTracing(Tracing):
         state: RunState,
         current: _Pass,
         event: StepSucceeded | StepFailed | StepWaiting | StepRetrying,
+        at: int,
+        ends: _Ends,
     ) -> None:
         flight = current.steps.get(event.step_id)
         if flight is None or flight[0] != event.attempt:
@@ -349,7 +525,7 @@ class OtelTracing(Tracing):
             attributes["journaled.step.child_run"] = obs.agent_task_id
         if isinstance(event, StepWaiting):
             attributes["journaled.step.outcome"] = "waiting"
-            span.add_event("journaled.waiting_for_input")
+            span.add_event("journaled.waiting_for_input", timestamp=at)
         elif isinstance(event, StepSucceeded):
             attributes["journaled.step.outcome"] = "succeeded"
             span.set_status(trace.StatusCode.OK)
@@ -359,18 +535,20 @@ class OtelTracing(Tracing):
             )
             attributes["error.type"] = obs.code or "_OTHER"
             error = obs.error or "failed"
-            span.add_event("exception", {"exception.message": error})
+            span.add_event("exception", {"exception.message": error}, at)
             span.set_status(trace.Status(trace.StatusCode.ERROR, error))
         span.set_attributes(attributes)  # one call: the SDK locks and checks per call
-        span.end()
+        ends.append((span, at))
 
-    def _end_pass(self, state: RunState, current: _Pass, status: str, *, failed: bool) -> None:
+    def _end_pass(
+        self, state: RunState, current: _Pass, status: str, at: int, ends: _Ends, *, failed: bool
+    ) -> None:
         for _, span in current.steps.values():  # in flight when the runtime closed (R3)
             span.set_attribute("journaled.step.outcome", "interrupted")
-            span.end()
+            ends.append((span, at))
         current.steps.clear()
         if current.wave is not None:
-            current.wave.end()
+            ends.append((current.wave, at))
             current.wave = None
         span = current.span
         span.set_attribute("journaled.run.status", status)
@@ -384,8 +562,9 @@ class OtelTracing(Tracing):
             )
         elif status == "completed":
             span.set_status(trace.StatusCode.OK)
-        span.end()
+        ends.append((span, at))
         del self._passes[state.run_id]
+        self._let_go(state.run_id)
 
 
 def _failure(state: RunState, obs: Observation) -> str:
@@ -421,10 +600,13 @@ def instrument(rt: Any, tracer_provider: trace.TracerProvider | None = None) -> 
         tracer_provider: where spans go; None uses OpenTelemetry's global provider.
     """
     tracing = OtelTracing(tracer_provider)
-    _services(rt).tracing = tracing
+    services = _services(rt)
+    tracing._runs = services.traced_runs
+    services.tracing = tracing
     return tracing
 
 
 def uninstrument(rt: Any) -> None:
-    """Stop tracing the runs a runtime starts from now on (runs under way stay traced)."""
+    """Stop tracing the runs a runtime starts from now on (runs under way stay traced, their
+    steps' own spans nested under theirs)."""
     _services(rt).tracing = None
