@@ -16,6 +16,7 @@ run on other actor systems.
 from __future__ import annotations
 
 import asyncio
+import base64
 import inspect
 import threading
 from collections.abc import Callable, Mapping
@@ -359,8 +360,15 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     if value is None:  # most tools' output: nothing to convert or measure
         return None
     try:
-        builtins = msgspec.to_builtins(value)
-        size = len(_ENCODER.encode(builtins))
+        builtins = msgspec.to_builtins(value, builtin_types=_RAW)
+        encoded = _ENCODER.encode(builtins)
+        if any(marker in encoded for marker in _BIN_MARKERS):  # bytes, or a string holding one
+            try:
+                builtins = _bytes_as_text(builtins)
+            except RecursionError:  # too deep to walk here: its bytes stored as they come
+                builtins = msgspec.to_builtins(value)
+            encoded = _ENCODER.encode(builtins)
+        size = len(encoded)
     except RecursionError:
         raise ValueError(
             f"{what} cannot be journaled: it contains itself (or nests too deep)"
@@ -371,6 +379,35 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     if size > limit:
         raise ValueError(f"{what} is {size} bytes encoded, over the {limit}-byte bound")
     return builtins
+
+
+_RAW = (bytes, bytearray, memoryview)
+_BIN_MARKERS = (b"\xc4", b"\xc5", b"\xc6")
+"""msgpack's ``bin`` headers: absent from an encoding that holds no bytes."""
+
+
+def _bytes_as_text(value: Any) -> Any:
+    """Return builtins with each bytes value as base64 text, as msgspec would store it, but of
+    its redacted text when it decodes as UTF-8 (M9): base64 of a token is the token to anyone
+    who reads the journal, and no rule reads base64."""
+    if isinstance(value, _RAW):
+        raw = bytes(value)
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+        else:
+            redacted = redact(text)
+            if redacted != text:
+                raw = redacted.encode("utf-8")
+        return base64.b64encode(raw).decode("ascii")
+    if isinstance(value, dict):
+        return {_bytes_as_text(k): _bytes_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bytes_as_text(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_bytes_as_text(v) for v in value)
+    return value
 
 
 def _error_text(exc: BaseException) -> str:

@@ -7,8 +7,12 @@ Each test failed before its fix. Fake secrets are assembled at run time."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import contextlib
 from typing import Any
 
+import msgspec
 import pytest
 from test_redaction_attack import _json, _stored
 
@@ -229,3 +233,49 @@ def test_a_gap_whose_fields_are_not_text_fails_the_planning_and_the_journal_stay
         assert "gap #0 has a kind of type int, not a string" in outcome.summary
     with journaled.open(sqlite_url) as rt:
         assert [s.status for s in rt.runs.list()] == ["failed"]
+
+
+def _b64_decoded(value: Any) -> list[bytes]:
+    """Return every string in ``value`` that is valid base64, decoded."""
+    found: list[bytes] = []
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            stack.extend(item)
+        elif isinstance(item, str):
+            with contextlib.suppress(binascii.Error, ValueError):
+                found.append(base64.b64decode(item, validate=True))
+    return found
+
+
+def test_bytes_returned_by_a_tool_are_stored_as_base64_of_their_redacted_text(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9, ADR 0069: bytes in a step's output are stored as base64 (as before), of their
+    redacted text when they decode as UTF-8. They were stored as base64 of the raw bytes,
+    which no rule reads: the token decoded straight back. Bytes with no secret, and bytes
+    that are not UTF-8, are stored exactly as before."""
+    binary = bytes(range(256))
+
+    def dump(data: Any) -> Any:
+        return {
+            "stdout": f"export GITHUB_TOKEN={GITHUB}\n".encode(),
+            "raw": (GITHUB.encode(),),
+            "plain": b"hello",
+            "binary": binary,
+        }
+
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("dump", dump)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="dump")]))
+        stored = _everywhere(rt, sqlite_url)
+        outputs = [msgspec.to_builtins(e.data) for e in rt.runs.history(result.run_id)]
+    output = result.observations[0].output
+    assert base64.b64decode(output["stdout"]) == b"export GITHUB_TOKEN=[REDACTED]\n"
+    assert output["plain"] == base64.b64encode(b"hello").decode()
+    assert output["binary"] == base64.b64encode(binary).decode()
+    assert GITHUB.encode() not in b"\x00".join(_b64_decoded(outputs))
+    assert GITHUB.encode() not in stored
