@@ -10,8 +10,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -26,14 +25,13 @@ from opentelemetry.sdk.trace.export import (
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from run_mix import expected, listed
+from test_timetravel_attack import _journal
 
 import journaled
 import journaled.otel
 from journaled import AgentContext, AgentResult, NeedsInput, Plan, Step
-from journaled.events.catalog import codec
 from journaled.events.journal import Journal
 from journaled.events.run_summaries import SUMMARIES_KEY, TOPICS, RunSummaries, _summaries, fold
-from journaled.events.url import parse_url
 from journaled.testing import ManualClock, wait_for
 
 WAIT = 20.0
@@ -51,15 +49,6 @@ def shared_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
         return sqlite_url
     url: str = request.getfixturevalue("pg_url")
     return url
-
-
-@contextmanager
-def _journal(url: str) -> Iterator[Journal]:
-    journal = Journal(parse_url(url), codec(), create=False)
-    try:
-        yield journal
-    finally:
-        journal.close()
 
 
 def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
