@@ -18,6 +18,7 @@ import journaled
 import journaled.aio
 from journaled import Plan, Step
 from journaled.errors import JournalClosed
+from journaled.testing import wait_for
 
 SHARED = pytest.mark.parametrize("journal_url", ["sqlite", "postgresql"], indirect=True)
 """Backends a second runtime can reopen (an in-memory journal is gone once closed)."""
@@ -307,6 +308,8 @@ def test_an_async_step_ignoring_cancellation_does_not_hold_the_run(journal_url: 
         result = handle.result(WAIT)
         stopped_in = time.monotonic() - began
         last = rt.runs.history(handle.run_id)[-1].data
+        # the cancel reaches the task on its own loop: the run need not wait for it, the probe does
+        wait_for(lambda: stubborn.ignored >= 1, WAIT)
         ignored, ended = stubborn.ignored, stubborn.ended.is_set()
         stubborn.let_go.set()
     assert stopped_in < 2.0
