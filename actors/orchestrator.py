@@ -180,6 +180,7 @@ class Orchestrations:
                     max_passes=max_passes,
                     reserve=policy_name(reserve),
                     owner=this_process(),
+                    organization=self._runs._organization,
                 ),
             )
         except JournalClosed as exc:
@@ -242,6 +243,7 @@ class Orchestrations:
         events = self._journal.stream(run_id)
         if not events:
             raise RunNotFound(f"no run {run_id!r} in this journal")
+        self._runs._check_here(run_id, events[0])  # another organization's is unknown (ADR 0074)
         if position is not None:
             events = [e for e in events if e.position <= position]
         return fold_orchestration(events)

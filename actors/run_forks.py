@@ -122,6 +122,7 @@ class RunForks(RunReads):
             parent_call=None,
             owner="",
             reserve=state.reserve,
+            organization=self._organization,  # the fork is this runtime's (ADR 0074)
         )
         forked = RunForked(
             at=now,
@@ -224,11 +225,15 @@ class RunForks(RunReads):
             first = self._journal.first(run_id) if isinstance(run_id, str) else None
             check_run(run_id, first)
             assert first is not None
+            self._check_here(run_id, first)
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
             if isinstance(first.data, RunForked):
                 carried = carried_reads(self._journal, first.data, {run_id}, self._recorded_reads)
                 reads += [msgspec.structs.replace(e, stream=run_id) for e, _ in carried]
         origin = {e.position: source for e, source in carried}
+        if run_id is None and self.boundary is not None:
+            here = self.boundary
+            reads = [e for e in reads if not here.run_elsewhere(e.stream)]  # ADR 0074
         return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact, origin)
 
     def _recorded_reads(self, run_id: str, upto: int) -> builtins.list[Event]:

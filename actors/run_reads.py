@@ -30,7 +30,7 @@ from journaled.events.run_summaries import (
     select,
 )
 from journaled.events.runs import RunForked, RunStarted
-from journaled.events.tenancy import Boundary
+from journaled.events.tenancy import Boundary, run_belongs_elsewhere
 
 log = logging.getLogger("journaled")
 
@@ -49,14 +49,47 @@ class RunReads:
         """Time travel's cache of folded runs (T1, ADR 0034); replace it to change its bounds."""
         self._checkpoints_lock = threading.Lock()
         self.boundary: Boundary | None = None
-        """The runtime's tenant boundary (R1): the run events it shows (history, why) name
-        none of another organization's facts. The runtime sets it."""
+        """The runtime's tenant boundary (R1): another organization's run is unknown here, and
+        the run events it shows (history, why) name none of another organization's facts. The
+        runtime sets it."""
+
+    @property
+    def _organization(self) -> str | None:
+        """The organization this runtime's runs belong to (its boundary's), or None."""
+        return self.boundary.organization if self.boundary is not None else None
+
+    def _check_here(self, run_id: str, first: Event | None = None) -> None:
+        """Raise RunNotFound for another organization's run: here it is unknown (ADR 0074).
+
+        ``first``, when given, is the run's first event, just read: its owner is learnt from it.
+        """
+        boundary = self.boundary
+        if boundary is None or not isinstance(run_id, str):
+            return
+        if first is not None:
+            elsewhere = boundary.learn_run(first)
+        else:
+            elsewhere = boundary.run_elsewhere(run_id)
+        if elsewhere:
+            raise RunNotFound(f"no run {run_id!r} in this journal")
+
+    def _check_started(self, run_id: str, state: RunState) -> None:
+        """As :meth:`_check_here`, from a folded state's opening (no first event read again)."""
+        started = state.started
+        boundary = self.boundary
+        if (
+            boundary is not None
+            and started is not None
+            and run_belongs_elsewhere(started.organization, boundary.organization)
+        ):
+            raise RunNotFound(f"no run {run_id!r} in this journal")
 
     def history(self, run_id: str) -> list[Event]:
         """Return every event of a run, oldest first."""
-        events = self._seen(self._journal.stream(run_id))
+        events = self._journal.stream(run_id)
         check_run(run_id, events[0] if events else None)
-        return events
+        self._check_here(run_id, events[0])
+        return self._seen(events)
 
     def _seen(self, events: list[Event]) -> list[Event]:
         """Return run events as this runtime may show them (R1, :attr:`boundary`)."""
@@ -66,6 +99,7 @@ class RunReads:
         first = self._journal.first(run_id)
         check_run(run_id, first)
         assert first is not None
+        self._check_here(run_id, first)
         return first
 
     def state(self, run_id: str, position: int | None = None) -> RunState:
@@ -87,11 +121,17 @@ class RunReads:
                     f"position {position} is before run {run_id} began "
                     f"(its first event is at {began[0]})"
                 )
-            return fold_run(self._journal.stream(run_id, upto=position))
+            state = fold_run(self._journal.stream(run_id, upto=position))
+            self._check_started(run_id, state)
+            return state
         snapshot = self._journal.snapshot(run_id)
-        state = RunState.restore(snapshot[1]) if snapshot is not None else None
-        if state is None:
-            return fold_run(self._journal.stream(run_id))
+        restored = RunState.restore(snapshot[1]) if snapshot is not None else None
+        if restored is None:
+            state = fold_run(self._journal.stream(run_id))
+            self._check_started(run_id, state)
+            return state
+        state = restored
+        self._check_started(run_id, state)
         for event in self._journal.stream(run_id, after_version=state.version):
             state.apply(event)
         return state
@@ -134,6 +174,7 @@ class RunReads:
             check_run(run_id, first)
         else:
             self._check_end(positions)
+        self._check_here(run_id, first)
         for position in positions:
             if position < first.position:
                 raise ValueError(
@@ -253,7 +294,7 @@ class RunReads:
             ValueError: a filter is not of the documented kind; the message names it.
         """
         check_filters(status, since, limit)
-        found = self.summaries.read()
+        found = self.summaries.read(self._organization)
         if self.summaries_writable and self.summaries.unsaved >= SAVE_AFTER:
             self._save_summaries(0)
         return select(found.values(), status, since, limit)
@@ -264,7 +305,7 @@ class RunReads:
         Raises:
             RunNotFound: no run or orchestration has that id.
         """
-        found = self.summaries.read().get(run_id)
+        found = self.summaries.read(self._organization).get(run_id)
         if found is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
         return found
@@ -278,7 +319,9 @@ class RunReads:
     def ids(self) -> builtins.list[str]:
         """Return the ids of every run and orchestration in the journal, oldest first."""
         topics = [*topics_of(RunStarted), *topics_of(RunForked), *topics_of(OrchestrationStarted)]
-        return [e.stream for e in self._journal.read(topics=topics) if e.version == 1]
+        firsts = [e for e in self._journal.read(topics=topics) if e.version == 1]
+        boundary = self.boundary
+        return [e.stream for e in firsts if boundary is None or not boundary.learn_run(e)]
 
 
 def check_position(position: object, name: str = "position") -> None:

@@ -374,6 +374,7 @@ class Runs(RunForks):
             owner=this_process(),
             parent_call=call if parent else None,
             reserve=policy_name(reserve),
+            organization=self._organization,
         )
         return self._start(
             run_id, claim, RunState(), [started], reserve, on_progress, trace, parent
@@ -780,6 +781,7 @@ class Runs(RunForks):
 
         See :func:`journaled.actors.run_erasure.purge_run`; a purged run cannot be resumed.
         """
+        self._check_here(run_id)  # another organization's run is unknown (ADR 0074)
         with self._lock:
             executing = set(self._active)
         erased = purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)

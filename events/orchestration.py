@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Literal, Self
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from journaled.events.base import DomainEvent
 from journaled.events.plans import Observation, Plan, map_plan
@@ -87,6 +88,9 @@ class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestr
     """The process driving it (``host/pid/start-time``); empty in journals before owners."""
     reserve: str | None = None
     """The ``reserve`` policy as ``module:qualname``, so a resume costs agents the same (R6)."""
+    organization: str | UnsetType | None = UNSET
+    """The organization of the runtime that started it (None: none configured); its passes
+    carry the same (R1, ADR 0074). UNSET in orchestrations of earlier releases."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True

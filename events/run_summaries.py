@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from typing import Literal, get_args
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
@@ -50,12 +51,16 @@ from journaled.events.runs import (
     StepWaiting,
     WavePartitioned,
 )
+from journaled.events.tenancy import run_belongs_elsewhere, run_organization
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 3
+SCHEMA = 4
 """Bump when the stored projection changes incompatibly: older ones are then refolded.
-3: an orchestration's budget follows its resumes (2 kept the budget it started with)."""
+3: an orchestration's budget follows its resumes (2 kept the budget it started with).
+4: each run keeps its organization (ADR 0074)."""
+EVERY = object()
+"""``RunSummaries.read``'s default: the runs of every organization (the projection's own view)."""
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
 SummaryStatus = Literal[
@@ -250,6 +255,9 @@ class _Tracked(msgspec.Struct, kw_only=True):
     asked: str | None = None
     """An orchestration: the request it waits on (clarification, approval, budget)."""
     ended: str | None = None
+    organization: str | UnsetType | None = UNSET
+    """The organization whose run it is (ADR 0074): only its runtimes list it (UNSET: a run
+    of an earlier release, listed to all)."""
 
 
 class _Stored(msgspec.Struct, kw_only=True):
@@ -361,6 +369,8 @@ def fold(runs: dict[str, _Tracked], event: Event) -> None:
             return  # not a run's stream (or one whose start this journal does not hold)
         tracked.started_at = data.at
         tracked.started_position = event.position
+        owner = run_organization(data)
+        tracked.organization = owner if owner is None or isinstance(owner, str) else UNSET
     tracked.last_event = event.kind
     tracked.last_at = data.at
     tracked.last_position = event.position
@@ -574,10 +584,21 @@ class RunSummaries:
         """Return how far (in positions) the projection is ahead of the stored one."""
         return self._position - self._stored
 
-    def read(self) -> dict[str, RunSummary]:
-        """Catch up with the journal and return every run's summary by run id."""
+    def read(self, organization: str | object | None = EVERY) -> dict[str, RunSummary]:
+        """Catch up with the journal and return every run's summary by run id.
+
+        ``organization``, when given (None included), keeps only that organization's runs: to a
+        runtime, another's are unknown (R1, ADR 0074).
+        """
         with self._lock:
-            return _summaries(self._catch_up())
+            runs = self._catch_up()
+            if organization is not EVERY:
+                runs = {
+                    r: t
+                    for r, t in runs.items()
+                    if not run_belongs_elsewhere(t.organization, organization)  # type: ignore[arg-type]
+                }
+            return _summaries(runs)
 
     def save_if_behind(self, min_events: int = SAVE_AFTER) -> bool:
         """Store the projection when the journal is ``min_events`` positions past the stored one."""

@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Literal, Self
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from journaled.events.base import DomainEvent
 from journaled.events.plans import Limits, Observation, Plan, map_observation, map_plan
@@ -43,6 +44,10 @@ class RunStarted(DomainEvent, frozen=True, kw_only=True, tag="run.started"):
     """For a child run: which ``ctx.execute`` call of the parent step started it, from 1 (R5)."""
     reserve: str | None = None
     """The ``reserve`` policy as ``module:qualname``, so a resume costs agents the same way (R6)."""
+    organization: str | UnsetType | None = UNSET
+    """The organization of the runtime that started it (None: none configured). Only runtimes
+    of that organization see or act on the run (R1, ADR 0074); a fork keeps its source's.
+    UNSET (not stored) in runs of earlier releases, which every runtime sees as before."""
 
     version: ClassVar[int] = 2
     has_content: ClassVar[bool] = True

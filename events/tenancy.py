@@ -5,6 +5,11 @@ A journal may be shared by runtimes of several organizations. The ``user``, ``pr
 A fact remembered into another organization's scope — or into any organization's scope, seen by
 a runtime with no organization — must behave as unknown: no read, audit, log view or command of
 this runtime may show or touch it (ADR 0017).
+
+Runs are an organization's own in the same way: a run (or orchestration) records the
+organization of the runtime that started it, and to a runtime of any other organization — or of
+none, for a run of one — it is unknown, its events included: its inputs and outputs may hold
+what its steps read from the organization's scope (ADR 0074).
 """
 
 from __future__ import annotations
@@ -13,12 +18,18 @@ import threading
 from collections.abc import Callable, Iterable
 
 import msgspec
+from msgspec import UNSET
 
-from journaled.events.base import Event
+from journaled.events.base import DomainEvent, Event
 from journaled.events.memory import MEMORY_EVENTS, FactRemembered, physical_scope
-from journaled.events.runs import MemoryRead
+from journaled.events.orchestration import ORCHESTRATION_EVENTS, OrchestrationStarted
+from journaled.events.runs import RUN_EVENTS, MemoryRead, RunForked, RunStarted
 
-__all__ = ["Boundary", "belongs_elsewhere"]
+__all__ = ["Boundary", "belongs_elsewhere", "run_belongs_elsewhere", "run_organization"]
+
+_RUN_KINDS = (*RUN_EVENTS, *ORCHESTRATION_EVENTS)
+"""The events of a run's or an orchestration's stream."""
+_NOT_A_RUN = object()
 
 
 def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> bool:
@@ -26,6 +37,26 @@ def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> b
     if physical_scope(remembered.scope) != "organization":
         return False
     return organization is None or remembered.organization != organization
+
+
+def run_organization(data: DomainEvent) -> object:
+    """Return the organization a run's first event records (None: none; ``msgspec.UNSET``: a
+    run of an earlier release, which recorded none), or a sentinel of its own when ``data``
+    opens no run."""
+    match data:
+        case RunStarted():
+            return data.organization
+        case RunForked():
+            return data.started.organization
+        case OrchestrationStarted():
+            return data.organization
+    return _NOT_A_RUN
+
+
+def run_belongs_elsewhere(owner: object, organization: str | None) -> bool:
+    """Tell whether a run recorded as ``owner``'s (:func:`run_organization`) is another
+    organization's, seen from ``organization``. A run of an earlier release is everyone's."""
+    return owner is not UNSET and owner is not _NOT_A_RUN and owner != organization
 
 
 class Boundary:
@@ -46,6 +77,8 @@ class Boundary:
         self._firsts = firsts
         """The first events of many streams in one read, to sort many fact ids at once."""
         self._elsewhere: dict[str, bool] = {}
+        self._runs: dict[str, bool] = {}
+        """Run id -> whether the run is another organization's (a run's owner never changes)."""
         self._lock = threading.Lock()
 
     def fact_elsewhere(self, fact_id: str) -> bool:
@@ -62,9 +95,36 @@ class Boundary:
                 self._elsewhere[fact_id] = elsewhere
         return elsewhere
 
+    def run_elsewhere(self, run_id: str) -> bool:
+        """Tell whether a run id names another organization's run or orchestration (ADR 0074).
+
+        An unknown id, or a stream that is no run's, is not elsewhere: it is unknown anyway.
+        """
+        with self._lock:
+            known = self._runs.get(run_id)
+        if known is not None:
+            return known
+        first = self._first(run_id)
+        return self.learn_run(first) if first is not None else False
+
+    def learn_run(self, first: Event) -> bool:
+        """Learn whose a run is from its first event, just read; return whether it is elsewhere."""
+        owner = run_organization(first.data)
+        if owner is _NOT_A_RUN:
+            return False
+        elsewhere = run_belongs_elsewhere(owner, self.organization)
+        with self._lock:
+            self._runs[first.stream] = elsewhere
+        return elsewhere
+
     def hides(self, event: Event) -> bool:
-        """Tell whether an event is about another organization's fact (a key claim included)."""
+        """Tell whether an event is about another organization's fact (a key claim included)
+        or belongs to another organization's run."""
         data = event.data
+        if isinstance(data, _RUN_KINDS):
+            if event.version == 1:
+                return self.learn_run(event)
+            return self.run_elsewhere(event.stream)
         if isinstance(data, FactRemembered):
             elsewhere = belongs_elsewhere(data, self.organization)
             with self._lock:
@@ -78,7 +138,25 @@ class Boundary:
     def visible(self, events: Iterable[Event]) -> list[Event]:
         """Return the events this organization may see, in their order, with the reads of run
         steps naming none of another organization's facts (:meth:`scrub_reads`)."""
+        events = list(events)
+        self._sort_runs(events)
         return self.scrub_reads([e for e in events if not self.hides(e)])
+
+    def _sort_runs(self, events: list[Event]) -> None:
+        """Learn, in one read, whose each run is whose events are here without their first."""
+        if self._firsts is None:
+            return
+        with self._lock:
+            known = self._runs
+            unknown = {
+                e.stream
+                for e in events
+                if isinstance(e.data, _RUN_KINDS) and e.version > 1 and e.stream not in known
+            }
+        unknown -= {e.stream for e in events if e.version == 1}
+        if unknown:
+            for first in self._firsts(sorted(unknown)).values():
+                self.learn_run(first)
 
     def scrub_reads(self, events: list[Event]) -> list[Event]:
         """Return ``events`` with another organization's fact ids left out of every

@@ -81,6 +81,12 @@ def open_journal(ctx: click.Context) -> Iterator[Journal]:
         journal.close()
 
 
+def organization() -> str | None:
+    """Return the organization the command acts for, as ``journaled.open`` takes it from the
+    environment (``JOURNALED_ORGANIZATION``): the journal-only commands show only its runs."""
+    return os.environ.get("JOURNALED_ORGANIZATION") or None
+
+
 def wants_json(ctx: click.Context) -> bool:
     return bool(ctx.obj["json"])
 

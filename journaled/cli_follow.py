@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import click
 
 from journaled import cli_render as render
+from journaled.cli_common import organization
 from journaled.events.memory_audit import when
 from journaled.events.run_summaries import RunSummaries, RunSummary
 
@@ -99,7 +100,8 @@ def follow(
     """
     summaries = RunSummaries(journal)
     mark = journal.append_mark()  # before the read: an append in between is never missed
-    current = summaries.read().get(run_id)
+    mine = organization()  # another organization's run is unknown (ADR 0074)
+    current = summaries.read(mine).get(run_id)
     if current is None:
         raise click.ClickException(f"no run {run_id!r} in this journal")
     deadline = None if max_seconds is None else time.monotonic() + max_seconds
@@ -132,7 +134,7 @@ def follow(
                 return None
             journal.wait_for_appends(wait, since=mark)
             mark = journal.append_mark()
-            current = summaries.read()[run_id]
+            current = summaries.read(mine)[run_id]
     except KeyboardInterrupt:
         return None
     finally:

@@ -18,6 +18,7 @@ from journaled.cli_common import (
     json_option,
     open_journal,
     open_runtime,
+    organization,
     parse_time_option,
     wants_json,
 )
@@ -57,7 +58,7 @@ def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: 
     after = None if since is None else parse_time_option(since)
     call(lambda: check_filters(status, after, limit))
     with open_journal(ctx) as journal:
-        found = select(RunSummaries(journal).read().values(), status, after, limit)
+        found = select(RunSummaries(journal).read(organization()).values(), status, after, limit)
     if wants_json(ctx):
         emit([row.as_dict() for row in found])
         return

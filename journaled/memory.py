@@ -549,7 +549,7 @@ class Memory:
         history = self.history(fact_id)
         text = explain(fact_id, history)
         if history:
-            for use in fact_uses(fact_id, self._journal):
+            for use in self._uses(fact_id):
                 text += f"\n  read by step {use.step_id!r} of run {use.run_id} [#{use.position}]"
                 if use.carried_from is not None:
                     text += f" (a fork: its output is run {use.carried_from}'s)"
@@ -570,11 +570,18 @@ class Memory:
         A projection of the journal's ``run.memory-read`` events: a process that never saw the
         reads answers the same. A fork's step that kept its source's output rests on the
         source's read: it is listed at that read, ``carried_from`` naming the source (F1). Empty
-        for an unknown id and for another organization's fact (R1).
+        for an unknown id and for another organization's fact, and without another
+        organization's runs (R1, ADR 0074).
         """
         if not self.history(fact_id):
             return []
-        return fact_uses(fact_id, self._journal)
+        return self._uses(fact_id)
+
+    def _uses(self, fact_id: str) -> list[Use]:
+        """Return the uses of a fact this runtime sees: another organization's runs are
+        unknown here, and so are their reads (ADR 0074)."""
+        here = self._boundary
+        return [u for u in fact_uses(fact_id, self._journal) if not here.run_elsewhere(u.run_id)]
 
     def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
         """View the store as it was at a journal position or a time (M12).

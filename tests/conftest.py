@@ -69,6 +69,15 @@ def journal_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     return f"sqlite:///{tmp_path / 'journal.sqlite'}"
 
 
+@pytest.fixture(params=["sqlite", "postgresql"])
+def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A journal other processes and runtimes share: a SQLite file or a PostgreSQL database."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
 @pytest.fixture(scope="session")
 def postgres_databases() -> Iterator[pg.Databases]:
     """Start a throwaway PostgreSQL server for the session; make fresh databases on it.

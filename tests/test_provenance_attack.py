@@ -140,9 +140,10 @@ def test_a_step_sees_and_records_no_fact_of_another_organization(
         assert result.ok, result.observations
         assert seen == [None, shared.id, shared.id]
         assert _reads(other, result.run_id) == [("a", 1, (shared.id,))]
+        assert [u.run_id for u in other.memory.used_by(shared.id)] == [result.run_id]
     with journaled.open(journal_url, organization="acme", clock=clock) as acme:
         assert acme.memory.used_by(secret.id) == []
-        assert [u.run_id for u in acme.memory.used_by(shared.id)] == [result.run_id]
+        assert acme.memory.used_by(shared.id) == []  # other's run is unknown here (ADR 0074)
 
 
 _CRASH_SCRIPT = r"""
@@ -431,19 +432,21 @@ def test_refresh_of_a_fork_of_a_fork_reruns_the_fork_s_own_step(srt: journaled.R
 def test_another_organization_cannot_refresh_or_see_changes_of_acmes_facts(
     journal_url: str, clock: ManualClock, organization: str | None
 ) -> None:
-    """P2/P3/P4/R1: for a runtime of another organization (or none) acme's stale run has
-    nothing stale; refresh is refused naming no fact of acme and makes no run; used_by and why
-    of acme's fact answer as for an unknown id. Acme still sees it all."""
+    """P2/P3/P4/R1: for a runtime of another organization (or none) acme's stale run is
+    unknown (ADR 0074): stale and refresh refuse it naming no fact of acme, and no run is made;
+    used_by and why of acme's fact answer as for an unknown id. Acme still sees it all."""
     with journaled.open(journal_url, organization="acme", clock=clock) as acme:
         secret = acme.memory.remember("acme target globex", scope="organization", conflict_key="t")
         acme.register_tool("read", _read)
         run = acme.execute(_one_step("read", "globex"))
         newer = acme.memory.remember("acme target initech", scope="organization", conflict_key="t")
     with journaled.open(journal_url, organization=organization, clock=clock) as rt:
-        assert rt.runs.stale(run.run_id) == []
+        with pytest.raises(journaled.RunNotFound):  # acme's run is unknown here (ADR 0074)
+            rt.runs.stale(run.run_id)
         assert rt.runs.stale() == []
         before, end = rt.runs.ids(), rt.journal.position()
-        with pytest.raises(ValueError, match="no stale step") as refused:
+        assert run.run_id not in before
+        with pytest.raises(journaled.RunNotFound) as refused:
             rt.runs.refresh(run.run_id)
         assert secret.id not in str(refused.value)
         assert newer.id not in str(refused.value)

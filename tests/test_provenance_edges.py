@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import journaled
-from journaled import AgentResult, Plan, Retry, Step
+from journaled import AgentResult, Plan, Retry, RunNotFound, Step
 from journaled.events.base import Event
 from journaled.events.memory import FactRemembered, FactSuperseded
 from journaled.events.plan_rules import ReserveFailed, reservation
@@ -277,16 +277,21 @@ def test_remember_naming_a_run_that_does_not_exist_is_refused(srt: journaled.Run
 def test_another_organization_reads_no_fact_id_of_acme_in_run_events(
     sqlite_url: str, clock: ManualClock
 ) -> None:
-    """R1/P1: run events seen by another organization name none of acme's fact ids."""
+    """R1/P1: another organization sees none of acme's run, so no fact id of acme in its
+    events either (ADR 0074: the run itself is unknown there)."""
     with journaled.open(sqlite_url, organization="acme", clock=clock) as acme:
         secret = acme.memory.remember("acme target globex", scope="organization")
         acme.register_tool("count", lambda q, ctx: len(ctx.memory.search(q)))
         run = acme.execute(Plan(goal="g", steps=[Step("a", tool="count", input="globex")]))
         assert run.observations[0].output == 1
     with journaled.open(sqlite_url, organization="other", clock=clock) as other:
-        assert secret.id not in repr(other.runs.history(run.run_id))
-        assert secret.id not in other.runs.why(run.run_id)
-        assert secret.id not in repr(other.journal.read())
+        with pytest.raises(RunNotFound):
+            other.runs.history(run.run_id)
+        with pytest.raises(RunNotFound):
+            other.runs.why(run.run_id)
+        seen = other.journal.read()
+        assert secret.id not in repr(seen)
+        assert run.run_id not in {e.stream for e in seen}
 
 
 def test_a_waiting_agent_is_charged_the_calls_it_reported(srt: journaled.Runtime) -> None:

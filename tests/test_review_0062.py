@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -21,6 +22,7 @@ import journaled
 import journaled.aio
 from journaled import Plan, Step
 from journaled.actors.run_recorder import reporting
+from journaled.actors.runs import Runs
 from journaled.cli import main
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -298,11 +300,16 @@ def test_remember_through_ctx_in_a_fork_and_a_child_run_names_an_existing_run(
 # -- R1: reads another organization must not see ------------------------------------------------
 
 
-def test_a_runtime_with_no_organization_sees_no_organization_fact_ids(sqlite_url: str) -> None:
-    """R1 (ADR 0062): a runtime with no organization sees no organization-scope fact id in run
-    reads (history, journal.read, subscriptions), while ids of shared facts, deleted and purged
-    ones included, stay; a purged organization fact stays hidden."""
+def test_a_runtime_with_no_organization_sees_no_organization_fact_ids(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R1 (ADR 0062, 0074): in a run of an earlier release (which recorded no organization, so
+    every runtime sees it), a runtime with no organization sees no organization-scope fact id
+    in run reads (history, journal.read, subscriptions), while ids of shared facts, deleted and
+    purged ones included, stay; a purged organization fact stays hidden."""
     with journaled.open(sqlite_url, organization="acme") as org:
+        # the run is journaled as an earlier release did: with no organization recorded
+        monkeypatch.setattr(Runs, "_organization", property(lambda _: msgspec.UNSET))
         secret = org.memory.remember("acme plan value", scope="organization")
         gone = org.memory.remember("acme old value", scope="organization")
         shared = org.memory.remember("shared plan value")
@@ -311,6 +318,7 @@ def test_a_runtime_with_no_organization_sees_no_organization_fact_ids(sqlite_url
         ids = [secret.id, gone.id, shared.id, deleted.id, purged.id]
         org.register_tool("get", lambda ids, ctx: [ctx.memory.get(i).id for i in ids])
         run = org.execute(Plan(goal="g", steps=[Step("a", tool="get", input=ids)])).run_id
+        monkeypatch.undo()
         assert org.memory.purge(gone.id)
         assert org.memory.delete(deleted.id).primary
         assert org.memory.purge(purged.id)

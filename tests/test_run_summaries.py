@@ -50,14 +50,6 @@ def _journal(url: str) -> Iterator[Journal]:
         journal.close()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def durable_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 def test_summaries_equal_a_fold_of_every_run(durable_url: str) -> None:
     """T2: in a second runtime, each run's summary equals a fold of every event of every run."""
     url = durable_url

@@ -43,15 +43,6 @@ CLI = [sys.executable, "-m", "journaled.cli"]
 SECRET = "tt-attack-confidential"
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def durable_url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
-    """A journal other processes share: a SQLite file or a PostgreSQL database."""
-    if request.param == "sqlite":
-        return sqlite_url
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 @contextmanager
 def _journal(url: str) -> Iterator[Journal]:
     journal = Journal(parse_url(url), codec(), create=False)
