@@ -276,6 +276,7 @@ class Orchestrations:
         """
         if self._runs.closing:
             raise RuntimeClosed("the runtime is closed: open a new one with journaled.open()")
+        self._runs._check_may_resume(run_id)  # the runs own the tenant check (ADR 0074)
         self._hold(run_id)
         try:
             drive = self._resume(

@@ -9,7 +9,7 @@ transaction and blanks the runs' snapshots; the caller scrubs the files, as afte
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Callable, Set
 
 from journaled.actors.errors import RunNotFound, RunNotPurgeable
 from journaled.events.base import Pending
@@ -27,7 +27,13 @@ __all__ = ["purge_run"]
 
 
 def purge_run(
-    journal: Journal, run_id: str, reason: str, *, now: int, executing: Set[str] = frozenset()
+    journal: Journal,
+    run_id: str,
+    reason: str,
+    *,
+    now: int,
+    executing: Set[str] = frozenset(),
+    elsewhere: Callable[[str], bool] | None = None,
 ) -> int:
     """Erase a finished run's content, and that of every run started under it or forked from it.
 
@@ -44,6 +50,7 @@ def purge_run(
         reason: Why, kept in the journal (redacted like all run data).
         now: The time of the purge, epoch ms.
         executing: Runs executing in this process now.
+        elsewhere: Names runs of another organization (ADR 0074), which this purge may not touch.
 
     Returns:
         How many events had their content erased (0 when it already was).
@@ -69,6 +76,14 @@ def purge_run(
             f"content too; purge its root run {root}, which erases it with the rest"
         )
     streams = _family(journal, run_id)
+    if elsewhere is not None and any(elsewhere(s) for s in streams):
+        # Only a run of an earlier release, which every organization sees, has such a family.
+        # Erasing it alone would leave its content in those runs' copies (R2); erasing them
+        # would change another organization's runs; naming them would tell they exist.
+        raise RunNotPurgeable(
+            f"run {run_id} cannot be purged from here: runs forked from it or started under it "
+            "belong to another organization, and keep copies of its content; nothing was erased"
+        )
     busy = sorted(set(streams) & set(executing))
     if busy:
         raise RunNotPurgeable(

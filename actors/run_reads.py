@@ -11,7 +11,9 @@ import builtins
 import logging
 import threading
 
-from journaled.actors.errors import RunNotFound
+from msgspec import UNSET
+
+from journaled.actors.errors import RunNotFound, RunNotResumable
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.inputs import INT64_MAX, int_problem
@@ -73,6 +75,29 @@ class RunReads:
         if elsewhere:
             raise RunNotFound(f"no run {run_id!r} in this journal")
 
+    def _check_may_resume(self, run_id: str) -> None:
+        """Refuse, for a runtime of an organization, to carry on a run of an earlier release.
+
+        Such a run recorded no organization, so every runtime sees it (ADR 0074): what this
+        organization's steps would read from its scope would land in a run everyone reads. A
+        fork of it is this organization's alone.
+
+        Raises:
+            RunNotFound: another organization's run.
+            RunNotResumable: a run of an earlier release, and this runtime has an organization.
+        """
+        self._check_here(run_id)
+        boundary = self.boundary
+        if boundary is None or boundary.organization is None or not isinstance(run_id, str):
+            return
+        if boundary.run_owner(run_id) is UNSET:
+            raise RunNotResumable(
+                f"run {run_id} was journaled by an earlier release, which recorded no "
+                "organization, so every runtime sees it: carried on here, what its steps read "
+                f"from organization {boundary.organization!r} would be seen by all. Fork it "
+                "(rt.runs.fork) and resume the fork, which is this organization's alone"
+            )
+
     def _check_started(self, run_id: str, state: RunState) -> None:
         """As :meth:`_check_here`, from a folded state's opening (no first event read again)."""
         started = state.started
@@ -113,6 +138,12 @@ class RunReads:
         began = self._journal.head(run_id)
         check_head(run_id, began)
         assert began is not None
+        if began[1] == _ORCHESTRATION_TAG:
+            self._check_here(run_id)
+            raise ValueError(
+                f"run_id {run_id} is an orchestration: read the state of one of its pass runs "
+                "(`runs history` names them at each pass-started)"
+            )
         if position is not None:
             check_position(position)
             self._check_end([position])
@@ -332,6 +363,7 @@ def check_position(position: object, name: str = "position") -> None:
         )
 
 
+_ORCHESTRATION_TAG = tag_of(OrchestrationStarted)
 _OPENING_TAGS = frozenset(tag_of(cls) for cls in (RunStarted, RunForked, OrchestrationStarted))
 """The tags of the events a run's or an orchestration's stream starts with."""
 

@@ -433,6 +433,7 @@ class Runs(RunForks):
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
         """
+        self._check_may_resume(run_id)  # before the claim: its refusal would tell it exists
         claim = self._claim(run_id, take_over)
         try:
             state, opening, reserve = self._reopen(
@@ -784,7 +785,15 @@ class Runs(RunForks):
         self._check_here(run_id)  # another organization's run is unknown (ADR 0074)
         with self._lock:
             executing = set(self._active)
-        erased = purge_run(self._journal, run_id, reason, now=self._clock(), executing=executing)
+        boundary = self.boundary
+        erased = purge_run(
+            self._journal,
+            run_id,
+            reason,
+            now=self._clock(),
+            executing=executing,
+            elsewhere=boundary.run_elsewhere if boundary is not None else None,
+        )
         if erased:
             # Time travel's checkpoints hold the erased content of the run and of every run
             # purged with it; a purge is rare, so all of them go (ADR 0034).

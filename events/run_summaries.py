@@ -60,7 +60,8 @@ SCHEMA = 4
 3: an orchestration's budget follows its resumes (2 kept the budget it started with).
 4: each run keeps its organization (ADR 0074)."""
 EVERY = object()
-"""``RunSummaries.read``'s default: the runs of every organization (the projection's own view)."""
+"""``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
+DEFAULT = object()
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
 SummaryStatus = Literal[
@@ -539,6 +540,9 @@ class RunSummaries:
 
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
+        self.visible_to: str | object | None = EVERY
+        """Whose runs :meth:`read` returns by default: a runtime sets its organization, so its
+        ``runs.summaries`` shows none of another's (ADR 0074); EVERY: all of them."""
         self._lock = threading.Lock()
         self._runs: dict[str, _Tracked] | None = None
         self._position = 0
@@ -584,12 +588,15 @@ class RunSummaries:
         """Return how far (in positions) the projection is ahead of the stored one."""
         return self._position - self._stored
 
-    def read(self, organization: str | object | None = EVERY) -> dict[str, RunSummary]:
+    def read(self, organization: str | object | None = DEFAULT) -> dict[str, RunSummary]:
         """Catch up with the journal and return every run's summary by run id.
 
-        ``organization``, when given (None included), keeps only that organization's runs: to a
-        runtime, another's are unknown (R1, ADR 0074).
+        ``organization`` (None included) keeps only that organization's runs, and those of
+        earlier releases: to a runtime, another's are unknown (R1, ADR 0074). By default, those
+        :attr:`visible_to`; :data:`EVERY` returns all.
         """
+        if organization is DEFAULT:
+            organization = self.visible_to
         with self._lock:
             runs = self._catch_up()
             if organization is not EVERY:

@@ -77,8 +77,8 @@ class Boundary:
         self._firsts = firsts
         """The first events of many streams in one read, to sort many fact ids at once."""
         self._elsewhere: dict[str, bool] = {}
-        self._runs: dict[str, bool] = {}
-        """Run id -> whether the run is another organization's (a run's owner never changes)."""
+        self._runs: dict[str, object] = {}
+        """Run id -> its owner (:func:`run_organization`; a run's owner never changes)."""
         self._lock = threading.Lock()
 
     def fact_elsewhere(self, fact_id: str) -> bool:
@@ -100,22 +100,30 @@ class Boundary:
 
         An unknown id, or a stream that is no run's, is not elsewhere: it is unknown anyway.
         """
+        return run_belongs_elsewhere(self.run_owner(run_id), self.organization)
+
+    def run_owner(self, run_id: str) -> object:
+        """Return whose a run is (:func:`run_organization`: ``msgspec.UNSET`` for a run of an
+        earlier release), read once per run; a sentinel of its own for an id that is no run's."""
         with self._lock:
-            known = self._runs.get(run_id)
-        if known is not None:
-            return known
+            owner = self._runs.get(run_id, _NOT_A_RUN)
+        if owner is not _NOT_A_RUN:
+            return owner
         first = self._first(run_id)
-        return self.learn_run(first) if first is not None else False
+        if first is not None:
+            self.learn_run(first)
+            with self._lock:
+                owner = self._runs.get(run_id, _NOT_A_RUN)
+        return owner
 
     def learn_run(self, first: Event) -> bool:
         """Learn whose a run is from its first event, just read; return whether it is elsewhere."""
         owner = run_organization(first.data)
         if owner is _NOT_A_RUN:
             return False
-        elsewhere = run_belongs_elsewhere(owner, self.organization)
         with self._lock:
-            self._runs[first.stream] = elsewhere
-        return elsewhere
+            self._runs[first.stream] = owner
+        return run_belongs_elsewhere(owner, self.organization)
 
     def hides(self, event: Event) -> bool:
         """Tell whether an event is about another organization's fact (a key claim included)

@@ -254,6 +254,7 @@ class Runtime:
         boundary = Boundary(organization, self._journal.first, self._journal.firsts)
         self.runs.hidden_fact = boundary.fact_elsewhere
         self.runs.boundary = boundary
+        self.runs.summaries.visible_to = organization
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
         )
@@ -528,6 +529,7 @@ class Runtime:
                     )
         if self._journal.head(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
+        self.runs._check_here(run_id)  # another organization's run is unknown (ADR 0074)
         if self._orchestrations.is_orchestration(run_id):
             orchestration: RunHandle[Any] = self._orchestrations.resume_start(
                 run_id,
