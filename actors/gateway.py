@@ -130,7 +130,7 @@ class Door(Protocol):
         """Start resuming a run; return its handle at once."""
 
     def cancel(self, run_id: str) -> bool:
-        """Cancel a run executing here."""
+        """Cancel a run executing here, or end one no process executes (ADR 0075)."""
 
 
 _PATH = re.compile(r"at `\$\.message\.?([^`]*)`|at `\$\.?([^`]*)`")

@@ -19,6 +19,7 @@ import pykka
 
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import (
+    RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
     RuntimeClosed,
@@ -599,6 +600,58 @@ class Runs(RunForks):
         active.token.set()
         active.tell(CancelRun())
         return True
+
+    def cancel_at_rest(self, run_id: str, timeout: float = 30.0) -> bool:
+        """End as cancelled a run that no process executes; False if there is none to end (E5).
+
+        A run waiting for an answer or for budget, suspended by a close, or left by a crashed
+        process is taken up as a resume is (R8: never one another live process executes) with
+        its cancel already requested: its pending and waiting steps are skipped as E5 says and
+        nothing runs, not even a step that was in flight (ADR 0075). Its child runs that are
+        at rest too (a waiting step's child that asks) are cancelled first.
+
+        Raises:
+            RunNotResumable: the run cannot be taken up (its ``reserve`` policy is missing).
+        """
+        if self._closing:
+            return False  # a closed runtime takes nothing up (R3); the run stays as it is
+        try:
+            state = self.state(run_id)
+        except RunNotFound:
+            return False
+        ended = state.is_finished and state.run_status in ("completed", "failed", "cancelled")
+        if state.purged is not None or ended:
+            return False
+        for child in self._children_at_rest(run_id):
+            self.cancel_at_rest(child, timeout)
+        try:
+            claim = self._claim(run_id)
+        except RunOwnedElsewhere:
+            return False
+        try:
+            state, opening, reserve = self._reopen(run_id, None, None, None, None, False)
+        except RunOwnedElsewhere:
+            self._release(run_id, claim)
+            return False
+        except BaseException:
+            self._release(run_id, claim)
+            raise
+        claim.token.set()  # told before Begin: the executor cancels before it schedules anything
+        started = state.started
+        assert started is not None
+        parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
+        handle = self._start(run_id, claim, state, opening, reserve, None, None, parent)
+        handle.result(timeout)
+        return True
+
+    def _children_at_rest(self, run_id: str) -> list[str]:
+        """Return the child runs of a run that are not finished, by the run-summary projection."""
+        found = self.summaries.read(self._organization).values()
+        return [
+            s.run_id
+            for s in found
+            if s.parent_run == run_id and s.status not in ("completed", "failed", "cancelled")
+        ]
 
     def _start(
         self,

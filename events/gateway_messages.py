@@ -149,7 +149,8 @@ class ResumeRun(GatewayRequest, frozen=True, kw_only=True, tag="gateway.run-resu
 
 
 class CancelRunRequest(GatewayRequest, frozen=True, kw_only=True, tag="gateway.run-cancel"):
-    """Ask a run executing in this runtime to stop scheduling (E5); ``gateway.run-cancelled``."""
+    """Ask a run executing in this runtime to stop scheduling, or end one at rest (E5, ADR 0075);
+    ``gateway.run-cancelled``."""
 
     run_id: str
 

@@ -393,6 +393,10 @@ class AsyncRuns:
         """Ask a run to stop scheduling (E5)."""
         return await self._pool.run(self._runs.cancel, run_id)
 
+    async def cancel_at_rest(self, run_id: str, timeout: float = 30.0) -> bool:
+        """End as cancelled a run no process executes (E5, ADR 0075)."""
+        return await self._pool.run(self._runs.cancel_at_rest, run_id, timeout)
+
     async def close(self, drain: float, cause: str = "close") -> list[str]:
         """Stop starting runs, drain, suspend the rest (the runtime's close does this)."""
         return await self._pool.run(self._runs.close, drain, cause)
