@@ -31,6 +31,7 @@ from journaled.actors.directory import as_answered
 from journaled.actors.errors import RememberInterrupted
 from journaled.actors.group_commit import Answer
 from journaled.actors.scope import UNSETTLED, Unsettled
+from journaled.events.interrupts import interrupts_deferred
 from journaled.events.memory import Fact
 from journaled.events.messages import Remember
 
@@ -162,12 +163,15 @@ class WriterDesk:
             self._gather()
             group = self._take(seat)
             started = time.monotonic()
-            if not writer.remember_here([s.message for s in group], _answering(group)):
-                for s in group:  # the actor stores them, in line order, before what comes later
-                    try:
-                        s.sent = Sent(s.send(s.message))
-                    except Exception as exc:
-                        s.error = exc
+            # Storing takes the writer's, the journal's and the scopes' locks on this thread,
+            # and a send takes the actor's queue's: Ctrl-C waits for them (ADR 0076).
+            with interrupts_deferred():
+                if not writer.remember_here([s.message for s in group], _answering(group)):
+                    for s in group:  # the actor stores them, in line order, before the rest
+                        try:
+                            s.sent = Sent(s.send(s.message))
+                        except Exception as exc:
+                            s.error = exc
             self._last_took = time.monotonic() - started
         finally:
             # Also on an interrupt, wherever it lands: a leader answers its group and hands the

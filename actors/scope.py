@@ -17,6 +17,7 @@ import pykka
 
 from journaled.actors.directory import CountingInbox
 from journaled.actors.errors import MemoryBehind
+from journaled.events.interrupts import interrupts_deferred
 from journaled.events.memory import FactRemembered
 from journaled.events.memory_state import ScopeState, combine
 from journaled.events.messages import (
@@ -153,7 +154,8 @@ def read_in_place(
     def settled() -> bool:
         return all(shelf.settled for shelf in shelves)
 
-    with lock:
+    # The scopes' lock is taken on the reader's thread: Ctrl-C waits for it (ADR 0076).
+    with interrupts_deferred(), lock:
         if not settled() and wait > 0:
             lock.wait_for(lambda: behind() or settled(), wait)
         # Checked after any wait: a rebuild may have begun meanwhile, its restores settling.

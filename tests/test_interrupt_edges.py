@@ -79,3 +79,135 @@ def test_an_append_interrupted_in_its_transaction_leaves_the_journal_writable(
     with journaled.open(sqlite_url) as fresh:
         assert sorted(f.text for f in fresh.memory.all()) == live
         assert fresh.journal.verify().ok
+
+
+# -- Ctrl-C while a lock is held on the main thread (ADR 0076) -------------------------------------
+
+_STORMED = r"""
+import signal, sys, time, journaled
+armed = False
+
+
+def interrupt(signum, frame):
+    if armed:  # only inside the library's calls: the probe's own loop stays whole
+        raise KeyboardInterrupt
+
+
+rt = journaled.open(sys.argv[1])
+signal.signal(signal.SIGINT, interrupt)
+stored = 0
+print("READY", flush=True)
+deadline = time.monotonic() + 2.5
+while time.monotonic() < deadline:
+    try:
+        armed = True
+        rt.memory.remember(f"fact {stored}")
+        armed = False
+        stored += 1
+    except KeyboardInterrupt:
+        armed = False
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+rt.memory.remember("after the storm")
+rt.register_tool("echo", lambda x: x)
+assert rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="echo")])).ok
+rt.close()
+print("DONE", stored, flush=True)
+"""
+
+
+def test_remembers_interrupted_at_random_never_leave_a_lock_held(durable_url: str) -> None:
+    """R4/ADR 0076: a main thread remembering in a loop under a storm of SIGINTs (each caught)
+    still remembers, runs a plan and closes afterwards, and a fresh open verifies. A Ctrl-C
+    landing right after a lock's acquire, before its ``try``, left the lock held: the writer's
+    command lock, the SQLite pool's writer lock, the journal's wake-up condition or the psycopg
+    pool's connection, and the next remember hung (11 of 16 runs on SQLite, 4 of 16 on
+    PostgreSQL)."""
+    import random
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _STORMED, durable_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("READY")
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end and proc.poll() is None:
+                time.sleep(random.uniform(0.001, 0.03))
+                proc.send_signal(signals.SIGINT)
+            out, err = proc.communicate(timeout=40)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err[-2000:]
+        assert "DONE" in out, err[-2000:]
+    with journaled.open(durable_url) as fresh:
+        assert fresh.journal.verify().ok
+        assert "after the storm" in {f.text for f in fresh.memory.all()}
+
+
+def test_a_sigint_in_a_deferred_section_is_raised_when_it_ends() -> None:
+    """R4/ADR 0076: SIGINT inside ``interrupts_deferred`` on the main thread raises nothing there;
+    KeyboardInterrupt comes once the section ends, and a nested section hands it outwards."""
+    import signal as signals
+
+    from journaled.events.interrupts import interrupts_deferred
+
+    reached: list[str] = []
+
+    def sections() -> None:
+        with interrupts_deferred():
+            with interrupts_deferred():
+                signals.raise_signal(signals.SIGINT)
+                reached.append("inner")
+            reached.append("outer")
+
+    with pytest.raises(KeyboardInterrupt):
+        sections()
+    assert reached == ["inner", "outer"]
+    assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
+
+
+def test_a_programs_own_sigint_handler_runs_after_the_section() -> None:
+    """R4/ADR 0076: a program's own SIGINT handler is called once the section ends, not inside
+    it (where a handler that remembers would wait on a lock its own thread holds)."""
+    import signal as signals
+
+    from journaled.events.interrupts import interrupts_deferred
+
+    calls: list[str] = []
+    previous = signals.signal(signals.SIGINT, lambda *_: calls.append("handler"))
+    try:
+        with interrupts_deferred():
+            signals.raise_signal(signals.SIGINT)
+            calls.append("body")
+        assert calls == ["body", "handler"]
+    finally:
+        signals.signal(signals.SIGINT, previous)
+
+
+def test_off_the_main_thread_a_deferred_section_changes_nothing() -> None:
+    """ADR 0076: on another thread the section runs as it is (signals reach the main one only)."""
+    import signal as signals
+    import threading
+
+    from journaled.events.interrupts import interrupts_deferred
+
+    seen: list[object] = []
+
+    def body() -> None:
+        with interrupts_deferred():
+            seen.append(signals.getsignal(signals.SIGINT))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(10)
+    assert seen == [signals.default_int_handler]

@@ -72,6 +72,7 @@ from journaled.events.errors import (
     JournalUrlError,
 )
 from journaled.events.inputs import INT64_MAX
+from journaled.events.interrupts import interrupts_deferred
 from journaled.events.journal._common import (
     _PG_CONNECT_TIMEOUT,
     _PG_MAX_OVERFLOW,
@@ -375,8 +376,26 @@ class Journal:
                     side[content_key(p.stream, p.version)] = content_of(data)
                     data = shape
             stored.append(StoredEvent(p.stream, p.version, codec.topic(data), codec.encode(data)))
+        # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
+        # them to be released (ADR 0076).
+        with interrupts_deferred():
+            positions = self._insert(stored, side, forget, snapshots, drop_snapshots, lock_wait)
+            if events:
+                self._bump()
+        return list(positions or [])
+
+    def _insert(
+        self,
+        stored: list[StoredEvent],
+        side: dict[str, bytes],
+        forget: Sequence[str],
+        snapshots: Mapping[str, tuple[int, bytes]] | None,
+        drop_snapshots: str | None,
+        lock_wait: float | None,
+    ) -> Sequence[int] | None:
+        """Insert stored events and what goes with them in one transaction; map its errors."""
         try:
-            positions = self._recorder.insert_events(
+            return self._recorder.insert_events(
                 stored,
                 payloads=side,
                 forget=list(forget),
@@ -388,13 +407,10 @@ class Journal:
         except LockWaitExpired as exc:
             raise JournalBusy(self.config.url, exc.waited) from exc
         except IntegrityError as exc:
-            streams = sorted({p.stream for p in events})
+            streams = sorted({str(e.originator_id) for e in stored})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc
         except ConnectionPoolClosedError as exc:  # closed while this append waited its turn
             raise JournalClosed(f"journal {self.config.url} is closed") from exc
-        if events:
-            self._bump()
-        return list(positions or [])
 
     @property
     def notifies(self) -> bool:
