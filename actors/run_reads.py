@@ -32,7 +32,7 @@ from journaled.events.run_summaries import (
     select,
 )
 from journaled.events.runs import RunForked, RunStarted
-from journaled.events.tenancy import Boundary, run_belongs_elsewhere
+from journaled.events.tenancy import Boundary
 
 log = logging.getLogger("journaled")
 
@@ -75,22 +75,24 @@ class RunReads:
         if elsewhere:
             raise RunNotFound(f"no run {run_id!r} in this journal")
 
-    def _check_may_resume(self, run_id: str) -> None:
+    def _check_may_resume(self, run_id: str, owner: object | None = None) -> None:
         """Refuse, for a runtime of an organization, to carry on a run of an earlier release.
 
         Such a run recorded no organization, so every runtime sees it (ADR 0074): what this
         organization's steps would read from its scope would land in a run everyone reads. A
-        fork of it is this organization's alone.
+        fork of it is this organization's alone. ``owner``, when given, is the run's recorded
+        organization, already folded (no first event is read).
 
         Raises:
             RunNotFound: another organization's run.
             RunNotResumable: a run of an earlier release, and this runtime has an organization.
         """
-        self._check_here(run_id)
         boundary = self.boundary
+        if owner is None:
+            self._check_here(run_id)
         if boundary is None or boundary.organization is None or not isinstance(run_id, str):
             return
-        if boundary.run_owner(run_id) is UNSET:
+        if (boundary.run_owner(run_id) if owner is None else owner) is UNSET:
             raise RunNotResumable(
                 f"run {run_id} was journaled by an earlier release, which recorded no "
                 "organization, so every runtime sees it: carried on here, what its steps read "
@@ -102,11 +104,12 @@ class RunReads:
         """As :meth:`_check_here`, from a folded state's opening (no first event read again)."""
         started = state.started
         boundary = self.boundary
-        if (
+        elsewhere = (
             boundary is not None
             and started is not None
-            and run_belongs_elsewhere(started.organization, boundary.organization)
-        ):
+            and boundary.note_run(run_id, started.organization)
+        )
+        if elsewhere:
             raise RunNotFound(f"no run {run_id!r} in this journal")
 
     def history(self, run_id: str) -> list[Event]:

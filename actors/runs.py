@@ -434,12 +434,18 @@ class Runs(RunForks):
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
         RunOwnedElsewhere unless ``take_over`` is set.
         """
-        self._check_may_resume(run_id)  # before the claim: its refusal would tell it exists
-        claim = self._claim(run_id, take_over)
         try:
+            claim = self._claim(run_id, take_over)
+        except RunOwnedElsewhere:
+            self._check_here(run_id)  # another organization's: unknown, not "executing here"
+            raise
+        try:
+            # Its state is checked first: another organization's is unknown (ADR 0074).
             state, opening, reserve = self._reopen(
                 run_id, call_budget, answers, reserve, on_progress, take_over
             )
+            if state.started is not None:
+                self._check_may_resume(run_id, state.started.organization)
         except BaseException:
             self._release(run_id, claim)
             raise

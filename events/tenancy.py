@@ -116,6 +116,13 @@ class Boundary:
                 owner = self._runs.get(run_id, _NOT_A_RUN)
         return owner
 
+    def note_run(self, run_id: str, owner: object) -> bool:
+        """Learn whose a run is from its opening, folded elsewhere (no first event read);
+        return whether it is elsewhere."""
+        with self._lock:
+            self._runs[run_id] = owner
+        return run_belongs_elsewhere(owner, self.organization)
+
     def learn_run(self, first: Event) -> bool:
         """Learn whose a run is from its first event, just read; return whether it is elsewhere."""
         owner = run_organization(first.data)

@@ -529,7 +529,6 @@ class Runtime:
                     )
         if self._journal.head(run_id) is None:
             raise RunNotFound(f"no run {run_id!r} in this journal")
-        self.runs._check_here(run_id)  # another organization's run is unknown (ADR 0074)
         if self._orchestrations.is_orchestration(run_id):
             orchestration: RunHandle[Any] = self._orchestrations.resume_start(
                 run_id,
@@ -544,6 +543,7 @@ class Runtime:
             )
             return orchestration
         if approve or clarification is not None:
+            self.runs._check_here(run_id)  # another organization's run is unknown (ADR 0074)
             raise RunNotResumable(
                 f"run {run_id} was started by execute(): it has no plan approval or planner "
                 "question; pass answers= for waiting steps"
