@@ -211,3 +211,85 @@ def test_off_the_main_thread_a_deferred_section_changes_nothing() -> None:
     thread.start()
     thread.join(10)
     assert seen == [signals.default_int_handler]
+
+
+_READS_STORMED = r"""
+import signal, sys, time, journaled
+armed = False
+
+
+def interrupt(signum, frame):
+    if armed:
+        raise KeyboardInterrupt
+
+
+rt = journaled.open(sys.argv[1])
+rt.register_tool("echo", lambda x: x)
+for i in range(50):
+    rt.memory.remember(f"fact {i} about deploys")
+run = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="echo", input=1)])).run_id
+signal.signal(signal.SIGINT, interrupt)
+print("READY", flush=True)
+done = 0
+deadline = time.monotonic() + 2.5
+while time.monotonic() < deadline:
+    try:
+        armed = True
+        kind = done % 5
+        if kind == 0:
+            rt.journal.read()
+        elif kind == 1:
+            rt.runs.at(run, rt.journal.position())
+        elif kind == 2:
+            rt.runs.list()
+        elif kind == 3:
+            rt.memory.search("deploys")
+        else:
+            rt.runs.history(run)
+        armed = False
+        done += 1
+    except KeyboardInterrupt:
+        armed = False
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+for _ in range(20):
+    rt.journal.read(); rt.runs.list(); rt.runs.history(run); rt.memory.search("deploys")
+rt.memory.remember("after the storm")
+rt.close()
+print("DONE", done, flush=True)
+"""
+
+
+def test_reads_interrupted_at_random_never_leave_a_connection_checked_out(
+    durable_url: str,
+) -> None:
+    """R4/ADR 0076: a main thread reading in a loop (the log, time travel, the run list, a
+    search, a run's history) under a storm of SIGINTs (each caught) still reads and writes
+    afterwards. A Ctrl-C landing in a pool's checkout left a connection checked out for good:
+    "Timed out waiting for connection pool semaphore" (7 of 8 runs on SQLite)."""
+    import random
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _READS_STORMED, durable_url],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith("READY")
+            end = time.monotonic() + 1.5
+            while time.monotonic() < end and proc.poll() is None:
+                time.sleep(random.uniform(0.001, 0.03))
+                proc.send_signal(signals.SIGINT)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == 0, err[-2000:]
+        assert "DONE" in out, err[-2000:]

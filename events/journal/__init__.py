@@ -520,7 +520,8 @@ class Journal:
         """
         self._check_open()
         # Counted before the attempt: an erasure committed during it may not be covered.
-        erased, _ = self._recorder.select_scrub_marks()
+        with interrupts_deferred():
+            erased, _ = self._recorder.select_scrub_marks()
         with self._scrub_lock:
             if self.config.backend == "postgresql":
                 recorder = self._recorder
@@ -528,7 +529,8 @@ class Journal:
                 recorder.erase(wait)
             elif self.config.backend == "sqlite" and self.config.path is not None:
                 self._truncate_wal(self.config.path, wait)
-            self._recorder.mark_scrubbed(erased)
+            with interrupts_deferred():
+                self._recorder.mark_scrubbed(erased)
 
     def scrub_debt(self) -> int:
         """Return how many committed erasures no scrub has yet removed from the files.
@@ -538,7 +540,8 @@ class Journal:
         next, here or in another process.
         """
         self._check_open()
-        erased, scrubbed = self._recorder.select_scrub_marks()
+        with interrupts_deferred():
+            erased, scrubbed = self._recorder.select_scrub_marks()
         return max(0, erased - scrubbed)
 
     def _truncate_wal(self, path: str, wait: float) -> None:
@@ -629,7 +632,8 @@ class Journal:
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""
         self._check_open()
-        return int(self._recorder.max_notification_id() or 0)
+        with interrupts_deferred():
+            return int(self._recorder.max_notification_id() or 0)
 
     def read(
         self,
@@ -651,7 +655,8 @@ class Journal:
         self._check_open()
         start = after
         while True:
-            rows = self._recorder.select_rows(start, upto, page, topics, skip_prefixes)
+            with interrupts_deferred():
+                rows = self._recorder.select_rows(start, upto, page, topics, skip_prefixes)
             yield from self._events(rows)
             if len(rows) < page:
                 return
@@ -667,7 +672,8 @@ class Journal:
     ) -> list[Event]:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
-        rows = self._recorder.select_stream(stream, after_version, upto, limit)
+        with interrupts_deferred():
+            rows = self._recorder.select_stream(stream, after_version, upto, limit)
         return self._events(rows, stream)
 
     def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
@@ -679,7 +685,8 @@ class Journal:
             stream's last version.
         """
         self._check_open()
-        rows = self._recorder.select_stream(stream, 0, None, None)
+        with interrupts_deferred():
+            rows = self._recorder.select_stream(stream, 0, None, None)
         last = rows[-1][2] if rows else 0
         keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
         inline = [
@@ -687,7 +694,8 @@ class Journal:
             for r in rows
             if r[3] not in self._content_topics and r[3].rpartition("@")[0] in self._content_tags
         ]
-        present = self._recorder.select_payloads(keys) if keys else {}
+        with interrupts_deferred():
+            present = self._recorder.select_payloads(keys) if keys else {}
         return [k for k in keys if k in present], inline, last
 
     def save_snapshot(
@@ -705,11 +713,12 @@ class Journal:
             return True
         self._check_open()
         try:
-            self._recorder.insert_events(
-                [],
-                snapshots={stream: (version, state)},
-                refuse_after=(version, tuple(unless_after)),
-            )
+            with interrupts_deferred():
+                self._recorder.insert_events(
+                    [],
+                    snapshots={stream: (version, state)},
+                    refuse_after=(version, tuple(unless_after)),
+                )
         except SnapshotRefused:
             return False
         return True
@@ -717,12 +726,14 @@ class Journal:
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""
         self._check_open()
-        return self._recorder.select_snapshot(stream)
+        with interrupts_deferred():
+            return self._recorder.select_snapshot(stream)
 
     def snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version or position, state), in key order."""
         self._check_open()
-        return self._recorder.select_snapshots()
+        with interrupts_deferred():
+            return self._recorder.select_snapshots()
 
     def first(self, stream: str) -> Event | None:
         """Return the first event of a stream, or None if the stream is empty."""
@@ -736,7 +747,8 @@ class Journal:
         self._check_open()
         if position <= 0:
             return position
-        found = self._recorder.select_digests(position - 1, INT64_MAX, 1)
+        with interrupts_deferred():
+            found = self._recorder.select_digests(position - 1, INT64_MAX, 1)
         if found and found[0][1] <= position <= found[0][0]:
             return found[0][0]
         return position
@@ -749,7 +761,8 @@ class Journal:
         it is, should not pay for.
         """
         self._check_open()
-        found = self._recorder.select_head(stream)
+        with interrupts_deferred():
+            found = self._recorder.select_head(stream)
         return None if found is None else (found[0], found[1].partition("@")[0])
 
     def firsts(self, streams: Sequence[str]) -> dict[str, Event]:
@@ -757,12 +770,14 @@ class Journal:
         self._check_open()
         if not streams:
             return {}
-        return {e.stream: e for e in self._events(self._recorder.select_firsts(streams))}
+        with interrupts_deferred():
+            return {e.stream: e for e in self._events(self._recorder.select_firsts(streams))}
 
     def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
         """Return the forgettable payloads of the given streams (all when None)."""
         self._check_open()
-        return self._recorder.select_payloads(streams)
+        with interrupts_deferred():
+            return self._recorder.select_payloads(streams)
 
     # -- named subscriptions (A3) -----------------------------------------------------------------
 
@@ -774,7 +789,8 @@ class Journal:
         self._check_open()
         if not self._has_subscription_table():
             return []
-        return self._recorder.select_subscriptions(name)
+        with interrupts_deferred():
+            return self._recorder.select_subscriptions(name)
 
     def acknowledge(self, name: str, position: int) -> int:
         """Store a named subscription's position; a position behind the stored one is ignored.
@@ -786,18 +802,21 @@ class Journal:
         """
         self._check_open()
         self._ensure_subscription_table()
-        return self._recorder.advance_subscription(name, position)
+        with interrupts_deferred():
+            return self._recorder.advance_subscription(name, position)
 
     def forget_subscription(self, name: str) -> bool:
         """Drop a named subscription's stored position; tell whether one was stored."""
         self._check_open()
         if not self._has_subscription_table():
             return False
-        return self._recorder.delete_subscription(name)
+        with interrupts_deferred():
+            return self._recorder.delete_subscription(name)
 
     def _has_subscription_table(self) -> bool:
         if not self._subscription_table:
-            self._subscription_table = self._recorder.has_subscription_table()
+            with interrupts_deferred():
+                self._subscription_table = self._recorder.has_subscription_table()
         return self._subscription_table
 
     def _ensure_subscription_table(self) -> None:
@@ -981,11 +1000,13 @@ class Journal:
         topics = self._content_topics
         if stream is None:
             keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
-            content = self._recorder.select_payloads(list(keys)) if keys else {}
+            with interrupts_deferred():
+                content = self._recorder.select_payloads(list(keys)) if keys else {}
             sided = {keys[key] for key in content}
         else:
             versions = [r[2] for r in rows if r[3] in topics]
-            found = self._recorder.select_content(stream, versions) if versions else {}
+            with interrupts_deferred():
+                found = self._recorder.select_content(stream, versions) if versions else {}
             content = {content_key(stream, v): side for v, side in found.items()}
             sided = {r[0] for r in rows if r[2] in found and r[3] in topics}
         decode = self.codec.decode
