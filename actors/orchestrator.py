@@ -233,6 +233,48 @@ class Orchestrations:
                 driven[0].tell(CancelOrchestration())  # wakes it while it waits for the planner
         return True
 
+    def cancel_at_rest(self, run_id: str, timeout: float = 30.0) -> bool:
+        """End as failed (cancelled) an orchestration no process drives; False if none (E5).
+
+        One waiting for approval, a clarification, an answer or budget, suspended, or left by a
+        crash is taken up as a resume takes it (R8: never one a live process drives). Its
+        current pass run, when it is not finished, is cancelled first as a run at rest is
+        (``Runs.cancel_at_rest``), then ``orchestration.resumed`` and ``orchestration.ended``
+        (failed, as a cancel of a driven orchestration ends) are appended together (ADR 0075).
+        """
+        try:
+            state = self.state(run_id)
+        except RunNotFound:
+            return False
+        if state.purged is not None or state.status in ("completed", "failed", "dry_run"):
+            return False
+        try:
+            self._hold(run_id)
+        except RunOwnedElsewhere:
+            return False
+        try:
+            pass_state = self._pass_state(state)
+            suspended = pass_state is not None and pass_state.suspended is not None
+            if state.ended is None and not suspended:
+                self._check_not_driven(state, take_over=False)
+            unfinished = pass_state is not None and not (
+                pass_state.is_finished
+                and pass_state.run_status in ("completed", "failed", "cancelled")
+            )
+            pass_run = pass_state.run_id if pass_state is not None and unfinished else None
+            if pass_run is not None and not self._runs.cancel_at_rest(pass_run, timeout):
+                return False  # its pass is executing somewhere: that process cancels it
+            resumed = OrchestrationResumed(
+                at=self._clock(), resumption=state.resumptions + 1, owner=this_process()
+            )
+            summary = f"cancelled while it was {state.status or 'left unfinished'} (rt.cancel)"
+            self.append(_Drive(state, None, None, None), resumed, self.end("failed", summary))
+        except RunOwnedElsewhere:
+            return False
+        finally:
+            self._let_go(run_id)
+        return True
+
     def is_orchestration(self, run_id: str) -> bool:
         """Tell whether a run id names an orchestration (rather than a plain run)."""
         head = self._journal.head(run_id)  # the tag alone: no plan decoded

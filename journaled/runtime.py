@@ -562,8 +562,9 @@ class Runtime:
         """Ask a running run or orchestration to stop scheduling (E5). Safe from any thread.
 
         A run no process executes (waiting for an answer or budget, suspended, or left by a
-        crash) ends cancelled here and now, nothing of it run (ADR 0075). False when there is
-        nothing to cancel: the run finished, is unknown, or another live process executes it.
+        crash) ends cancelled here and now, nothing of it run; an orchestration at rest ends
+        failed, its pass cancelled (ADR 0075). False when there is nothing to cancel: it
+        finished, is unknown, or another live process executes it.
         """
         _check_run_id(run_id)
         orchestration = self._orchestrations.cancel(run_id)
@@ -572,7 +573,7 @@ class Runtime:
         if self.runs.closing:
             return False  # a closed runtime takes nothing up (R3): the run stays as it is
         if self._orchestrations.is_orchestration(run_id):
-            return False  # an orchestration at rest: see ADR 0075
+            return self._orchestrations.cancel_at_rest(run_id)
         return self.runs.cancel_at_rest(run_id)
 
     def refresh(self) -> int:

@@ -279,3 +279,50 @@ def test_a_run_another_runtime_of_this_process_executes_is_not_cancelled_from_he
         finally:
             release.set()
         assert handle.result(WAIT).plan.steps[0].status == "succeeded"  # its work is kept (E5)
+
+
+def _plan_asking(goal: str, observations: object, clarifications: object) -> Plan:
+    return Plan(goal=goal, steps=[Step("q", agent="ask")])
+
+
+def _plan_echo(goal: str, observations: object, clarifications: object) -> Plan:
+    return Plan(goal=goal, steps=[Step("e", tool="echo", input=1)])
+
+
+def test_an_orchestration_waiting_for_approval_is_cancelled(rt: journaled.Runtime) -> None:
+    """E5/O3: cancel of an orchestration waiting for approval ends it ``failed`` with a summary
+    naming the cancel; no pass starts, and an approving resume is refused."""
+    waiting = rt.orchestrate("g", _plan_echo, require_approval=True)
+    assert waiting.status == "waiting_for_approval"
+    assert rt.cancel(waiting.run_id) is True
+    summary = rt.runs.summary(waiting.run_id)
+    assert summary.status == "failed"
+    assert summary.pass_no == 0 or summary.pass_no is None
+    assert "cancelled while it was waiting_for_approval" in rt.runs.why(waiting.run_id)
+    with pytest.raises(RunNotResumable, match="already finished"):
+        rt.resume(waiting.run_id, approve=True, planner=_plan_echo)
+    assert ran == []
+    assert rt.cancel(waiting.run_id) is False
+
+
+def test_an_orchestration_whose_pass_waits_is_cancelled_with_its_pass(
+    rt: journaled.Runtime,
+) -> None:
+    """E5/E10: cancel of an orchestration whose pass run waits for an answer cancels that pass
+    run (its waiting step skipped) and ends the orchestration ``failed``."""
+    waiting = rt.orchestrate("g", _plan_asking)
+    assert waiting.status == "waiting_for_clarification", waiting
+    pass_run = rt.runs.summary(waiting.run_id).current_run
+    assert pass_run is not None
+    assert rt.cancel(waiting.run_id) is True
+    assert rt.runs.summary(pass_run).status == "cancelled"
+    assert rt.runs.summary(waiting.run_id).status == "failed"
+
+
+def test_a_finished_orchestration_is_not_cancelled(rt: journaled.Runtime) -> None:
+    """E5: a completed orchestration is not cancelled: False, nothing appended."""
+    done = rt.orchestrate("g", _plan_echo)
+    assert done.status == "completed", done
+    end = rt.journal.position()
+    assert rt.cancel(done.run_id) is False
+    assert rt.journal.position() == end
