@@ -7,64 +7,100 @@ there is held for good, and every later remember, append or read waiting on it h
 remember stored on the caller's thread (ADR 0054) and a read in place (ADR 0053) take such
 locks on whatever thread calls, the main one included.
 
-:func:`interrupts_deferred` holds a SIGINT that arrives meanwhile and hands it, once the
+:class:`interrupts_deferred` holds a SIGINT that arrives meanwhile and hands it, once the
 section is left and its locks are released, to the handler that was installed: the default one
 raises KeyboardInterrupt there; a program's own handler runs there, on a consistent state.
+
+A section knows itself by the frame that opened it. Another signal whose handler raises can
+still cut a section's ``__exit__`` short (CPython runs a pending handler as a function is
+entered): the holding handler then finds that frame gone from the stack when SIGINT comes, puts
+the program's handler back and hands it the signal at once, so Ctrl-C is never swallowed.
 """
 
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
 
-__all__ = ["interrupts_deferred"]
+__all__ = ["heal", "interrupts_deferred"]
+
+
+class _Hold:
+    """The SIGINT handler of an open section: notes the signal, or heals if the section is gone."""
+
+    __slots__ = ("frame", "held", "previous")
+
+    def __init__(self, previous: Any, frame: FrameType) -> None:
+        self.previous = previous
+        self.frame = frame
+        self.held: list[tuple[int, FrameType | None]] = []
+
+    def open_in(self, frame: FrameType | None) -> bool:
+        """Tell whether the section's frame is on the stack that ``frame`` is the top of."""
+        while frame is not None:
+            if frame is self.frame:
+                return True
+            frame = frame.f_back
+        return False
+
+    def __call__(self, signum: int, frame: FrameType | None) -> None:
+        if self.open_in(frame):
+            self.held.append((signum, frame))
+            return
+        # The section ended without restoring (its exit was cut short): heal, then deliver.
+        signal.signal(signal.SIGINT, self.previous)
+        _deliver(self.previous, signum, frame)
 
 
 class interrupts_deferred:
     """Run the ``with`` body with SIGINT held until it ends, on the main thread.
 
     Elsewhere (no signal reaches another thread's code) and where SIGINT is ignored or not
-    handled in Python, the body runs as it is. A section inside another is free: the outer one
-    holds the signal (installing a handler costs about 5 µs).
+    handled in Python, the body runs as it is. A section inside another leaves the signal to
+    the outer one (installing a handler costs about 5 µs).
     """
 
-    __slots__ = ("_held", "_previous")
+    __slots__ = ("_hold",)
 
     def __init__(self) -> None:
-        self._previous: Any = None
-        self._held: list[tuple[int, FrameType | None]] | None = None
+        self._hold: _Hold | None = None
 
     def __enter__(self) -> None:
-        global _depth  # noqa: PLW0603 - the main thread's nesting, read by the next section
         if threading.current_thread() is not threading.main_thread():
             return
-        if _depth:
-            _depth += 1
+        current = signal.getsignal(signal.SIGINT)
+        caller = sys._getframe(1)
+        if isinstance(current, _Hold):
+            if current.open_in(caller):
+                return  # inside an open section: it holds the signal
+            current = current.previous  # a section whose exit was cut short: take its place
+        if current is signal.SIG_IGN or current is None:
             return
-        previous = signal.getsignal(signal.SIGINT)
-        if previous is signal.SIG_IGN or previous is None:
-            return
-        held: list[tuple[int, FrameType | None]] = []
-        self._previous, self._held = previous, held
-        signal.signal(signal.SIGINT, lambda signum, frame: held.append((signum, frame)))
-        _depth = 1
+        hold = _Hold(current, caller)
+        signal.signal(signal.SIGINT, hold)
+        self._hold = hold
 
     def __exit__(self, *exc: object) -> None:
-        global _depth  # noqa: PLW0603
-        if threading.current_thread() is not threading.main_thread() or not _depth:
+        hold = self._hold
+        if hold is None:
             return
-        _depth -= 1
-        if _depth or self._held is None:
-            return
-        signal.signal(signal.SIGINT, self._previous)
-        if self._held:
-            _deliver(self._previous, *self._held[0])
+        self._hold = None
+        signal.signal(signal.SIGINT, hold.previous)
+        if hold.held:
+            _deliver(hold.previous, *hold.held[0])
 
 
-_depth = 0
-"""How many deferred sections the main thread is in (the outermost holds the signal)."""
+def heal() -> None:
+    """Put the program's SIGINT handler back if a section's exit was cut short (main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    current = signal.getsignal(signal.SIGINT)
+    while isinstance(current, _Hold) and not current.open_in(sys._getframe(1)):
+        current = current.previous
+        signal.signal(signal.SIGINT, current)
 
 
 def _deliver(handler: Any, signum: int, frame: FrameType | None) -> None:

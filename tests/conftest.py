@@ -45,6 +45,23 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 @pytest.fixture(autouse=True)
+def no_held_interrupts() -> Iterator[None]:
+    """Fail a test that leaves SIGINT's handler changed (ADR 0076): every later Ctrl-C of the
+    process would go astray. A section whose exit was cut short heals (``heal``) first."""
+    import signal
+
+    from journaled.events.interrupts import heal
+
+    before = signal.getsignal(signal.SIGINT)
+    yield
+    heal()
+    after = signal.getsignal(signal.SIGINT)
+    if after is not before:
+        signal.signal(signal.SIGINT, before)
+        pytest.fail(f"test left SIGINT's handler {after!r} (it was {before!r})")
+
+
+@pytest.fixture(autouse=True)
 def no_leaked_actors() -> Iterator[None]:
     """Fail a test that leaves actors running (they would keep the interpreter alive)."""
     yield

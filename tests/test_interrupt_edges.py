@@ -293,3 +293,33 @@ def test_reads_interrupted_at_random_never_leave_a_connection_checked_out(
                 proc.wait()
         assert proc.returncode == 0, err[-2000:]
         assert "DONE" in out, err[-2000:]
+
+
+def test_a_section_whose_exit_was_cut_short_heals_at_the_next_sigint() -> None:
+    """R4/ADR 0076: a section left without its exit (another signal's raising handler cut it
+    short) does not swallow Ctrl-C: the next SIGINT puts the program's handler back and
+    raises KeyboardInterrupt at once; a section opened after it holds SIGINT again."""
+    import signal as signals
+
+    from journaled.events.interrupts import interrupts_deferred
+
+    def cut_short() -> None:
+        interrupts_deferred().__enter__()  # its __exit__ never runs
+
+    cut_short()
+    assert signals.getsignal(signals.SIGINT) is not signals.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        signals.raise_signal(signals.SIGINT)
+    assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
+    cut_short()
+    reached: list[str] = []
+
+    def section() -> None:
+        with interrupts_deferred():
+            signals.raise_signal(signals.SIGINT)
+            reached.append("body")
+
+    with pytest.raises(KeyboardInterrupt):
+        section()
+    assert reached == ["body"]
+    assert signals.getsignal(signals.SIGINT) is signals.default_int_handler
