@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from test_run_tenancy import ask
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, RunNotResumable, Step
@@ -20,13 +21,6 @@ from journaled.events.runs import RunFinished, StepStarted
 from journaled.testing import wait_for
 
 WAIT = 20.0
-
-
-def ask(step: Step, ctx: journaled.AgentContext) -> AgentResult:
-    """Wait for an answer (E10), then use it."""
-    if ctx.answer is None:
-        raise NeedsInput(f"which region for {step.id}?")
-    return AgentResult(output=f"{step.id}={ctx.answer}", calls_used=0)
 
 
 def nested(step: Step, ctx: journaled.AgentContext) -> AgentResult:

@@ -115,6 +115,37 @@ print("DONE", stored, flush=True)
 """
 
 
+def _storm(script: str, url: str, timeout: float) -> None:
+    """Run ``script`` on ``url`` in a process, send it SIGINTs every 1-30 ms for 1.5 s once it
+    says READY, and assert it then ends well, saying DONE."""
+    import random
+    import signal as signals
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("READY")
+        end = time.monotonic() + 1.5
+        while time.monotonic() < end and proc.poll() is None:
+            time.sleep(random.uniform(0.001, 0.03))
+            proc.send_signal(signals.SIGINT)
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err[-2000:]
+    assert "DONE" in out, err[-2000:]
+
+
 def test_remembers_interrupted_at_random_never_leave_a_lock_held(durable_url: str) -> None:
     """R4/ADR 0076: a main thread remembering in a loop under a storm of SIGINTs (each caught)
     still remembers, runs a plan and closes afterwards, and a fresh open verifies. A Ctrl-C
@@ -122,33 +153,9 @@ def test_remembers_interrupted_at_random_never_leave_a_lock_held(durable_url: st
     command lock, the SQLite pool's writer lock, the journal's wake-up condition or the psycopg
     pool's connection, and the next remember hung (11 of 16 runs on SQLite, 4 of 16 on
     PostgreSQL)."""
-    import random
-    import signal as signals
-    import subprocess
-    import sys
-    import time
 
     for _ in range(3):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _STORMED, durable_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().startswith("READY")
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end and proc.poll() is None:
-                time.sleep(random.uniform(0.001, 0.03))
-                proc.send_signal(signals.SIGINT)
-            out, err = proc.communicate(timeout=40)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, err[-2000:]
-        assert "DONE" in out, err[-2000:]
+        _storm(_STORMED, durable_url, timeout=40)
     with journaled.open(durable_url) as fresh:
         assert fresh.journal.verify().ok
         assert "after the storm" in {f.text for f in fresh.memory.all()}
@@ -266,33 +273,9 @@ def test_reads_interrupted_at_random_never_leave_a_connection_checked_out(
     search, a run's history) under a storm of SIGINTs (each caught) still reads and writes
     afterwards. A Ctrl-C landing in a pool's checkout left a connection checked out for good:
     "Timed out waiting for connection pool semaphore" (7 of 8 runs on SQLite)."""
-    import random
-    import signal as signals
-    import subprocess
-    import sys
-    import time
 
     for _ in range(3):
-        proc = subprocess.Popen(
-            [sys.executable, "-c", _READS_STORMED, durable_url],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        try:
-            assert proc.stdout is not None
-            assert proc.stdout.readline().startswith("READY")
-            end = time.monotonic() + 1.5
-            while time.monotonic() < end and proc.poll() is None:
-                time.sleep(random.uniform(0.001, 0.03))
-                proc.send_signal(signals.SIGINT)
-            out, err = proc.communicate(timeout=60)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == 0, err[-2000:]
-        assert "DONE" in out, err[-2000:]
+        _storm(_READS_STORMED, durable_url, timeout=60)
 
 
 def test_a_section_whose_exit_was_cut_short_heals_at_the_next_sigint() -> None:

@@ -97,6 +97,18 @@ def clock() -> ManualClock:
     return ManualClock(start=1_767_225_600_000)
 
 
+NEVER = "run_0000000000_000000000000"
+
+
+def same_unknown(call: Callable[[str], object], run_id: str) -> None:
+    """Assert ``call(run_id)`` raises RunNotFound with the text it gives for a never-used id."""
+    with pytest.raises(RunNotFound) as hidden:
+        call(run_id)
+    with pytest.raises(RunNotFound) as unknown:
+        call(NEVER)
+    assert str(hidden.value) == str(unknown.value).replace(NEVER, run_id)
+
+
 def _every_run(acme: Acme) -> list[str]:
     return [acme.done, acme.waiting, acme.fork, acme.child, acme.parent, acme.orchestration]
 
@@ -114,7 +126,6 @@ def test_another_organizations_runs_are_unknown_at_every_read(
         assert set(_every_run(acme)).isdisjoint(rt.runs.list())
         assert set(_every_run(acme)).isdisjoint(rt.runs.ids())
         for run_id in _every_run(acme):
-            never = "run_0000000000_000000000000"
             reads: tuple[Callable[[str], object], ...] = (
                 rt.runs.history,
                 rt.runs.why,
@@ -128,11 +139,7 @@ def test_another_organizations_runs_are_unknown_at_every_read(
                 lambda r: rt.runs.compare(r, r),
             )
             for read in reads:
-                with pytest.raises(RunNotFound) as hidden:
-                    read(run_id)
-                with pytest.raises(RunNotFound) as unknown:
-                    read(never)
-                assert str(hidden.value) == str(unknown.value).replace(never, run_id)
+                same_unknown(read, run_id)
         for run_id in (acme.done, acme.waiting, acme.fork, acme.child, acme.parent):
             with pytest.raises(RunNotFound):
                 rt.runs.state(run_id)

@@ -13,11 +13,13 @@ from typing import Any
 import msgspec
 import pytest
 from test_run_tenancy import (
+    NEVER,
     SECRET_GOAL,
     _acme,
     _cli,
     _every_run,
     _register,
+    same_unknown,
 )
 
 import journaled
@@ -35,21 +37,11 @@ from journaled.mcp_tools import TOOLS, ToolError
 from journaled.mcp_tools import answer as mcp_answer
 from journaled.testing import ManualClock
 
-NEVER = "run_0000000000_000000000000"
 ORG_SECRET = "acme secret: globex target price"
 WAIT = 20.0
 ORGS = ["other", None]
 _ORG_ATTR = "_organization" if hasattr(Runs, "_organization") else "organization"
 """The property a runtime's runs record as their organization (renamed while probing)."""
-
-
-def _same_unknown(call: Any, run_id: str) -> None:
-    """Assert ``call(run_id)`` raises RunNotFound with the text it gives for a never-used id."""
-    with pytest.raises(RunNotFound) as hidden:
-        call(run_id)
-    with pytest.raises(RunNotFound) as unknown:
-        call(NEVER)
-    assert str(hidden.value) == str(unknown.value).replace(NEVER, run_id)
 
 
 def _passes(url: str, clock: ManualClock, orchestration: str) -> list[str]:
@@ -132,7 +124,7 @@ def test_resume_with_approve_of_acmes_run_is_unknown(
     as for an id never used (else the answer tells the run exists, and that execute started it)."""
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
-        _same_unknown(lambda r: rt.resume(r, approve=True), acme.done)
+        same_unknown(lambda r: rt.resume(r, approve=True), acme.done)
 
 
 @pytest.mark.parametrize("organization", ORGS)
@@ -142,7 +134,7 @@ def test_resume_with_clarification_of_acmes_waiting_run_is_unknown(
     """R1/ADR 0074: rt.resume(acme_waiting, clarification=...) is refused as an unknown run."""
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
-        _same_unknown(lambda r: rt.resume(r, clarification="eu"), acme.waiting)
+        same_unknown(lambda r: rt.resume(r, clarification="eu"), acme.waiting)
 
 
 @pytest.mark.parametrize("organization", ORGS)
@@ -153,9 +145,9 @@ def test_resume_of_acmes_orchestration_with_approve_or_clarification_is_unknown(
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
         end = rt.journal.position()
-        _same_unknown(lambda r: rt.resume(r, approve=True), acme.orchestration)
-        _same_unknown(lambda r: rt.resume(r, clarification="eu"), acme.orchestration)
-        _same_unknown(lambda r: rt.resume(r, call_budget=99, planner=_planner), acme.orchestration)
+        same_unknown(lambda r: rt.resume(r, approve=True), acme.orchestration)
+        same_unknown(lambda r: rt.resume(r, clarification="eu"), acme.orchestration)
+        same_unknown(lambda r: rt.resume(r, call_budget=99, planner=_planner), acme.orchestration)
         assert rt.journal.position() == end
 
 
@@ -172,11 +164,11 @@ def test_acmes_child_and_pass_runs_are_unknown_to_resume_and_fork(
         _register(rt)
         end = rt.journal.position()
         for run_id in [acme.child, *passes]:
-            _same_unknown(lambda r: rt.resume(r, take_over=True), run_id)
-            _same_unknown(rt.runs.fork, run_id)
-            _same_unknown(rt.runs.refresh, run_id)
-            _same_unknown(lambda r: rt.runs.at_time(r, clock()), run_id)
-            _same_unknown(rt.runs.summary, run_id)
+            same_unknown(lambda r: rt.resume(r, take_over=True), run_id)
+            same_unknown(rt.runs.fork, run_id)
+            same_unknown(rt.runs.refresh, run_id)
+            same_unknown(lambda r: rt.runs.at_time(r, clock()), run_id)
+            same_unknown(rt.runs.summary, run_id)
         assert set(passes).isdisjoint(rt.runs.list())
         assert rt.journal.position() == end
 
@@ -188,8 +180,8 @@ def test_runs_state_and_check_free_of_acmes_orchestration_are_unknown(
     """R1/ADR 0074: rt.runs.state / check_free of acme's orchestration say RunNotFound."""
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
-        _same_unknown(rt.runs.state, acme.orchestration)
-        _same_unknown(rt.runs.check_free, acme.orchestration)
+        same_unknown(rt.runs.state, acme.orchestration)
+        same_unknown(rt.runs.check_free, acme.orchestration)
 
 
 @pytest.mark.parametrize("organization", ORGS)
@@ -211,7 +203,7 @@ def test_resume_of_acmes_run_executing_in_this_process_is_unknown(
             with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
                 rt.register_agent("block", block)
                 try:
-                    _same_unknown(rt.resume, handle.run_id)
+                    same_unknown(rt.resume, handle.run_id)
                 finally:
                     gate.set()
         finally:
@@ -362,9 +354,9 @@ def test_timeline_of_acmes_run_is_unknown(
     page = tmp_path / "t.html"
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
         for run_id in _every_run(acme):
-            _same_unknown(lambda r: write(rt, r, page), run_id)
-        _same_unknown(lambda r: write_compare(rt, r, r, page), acme.done)
-        _same_unknown(lambda r: write_compare(rt, r, acme.fork, page), acme.done)
+            same_unknown(lambda r: write(rt, r, page), run_id)
+        same_unknown(lambda r: write_compare(rt, r, r, page), acme.done)
+        same_unknown(lambda r: write_compare(rt, r, acme.fork, page), acme.done)
     assert not page.exists()
 
 
@@ -510,8 +502,8 @@ def test_the_projection_after_acmes_purge_still_hides_acmes_runs(
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
         assert set(_every_run(acme)).isdisjoint(rt.runs.list())
         assert set(_every_run(acme)).isdisjoint(rt.runs.list(status="purged"))
-        _same_unknown(rt.runs.summary, acme.done)
-        _same_unknown(rt.runs.history, acme.done)
+        same_unknown(rt.runs.summary, acme.done)
+        same_unknown(rt.runs.history, acme.done)
         assert rt.runs.summaries.save() in (True, False)
     with journaled.open(sqlite_url, organization="other", clock=clock) as rt:
         assert set(_every_run(acme)).isdisjoint(rt.runs.list())
@@ -612,7 +604,7 @@ def test_stale_over_forks_of_a_legacy_run_leaves_out_acmes_forks(
         assert fork not in {u.run_id for u in rt.memory.used_by(fact.id)}
         assert fork not in rt.memory.why(fact.id)
         assert rt.runs.lineage(old)[-1].run_id == old
-        _same_unknown(lambda r: rt.runs.compare(old, r), fork)
+        same_unknown(lambda r: rt.runs.compare(old, r), fork)
 
 
 def test_acme_does_not_carry_on_an_orchestration_of_an_earlier_release(
@@ -672,7 +664,7 @@ def test_acmes_resume_of_a_legacy_run_does_not_publish_acmes_scope(
         assert ORG_SECRET in repr(acme.runs.current(fork))
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
         assert ORG_SECRET not in repr(rt.runs.current(old.run_id))
-        _same_unknown(rt.runs.current, fork)
+        same_unknown(rt.runs.current, fork)
 
 
 # -- acme keeps all of its own ---------------------------------------------------------------------
