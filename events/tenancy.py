@@ -126,11 +126,7 @@ class Boundary:
     def learn_run(self, first: Event) -> bool:
         """Learn whose a run is from its first event, just read; return whether it is elsewhere."""
         owner = run_organization(first.data)
-        if owner is _NOT_A_RUN:
-            return False
-        with self._lock:
-            self._runs[first.stream] = owner
-        return run_belongs_elsewhere(owner, self.organization)
+        return owner is not _NOT_A_RUN and self.note_run(first.stream, owner)
 
     def hides(self, event: Event) -> bool:
         """Tell whether an event is about another organization's fact (a key claim included)
