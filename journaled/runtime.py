@@ -40,7 +40,13 @@ from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
 from journaled.semantic import EMBED_TIMEOUT, check_embed_timeout
-from journaled.subscriptions import StoredSubscription, Subscription, check_name
+from journaled.subscriptions import (
+    StoredSubscription,
+    Subscription,
+    check_name,
+    names_of,
+    stored_name,
+)
 
 AgentFunction = Callable[[Step, AgentContext], AgentResult | Awaitable[AgentResult]]
 """An agent: ``fn(step, ctx) -> AgentResult``, or an ``async def`` returning one (A1)."""
@@ -60,6 +66,7 @@ class JournalHandle:
 
     def __init__(self, journal: Journal, organization: str | None = None) -> None:
         self._journal = journal
+        self._organization = organization
         self._boundary = Boundary(organization, journal.first, journal.firsts)
 
     @property
@@ -103,9 +110,11 @@ class JournalHandle:
         Catches up in bounded pages, then waits for appends by this process and others, on
         every backend. ``topics`` keeps only events of those tags (``"run.started"``,
         ``"memory.fact-remembered"``: :attr:`Event.kind`), filtered by the database. Another
-        organization's fact events are never delivered (R1). A ``name`` keeps the acknowledged
+        organization's facts and runs are never delivered (R1). A ``name`` keeps the acknowledged
         position in the journal's database: the subscription starts after the larger of it and
-        ``after``, and ``sub.ack(position)`` stores it (at-least-once, ADR 0026).
+        ``after``, and ``sub.ack(position)`` stores it (at-least-once, ADR 0026). Names are the
+        organization's own: another organization's of the same name is another subscription
+        (ADR 0077).
 
         Raises:
             InvalidArgument: a negative ``after``, or one past the journal's end (ADR 0063), an
@@ -114,15 +123,23 @@ class JournalHandle:
         return Subscription(self, after, topics, name)
 
     def subscriptions(self) -> list[StoredSubscription]:
-        """Return every named subscription with its acknowledged position, by name (A3)."""
-        return [StoredSubscription(name=n, position=p) for n, p in self._journal.subscriptions()]
+        """Return every named subscription with its acknowledged position, by name (A3).
+
+        Only this runtime's organization's: each organization names its own (R1, ADR 0077).
+        """
+        mine = names_of(self._organization, self._journal.subscriptions())
+        return [StoredSubscription(name=n, position=p) for n, p in mine]
 
     def unsubscribe(self, name: str) -> bool:
         """Drop a named subscription's stored position; tell whether one was stored (A3).
 
-        Subscribing by that name again starts from the ``after`` it is given.
+        Subscribing by that name again starts from the ``after`` it is given. Another
+        organization's subscription of the same name is another one, left as it is (R1).
         """
-        return self._journal.forget_subscription(check_name(name))
+        return self._journal.forget_subscription(self._stored_name(check_name(name)))
+
+    def _stored_name(self, name: str) -> str:
+        return stored_name(self._organization, name)
 
 
 def verify(url: str | None = None, head: str | None = None) -> VerifyReport:

@@ -45,6 +45,8 @@ __all__ = [
     "StoredSubscription",
     "Subscription",
     "check_name",
+    "names_of",
+    "stored_name",
     "stored_topics",
 ]
 
@@ -63,6 +65,30 @@ class StoredSubscription(msgspec.Struct, frozen=True, kw_only=True):
     """The subscription's name."""
     position: int
     """The last position its consumer acknowledged: a restarted consumer resumes after it."""
+
+
+_OWNER = "\x1f"
+"""Between an organization and a name in the stored key: no name holds it (names are printable)."""
+
+
+def stored_name(organization: str | None, name: str) -> str:
+    """Return the key a name is stored under: each organization names its own (R1, ADR 0077).
+
+    A runtime without an organization keeps the bare name, as every release stored it.
+    """
+    return name if organization is None else f"{organization}{_OWNER}{name}"
+
+
+def names_of(organization: str | None, stored: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    """Keep the stored subscriptions that are ``organization``'s, by the names it gave them."""
+    if organization is None:
+        return [(key, position) for key, position in stored if _OWNER not in key]
+    owner, mine = f"{organization}{_OWNER}", []
+    for key, position in stored:
+        # The name is what follows the last separator: an organization's own text may hold one.
+        if key.startswith(owner) and _OWNER not in key[len(owner) :]:
+            mine.append((key[len(owner) :], position))
+    return mine
 
 
 def check_name(name: object) -> str:
@@ -152,6 +178,7 @@ class Subscription:
         # The door's own handle: the subscription reads through its boundary (R1).
         self._journal: Journal = journal._journal
         self._boundary: Boundary = journal._boundary
+        self._key = None if self.name is None else journal._stored_name(self.name)
         head = self._journal.position()
         if after > head:
             # Events appended later at positions up to `after` would never be delivered (and a
@@ -164,7 +191,8 @@ class Subscription:
         if self.name is not None:
             # Registered at once (listed by rt.journal.subscriptions()); a larger explicit
             # `after` skips ahead for good, a smaller one never rewinds (ADR 0026).
-            start = self._journal.acknowledge(self.name, after)
+            assert self._key is not None
+            start = self._journal.acknowledge(self._key, after)
         self._acked = start
         self._position = start
         self._cursor = start
@@ -232,10 +260,10 @@ class Subscription:
             )
         if position <= self._acked:
             return
-        if self.name is None:
+        if self._key is None:
             self._acked = position
         else:
-            self._acked = self._journal.acknowledge(self.name, position)
+            self._acked = self._journal.acknowledge(self._key, position)
 
     def close(self) -> None:
         """Stop delivering: a consumer waiting in another thread returns. Idempotent."""
