@@ -80,7 +80,7 @@ from journaled.events.messages import (
 )
 from journaled.events.redact import redact, redact_report
 from journaled.events.snapshot_audit import backed_scopes
-from journaled.events.tenancy import belongs_elsewhere
+from journaled.events.tenancy import Boundary, belongs_elsewhere
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
@@ -169,6 +169,8 @@ class MemoryWriter(pykka.ThreadingActor):
         reader in place sees every scope's part of it, or none (ADR 0053)."""
         self.clock = clock
         self.organization = organization
+        self.runs = Boundary(organization, journal.first)
+        """Whose each run named as provenance is: another organization's is no run here (R1)."""
         self.position = 0
         self.versions: dict[str, int] = {}
         self.route: dict[str, str | None] = {}
@@ -392,8 +394,11 @@ class MemoryWriter(pykka.ThreadingActor):
     def _decide_remember(self, msg: Remember) -> tuple[list[Staged], str, Fact]:
         """Decide a remember's events against the stored state: (events, redacted text, fact)."""
         fields = validate_remember(msg, self.organization)
-        if msg.run_id is not None and not opens_run(self.journal.head(msg.run_id)):
-            # Provenance is a claim the record makes (P1): it names a run that exists.
+        if msg.run_id is not None and (
+            not opens_run(self.journal.head(msg.run_id)) or self.runs.run_elsewhere(msg.run_id)
+        ):
+            # Provenance is a claim the record makes (P1): it names a run that exists, and
+            # another organization's run is unknown here, refused with the same words (R1).
             raise InvalidFact(
                 "run_id", f"names no run of this journal ({msg.run_id!r}): give the run's id"
             )
@@ -528,7 +533,11 @@ class MemoryWriter(pykka.ThreadingActor):
             pending.append((fact_id, event))
         gained = (*superseded, *hidden) if heir is not None else ()
         lister_ids = sorted(listing)
-        if heir is not None and gained and heir[0] not in listing:
+        # A superseder lists what it supersedes: one of another organization's is not among
+        # the listers found here (they are read from this organization's scopes), so it is
+        # stripped of the target by id, as its own organization's delete would (M8, R1).
+        hidden_heir = heir is not None and heir[0] in self.hidden_valid_until
+        if heir is not None and (gained or hidden_heir) and heir[0] not in listing:
             lister_ids.append(heir[0])
         for fact_id in lister_ids:
             gains = gained if heir is not None and fact_id == heir[0] else ()

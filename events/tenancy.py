@@ -21,7 +21,13 @@ import msgspec
 from msgspec import UNSET
 
 from journaled.events.base import DomainEvent, Event
-from journaled.events.memory import MEMORY_EVENTS, FactRemembered, physical_scope
+from journaled.events.memory import (
+    MEMORY_EVENTS,
+    FactRelinked,
+    FactRemembered,
+    FactSuperseded,
+    physical_scope,
+)
 from journaled.events.orchestration import ORCHESTRATION_EVENTS, OrchestrationStarted
 from journaled.events.runs import RUN_EVENTS, MemoryRead, RunForked, RunStarted
 
@@ -148,10 +154,38 @@ class Boundary:
 
     def visible(self, events: Iterable[Event]) -> list[Event]:
         """Return the events this organization may see, in their order, with the reads of run
-        steps naming none of another organization's facts (:meth:`scrub_reads`)."""
+        steps naming none of another organization's facts (:meth:`scrub_reads`) and the links
+        to them saying nothing but their ids (:meth:`scrub_links`)."""
         events = list(events)
         self._sort_runs(events)
-        return self.scrub_reads([e for e in events if not self.hides(e)])
+        return self.scrub_links(self.scrub_reads([e for e in events if not self.hides(e)]))
+
+    def scrub_links(self, events: list[Event]) -> list[Event]:
+        """Return ``events`` with the expiry of another organization's fact left out where a
+        fact of this one's view is superseded by it or re-linked to it: the audit names such a
+        superseder by its id alone (R1, ADR 0017). Every other event is returned as it is."""
+        links = {
+            e.data.by if isinstance(e.data, FactSuperseded) else e.data.to
+            for e in events
+            if (isinstance(e.data, FactSuperseded) and e.data.by_valid_until is not None)
+            or (isinstance(e.data, FactRelinked) and e.data.to_valid_until is not None)
+        }
+        if not links:
+            return events
+        self._sort(links)
+        with self._lock:
+            elsewhere = {i for i in links if self._elsewhere.get(i)}
+        if not elsewhere:
+            return events
+        out = []
+        for event in events:
+            data = event.data
+            if isinstance(data, FactSuperseded) and data.by in elsewhere:
+                data = msgspec.structs.replace(data, by_valid_until=None)
+            elif isinstance(data, FactRelinked) and data.to in elsewhere:
+                data = msgspec.structs.replace(data, to_valid_until=None)
+            out.append(event if data is event.data else msgspec.structs.replace(event, data=data))
+        return out
 
     def _sort_runs(self, events: list[Event]) -> None:
         """Learn, in one read, whose each run is whose events are here without their first."""

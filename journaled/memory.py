@@ -204,7 +204,7 @@ class Memory:
         takes them in place when every actor is idle (ADR 0053)."""
         self._clock = clock
         self._organization = organization
-        self._semantic = Semantic(embedder, journal, embed_timeout)
+        self._semantic = Semantic(embedder, journal, embed_timeout, organization)
         self._lone_scope = True
         """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first, journal.firsts)
@@ -538,7 +538,7 @@ class Memory:
             return []
         if self._boundary.hides(events[0]):
             return []
-        return events
+        return self._boundary.scrub_links(events)
 
     def why(self, fact_id: str) -> str:
         """Explain a fact's life in plain words from its events (M11), and the steps that read it.

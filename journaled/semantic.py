@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from journaled.embedders.cache import VectorCache, digest
 from journaled.events.fusion import FUSION_WINDOW, convex_fusion
 from journaled.events.journal import Journal
-from journaled.events.memory import Fact
+from journaled.events.memory import Fact, physical_scope
 from journaled.events.memory_state import Query, usable
 
 __all__ = ["EMBED_TIMEOUT", "Embedder", "Semantic", "cache_path", "check_embed_timeout"]
@@ -94,9 +94,12 @@ class Semantic:
         embedder: Embedder | None,
         journal: Journal,
         embed_timeout: float | None = EMBED_TIMEOUT,
+        organization: str | None = None,
     ) -> None:
         self.embedder = embedder
         self._journal = journal
+        self._organization = organization
+        """Whose organization scope's fact vectors are keyed as its own (ADR 0078)."""
         self.timeout = check_embed_timeout(embed_timeout)
         """How long one search waits for the embedder (None: for as long as it takes)."""
         self._late = 0
@@ -123,7 +126,7 @@ class Semantic:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             caught_up = self._catch_up()
-            keys = {c.id: digest(c.text) for c in candidates}
+            keys = {c.id: self._digest(c) for c in candidates}
             known = self._cached(list(keys.values()))
             need: dict[bytes, str] = {}
             for c in candidates:
@@ -253,6 +256,10 @@ class Semantic:
         except (sqlite3.Error, OSError):
             log.warning("vector cache %s unreadable for now; embedding without it", self.cache.path)
             return None
+
+    def _digest(self, fact: Fact) -> bytes:
+        own = physical_scope(fact.scope) == "organization"
+        return digest(fact.text, self._organization if own else None)
 
     def _cached(self, digests: list[bytes]) -> dict[bytes, list[float]]:
         try:

@@ -1,7 +1,8 @@
 """Fact vectors kept across restarts: a projection beside the journal, never in it (ADR 0048).
 
-Vectors are keyed by ``(model, sha256 of the text)``, so a text is embedded once per model however
-many facts hold it and however often the runtime restarts; each fact that led to a vector is
+Vectors are keyed by ``(model, sha256 of the text)`` (of the organization and the text, for a
+fact of an organization's own scope), so a text is embedded once per model however many facts
+hold it and however often the runtime restarts; each fact that led to a vector is
 linked to it, so a purge can find what to drop. Only texts of facts are stored: every one of them
 was redacted before it reached the journal (M9), and query texts are never kept.
 
@@ -43,9 +44,16 @@ _BUSY = 2.0
 waited for (search answers with the vectors it computed, M7)."""
 
 
-def digest(text: str) -> bytes:
-    """Return the cache key of a text: its SHA-256 over UTF-8."""
-    return hashlib.sha256(text.encode("utf-8")).digest()
+def digest(text: str, owner: str | None = None) -> bytes:
+    """Return the cache key of a text: its SHA-256 over UTF-8.
+
+    The text of a fact of an organization's own scope is keyed with that ``owner``: a vector
+    cached for it never serves, nor tells of, another organization's fact of the same text
+    (R1, ADR 0078). Shared scopes' facts are everyone's, and so are their vectors.
+    """
+    if owner is None:
+        return hashlib.sha256(text.encode("utf-8")).digest()
+    return hashlib.sha256(f"{owner}\x1f{text}".encode()).digest()
 
 
 class VectorCache:
