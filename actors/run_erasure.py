@@ -14,7 +14,7 @@ from collections.abc import Callable, Set
 from journaled.actors.errors import RunNotFound, RunNotPurgeable
 from journaled.events.base import Pending
 from journaled.events.codec import topics_of
-from journaled.events.errors import ConcurrencyConflict
+from journaled.events.errors import AppendRefused, ConcurrencyConflict
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted
 from journaled.events.orchestration_state import fold_orchestration
@@ -24,6 +24,11 @@ from journaled.events.run_summaries import SUMMARIES_KEY
 from journaled.events.runs import RunForked, RunPurged, RunStarted
 
 __all__ = ["purge_run"]
+
+_ATTEMPTS = 5
+"""Purges tried before giving up while runs are forked at each try (each is refused)."""
+_FORK_TOPICS = tuple(topics_of(RunForked))
+"""A purge is refused when one of these lands after it read the run's family (R2)."""
 
 
 def purge_run(
@@ -64,6 +69,27 @@ def purge_run(
     """
     if not isinstance(reason, str) or not reason.strip():
         raise ValueError("reason must be a non-empty string saying why the run is purged")
+    for _ in range(_ATTEMPTS):
+        erased = _purge_once(journal, run_id, reason, now, executing, elsewhere)
+        if erased is not None:
+            return erased
+    raise RunNotPurgeable(
+        f"run {run_id}: runs were forked each time it was being purged; nothing was erased, "
+        "try again"
+    )
+
+
+def _purge_once(
+    journal: Journal,
+    run_id: str,
+    reason: str,
+    now: int,
+    executing: Set[str],
+    elsewhere: Callable[[str], bool] | None,
+) -> int | None:
+    """Purge from what the journal holds now; None when a fork landed after the family was
+    read (it may copy this run's content: the caller reads the family again)."""
+    seen = journal.position()
     first = journal.first(run_id)
     if first is None:
         raise RunNotFound(f"no run {run_id!r} in this journal")
@@ -116,7 +142,10 @@ def purge_run(
     blank = {p.stream: (p.version, b"") for p in pending}
     blank[SUMMARIES_KEY] = (0, b"")  # the run-summary projection holds goals (ADR 0037)
     try:
-        journal.append(pending, forget=forget, snapshots=blank)
+        # A fork landing after the family was read would keep copies of what is erased (R2).
+        journal.append(pending, forget=forget, snapshots=blank, refuse_after=(seen, _FORK_TOPICS))
+    except AppendRefused:
+        return None
     except ConcurrencyConflict as exc:
         raise RunNotPurgeable(
             f"run {run_id} changed while it was being purged (another process appended to it); "

@@ -17,7 +17,8 @@ from journaled.actors.run_args import RUN_PREFIX, check_budget, new_run_id
 from journaled.actors.run_reads import RunReads, check_run
 from journaled.actors.steps import journalable
 from journaled.events.base import Event, Pending
-from journaled.events.codec import tag_of
+from journaled.events.codec import tag_of, topics_of
+from journaled.events.errors import AppendRefused, ConcurrencyConflict
 from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
@@ -32,10 +33,21 @@ from journaled.events.provenance import (
 )
 from journaled.events.redact import redact_data
 from journaled.events.run_state import RunState
-from journaled.events.runs import CarriedStep, MemoryRead, RunForked, StepSucceeded
+from journaled.events.runs import (
+    CarriedStep,
+    MemoryRead,
+    RunForked,
+    RunPurged,
+    StepSucceeded,
+)
 
 _FORKED = tag_of(RunForked)
 """The tag a fork's stream starts with."""
+
+_FORK_ATTEMPTS = 5
+"""Forks tried before giving up while other runs are purged at each try (each is refused)."""
+PURGE_TOPICS = tuple(topics_of(RunPurged))
+"""A fork is refused when one of these lands after the read it copies from (R2)."""
 
 
 class RunForks(RunReads):
@@ -44,6 +56,10 @@ class RunForks(RunReads):
     def __init__(self, journal: Journal, clock: Callable[[], int]) -> None:
         super().__init__(journal)
         self._clock = clock
+        self.catch_up_memory: Callable[[], object] | None = None
+        """Fold into memory what other processes appended (the runtime's ``refresh``): a
+        refreshed run's steps read memory as new as the journal its staleness was judged
+        from (P4)."""
         self.hidden_fact: Callable[[str], bool] = lambda _: False
         """Names facts this runtime must not see (another organization's, R1): ``stale`` skips
         them. The runtime sets it from its memory's tenant boundary."""
@@ -64,6 +80,24 @@ class RunForks(RunReads):
         it. Reads the journal only: the source may be executing elsewhere, and is never
         modified. Nothing runs until ``rt.resume(new_id)``.
         """
+        for _ in range(_FORK_ATTEMPTS):
+            new_id = self._fork_once(run_id, at, replace, answers, call_budget)
+            if new_id is not None:
+                return new_id
+        raise ConcurrencyConflict(
+            [run_id], f"runs were purged each time run {run_id} was forked; nothing was stored"
+        )
+
+    def _fork_once(
+        self,
+        run_id: str,
+        at: int | None,
+        replace: Mapping[str, Step] | None,
+        answers: Mapping[str, str] | None,
+        call_budget: int | None,
+    ) -> str | None:
+        """Fork once from what the journal holds now; None when a purge of another run landed
+        meanwhile (the guard cannot tell whose: the caller tries again)."""
         first = self._first(run_id)
         if isinstance(first.data, OrchestrationStarted):
             raise ValueError(
@@ -140,7 +174,20 @@ class RunForks(RunReads):
         # Redacted as every other run event is where it is staged (M9, ADR 0018): the
         # replacements' inputs and the answers given here are new content.
         forked = forked.map_content(redact_data)
-        self._journal.append([Pending(stream=new_id, version=1, data=forked)])
+        try:
+            # Not after a purge: one of the source after `end` erased what this fork copies
+            # (R2); the purge's own guard refuses it when this fork lands first (it then reads
+            # the family again, this fork included).
+            self._journal.append(
+                [Pending(stream=new_id, version=1, data=forked)],
+                refuse_after=(end, PURGE_TOPICS),
+            )
+        except AppendRefused:
+            if self.state(run_id).purged is not None:
+                raise RunNotResumable(
+                    f"run {run_id} was purged: its inputs are gone, it cannot fork"
+                ) from None
+            return None
         return new_id
 
     def _replacements(
@@ -260,7 +307,10 @@ class RunForks(RunReads):
         by_id = self.state(run_id).steps
         replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
         # fork (F1) owns the fork rules; refresh only chooses what to replace.
-        return self.fork(run_id, replace=replace)
+        new_id = self.fork(run_id, replace=replace)
+        if self.catch_up_memory is not None:
+            self.catch_up_memory()  # what `stale` saw in the journal, memory holds too (P4)
+        return new_id
 
 
 def _fork_answers(

@@ -446,6 +446,10 @@ class Runs(RunForks):
             )
             if state.started is not None:
                 self._check_may_resume(run_id, state.started.organization)
+            if self.catch_up_memory is not None:
+                # Its steps read memory as new as the journal this resume began from (P4: a
+                # refreshed run, resumed in a process behind on the journal, reads today's).
+                self.catch_up_memory()
         except BaseException:
             self._release(run_id, claim)
             raise
@@ -646,8 +650,13 @@ class Runs(RunForks):
         started = state.started
         assert started is not None
         parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
-        handle = self._start(run_id, claim, state, opening, reserve, None, None, parent)
-        handle.result(timeout)
+        try:
+            handle = self._start(run_id, claim, state, opening, reserve, None, None, parent)
+            handle.result(timeout)
+        except RunOwnedElsewhere:
+            # Another process appended to the run after it was read here (it answered or
+            # resumed it): that one carries it on, or finished it, and nothing was appended.
+            return False
         return True
 
     def _children_at_rest(self, run_id: str) -> list[str]:

@@ -107,3 +107,8 @@ class IndexTorn(EventsError, RuntimeError):
     """Building a deferred search index stopped part way through a fact (ADR 0056): that state
     answers no search. Live memory rebuilds such a scope itself; a view of the past is taken
     again."""
+
+
+class AppendRefused(EventsError):
+    """An append guarded by ``refuse_after`` found such an event after its position: nothing
+    was stored. The caller reads again (what it decided from may be erased) and decides anew."""

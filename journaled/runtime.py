@@ -272,6 +272,7 @@ class Runtime:
         self.runs.hidden_fact = boundary.fact_elsewhere
         self.runs.boundary = boundary
         self.runs.summaries.visible_to = organization
+        self.runs.catch_up_memory = self._actors.catch_up
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
         )

@@ -12,6 +12,7 @@ import pytest
 from journaled.events.base import Pending
 from journaled.events.codec import Codec
 from journaled.events.errors import (
+    AppendRefused,
     ConcurrencyConflict,
     CorruptEvent,
     JournalClosed,
@@ -267,3 +268,37 @@ def test_read_can_leave_out_topic_prefixes(journal: Journal) -> None:
     kept = journal.read(after=1, skip_prefixes=["memory.fact-p", "run."], page=1)
     assert [e.position for e in kept] == [3]
     assert list(journal.read(skip_prefixes=["memory."])) == []
+
+
+@pytest.mark.parametrize("with_payload", [False, True])
+def test_an_append_guarded_by_topics_is_refused_once_one_of_them_landed(
+    journal: Journal, with_payload: bool
+) -> None:
+    """R2 (ADR 0078): `append(refuse_after=(position, topics))` stores nothing, payload
+    included, when an event of those topics was appended after `position`; events of other
+    topics, or ones up to `position`, let it through."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))])
+    seen = journal.position()
+    journal.append([Pending(stream="a", version=2, data=FactPurged(at=2, fact_id="a"))])
+    payloads = {"b": b"the text of b"} if with_payload else None
+    purged = ("memory.fact-purged@",)
+    with pytest.raises(AppendRefused, match="fact-purged"):
+        journal.append(
+            [Pending(stream="b", version=1, data=remembered("b"))],
+            payloads=payloads,
+            refuse_after=(seen, purged),
+        )
+    assert journal.position() == seen + 1
+    assert journal.stream("b") == []
+    assert journal.payloads(["b"]) == {}
+    journal.append(
+        [Pending(stream="b", version=1, data=remembered("b"))],
+        payloads=payloads,
+        refuse_after=(seen + 1, purged),
+    )
+    journal.append(
+        [Pending(stream="c", version=1, data=remembered("c"))],
+        refuse_after=(seen, ("memory.fact-deleted@",)),
+    )
+    assert [e.stream for e in journal.read(after=seen + 1)] == ["b", "c"]
+    assert journal.payloads(["b"]) == ({"b": b"the text of b"} if with_payload else {})

@@ -64,6 +64,7 @@ from journaled.events.base import DomainEvent, Event, Pending, hollow
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import Codec, topic_of
 from journaled.events.errors import (
+    AppendRefused,
     ConcurrencyConflict,
     CorruptEvent,
     JournalBusy,
@@ -336,8 +337,14 @@ class Journal:
         snapshots: Mapping[str, tuple[int, bytes]] | None = None,
         drop_snapshots: str | None = None,
         lock_wait: float | None = None,
+        refuse_after: tuple[int, Sequence[str]] | None = None,
     ) -> list[int]:
         """Append events, payloads, erasures and snapshots in one transaction; return positions.
+
+        ``refuse_after=(position, topic prefixes)`` stores nothing when an event of one of those
+        topics was appended after ``position``: the check runs in the append's own transaction,
+        serialised with every other append, so what was decided from a read at ``position``
+        never lands after such an event (a fork after a purge of its source, R2).
 
         A snapshot ``{stream: (version, state)}`` is a cache of a stream's folded state at a
         version, kept beside the log; it replaces the stream's previous snapshot.
@@ -355,6 +362,7 @@ class Journal:
             JournalBusy: the lock stayed taken for the whole wait; nothing was appended.
             ValueError: payloads or erasures without any event (no digest record would cover
                 them).
+            AppendRefused: ``refuse_after`` found such an event; nothing was appended.
         """
         self._check_open()
         if not events and (payloads or forget):
@@ -378,8 +386,17 @@ class Journal:
             stored.append(StoredEvent(p.stream, p.version, codec.topic(data), codec.encode(data)))
         # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
         # them to be released (ADR 0076).
+        guard = None if refuse_after is None else (refuse_after[0], tuple(refuse_after[1]))
         with interrupts_deferred():
-            positions = self._insert(stored, side, forget, snapshots, drop_snapshots, lock_wait)
+            try:
+                positions = self._insert(
+                    stored, side, forget, snapshots, drop_snapshots, lock_wait, guard
+                )
+            except SnapshotRefused as exc:
+                raise AppendRefused(
+                    f"an event of {', '.join(guard[1]) if guard else '?'} was appended after "
+                    f"position {guard[0] if guard else '?'}; nothing was appended"
+                ) from exc
             if events:
                 self._bump()
         return list(positions or [])
@@ -392,6 +409,7 @@ class Journal:
         snapshots: Mapping[str, tuple[int, bytes]] | None,
         drop_snapshots: str | None,
         lock_wait: float | None,
+        guard: tuple[int, tuple[str, ...]] | None = None,
     ) -> Sequence[int] | None:
         """Insert stored events and what goes with them in one transaction; map its errors."""
         try:
@@ -401,6 +419,7 @@ class Journal:
                 forget=list(forget),
                 snapshots=dict(snapshots or {}),
                 drop_snapshots=drop_snapshots,
+                **({"refuse_after": guard} if guard is not None else {}),
                 **(self._notice(stored) if self.notifies else {}),
                 **({"lock_wait": max(0.0, lock_wait)} if lock_wait is not None else {}),
             )

@@ -508,10 +508,10 @@ if _POSTGRES_MISSING is None:
             wait: float | None = kwargs.get("lock_wait")
             if wait is not None and wait < self.lock_wait - _LOCK_SLACK:
                 curs.execute(f"SET LOCAL lock_timeout = '{max(1, int(wait * 1000))}ms'")
-            if not (payloads or forget or dropped or snapshots):
+            guard = refused_after(kwargs)
+            if not (payloads or forget or dropped or snapshots or guard):
                 return
             self._lock_table(curs)
-            guard = refused_after(kwargs)
             if guard is not None:
                 # After the lock: every append is serialised with this check (R2).
                 after, prefixes = guard

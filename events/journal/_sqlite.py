@@ -315,10 +315,14 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
             # Take the write lock first (deleting the rows about to be replaced), so no purge
             # can commit between the check and the write; a read first would fail the write
             # instead ("database is locked") whenever one did.
-            c.executemany(
-                f"DELETE FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
-                [(k,) for k in kwargs.get("snapshots") or {}],
-            )
+            replaced = [(k,) for k in kwargs.get("snapshots") or {}]
+            if replaced:
+                c.executemany(
+                    f"DELETE FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+                    replaced,
+                )
+            else:  # a guarded append of events alone: a write that matches nothing takes it
+                c.execute(f"DELETE FROM {SNAPSHOT_TABLE} WHERE 0")  # noqa: S608
             after, prefixes = guard
             sql = f"SELECT 1 FROM {self.events_table_name} WHERE rowid > ? AND ("  # noqa: S608
             sql += " OR ".join(["substr(topic, 1, ?) = ?"] * len(prefixes)) + ") LIMIT 1"
