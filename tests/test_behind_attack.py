@@ -502,6 +502,13 @@ def tools(rt):
 """
 
 
+def _with_tools_elsewhere(url: str, line: str) -> str:
+    """Run one line in another process's runtime with this file's tools; return its stdout."""
+    return _other_process(
+        url, _OTHER_TOOLS + f"\nwith journaled.open(url) as rt:\n    tools(rt)\n    {line}\n"
+    )
+
+
 def _waiting_run(rt: journaled.Runtime) -> str:
     result = rt.execute(Plan(goal="pick", steps=[Step("q", agent="ask", input=None)]))
     assert result.waiting == ["q"]
@@ -515,15 +522,7 @@ def test_behind_resume_of_a_run_another_process_finished_is_refused(durable_url:
         _tools(b)
         run = _waiting_run(b)
         assert b.runs.summary(run).status == "waiting_for_input"
-        _other_process(
-            durable_url,
-            _OTHER_TOOLS
-            + f"""
-with journaled.open(url) as rt:
-    tools(rt)
-    assert rt.resume({run!r}, answers={{"q": "red"}}).ok
-""",
-        )
+        _with_tools_elsewhere(durable_url, f'assert rt.resume({run!r}, answers={{"q": "red"}}).ok')
         with pytest.raises(journaled.RunNotResumable, match="already finished"):
             b.resume(run, answers={"q": "blue"})
         assert b.runs.at(run, b.journal.position()).observations[-1].output == "colour red"
@@ -536,15 +535,7 @@ def test_behind_cancel_of_a_run_another_process_finished_is_false(durable_url: s
     with journaled.open(durable_url, follow=None) as b:
         _tools(b)
         run = _waiting_run(b)
-        _other_process(
-            durable_url,
-            _OTHER_TOOLS
-            + f"""
-with journaled.open(url) as rt:
-    tools(rt)
-    assert rt.resume({run!r}, answers={{"q": "red"}}).ok
-""",
-        )
+        _with_tools_elsewhere(durable_url, f'assert rt.resume({run!r}, answers={{"q": "red"}}).ok')
         end = b.journal.position()
         assert b.cancel(run) is False
         assert b.journal.position() == end
@@ -557,15 +548,7 @@ def test_behind_answer_of_a_run_another_process_cancelled_is_refused(durable_url
     with journaled.open(durable_url, follow=None) as b:
         _tools(b)
         run = _waiting_run(b)
-        _other_process(
-            durable_url,
-            _OTHER_TOOLS
-            + f"""
-with journaled.open(url) as rt:
-    tools(rt)
-    assert rt.cancel({run!r}) is True
-""",
-        )
+        _with_tools_elsewhere(durable_url, f"assert rt.cancel({run!r}) is True")
         with pytest.raises(journaled.RunNotResumable, match="cancelled"):
             b.resume(run, answers={"q": "blue"})
         assert b.runs.summary(run).status == "cancelled"
@@ -741,14 +724,8 @@ def test_a_cancel_at_rest_racing_an_answer_elsewhere_is_false_not_an_error(
             out = original(self, *args, **kwargs)
             if not fired:
                 fired.append(True)
-                _other_process(
-                    durable_url,
-                    _OTHER_TOOLS
-                    + f"""
-with journaled.open(url) as rt:
-    tools(rt)
-    assert rt.resume({run!r}, answers={{"q": "red"}}).ok
-""",
+                _with_tools_elsewhere(
+                    durable_url, f'assert rt.resume({run!r}, answers={{"q": "red"}}).ok'
                 )
             return out
 

@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import json
-import queue
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_run_tenancy_attack import Box
 
 import journaled
 from journaled import Deletion, InvalidFact, Plan, Step
@@ -398,17 +398,6 @@ def test_mcp_memory_tools_treat_acmes_fact_as_unknown(
     _acme_unchanged(sqlite_url, clock, private)
 
 
-class _Box:
-    def __init__(self) -> None:
-        self.got: queue.Queue[Any] = queue.Queue()
-
-    def tell(self, message: Any) -> None:
-        self.got.put(message)
-
-    def take(self) -> Any:
-        return self.got.get(timeout=WAIT)
-
-
 @pytest.mark.parametrize("organization", ORGS)
 def test_protocol_memory_door_answers_acmes_fact_as_an_unknown_one(
     sqlite_url: str, clock: ManualClock, organization: str | None
@@ -419,7 +408,7 @@ def test_protocol_memory_door_answers_acmes_fact_as_an_unknown_one(
     with journaled.open(
         sqlite_url, organization=organization, clock=clock, embedder=KeywordEmbedder(WORDS)
     ) as rt:
-        box = _Box()
+        box = Box()
         rt.protocol.register("attacker/m", box)
         try:
             end = rt.journal.position()

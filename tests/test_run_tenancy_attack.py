@@ -232,7 +232,9 @@ def test_cancel_of_acmes_run_at_rest_changes_nothing(
 # -- the protocol door -----------------------------------------------------------------------------
 
 
-class _Box:
+class Box:
+    """A mailbox for the protocol door's replies (A4): what it is told, taken in order."""
+
     def __init__(self) -> None:
         self.got: queue.Queue[Any] = queue.Queue()
 
@@ -252,7 +254,7 @@ def test_protocol_door_treats_acmes_runs_as_unknown(
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
         _register(rt)
-        box = _Box()
+        box = Box()
         rt.protocol.register("attacker/1", box)
         end = rt.journal.position()
         for run_id in _every_run(acme):
@@ -294,7 +296,7 @@ def test_protocol_resume_with_approve_of_acmes_run_is_unknown(
     """R1/ADR 0074: gateway.run-resume approve=True of acme's run fails as RunNotFound."""
     acme = _acme(sqlite_url, clock)
     with journaled.open(sqlite_url, organization=organization, clock=clock) as rt:
-        box = _Box()
+        box = Box()
         rt.protocol.register("attacker/2", box)
         try:
             rt.protocol.send(
