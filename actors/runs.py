@@ -618,7 +618,9 @@ class Runs(RunForks):
         process is taken up as a resume is (R8: never one another live process executes) with
         its cancel already requested: its pending and waiting steps are skipped as E5 says and
         nothing runs, not even a step that was in flight (ADR 0075). Its child runs that are
-        at rest too (a waiting step's child that asks) are cancelled first.
+        at rest too (a waiting step's child that asks) are cancelled next. The run itself goes
+        first, so a process killed in between has made the cancel asked for durable: no answer
+        carries that run on, and cancelling it again ends the children it left (ADR 0079).
 
         Raises:
             RunNotResumable: the run cannot be taken up (its ``reserve`` policy is missing).
@@ -629,11 +631,14 @@ class Runs(RunForks):
             state = self.state(run_id)
         except RunNotFound:
             return False
-        ended = state.is_finished and state.run_status in ("completed", "failed", "cancelled")
-        if state.purged is not None or ended:
+        if state.purged is not None:
             return False
-        for child in self._children_at_rest(run_id):
-            self.cancel_at_rest(child, timeout)
+        if state.is_finished and state.run_status == "cancelled":
+            # A cancel cut short once the run had ended: the children it left follow now.
+            children = self._children_at_rest(run_id)
+            return any([self.cancel_at_rest(child, timeout) for child in children])
+        if state.is_finished and state.run_status in ("completed", "failed"):
+            return False
         try:
             claim = self._claim(run_id)
         except RunOwnedElsewhere:
@@ -657,6 +662,8 @@ class Runs(RunForks):
             # Another process appended to the run after it was read here (it answered or
             # resumed it): that one carries it on, or finished it, and nothing was appended.
             return False
+        for child in self._children_at_rest(run_id):
+            self.cancel_at_rest(child, timeout)
         return True
 
     def _children_at_rest(self, run_id: str) -> list[str]:
