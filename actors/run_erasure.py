@@ -26,7 +26,9 @@ from journaled.events.runs import RunForked, RunPurged, RunStarted
 __all__ = ["purge_run"]
 
 _ATTEMPTS = 5
-"""Purges tried before giving up while runs are forked at each try (each is refused)."""
+"""Family reads before giving up while forks of the run land at each (each is refused)."""
+_APPENDS = 50
+"""Appends of one family's purge tried while forks of other runs land before each."""
 _FORK_TOPICS = tuple(topics_of(RunForked))
 """A purge is refused when one of these lands after it read the run's family (R2)."""
 
@@ -87,8 +89,8 @@ def _purge_once(
     executing: Set[str],
     elsewhere: Callable[[str], bool] | None,
 ) -> int | None:
-    """Purge from what the journal holds now; None when a fork landed after the family was
-    read (it may copy this run's content: the caller reads the family again)."""
+    """Purge from what the journal holds now; None when a fork of the family landed after the
+    family was read (it copies this run's content: the caller reads the family again)."""
     seen = journal.position()
     first = journal.first(run_id)
     if first is None:
@@ -141,17 +143,31 @@ def _purge_once(
     # read folds the events, which no longer carry content).
     blank = {p.stream: (p.version, b"") for p in pending}
     blank[SUMMARIES_KEY] = (0, b"")  # the run-summary projection holds goals (ADR 0037)
-    try:
-        # A fork landing after the family was read would keep copies of what is erased (R2).
-        journal.append(pending, forget=forget, snapshots=blank, refuse_after=(seen, _FORK_TOPICS))
-    except AppendRefused:
-        return None
-    except ConcurrencyConflict as exc:
-        raise RunNotPurgeable(
-            f"run {run_id} changed while it was being purged (another process appended to it); "
-            "nothing was erased, try again"
-        ) from exc
-    return len(forget)
+    family = set(streams)
+    for _ in range(_APPENDS):
+        try:
+            # A fork landing after the family was read would keep copies of what is erased
+            # (R2): the append is refused then, and the forks since are looked at.
+            journal.append(
+                pending, forget=forget, snapshots=blank, refuse_after=(seen, _FORK_TOPICS)
+            )
+        except AppendRefused:
+            upto = journal.position()
+            forks = journal.read(after=seen, upto=upto, topics=_FORK_TOPICS)
+            if any(isinstance(e.data, RunForked) and e.data.source in family for e in forks):
+                return None  # one copies this family: read it again, that fork included
+            seen = upto  # other runs' forks alone: the family read is still whole
+            continue
+        except ConcurrencyConflict as exc:
+            raise RunNotPurgeable(
+                f"run {run_id} changed while it was being purged (another process appended to "
+                "it); nothing was erased, try again"
+            ) from exc
+        return len(forget)
+    raise RunNotPurgeable(
+        f"run {run_id}: other runs were forked at each try to purge it; nothing was erased, "
+        "try again"
+    )
 
 
 def _root(journal: Journal, run_id: str) -> str:

@@ -44,8 +44,8 @@ from journaled.events.runs import (
 _FORKED = tag_of(RunForked)
 """The tag a fork's stream starts with."""
 
-_FORK_ATTEMPTS = 5
-"""Forks tried before giving up while other runs are purged at each try (each is refused)."""
+_APPENDS = 50
+"""Appends of one fork tried while purges of other runs land before each (each is refused)."""
 PURGE_TOPICS = tuple(topics_of(RunPurged))
 """A fork is refused when one of these lands after the read it copies from (R2)."""
 
@@ -57,9 +57,8 @@ class RunForks(RunReads):
         super().__init__(journal)
         self._clock = clock
         self.catch_up_memory: Callable[[], object] | None = None
-        """Fold into memory what other processes appended (the runtime's ``refresh``): a
-        refreshed run's steps read memory as new as the journal its staleness was judged
-        from (P4)."""
+        """Fold into memory what other processes appended (the runtime's ``refresh``), called
+        before a resumed run's steps read it (P4)."""
         self.hidden_fact: Callable[[str], bool] = lambda _: False
         """Names facts this runtime must not see (another organization's, R1): ``stale`` skips
         them. The runtime sets it from its memory's tenant boundary."""
@@ -80,24 +79,16 @@ class RunForks(RunReads):
         it. Reads the journal only: the source may be executing elsewhere, and is never
         modified. Nothing runs until ``rt.resume(new_id)``.
         """
-        for _ in range(_FORK_ATTEMPTS):
-            new_id = self._fork_once(run_id, at, replace, answers, call_budget)
-            if new_id is not None:
-                return new_id
-        raise ConcurrencyConflict(
-            [run_id], f"runs were purged each time run {run_id} was forked; nothing was stored"
-        )
+        return self._fork(run_id, at, replace, answers, call_budget)
 
-    def _fork_once(
+    def _fork(
         self,
         run_id: str,
         at: int | None,
         replace: Mapping[str, Step] | None,
         answers: Mapping[str, str] | None,
         call_budget: int | None,
-    ) -> str | None:
-        """Fork once from what the journal holds now; None when a purge of another run landed
-        meanwhile (the guard cannot tell whose: the caller tries again)."""
+    ) -> str:
         first = self._first(run_id)
         if isinstance(first.data, OrchestrationStarted):
             raise ValueError(
@@ -174,21 +165,31 @@ class RunForks(RunReads):
         # Redacted as every other run event is where it is staged (M9, ADR 0018): the
         # replacements' inputs and the answers given here are new content.
         forked = forked.map_content(redact_data)
-        try:
-            # Not after a purge: one of the source after `end` erased what this fork copies
-            # (R2); the purge's own guard refuses it when this fork lands first (it then reads
-            # the family again, this fork included).
-            self._journal.append(
-                [Pending(stream=new_id, version=1, data=forked)],
-                refuse_after=(end, PURGE_TOPICS),
-            )
-        except AppendRefused:
-            if self.state(run_id).purged is not None:
-                raise RunNotResumable(
-                    f"run {run_id} was purged: its inputs are gone, it cannot fork"
-                ) from None
-            return None
-        return new_id
+        opening_event = [Pending(stream=new_id, version=1, data=forked)]
+        for _ in range(_APPENDS):
+            try:
+                # Not after a purge of the source since `end`: it erased what this fork copies
+                # (R2). The purge's own guard refuses it when this fork lands first (it then
+                # reads the family again, this fork included).
+                self._journal.append(opening_event, refuse_after=(end, PURGE_TOPICS))
+            except AppendRefused:
+                upto = self._journal.position()
+                purges = self._journal.read(after=end, upto=upto, topics=PURGE_TOPICS)
+                if any(e.stream == run_id for e in purges):
+                    raise RunNotResumable(
+                        f"run {run_id} was purged: its inputs are gone, it cannot fork"
+                    ) from None
+                end = upto  # other runs' purges alone: what was copied is still there
+                continue
+            except ConcurrencyConflict:
+                # The id is new: only this append writes it. A connection lost after its
+                # commit, and retried, finds it there.
+                if self._journal.head(new_id) is None:
+                    raise
+            return new_id
+        raise ConcurrencyConflict(
+            [], f"other runs were purged at each try to fork run {run_id}; nothing was stored"
+        )
 
     def _replacements(
         self, run_id: str, steps: dict[str, Step], replace: Mapping[str, Step] | None
@@ -307,10 +308,8 @@ class RunForks(RunReads):
         by_id = self.state(run_id).steps
         replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
         # fork (F1) owns the fork rules; refresh only chooses what to replace.
-        new_id = self.fork(run_id, replace=replace)
-        if self.catch_up_memory is not None:
-            self.catch_up_memory()  # what `stale` saw in the journal, memory holds too (P4)
-        return new_id
+        # The resume that runs it folds memory up to the journal first (P4).
+        return self.fork(run_id, replace=replace)
 
 
 def _fork_answers(

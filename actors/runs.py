@@ -19,6 +19,7 @@ import pykka
 
 from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import (
+    ActorTimeout,
     RunNotFound,
     RunNotResumable,
     RunOwnedElsewhere,
@@ -446,10 +447,7 @@ class Runs(RunForks):
             )
             if state.started is not None:
                 self._check_may_resume(run_id, state.started.organization)
-            if self.catch_up_memory is not None:
-                # Its steps read memory as new as the journal this resume began from (P4: a
-                # refreshed run, resumed in a process behind on the journal, reads today's).
-                self.catch_up_memory()
+            self._catch_up_memory(run_id)
         except BaseException:
             self._release(run_id, claim)
             raise
@@ -457,6 +455,24 @@ class Runs(RunForks):
         assert started is not None
         parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
         return self._start(run_id, claim, state, opening, reserve, on_progress, trace, parent)
+
+    def _catch_up_memory(self, run_id: str) -> None:
+        """Fold into memory what other processes appended, before a resumed run's steps read
+        it: they read memory as new as the journal the resume began from (P4: a run refreshed
+        elsewhere, resumed in a process behind on the journal, reads today's memory)."""
+        if self.catch_up_memory is None:
+            return
+        try:
+            self.catch_up_memory()
+        except pykka.ActorDeadError as exc:  # its actors were stopped by a close meanwhile
+            raise RuntimeClosed(
+                f"the runtime closed while run {run_id} was being resumed: resume it in a new "
+                "runtime (journaled.open)"
+            ) from exc
+        except ActorTimeout:
+            # Memory busy for the whole wait: its steps read it as far as it has folded, as
+            # every read does between two follows.
+            log.warning("memory did not catch up before run %s resumed; going on", run_id)
 
     def _reopen(
         self,
@@ -635,8 +651,10 @@ class Runs(RunForks):
             return False
         if state.is_finished and state.run_status == "cancelled":
             # A cancel cut short once the run had ended: the children it left follow now.
-            children = self._children_at_rest(run_id)
-            return any([self.cancel_at_rest(child, timeout) for child in children])
+            ended_any = False
+            for child in self._children_at_rest(run_id):  # every one, not up to the first
+                ended_any = self.cancel_at_rest(child, timeout) or ended_any
+            return ended_any
         if state.is_finished and state.run_status in ("completed", "failed"):
             return False
         try:

@@ -22,11 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pykka
 import pytest
 
 import journaled
 from journaled import AgentResult, Plan, Step
 from journaled.actors import run_erasure
+from journaled.actors.errors import ActorTimeout
+from journaled.events.errors import ConcurrencyConflict
 from journaled.events.memory import (
     FactDeleted,
     FactPurged,
@@ -706,6 +709,105 @@ with journaled.open(url) as rt:
         assert b.runs.state(fork).purged is not None
         assert MARKER not in repr(b.runs.at(fork, b.journal.position()))
     assert _stored_anywhere(durable_url, MARKER) == []
+
+
+def test_forks_of_other_runs_meanwhile_do_not_hold_up_a_purge(
+    durable_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2 (ADR 0078): a fork of another run landing while B purges a run refuses B's first
+    append; the purge looks at that fork, finds it no copy of this family, and erases at once
+    (its family read once)."""
+    with journaled.open(durable_url, follow=None) as b:
+        _tools(b)
+        run = b.execute(Plan(goal="g", steps=[Step("e", tool="echo", input=MARKER)])).run_id
+        other = b.execute(Plan(goal="h", steps=[Step("e", tool="echo", input="x")])).run_id
+        original = run_erasure._family
+        reads: list[str] = []
+
+        def fork_other_meanwhile(journal: Any, run_id: str) -> list[str]:
+            reads.append(run_id)
+            family = original(journal, run_id)
+            if len(reads) == 1:
+                _with_tools_elsewhere(durable_url, f"print(rt.runs.fork({other!r}))")
+            return family
+
+        monkeypatch.setattr(run_erasure, "_family", fork_other_meanwhile)
+        assert b.runs.purge(run, "asked") > 0
+        monkeypatch.undo()
+        assert reads == [run]
+        assert b.runs.state(other).purged is None
+        b.memory.scrub(timeout=5)
+    assert _stored_anywhere(durable_url, MARKER) == []
+
+
+def test_purges_of_other_runs_meanwhile_do_not_refuse_a_fork(
+    durable_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1/R2 (ADR 0078): another run's purge landing while B forks a run refuses B's first
+    append; the fork finds its source untouched and lands, carrying its output."""
+    with journaled.open(durable_url, follow=None) as b:
+        _tools(b)
+        run = b.execute(Plan(goal="g", steps=[Step("e", tool="echo", input="kept")])).run_id
+        other = b.execute(Plan(goal="h", steps=[Step("e", tool="echo", input=MARKER)])).run_id
+        original = type(b.runs)._replacements
+        fired: list[bool] = []
+
+        def purge_other_meanwhile(self: Any, *args: Any, **kwargs: Any) -> Any:
+            if not fired:
+                fired.append(True)
+                _with_tools_elsewhere(durable_url, f"assert rt.runs.purge({other!r}, 'x') > 0")
+            return original(self, *args, **kwargs)
+
+        monkeypatch.setattr(type(b.runs), "_replacements", purge_other_meanwhile)
+        fork = b.runs.fork(run)
+        monkeypatch.undo()
+        assert fired
+        assert b.runs.at(fork, b.journal.position()).observations[0].output == {"echo": "kept"}
+
+
+def test_a_fork_whose_commit_was_retried_returns_its_id(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1 (ADR 0078): an append that landed and then conflicted with itself (a connection lost
+    after the commit and retried) gives the fork's id, not an error."""
+    with journaled.open(sqlite_url, follow=None) as b:
+        _tools(b)
+        run = b.execute(Plan(goal="g", steps=[Step("e", tool="echo", input="x")])).run_id
+        journal = b.runs._journal
+        append = journal.append
+
+        def land_then_conflict(*args: Any, **kwargs: Any) -> list[int]:
+            append(*args, **kwargs)
+            raise ConcurrencyConflict(["run_x"], "the retried commit found its own rows")
+
+        monkeypatch.setattr(journal, "append", land_then_conflict)
+        fork = b.runs.fork(run)
+        monkeypatch.undo()
+        assert b.runs.summary(fork).status != "running"
+        assert [e.kind for e in b.runs.history(fork)] == ["run.forked"]
+
+
+def test_a_resume_whose_memory_is_gone_is_refused_as_closed(sqlite_url: str) -> None:
+    """R3/E14 (ADR 0078): memory's actors stopped under a resume (a close meanwhile) gives
+    RuntimeClosed, the run stays resumable; memory too busy to catch up lets it go on."""
+    with journaled.open(sqlite_url, follow=None) as b:
+        _tools(b)
+        run = _waiting_run(b)
+
+        def stopped() -> int:
+            raise pykka.ActorDeadError("memory writer stopped")
+
+        b.runs.catch_up_memory = stopped
+        with pytest.raises(journaled.RuntimeClosed, match="resume it in a new runtime"):
+            b.resume(run, answers={"q": "red"})
+
+        def busy() -> int:
+            raise ActorTimeout("no answer to CatchUp in 30s")
+
+        b.runs.catch_up_memory = busy
+        resumed = b.resume(run, answers={"q": "red"})
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert resumed.ok
 
 
 def test_a_cancel_at_rest_racing_an_answer_elsewhere_is_false_not_an_error(

@@ -302,3 +302,27 @@ def test_an_append_guarded_by_topics_is_refused_once_one_of_them_landed(
     )
     assert [e.stream for e in journal.read(after=seen + 1)] == ["b", "c"]
     assert journal.payloads(["b"]) == ({"b": b"the text of b"} if with_payload else {})
+
+
+@pytest.mark.parametrize(
+    ("guard", "named"),
+    [
+        ((-1, ("run.purged@",)), "position"),
+        ((True, ("run.purged@",)), "position"),
+        ((0, "run.purged@"), "prefixes"),
+        ((0, ()), "prefixes"),
+        ((0, ("",)), "prefixes"),
+        ((0, (7,)), "prefixes"),
+    ],
+)
+def test_a_malformed_append_guard_is_refused_naming_it(
+    journal: Journal, guard: tuple[object, object], named: str
+) -> None:
+    """J5/R2 (ADR 0078): a guard that is no (position, topic prefixes) is refused with a
+    ValueError naming its part, and nothing is appended."""
+    with pytest.raises(ValueError, match=f"refuse_after's .*{named}"):
+        journal.append(
+            [Pending(stream="a", version=1, data=remembered("a"))],
+            refuse_after=guard,  # type: ignore[arg-type]
+        )
+    assert journal.position() == 0

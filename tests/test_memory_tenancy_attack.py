@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from test_run_tenancy_attack import Box
 import journaled
 from journaled import Deletion, InvalidFact, Plan, Step
 from journaled.cli import main
+from journaled.embedders.cache import digest
 from journaled.events.gateway_messages import (
     DeleteFact,
     FactHistory,
@@ -283,6 +285,43 @@ def test_the_vector_cache_does_not_confirm_acmes_text(
     embedded = {text for call in embedder.calls for text in call}
     assert wrong_guess in embedded
     assert SECRET in embedded
+
+
+def test_a_vector_cache_of_an_earlier_release_is_emptied_once(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """R1/M7 (ADR 0078): a cache file an earlier release wrote (user_version 0) keyed acme's
+    organization fact by its text alone; it is emptied when next opened, so other's guess of
+    that text is embedded, not answered from acme's vector."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    fact_id = _acme_private(url, clock, NamedEmbedder(WORDS))
+    cache = str(tmp_path / "journal.sqlite.vectors")
+    with sqlite3.connect(cache) as db:  # as the earlier release stored it
+        (vector,) = db.execute("SELECT vector FROM vectors LIMIT 1").fetchone()
+        db.execute("DELETE FROM facts")
+        db.execute("DELETE FROM vectors")
+        model = NamedEmbedder(WORDS).model
+        db.execute("INSERT INTO vectors VALUES (?, ?, ?)", (model, digest(SECRET), vector))
+        db.execute("INSERT INTO facts VALUES (?, ?, ?)", (model, fact_id, digest(SECRET)))
+        db.execute("PRAGMA user_version = 0")
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, organization="other", clock=clock, embedder=embedder) as rt:
+        guess = rt.memory.remember(SECRET, scope="user")
+        assert guess.id in {f.id for f in rt.memory.search_semantic("acquire")}
+    assert SECRET in {text for call in embedder.calls for text in call}
+    with sqlite3.connect(cache) as db:
+        assert db.execute("PRAGMA user_version").fetchone() == (2,)
+        linked = {row[0] for row in db.execute("SELECT fact_id FROM facts")}
+    assert guess.id in linked
+    assert fact_id not in linked
+
+
+def test_an_owners_key_never_meets_another_owners() -> None:
+    """R1 (ADR 0078): the cache key of (organization, text) is unambiguous, though both texts
+    may hold the separator an earlier key put between them."""
+    assert digest("secret", "acme\x1fx") != digest("x\x1fsecret", "acme")
+    assert digest("secret", "acme") != digest("secret")
+    assert digest("secret", "acme") != digest("secret", "other")
 
 
 @pytest.mark.parametrize("organization", ORGS)

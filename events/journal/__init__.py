@@ -361,7 +361,7 @@ class Journal:
             ConcurrencyConflict: a stream already has one of the versions (another writer won).
             JournalBusy: the lock stayed taken for the whole wait; nothing was appended.
             ValueError: payloads or erasures without any event (no digest record would cover
-                them).
+                them), or a malformed ``refuse_after``.
             AppendRefused: ``refuse_after`` found such an event; nothing was appended.
         """
         self._check_open()
@@ -386,7 +386,7 @@ class Journal:
             stored.append(StoredEvent(p.stream, p.version, codec.topic(data), codec.encode(data)))
         # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
         # them to be released (ADR 0076).
-        guard = None if refuse_after is None else (refuse_after[0], tuple(refuse_after[1]))
+        guard = None if refuse_after is None else _guard(refuse_after)
         with interrupts_deferred():
             try:
                 positions = self._insert(
@@ -1099,6 +1099,20 @@ def with_content(shape: DomainEvent, side: bytes, topic: str, position: int | No
     if next(it, missing) is not missing:
         raise CorruptEvent(position, topic, "content payload has more values than its event")
     return full
+
+
+def _guard(refuse_after: tuple[int, Sequence[str]]) -> tuple[int, tuple[str, ...]]:
+    """Return an append's guard checked: a position, and topic prefixes that are texts."""
+    position, prefixes = refuse_after
+    if isinstance(position, bool) or not isinstance(position, int) or position < 0:
+        raise ValueError(f"refuse_after's position must be an int >= 0, got {position!r}")
+    if isinstance(prefixes, str) or not prefixes:
+        raise ValueError(
+            f"refuse_after's topic prefixes must be a non-empty sequence of texts, got {prefixes!r}"
+        )
+    if not all(isinstance(p, str) and p for p in prefixes):
+        raise ValueError(f"refuse_after's topic prefixes must be non-empty texts: {prefixes!r}")
+    return position, tuple(prefixes)
 
 
 __all__ = [

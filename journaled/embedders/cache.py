@@ -38,6 +38,8 @@ CREATE INDEX IF NOT EXISTS facts_by_id ON facts (fact_id);
 CREATE TABLE IF NOT EXISTS position (id INTEGER PRIMARY KEY CHECK (id = 0), seen INTEGER NOT NULL);
 """
 
+_KEYING = 2
+"""The file's ``user_version`` once vectors are keyed as :func:`digest` keys them now."""
 _PURGED_TOPICS = topics_of(FactPurged)
 _BUSY = 2.0
 """Seconds a write waits for another process's: a cache that stays busy is skipped, not
@@ -53,7 +55,8 @@ def digest(text: str, owner: str | None = None) -> bytes:
     """
     if owner is None:
         return hashlib.sha256(text.encode("utf-8")).digest()
-    return hashlib.sha256(f"{owner}\x1f{text}".encode()).digest()
+    # The owner's own digest first, fixed in length: no (owner, text) pair keys another's.
+    return hashlib.sha256(hashlib.sha256(owner.encode()).digest() + text.encode()).digest()
 
 
 class VectorCache:
@@ -92,7 +95,18 @@ class VectorCache:
             if tables < 3:  # a new file, or one deleted while open: made again (a read else)
                 db.executescript(_SCHEMA)
                 db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
+                db.execute(f"PRAGMA user_version = {_KEYING}")
                 with self._lock:  # what the file held is embedded and stored again
+                    self._vectors.clear()
+                    self._facts.clear()
+            elif db.execute("PRAGMA user_version").fetchone()[0] < _KEYING:
+                # Kept by an earlier release, which keyed an organization's fact vectors by
+                # their text alone: one would still answer another organization's same text
+                # (ADR 0078). A cache: emptied once, its vectors are embedded again on use.
+                db.execute("DELETE FROM facts")
+                db.execute("DELETE FROM vectors")
+                db.execute(f"PRAGMA user_version = {_KEYING}")
+                with self._lock:
                     self._vectors.clear()
                     self._facts.clear()
             db.execute("BEGIN")
