@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
+
+from journaled.actors.errors import RuntimeClosed
 
 __all__ = ["Cancellations", "LoopRunner", "StepCancelled", "StepToken"]
 
@@ -23,6 +26,23 @@ T = TypeVar("T")
 
 class StepCancelled(Exception):
     """An async step's task was cancelled: its run was cancelled or its deadline passed."""
+
+
+class LoopGone(RuntimeClosed):
+    """The event loop an async step ran on ended under it (its program's ``asyncio.run``
+    returned): the step has no result and runs again when its run is resumed (R3)."""
+
+
+def _ending(loop: asyncio.AbstractEventLoop, wait: float = 1.0) -> bool:
+    """Tell whether ``loop`` stops or closes within ``wait`` seconds of a step's task being
+    cancelled by something other than journaled: ``asyncio.run`` closes its loop right after
+    cancelling the tasks it leaves."""
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        if loop.is_closed() or not loop.is_running():
+            return True
+        time.sleep(0.01)
+    return loop.is_closed() or not loop.is_running()
 
 
 class StepToken:
@@ -149,6 +169,13 @@ class LoopRunner:
                 raise StepCancelled(
                     "cancelled: the run was cancelled, the step's deadline passed or the runtime "
                     "closed"
+                ) from None
+            if _ending(loop):
+                # The loop's own shutdown cancelled the task (asyncio.run cancels every task
+                # left): the program is ending, which is no cancel of the run (R3).
+                raise LoopGone(
+                    "the event loop the step ran on ended under it (its program's asyncio.run "
+                    "returned): the step runs again when its run is resumed"
                 ) from None
             raise StepCancelled(
                 "the step's coroutine raised CancelledError though nothing cancelled it"

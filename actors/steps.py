@@ -28,7 +28,7 @@ import pykka
 
 from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
-from journaled.actors.loop import Cancellations, LoopRunner, StepToken
+from journaled.actors.loop import Cancellations, LoopGone, LoopRunner, StepToken
 from journaled.actors.placement import Placement, resources_problem, run_placed
 from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, short, text_problem
@@ -466,6 +466,8 @@ def run_callable(
     try:
         output = call_user(fn, (step.input,), loop, token, ctx)
         stored = journalable(output, f"the output of {kind} {step.target!r}")
+    except LoopGone:
+        raise  # no result: the step runs again on resume (R3)
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
         return Observation(
             step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=_error_text(exc)
@@ -505,6 +507,8 @@ def _observe_agent(
     base: dict[str, Any] = {"step_id": step.id, "agent": step.agent}
     try:
         result = call_user(fn, (step, ctx), loop, token)
+    except LoopGone:
+        raise  # no result: the step runs again on resume (R3)
     except NeedsInput as need:
         task = ctx.child_runs[-1] if ctx.child_runs else None
         problem = text_problem(need.question, empty=False)
@@ -672,7 +676,13 @@ class StepWorker(pykka.ThreadingActor):
                     interrupted = True
             else:
                 ctx = ToolContext(message, memory) if takes_ctx else None
-                obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
+                try:
+                    obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
+                except LoopGone as exc:
+                    obs = Observation(
+                        step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc)
+                    )
+                    interrupted = True
         finally:
             if scope is not None:
                 scope.__exit__(None, None, None)

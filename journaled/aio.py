@@ -21,6 +21,7 @@ import asyncio
 import builtins
 import contextvars
 import functools
+import threading
 from collections.abc import Callable, Generator, Iterable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from types import TracebackType
@@ -103,6 +104,22 @@ class _Pool:
         # The caller's context variables go along, as with asyncio.to_thread (a current span, T3).
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
         return await self.loop.run_in_executor(self.executor, call)
+
+    async def run_apart(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+        """Run ``fn`` on a thread of its own, not one of the pool's: the pool's workers may all
+        be held by calls this one ends (a close, whose drain bounds it, R3)."""
+        self.check_loop()
+        done: Future[T] = Future()
+        call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+
+        def work() -> None:
+            try:
+                done.set_result(call())
+            except BaseException as exc:  # handed to the awaiting task, raised there
+                done.set_exception(exc)
+
+        threading.Thread(target=work, name="journaled-aio-apart").start()
+        return await asyncio.wrap_future(done, loop=self.loop)
 
     def shutdown(self) -> None:
         """Refuse further calls; the workers end (nothing is left running once close returned)."""
@@ -763,7 +780,9 @@ class AsyncRuntime:
 
     async def _close(self, drain: float | None) -> None:
         try:
-            await self._pool.run(self._sync.close, drain)
+            # Not in the pool: its workers may all wait on calls the close releases (a search
+            # for its embedder), and the close must end within its drain (R3).
+            await self._pool.run_apart(self._sync.close, drain)
         finally:
             self._pool.shutdown()
 

@@ -260,8 +260,10 @@ class Memory:
         return answer.fact
 
     def _close_inbox(self) -> None:
-        """Fail every remember still awaiting its answer: the runtime is closed."""
+        """Fail every remember still awaiting its answer, and wake every search waiting for
+        its embedder: the runtime is closed."""
         self._inbox.close()
+        self._semantic.close()
 
     def request_remember(self, request: Remember) -> tuple[str, Future[Remembered]]:
         """Tell the writer a remember, addressed to reply here; return (correlation, future).

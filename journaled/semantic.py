@@ -106,6 +106,9 @@ class Semantic:
         """Calls still running past their search's bound: while any is, searches fall back at
         once instead of starting another call on an embedder that is stuck or slow."""
         self._late_lock = threading.Lock()
+        self._closed = False
+        self._waits: set[threading.Event] = set()
+        """The waits of searches for the embedder now: a close wakes them (R3)."""
         self._model = model_of(embedder) or ""
         path = cache_path(journal, embedder) if embedder is not None else None
         try:
@@ -217,12 +220,24 @@ class Semantic:
             except BaseException as exc:  # the caller's thread raises it, or nobody does
                 answer.set_exception(exc)
 
+        done = threading.Event()
+        with self._late_lock:
+            if self._closed:
+                raise _PastBound  # the runtime closed: its memory answers for itself
+            self._waits.add(done)
         threading.Thread(target=call, name="journaled-embed", daemon=True).start()
         remaining = deadline - time.monotonic()
-        done = threading.Event()
         answer.add_done_callback(lambda _: done.set())
-        if remaining > 0 and done.wait(remaining):
-            return answer.result()
+        try:
+            if remaining > 0 and done.wait(remaining) and answer.done():
+                return answer.result()
+        finally:
+            with self._late_lock:
+                self._waits.discard(done)
+        if self._closed and not answer.done():
+            # Woken by the runtime's close (R3): the search falls back, and the closed memory
+            # refuses it as it refuses every call now.
+            raise _PastBound
         with self._late_lock:
             if answer.done():  # it answered as the wait ended: nothing is late
                 return answer.result()
@@ -235,6 +250,14 @@ class Semantic:
             self.timeout,
         )
         raise _PastBound
+
+    def close(self) -> None:
+        """Wake every search waiting for the embedder: the runtime is closed (R3)."""
+        with self._late_lock:
+            self._closed = True
+            waits = list(self._waits)
+        for done in waits:
+            done.set()
 
     def _ended_late(self, ended: Future[Any], late: Callable[[object], None] | None) -> None:
         with self._late_lock:

@@ -312,6 +312,10 @@ class Journal:
         """Names this journal's appends in its notifications, so that its own followers can
         tell them from other processes' (ADR 0044)."""
         self._closed = False
+        self._users = 0
+        """Calls on the recorder under way, on any thread: close waits for them (ADR 0080)."""
+        self._in_use = threading.Condition()
+        self._depth = threading.local()
         self._scrub_lock = threading.Lock()
         self._appended = threading.Condition()
         self._appends = 0
@@ -387,7 +391,7 @@ class Journal:
         # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
         # them to be released (ADR 0076).
         guard = None if refuse_after is None else _guard(refuse_after)
-        with interrupts_deferred():
+        with self._using():
             try:
                 positions = self._insert(
                     stored, side, forget, snapshots, drop_snapshots, lock_wait, guard
@@ -539,16 +543,17 @@ class Journal:
         """
         self._check_open()
         # Counted before the attempt: an erasure committed during it may not be covered.
-        with interrupts_deferred():
+        with self._using():
             erased, _ = self._recorder.select_scrub_marks()
         with self._scrub_lock:
             if self.config.backend == "postgresql":
                 recorder = self._recorder
                 assert isinstance(recorder, _pg()._PostgresRecorder)
-                recorder.erase(wait)
+                with self._using():
+                    recorder.erase(wait)
             elif self.config.backend == "sqlite" and self.config.path is not None:
                 self._truncate_wal(self.config.path, wait)
-            with interrupts_deferred():
+            with self._using():
                 self._recorder.mark_scrubbed(erased)
 
     def scrub_debt(self) -> int:
@@ -559,7 +564,7 @@ class Journal:
         next, here or in another process.
         """
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             erased, scrubbed = self._recorder.select_scrub_marks()
         return max(0, erased - scrubbed)
 
@@ -616,7 +621,8 @@ class Journal:
                 f"head: expected the 32 (or 64) lowercase hex digits of a reported digest, "
                 f"got {head!r}"
             )
-        upto, payloads = self._recorder.select_digest_state()
+        with self._using():
+            upto, payloads = self._recorder.select_digest_state()
         # A content event decodes with its payload: each page's payloads are fetched with it and
         # kept for a few pages (a commit's events may span pages), never all at once.
         content: dict[str, bytes] = {}
@@ -625,9 +631,12 @@ class Journal:
         def events() -> Iterator[Row]:
             start = 0
             while True:
-                rows = self._recorder.select_raw(start, upto, 1000)
-                keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
-                content.update(self._recorder.select_payloads(keys) if keys else {})
+                # Each page holds the journal open, the whole check does not: a close waits
+                # for a page, never for a verify of the whole journal.
+                with self._using():
+                    rows = self._recorder.select_raw(start, upto, 1000)
+                    keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
+                    content.update(self._recorder.select_payloads(keys) if keys else {})
                 pages.append(keys)
                 while len(pages) > 3:
                     for key in pages.popleft():
@@ -640,7 +649,8 @@ class Journal:
         def digests() -> Iterator[DigestRow]:
             start = 0
             while True:
-                rows = self._recorder.select_digests(start, upto, 1000)
+                with self._using():
+                    rows = self._recorder.select_digests(start, upto, 1000)
                 yield from rows
                 if len(rows) < 1000:
                     return
@@ -651,7 +661,7 @@ class Journal:
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             return int(self._recorder.max_notification_id() or 0)
 
     def read(
@@ -674,7 +684,7 @@ class Journal:
         self._check_open()
         start = after
         while True:
-            with interrupts_deferred():
+            with self._using():
                 rows = self._recorder.select_rows(start, upto, page, topics, skip_prefixes)
             yield from self._events(rows)
             if len(rows) < page:
@@ -691,7 +701,7 @@ class Journal:
     ) -> list[Event]:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             rows = self._recorder.select_stream(stream, after_version, upto, limit)
         return self._events(rows, stream)
 
@@ -704,7 +714,7 @@ class Journal:
             stream's last version.
         """
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             rows = self._recorder.select_stream(stream, 0, None, None)
         last = rows[-1][2] if rows else 0
         keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
@@ -713,7 +723,7 @@ class Journal:
             for r in rows
             if r[3] not in self._content_topics and r[3].rpartition("@")[0] in self._content_tags
         ]
-        with interrupts_deferred():
+        with self._using():
             present = self._recorder.select_payloads(keys) if keys else {}
         return [k for k in keys if k in present], inline, last
 
@@ -732,7 +742,7 @@ class Journal:
             return True
         self._check_open()
         try:
-            with interrupts_deferred():
+            with self._using():
                 self._recorder.insert_events(
                     [],
                     snapshots={stream: (version, state)},
@@ -745,13 +755,13 @@ class Journal:
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.select_snapshot(stream)
 
     def snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version or position, state), in key order."""
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.select_snapshots()
 
     def first(self, stream: str) -> Event | None:
@@ -766,7 +776,7 @@ class Journal:
         self._check_open()
         if position <= 0:
             return position
-        with interrupts_deferred():
+        with self._using():
             found = self._recorder.select_digests(position - 1, INT64_MAX, 1)
         if found and found[0][1] <= position <= found[0][0]:
             return found[0][0]
@@ -780,7 +790,7 @@ class Journal:
         it is, should not pay for.
         """
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             found = self._recorder.select_head(stream)
         return None if found is None else (found[0], found[1].partition("@")[0])
 
@@ -789,13 +799,13 @@ class Journal:
         self._check_open()
         if not streams:
             return {}
-        with interrupts_deferred():
+        with self._using():
             return {e.stream: e for e in self._events(self._recorder.select_firsts(streams))}
 
     def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
         """Return the forgettable payloads of the given streams (all when None)."""
         self._check_open()
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.select_payloads(streams)
 
     # -- named subscriptions (A3) -----------------------------------------------------------------
@@ -808,7 +818,7 @@ class Journal:
         self._check_open()
         if not self._has_subscription_table():
             return []
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.select_subscriptions(name)
 
     def acknowledge(self, name: str, position: int) -> int:
@@ -821,7 +831,7 @@ class Journal:
         """
         self._check_open()
         self._ensure_subscription_table()
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.advance_subscription(name, position)
 
     def forget_subscription(self, name: str) -> bool:
@@ -829,12 +839,12 @@ class Journal:
         self._check_open()
         if not self._has_subscription_table():
             return False
-        with interrupts_deferred():
+        with self._using():
             return self._recorder.delete_subscription(name)
 
     def _has_subscription_table(self) -> bool:
         if not self._subscription_table:
-            with interrupts_deferred():
+            with self._using():
                 self._subscription_table = self._recorder.has_subscription_table()
         return self._subscription_table
 
@@ -846,7 +856,8 @@ class Journal:
     def _create_subscription_table(self) -> None:
         recorder = self._recorder
         if isinstance(recorder, _SQLiteRecorder | _POPORecorder):
-            recorder.create_subscription_table()
+            with self._using():
+                recorder.create_subscription_table()
         else:
             _pg().migrate_subscriptions(self.config)
         self._subscription_table = True
@@ -1003,28 +1014,70 @@ class Journal:
                     listener.close()
 
     def close(self) -> None:
-        """Close the journal's connections. Idempotent."""
-        if not self._closed:
+        """Close the journal's connections once the calls under way on them end. Idempotent.
+
+        A call begun after this one raises :class:`JournalClosed`. One under way on another
+        thread (a read, an append) goes on to its end on its connection: closing a connection
+        under a thread still using it fails that call with a driver's error, or, with SQLite,
+        crashes the process (ADR 0080). They are waited for as long as a call may wait for the
+        write lock, and a little more.
+        """
+        with self._in_use:
+            if self._closed:
+                return
             self._closed = True
-            self._bump()  # waiters with a mark return; the watcher ends
-            with self._listen_lock:
-                self._drop_listener()
-            watcher = self._watcher
-            if watcher is not None and watcher is not threading.current_thread():
-                watcher.join(1.0)
-            self._app.close()
+            mine = getattr(self._depth, "count", 0)  # calls of this thread: not waited for
+            if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):
+                log.warning(
+                    "journal %s closed with %d call(s) still under way on its connections",
+                    self.config.url,
+                    self._users - mine,
+                )
+        self._bump()  # waiters with a mark return; the watcher ends
+        with self._listen_lock:
+            self._drop_listener()
+        watcher = self._watcher
+        if watcher is not None and watcher is not threading.current_thread():
+            watcher.join(1.0)
+        self._app.close()
+
+    @property
+    def _close_wait(self) -> float:
+        return max(5.0, float(self.config.lock_wait or 0)) + 5.0
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[None]:
+        """Hold the journal open around a call on its recorder; defer Ctrl-C meanwhile.
+
+        Raises:
+            JournalClosed: :meth:`close` has begun.
+        """
+        with self._in_use:
+            if self._closed:
+                raise JournalClosed(f"journal {self.config.url} is closed")
+            self._users += 1
+        self._depth.count = getattr(self._depth, "count", 0) + 1
+        try:
+            with interrupts_deferred():
+                yield
+        finally:
+            self._depth.count -= 1
+            with self._in_use:
+                self._users -= 1
+                if self._users == 0:
+                    self._in_use.notify_all()
 
     def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
         """Decode rows (all of one stream, when ``stream`` is given) with their side rows."""
         topics = self._content_topics
         if stream is None:
             keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
-            with interrupts_deferred():
+            with self._using():
                 content = self._recorder.select_payloads(list(keys)) if keys else {}
             sided = {keys[key] for key in content}
         else:
             versions = [r[2] for r in rows if r[3] in topics]
-            with interrupts_deferred():
+            with self._using():
                 found = self._recorder.select_content(stream, versions) if versions else {}
             content = {content_key(stream, v): side for v, side in found.items()}
             sided = {r[0] for r in rows if r[2] in found and r[3] in topics}
