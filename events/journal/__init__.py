@@ -246,6 +246,36 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
     raise JournalUrlError(f"journal backend {config.backend!r} is not available in this release")
 
 
+class _Use:
+    """A call on a journal's recorder under way: counted for :meth:`Journal.close`, with Ctrl-C
+    held until it ends (ADR 0076, ADR 0080).
+
+    A class and not a generator: the deferral knows its section by the caller's frame, and a
+    generator's frame is off the stack while the ``with`` body runs, so a Ctrl-C would have
+    landed in the middle of a pool's checkout.
+    """
+
+    __slots__ = ("_defer", "_journal")
+
+    def __init__(self, journal: Journal) -> None:
+        self._journal = journal
+        self._defer = interrupts_deferred(depth=2)
+
+    def __enter__(self) -> None:
+        self._defer.__enter__()
+        try:
+            self._journal._enter_use()
+        except BaseException:
+            self._defer.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self._journal._leave_use()
+        finally:
+            self._defer.__exit__(*exc)
+
+
 class Journal:
     """Append events atomically and read them back in one global order.
 
@@ -1026,6 +1056,9 @@ class Journal:
             if self._closed:
                 return
             self._closed = True
+            pool = getattr(getattr(self._recorder, "datastore", None), "pool", None)
+            if pool is not None and hasattr(pool, "closing"):
+                pool.closing = True  # appends still waiting for SQLite's write lock give up
             mine = getattr(self._depth, "count", 0)  # calls of this thread: not waited for
             if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):
                 log.warning(
@@ -1045,27 +1078,27 @@ class Journal:
     def _close_wait(self) -> float:
         return max(5.0, float(self.config.lock_wait or 0)) + 5.0
 
-    @contextlib.contextmanager
-    def _using(self) -> Iterator[None]:
+    def _using(self) -> _Use:
         """Hold the journal open around a call on its recorder; defer Ctrl-C meanwhile.
 
         Raises:
-            JournalClosed: :meth:`close` has begun.
+            JournalClosed: :meth:`close` has begun (on entering).
         """
+        return _Use(self)
+
+    def _enter_use(self) -> None:
         with self._in_use:
             if self._closed:
                 raise JournalClosed(f"journal {self.config.url} is closed")
             self._users += 1
         self._depth.count = getattr(self._depth, "count", 0) + 1
-        try:
-            with interrupts_deferred():
-                yield
-        finally:
-            self._depth.count -= 1
-            with self._in_use:
-                self._users -= 1
-                if self._users == 0:
-                    self._in_use.notify_all()
+
+    def _leave_use(self) -> None:
+        self._depth.count -= 1
+        with self._in_use:
+            self._users -= 1
+            if self._users == 0:
+                self._in_use.notify_all()
 
     def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
         """Decode rows (all of one stream, when ``stream`` is given) with their side rows."""

@@ -83,6 +83,10 @@ def busy(exc: BaseException) -> bool:
     return False
 
 
+_CLOSE_POLL = 0.05
+"""Seconds an append waiting for the pool's write lock sleeps between looks at a close."""
+
+
 class _Pool(SQLiteConnectionPool):
     """Connections that erase deleted bytes and commit with the configured durability."""
 
@@ -120,6 +124,10 @@ class _Pool(SQLiteConnectionPool):
         return SQLiteConnection(sqlite_conn=raw, max_age=self.max_age)
 
     _writer: SQLiteConnection | None = None
+    closing = False
+    """Set as the journal begins to close: an append still waiting for the write lock gives
+    up with :class:`ConnectionPoolClosedError` (the journal's JournalClosed, ADR 0039) instead
+    of holding the close up behind the appends before it (ADR 0080)."""
 
     def writer(self, timeout: float | None = None) -> SQLiteConnection:
         """Take the pool's write lock and return its one connection for appends.
@@ -136,10 +144,18 @@ class _Pool(SQLiteConnectionPool):
         # ``_writer_lock`` is the library's (eventsourcing 9.5, pinned in pyproject.toml): the
         # lock every writer of this pool holds while it writes.
         wait = self.pool_timeout if timeout is None else timeout
-        if not self._writer_lock.acquire(timeout=wait):
-            raise ConnectionUnavailableError("Timed out waiting for return of writer")
+        if not self._writer_lock.acquire(timeout=min(wait, _CLOSE_POLL)):
+            deadline = time.monotonic() + wait - _CLOSE_POLL
+            while True:
+                if self.closing:  # the journal closes: it waits for calls on connections only
+                    raise ConnectionPoolClosedError
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise ConnectionUnavailableError("Timed out waiting for return of writer")
+                if self._writer_lock.acquire(timeout=min(left, _CLOSE_POLL)):
+                    break
         try:
-            if self._closed:
+            if self._closed or self.closing:
                 raise ConnectionPoolClosedError
             if self._writer is None:
                 self._writer = self._create_connection()
