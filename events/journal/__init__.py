@@ -246,6 +246,10 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
     raise JournalUrlError(f"journal backend {config.backend!r} is not available in this release")
 
 
+_CUT_BY_CLOSE = (ConnectionPoolClosedError, PersistenceError, sqlite3.Error)
+"""What a call on the recorder raises when its connection was closed under it."""
+
+
 class _Use:
     """A call on a journal's recorder under way: counted for :meth:`Journal.close`, with Ctrl-C
     held until it ends (ADR 0076, ADR 0080).
@@ -269,11 +273,15 @@ class _Use:
             self._defer.__exit__(None, None, None)
             raise
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, error: object, trace: object) -> None:
         try:
             self._journal._leave_use()
         finally:
-            self._defer.__exit__(*exc)
+            self._defer.__exit__(kind, error, trace)
+        if self._journal._closed and isinstance(error, _CUT_BY_CLOSE):
+            # The connection was closed under this call: a close on this thread (a signal
+            # handler's) or one that gave up waiting. The caller learns what happened.
+            raise JournalClosed(f"journal {self._journal.config.url} is closed") from error
 
 
 class Journal:
@@ -346,6 +354,11 @@ class Journal:
         """Calls on the recorder under way, on any thread: close waits for them (ADR 0080)."""
         self._in_use = threading.Condition()
         self._depth = threading.local()
+        self._closing = threading.RLock()
+        """Held by the thread that waits for the calls under way and closes the connections:
+        a second close waits for it (a handler's close on the same thread goes through)."""
+        self._shut = False
+        """The connections are closed: set once a close got through its wait."""
         self._scrub_lock = threading.Lock()
         self._appended = threading.Condition()
         self._appends = 0
@@ -1046,33 +1059,42 @@ class Journal:
     def close(self) -> None:
         """Close the journal's connections once the calls under way on them end. Idempotent.
 
-        A call begun after this one raises :class:`JournalClosed`. One under way on another
-        thread (a read, an append) goes on to its end on its connection: closing a connection
-        under a thread still using it fails that call with a driver's error, or, with SQLite,
-        crashes the process (ADR 0080). They are waited for as long as a call may wait for the
-        write lock, and a little more.
+        A call begun after this one raises :class:`JournalClosed`, and waits for appends wake at
+        once. One under way on another thread (a read, an append) goes on to its end on its
+        connection: closing a connection under a thread still using it fails that call with a
+        driver's error, or, with SQLite, crashes the process (ADR 0080). They are waited for as
+        long as a call may wait for the write lock, and a little more. A second close returns
+        once the first has closed the connections; a close cut short by Ctrl-C while it waits
+        closes nothing, and the next close finishes it.
         """
         with self._in_use:
-            if self._closed:
-                return
+            first = not self._closed
             self._closed = True
+        if first:
             pool = getattr(getattr(self._recorder, "datastore", None), "pool", None)
             if pool is not None and hasattr(pool, "closing"):
                 pool.closing = True  # appends still waiting for SQLite's write lock give up
+            self._bump()  # waiters with a mark return; the watcher ends
+            with self._listen_lock:
+                self._drop_listener()
+        with self._closing:
+            if self._shut:
+                return
             mine = getattr(self._depth, "count", 0)  # calls of this thread: not waited for
-            if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):
-                log.warning(
-                    "journal %s closed with %d call(s) still under way on its connections",
-                    self.config.url,
-                    self._users - mine,
-                )
-        self._bump()  # waiters with a mark return; the watcher ends
-        with self._listen_lock:
-            self._drop_listener()
-        watcher = self._watcher
-        if watcher is not None and watcher is not threading.current_thread():
-            watcher.join(1.0)
-        self._app.close()
+            with self._in_use:
+                if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):
+                    log.warning(
+                        "journal %s closed with %d call(s) still under way on its connections",
+                        self.config.url,
+                        self._users - mine,
+                    )
+            if self._shut:  # a handler on this thread closed it while this close waited
+                return
+            self._shut = True
+            watcher = self._watcher
+            if watcher is not None and watcher is not threading.current_thread():
+                watcher.join(1.0)
+            self._app.close()
 
     @property
     def _close_wait(self) -> float:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sqlite3
 import sqlite3 as _driver  # the pool's own name: tests stand in for ``sqlite3`` in DDL
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -84,7 +85,52 @@ def busy(exc: BaseException) -> bool:
 
 
 _CLOSE_POLL = 0.05
-"""Seconds an append waiting for the pool's write lock sleeps between looks at a close."""
+"""Seconds a writer waiting for the pool's write lock sleeps between looks at a close."""
+
+
+class _WriteLock:
+    """The pool's write lock, whose waits give up once the journal begins to close.
+
+    Every writer of the pool waits for it: appends (:meth:`_Pool.writer`) and the library's
+    own writes (a subscription's acknowledgement, the scrub mark). One still waiting when the
+    journal closes raises :class:`ConnectionPoolClosedError` (the journal's JournalClosed)
+    instead of holding the close up behind the writes before it (ADR 0080).
+    """
+
+    __slots__ = ("_lock", "closing")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.closing = False
+
+    def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
+        """Take the lock as :meth:`threading.Lock.acquire` does, giving up on a close.
+
+        Raises:
+            ConnectionPoolClosedError: the journal began to close while this waited.
+        """
+        if self._lock.acquire(blocking=False):
+            return True
+        if not blocking:
+            return False
+        deadline = None if timeout is None or timeout < 0 else time.monotonic() + timeout
+        while True:
+            if self.closing:
+                raise ConnectionPoolClosedError
+            left = _CLOSE_POLL if deadline is None else deadline - time.monotonic()
+            if left <= 0:
+                return False
+            if self._lock.acquire(timeout=min(left, _CLOSE_POLL)):
+                return True
+
+    def release(self) -> None:
+        self._lock.release()
+
+    def __enter__(self) -> None:
+        self._lock.acquire()  # the pool's own close: it waits for the writer, whatever closes
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
 
 
 class _Pool(SQLiteConnectionPool):
@@ -124,10 +170,21 @@ class _Pool(SQLiteConnectionPool):
         return SQLiteConnection(sqlite_conn=raw, max_age=self.max_age)
 
     _writer: SQLiteConnection | None = None
-    closing = False
-    """Set as the journal begins to close: an append still waiting for the write lock gives
-    up with :class:`ConnectionPoolClosedError` (the journal's JournalClosed, ADR 0039) instead
-    of holding the close up behind the appends before it (ADR 0080)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # ``_writer_lock`` is the library's (eventsourcing 9.5, pinned in pyproject.toml): the
+        # lock every writer of this pool takes. Ours gives up waiting when the journal closes.
+        self._writer_lock: Any = _WriteLock()
+
+    @property
+    def closing(self) -> bool:
+        """Whether the journal began to close: writers still waiting for the lock give up."""
+        return bool(self._writer_lock.closing)
+
+    @closing.setter
+    def closing(self, value: bool) -> None:
+        self._writer_lock.closing = value
 
     def writer(self, timeout: float | None = None) -> SQLiteConnection:
         """Take the pool's write lock and return its one connection for appends.
@@ -141,19 +198,9 @@ class _Pool(SQLiteConnectionPool):
             ConnectionUnavailableError: the write lock was not free within the pool's timeout.
             ConnectionPoolClosedError: the pool is closed.
         """
-        # ``_writer_lock`` is the library's (eventsourcing 9.5, pinned in pyproject.toml): the
-        # lock every writer of this pool holds while it writes.
         wait = self.pool_timeout if timeout is None else timeout
-        if not self._writer_lock.acquire(timeout=min(wait, _CLOSE_POLL)):
-            deadline = time.monotonic() + wait - _CLOSE_POLL
-            while True:
-                if self.closing:  # the journal closes: it waits for calls on connections only
-                    raise ConnectionPoolClosedError
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ConnectionUnavailableError("Timed out waiting for return of writer")
-                if self._writer_lock.acquire(timeout=min(left, _CLOSE_POLL)):
-                    break
+        if not self._writer_lock.acquire(timeout=wait):
+            raise ConnectionUnavailableError("Timed out waiting for return of writer")
         try:
             if self._closed or self.closing:
                 raise ConnectionPoolClosedError
