@@ -8,6 +8,7 @@ callers can catch either::
     │   └── JournalUnreadable                the file or database at the URL is no journal
     ├── JournalClosed (RuntimeError)         the journal was used after close()
     ├── JournalBusy                          another connection held the write lock too long
+    ├── JournalFull                          the disk holding the journal is full
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
     │   └── UnknownEventType                 a stored topic this release does not know
@@ -54,6 +55,27 @@ class JournalBusy(EventsError):
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
         return (type(self), (self.journal, self.waited))
+
+
+class JournalFull(EventsError):
+    """The disk (or tablespace) holding the journal is full: nothing of the write was stored.
+
+    Everything stored before stays as it was; once space is freed, the same call can be made
+    again, and a run it stopped is resumed by ``rt.resume(run_id)`` (its steps that succeeded
+    do not run again).
+    """
+
+    def __init__(self, journal: str, detail: str) -> None:
+        self.journal = journal
+        self.detail = detail
+        super().__init__(
+            f"journal {journal} is out of space ({detail}), so nothing was stored. Free space "
+            "where it is kept, then try again: a run it stopped resumes with rt.resume(run_id)"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.journal, self.detail))
 
 
 class ConcurrencyConflict(EventsError):

@@ -10,6 +10,7 @@
     │   └── JournalUnreadable                  the file or database is no journal
     ├── JournalClosed (RuntimeError)
     ├── JournalBusy                            another writer held the lock past lock_wait
+    ├── JournalFull                            the disk holding the journal is full
     ├── ConcurrencyConflict
     ├── CorruptEvent (ValueError)
     │   └── UnknownEventType
@@ -47,6 +48,7 @@ from journaled.events.errors import (
     IndexTorn,
     JournalBusy,
     JournalClosed,
+    JournalFull,
     JournalUnreadable,
     JournalUrlError,
     PlanRejected,
@@ -87,6 +89,7 @@ __all__ = [
     "InvalidFact",
     "JournalBusy",
     "JournalClosed",
+    "JournalFull",
     "JournalUnreadable",
     "JournalUrlError",
     "JournaledError",

@@ -69,6 +69,7 @@ from journaled.events.errors import (
     CorruptEvent,
     JournalBusy,
     JournalClosed,
+    JournalFull,
     JournalUnreadable,
     JournalUrlError,
 )
@@ -250,6 +251,19 @@ _CUT_BY_CLOSE = (ConnectionPoolClosedError, PersistenceError, sqlite3.Error)
 """What a call on the recorder raises when its connection was closed under it."""
 
 
+def disk_full(error: object) -> str | None:
+    """Return the database's words when ``error``, or an error that caused it, says that the
+    disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100)."""
+    seen: set[int] = set()
+    while isinstance(error, BaseException) and id(error) not in seen:
+        seen.add(id(error))
+        code = getattr(error, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL or getattr(error, "sqlstate", None) == "53100":
+            return (str(error).strip().splitlines() or ["disk full"])[0]
+        error = error.__cause__ or error.__context__
+    return None
+
+
 class _Use:
     """A call on a journal's recorder under way: counted for :meth:`Journal.close`, with Ctrl-C
     held until it ends (ADR 0076, ADR 0080).
@@ -278,7 +292,12 @@ class _Use:
             self._journal._leave_use()
         finally:
             self._defer.__exit__(kind, error, trace)
-        if self._journal._closed and isinstance(error, _CUT_BY_CLOSE):
+        if not isinstance(error, _CUT_BY_CLOSE):
+            return
+        full = disk_full(error)
+        if full is not None:  # the database's words, made the journal's (ADR 0081)
+            raise JournalFull(self._journal.config.url, full) from error
+        if self._journal._closed:
             # The connection was closed under this call: a close on this thread (a signal
             # handler's) or one that gave up waiting. The caller learns what happened.
             raise JournalClosed(f"journal {self._journal.config.url} is closed") from error
@@ -1238,5 +1257,6 @@ __all__ = [
     "Row",
     "VerifyReport",
     "content_key",
+    "disk_full",
     "migrate",
 ]

@@ -1,0 +1,163 @@
+"""A journal whose disk fills up (ADR 0081; SPEC J2, R4, E14, M2).
+
+The SQLite journal lives on a small tmpfs of the test's own, filled with a file until the kernel
+answers ENOSPC: the database meets a real full disk, not a stand-in. Mounting needs root, which
+CI and these machines have.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from eventsourcing.persistence import OperationalError
+
+import journaled
+from journaled import JournalFull, Plan, Step
+from journaled.events.journal import disk_full
+
+needs_mount = pytest.mark.skipif(
+    os.geteuid() != 0 or shutil.which("mount") is None,
+    reason="a small filesystem of the test's own needs root and mount(8)",
+)
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """Mount a 4 MiB tmpfs for one test; unmount it after."""
+    where = tmp_path / "disk"
+    where.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], check=True)
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=False)
+
+
+def fill(disk: Path) -> Path:
+    """Write a file on ``disk`` until the kernel says it is full; return the file."""
+    filler = disk / "filler"
+    with filler.open("wb", buffering=0) as out:
+        while _wrote(out):
+            pass
+    return filler
+
+
+def _wrote(out: Any) -> bool:
+    """Write a page to ``out``: False once the disk is full (any other error is raised)."""
+    try:
+        out.write(b"x" * 4096)
+    except OSError as exc:
+        if exc.errno != errno.ENOSPC:
+            raise
+        return False
+    return True
+
+
+def chain(n: int) -> Plan:
+    return Plan(
+        goal="chain",
+        steps=[
+            Step(f"s{i}", tool="echo", input=i, depends_on=[f"s{i - 1}"] if i else [])
+            for i in range(n)
+        ],
+    )
+
+
+@needs_mount
+def test_a_remember_on_a_full_disk_raises_journal_full_and_stores_nothing(disk: Path) -> None:
+    """M2, J2: a remember meeting a full disk raises JournalFull naming the journal and what to
+    do; nothing of it is stored, memory is as it was, and once space is freed the same remember
+    is stored and the journal verifies."""
+    url = f"sqlite:///{disk / 'journal.sqlite'}"
+    with journaled.open(url) as rt:
+        kept = [rt.memory.remember(f"fact {i}", conflict_key=f"k{i % 3}") for i in range(20)]
+        position = rt.journal.position()
+        filler = fill(disk)
+        with pytest.raises(JournalFull) as caught:
+            rt.memory.remember("the deploy key rotates on Fridays", conflict_key="k0")
+        assert url in str(caught.value)
+        assert "nothing was stored" in str(caught.value)
+        assert "disk is full" in caught.value.detail
+        assert rt.journal.position() == position
+        assert {f.id for f in rt.memory.all()} == {f.id for f in kept}
+        active = next(f for f in reversed(kept) if f.conflict_key == "k0")
+        assert rt.memory.get(active.id) == active  # the failed remember superseded nothing
+        filler.unlink()
+        fact = rt.memory.remember("the deploy key rotates on Fridays", conflict_key="k0")
+        assert fact.supersedes == (active.id,)
+        assert rt.memory.get(active.id).superseded_by == fact.id  # type: ignore[union-attr]
+    with journaled.open(url) as rt:
+        assert rt.journal.verify().ok
+        assert len(rt.memory.all()) == len(kept) + 1
+
+
+@needs_mount
+def test_a_run_whose_disk_fills_stops_with_journal_full_and_resumes_once_freed(
+    disk: Path,
+) -> None:
+    """R4, E14: a run whose disk fills mid-chain fails its caller with JournalFull; what was
+    journaled before stays, the step whose result could not be stored runs again on resume in
+    the same runtime once space is freed, and no step that succeeded runs twice."""
+    url = f"sqlite:///{disk / 'journal.sqlite'}"
+    calls: list[int] = []
+    filled: list[Path] = []
+
+    def echo(value: int) -> dict[str, Any]:
+        calls.append(value)
+        if value == 5 and not filled:
+            filled.append(fill(disk))
+        return {"echo": value, "pad": "y" * 2000}
+
+    with journaled.open(url) as rt:
+        rt.register_tool("echo", echo)
+        handle = rt.start(chain(12))
+        with pytest.raises(JournalFull):
+            handle.result(timeout=60)
+        done = [s.id for s in handle.state().plan.steps if s.status == "succeeded"]
+        assert done == [f"s{i}" for i in range(5)]
+        assert calls == [0, 1, 2, 3, 4, 5]
+        filled[0].unlink()
+        calls.clear()
+        result = rt.resume(handle.run_id)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        assert calls == list(range(5, 12))
+    with journaled.open(url) as rt:
+        assert rt.journal.verify().ok
+        assert rt.runs.list()[0].status == "completed"
+
+
+def test_disk_full_is_read_from_either_database_and_from_what_caused_an_error() -> None:
+    """ADR 0081: SQLite's SQLITE_FULL and PostgreSQL's SQLSTATE 53100, as the library wraps
+    them, are a full disk; a lock or another database error is not."""
+    lite = sqlite3.OperationalError("database or disk is full")
+    lite.sqlite_errorcode = sqlite3.SQLITE_FULL
+    assert disk_full(_raised(OperationalError(lite), lite)) == "database or disk is full"
+
+    class DiskFull(Exception):
+        sqlstate = "53100"
+
+    pg = DiskFull('could not extend file "base/16384/16385": No space left on device\nHINT: …')
+    said = disk_full(_raised(OperationalError(pg), pg))
+    assert said == 'could not extend file "base/16384/16385": No space left on device'
+
+    locked = sqlite3.OperationalError("database is locked")
+    locked.sqlite_errorcode = sqlite3.SQLITE_BUSY
+    assert disk_full(OperationalError(locked)) is None
+    assert disk_full(ValueError("disk is full")) is None
+    assert disk_full(None) is None
+
+
+def _raised(error: BaseException, cause: BaseException) -> BaseException:
+    """Return ``error`` as raised ``from cause``, as the library raises what it wraps."""
+    with pytest.raises(type(error)) as caught:
+        raise error from cause
+    return caught.value
