@@ -5,6 +5,7 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -46,3 +47,15 @@ def kill_when_in_flight(script: str, config: str, markers: list[Path], workdir: 
                 proc.kill()
                 proc.wait(timeout=DEADLINE_SECONDS)
     assert out.read_text() == "", "the killed child must not have finished"
+
+
+def run_script(script: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """Run a Python script in a fresh interpreter, with faulthandler on: signals and crashes
+    stay there, and a crash prints the stacks."""
+    return subprocess.run(  # our own interpreter and script
+        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )

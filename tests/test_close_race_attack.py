@@ -11,14 +11,13 @@ import json
 import signal
 import sqlite3
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from typing import Any
 
 import msgspec
 import pytest
+from crash import run_script
 
 from journaled.events.base import Pending
 from journaled.events.catalog import codec
@@ -35,14 +34,7 @@ CODEC = codec()
 
 
 def _child(script: str, *args: str, timeout: float = 90.0) -> subprocess.CompletedProcess[str]:
-    """Run a Python script in a fresh interpreter (signals and crashes stay there)."""
-    return subprocess.run(  # our own interpreter and script
-        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_script(script, *args, timeout=timeout)
 
 
 def _last_json(proc: subprocess.CompletedProcess[str]) -> Any:
@@ -63,6 +55,22 @@ def _event(version: int, stream: str = "s") -> Pending:
             observation=Observation(step_id=f"v{version}", ok=True, output=version),
         ),
     )
+
+
+def _appender(
+    j: Journal, outcome: list[BaseException | str], event: Pending | None = None
+) -> threading.Thread:
+    """Return a thread (not started) appending ``event`` (version 2 of stream s) to ``j``; it
+    puts "appended" or the error it met in ``outcome``."""
+
+    def append() -> None:
+        try:
+            j.append([event or _event(2)])
+            outcome.append("appended")
+        except BaseException as exc:
+            outcome.append(exc)
+
+    return threading.Thread(target=append)
 
 
 def _journal(url: str, lock_wait: float) -> Journal:
@@ -210,15 +218,7 @@ def test_a_second_close_returns_only_once_the_journal_is_closed(sqlite_url: str)
     other = sqlite3.connect(path, isolation_level=None)  # another process's open transaction
     other.execute("BEGIN IMMEDIATE")
     outcome: list[BaseException | str] = []
-
-    def append() -> None:
-        try:
-            j.append([_event(2)])
-            outcome.append("appended")
-        except BaseException as exc:
-            outcome.append(exc)
-
-    appender = threading.Thread(target=append)
+    appender = _appender(j, outcome)
     first = threading.Thread(target=j.close)
     try:
         appender.start()
@@ -269,15 +269,7 @@ def test_a_close_behind_another_sessions_write_lock_ends_within_lock_wait(durabl
     j.append([_event(1)])
     other = _hold_write_lock(j)
     outcome: list[BaseException | str] = []
-
-    def append(stream: str) -> None:
-        try:
-            j.append([_event(1, stream=stream)])
-            outcome.append("appended")
-        except BaseException as exc:
-            outcome.append(exc)
-
-    appenders = [threading.Thread(target=append, args=(s,)) for s in ("q1", "q2")]
+    appenders = [_appender(j, outcome, _event(1, stream=s)) for s in ("q1", "q2")]
     closer = threading.Thread(target=j.close)
     took = WAIT + 1
     try:
@@ -357,14 +349,6 @@ def test_a_close_wakes_a_wait_for_appends_at_once_while_a_call_is_stuck(sqlite_u
     other = _hold_write_lock(j)
     woke: list[float] = []
     outcome: list[BaseException | str] = []
-
-    def append() -> None:
-        try:
-            j.append([_event(2)])
-            outcome.append("appended")
-        except BaseException as exc:
-            outcome.append(exc)
-
     rounds: list[int] = []
 
     def waiter() -> None:  # as a subscription follows: mark, read, wait
@@ -377,7 +361,7 @@ def test_a_close_wakes_a_wait_for_appends_at_once_while_a_call_is_stuck(sqlite_u
         except JournalClosed:
             woke.append(time.monotonic())
 
-    appender = threading.Thread(target=append)
+    appender = _appender(j, outcome)
     sleeper = threading.Thread(target=waiter)
     closer = threading.Thread(target=j.close)
     began = time.monotonic()

@@ -10,14 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import subprocess
-import sys
-import textwrap
 import threading
 import time
 from collections import Counter
 from typing import Any
 
 import pytest
+from crash import run_script
 
 import journaled
 import journaled.aio
@@ -34,14 +33,7 @@ CLEAR = (JournalClosed, journaled.RuntimeClosed)
 
 
 def _child(script: str, *args: str, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """Run a Python script in a fresh interpreter (a crash there must not take pytest along)."""
-    return subprocess.run(  # our own interpreter and script
-        [sys.executable, "-X", "faulthandler", "-c", textwrap.dedent(script), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+    return run_script(script, *args, timeout=timeout)
 
 
 def _tools_run(url: str, steps: int = 30) -> str:
