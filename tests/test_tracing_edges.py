@@ -196,11 +196,12 @@ def test_span_ends_past_the_bound_are_dropped_and_the_run_goes_on(
         ]
 
     # 1 run span + 20 waves + 20 steps: the ends in the thread's hands when the export hung,
-    # and the 4 queued behind them, are exported (on a loaded machine, after the run's end
-    # stopped waiting for them); the rest were dropped.
-    wait_for(lambda: len(kept()) >= 1 + 4, WAIT)
+    # and those queued behind them, are exported (on a loaded machine, after the run's end
+    # stopped waiting for them); the rest were dropped. The queue takes whole hand-overs (a
+    # step's end with its wave's, 2 or 3 ends), so it holds 2 to 4 when the next overflows it.
+    wait_for(lambda: len(kept()) >= 1 + 2, WAIT)
     provider.shutdown()
-    assert 1 + 4 <= len(kept()) <= 4 + 4
+    assert 1 + 2 <= len(kept()) <= 4 + 4
 
 
 def test_span_times_are_the_events_times_not_when_the_spans_were_exported(
