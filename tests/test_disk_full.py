@@ -7,15 +7,20 @@ CI and these machines have.
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import itertools
 import os
+import pwd
 import shutil
 import sqlite3
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pg
 import pytest
 from eventsourcing.persistence import OperationalError
 
@@ -34,9 +39,29 @@ def disk(tmp_path: Path) -> Iterator[Path]:
     """Mount a 4 MiB tmpfs for one test; unmount it after."""
     where = tmp_path / "disk"
     where.mkdir()
+    with _mounted(where):
+        yield where
+
+
+@pytest.fixture
+def server_disk() -> Iterator[Path]:
+    """Mount a 4 MiB tmpfs the PostgreSQL server's user owns, where that user can reach it."""
+    where = Path(tempfile.mkdtemp(prefix="journaled-full-", dir="/tmp"))
+    try:
+        with _mounted(where):
+            service = pwd.getpwnam(pg.SERVICE_USER)
+            os.chown(where, service.pw_uid, service.pw_gid)
+            where.chmod(0o700)
+            yield where
+    finally:
+        where.rmdir()
+
+
+@contextlib.contextmanager
+def _mounted(where: Path) -> Iterator[None]:
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], check=True)
     try:
-        yield where
+        yield
     finally:
         subprocess.run(["umount", "-l", str(where)], check=False)
 
@@ -133,6 +158,46 @@ def test_a_run_whose_disk_fills_stops_with_journal_full_and_resumes_once_freed(
     with journaled.open(url) as rt:
         assert rt.journal.verify().ok
         assert rt.runs.list()[0].status == "completed"
+
+
+_TABLESPACES = itertools.count()
+
+
+@needs_mount
+def test_a_postgresql_tablespace_that_fills_raises_journal_full(
+    postgres_databases: pg.Databases, server_disk: Path
+) -> None:
+    """J2, M2 on PostgreSQL: a journal whose tables live in a tablespace on a full disk raises
+    JournalFull (SQLSTATE 53100) for a remember and stores nothing of it; once space is freed
+    the remember is stored and the journal verifies."""
+    import psycopg
+
+    disk = server_disk
+    url = postgres_databases.take()
+    database = url.rsplit("/", 1)[-1]
+    tablespace = f"full_{os.getpid()}_{next(_TABLESPACES)}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE TABLESPACE {tablespace} LOCATION '{disk}'")
+        conn.execute(f"ALTER DATABASE {database} SET default_tablespace = {tablespace}")
+    try:
+        with journaled.open(url) as rt:
+            kept = [rt.memory.remember(f"fact {i}", conflict_key=f"k{i % 3}") for i in range(20)]
+            position = rt.journal.position()
+            filler = fill(disk)
+            with pytest.raises(JournalFull) as caught:
+                # Incompressible and longer than the tables' free pages: they must grow.
+                rt.memory.remember(os.urandom(200_000).hex(), conflict_key="k0")
+            assert "No space left on device" in caught.value.detail
+            assert rt.journal.position() == position
+            assert {f.id for f in rt.memory.all()} == {f.id for f in kept}
+            filler.unlink()
+            rt.memory.remember("the deploy key rotates on Fridays", conflict_key="k0")
+            assert rt.journal.verify().ok
+            assert len(rt.memory.all()) == len(kept) + 1
+    finally:
+        pg.drop_database(url)
+        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", autocommit=True) as conn:
+            conn.execute(f"DROP TABLESPACE IF EXISTS {tablespace}")
 
 
 def test_disk_full_is_read_from_either_database_and_from_what_caused_an_error() -> None:

@@ -89,6 +89,7 @@ from journaled.events.journal._common import (
     SnapshotRefused,
     _MsgspecMapper,
     content_key,
+    disk_full,
 )
 from journaled.events.journal._digest import (
     DIGEST_TABLE,
@@ -249,19 +250,6 @@ def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
 
 _CUT_BY_CLOSE = (ConnectionPoolClosedError, PersistenceError, sqlite3.Error)
 """What a call on the recorder raises when its connection was closed under it."""
-
-
-def disk_full(error: object) -> str | None:
-    """Return the database's words when ``error``, or an error that caused it, says that the
-    disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100)."""
-    seen: set[int] = set()
-    while isinstance(error, BaseException) and id(error) not in seen:
-        seen.add(id(error))
-        code = getattr(error, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL or getattr(error, "sqlstate", None) == "53100":
-            return (str(error).strip().splitlines() or ["disk full"])[0]
-        error = error.__cause__ or error.__context__
-    return None
 
 
 class _Use:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -33,6 +34,19 @@ _PG_MIGRATE_LOCK = 0x6A6F75726E616C  # advisory lock key ("journal"), per databa
 _PG_CONNECT_TIMEOUT = 10  # seconds to establish one connection
 _PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed when idle
 _PG_ATTEMPTS = 3  # a read retried on a dropped connection
+
+
+def disk_full(error: object) -> str | None:
+    """Return the database's words when ``error``, or an error that caused it, says that the
+    disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100)."""
+    seen: set[int] = set()
+    while isinstance(error, BaseException) and id(error) not in seen:
+        seen.add(id(error))
+        code = getattr(error, "sqlite_errorcode", None)
+        if code == sqlite3.SQLITE_FULL or getattr(error, "sqlstate", None) == "53100":
+            return (str(error).strip().splitlines() or ["disk full"])[0]
+        error = error.__cause__ or error.__context__
+    return None
 
 
 class LockWaitExpired(Exception):

@@ -46,6 +46,7 @@ from journaled.events.journal._common import (
     LockWaitExpired,
     Row,
     SnapshotRefused,
+    disk_full,
     erases,
     refused_after,
 )
@@ -699,7 +700,11 @@ if _POSTGRES_MISSING is None:
                     )
                     break
                 except (InterfaceError, OperationalError) as exc:
-                    if lock_timed_out(exc) or attempt == _LIBRARY_ATTEMPTS - 1:
+                    if (
+                        lock_timed_out(exc)
+                        or disk_full(exc) is not None  # rolled back, and would be again
+                        or attempt == _LIBRARY_ATTEMPTS - 1
+                    ):
                         raise
                     time.sleep(0.2)
             if positions:  # committed waiting for the disk, after every lower position
@@ -733,7 +738,16 @@ if _POSTGRES_MISSING is None:
                     return self._call_append(
                         stored_events, payloads, note, lock_wait, backend, channel
                     )
-                except (InterfaceError, OperationalError):
+                except (InterfaceError, OperationalError) as exc:
+                    if disk_full(exc) is not None:
+                        # The server answered, so the call is over and its connection lives:
+                        # no process to wait for, and a call again would meet the full disk
+                        # again (ADR 0081). The events' transaction may have committed before
+                        # the failure: look once.
+                        found = self._appended_already(stored_events, [])
+                        if found is not None:
+                            return found
+                        raise
                     if attempt == _APPEND_ATTEMPTS:
                         raise
                     time.sleep(0.2)
