@@ -20,6 +20,7 @@ import threading
 import time
 
 from journaled.actors.errors import ScrubPending
+from journaled.events.errors import JournalFull
 from journaled.events.journal import Journal
 
 __all__ = ["Scrubber"]
@@ -77,10 +78,11 @@ class Scrubber:
 
         Raises:
             ScrubPending: a reader still holds old data; the background retries go on.
+            JournalFull: the disk is full (no reader is to blame); the background retries go on.
         """
         deadline = time.monotonic() + timeout
         pause = _FIRST_PAUSE
-        while not self._attempt(0.0):
+        while not self._attempt(0.0, loud=True):
             left = deadline - time.monotonic()
             if left <= 0:
                 self._start()
@@ -121,9 +123,15 @@ class Scrubber:
             return "no purge is recorded as unscrubbed"
         return f"{debt} purge{'s' if debt != 1 else ''} not yet scrubbed"
 
-    def _attempt(self, wait: float) -> bool:
+    def _attempt(self, wait: float, *, loud: bool = False) -> bool:
+        """Scrub once; False when it could not be done yet. ``loud``: a full disk is raised."""
         try:
             self._journal.scrub(wait)
+        except JournalFull:
+            if not loud:
+                return False
+            self._start()
+            raise
         except Exception as exc:
             log.debug("scrub not done yet: %s", exc)
             return False

@@ -55,8 +55,12 @@ def open_runtime(
         rt = journaled.Runtime(ctx.obj["url"], create=create, embedder=embedder)
     except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
         fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    except EventsError as exc:  # a full disk, a busy journal
+        fail(str(exc))
     try:
         yield rt
+    except EventsError as exc:  # a full disk, a busy journal, an unreadable event: one line
+        fail(str(exc))
     finally:
         rt.close()
 
@@ -73,6 +77,8 @@ def open_journal(ctx: click.Context) -> Iterator[Journal]:
         journal = Journal(parse_url(url), codec(), create=False)
     except (ValueError, OSError, sqlite3.Error) as exc:  # sqlite3: a file that is no journal
         fail(f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc))
+    except EventsError as exc:  # a full disk, a busy journal
+        fail(str(exc))
     try:
         yield journal
     except EventsError as exc:  # a damaged or unreadable event: one line naming where, as

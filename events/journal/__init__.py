@@ -186,10 +186,15 @@ def _sqlite_name(path: str, create: bool) -> str:
     return f"file:{quote(str(file.resolve()))}?immutable=1"
 
 
-def _unreadable(path: str | None, exc: Exception) -> JournalUnreadable:
+def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | JournalFull:
+    """Return the error for a SQLite file that could not be opened: its disk is full (ADR
+    0081), or it is no journal (never advise restoring a backup for a full disk)."""
+    full = disk_full(exc)
+    if full is not None:
+        return JournalFull(config.url, full)
     return JournalUnreadable(
-        f"cannot open the journal at {path}: {exc} (not a journal file, or damaged: restore it "
-        "from a backup or point the URL at another file)"
+        f"cannot open the journal at {config.path}: {exc} (not a journal file, or damaged: "
+        "restore it from a backup or point the URL at another file)"
     )
 
 
@@ -311,7 +316,7 @@ class Journal:
             try:
                 holds = path.exists() and _holds_journal(config.path)
             except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
-                raise _unreadable(config.path, exc) from exc
+                raise _unreadable(config, exc) from exc
             if not create and not holds:
                 raise JournalUrlError(
                     f"no journal at {config.path}: check the URL (nothing was created, because "
@@ -331,7 +336,7 @@ class Journal:
         except LockWaitExpired as exc:
             raise JournalBusy(config.url, exc.waited) from exc
         except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
-            raise _unreadable(config.path, exc) from exc
+            raise _unreadable(config, exc) from exc
         except PersistenceError as exc:
             error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
             if config.backend == "postgresql":
@@ -590,6 +595,7 @@ class Journal:
         Raises:
             PersistenceError: another connection kept reading old data for ``wait`` seconds; the
                 erased bytes may remain until it is done and a later scrub succeeds.
+            JournalFull: the disk is full, so the log cannot be checkpointed into the file.
         """
         self._check_open()
         # Counted before the attempt: an erasure committed during it may not be covered.
@@ -627,8 +633,11 @@ class Journal:
             while True:
                 try:
                     row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                except sqlite3.OperationalError:  # a writer holds the lock right now
-                    row = (1, 0, 0)
+                except sqlite3.OperationalError as exc:
+                    full = disk_full(exc)
+                    if full is not None:  # no reader to wait for: the file cannot grow
+                        raise JournalFull(self.config.url, full) from exc
+                    row = (1, 0, 0)  # a writer holds the lock right now
                 if not row[0]:
                     return
                 if time.monotonic() >= deadline:

@@ -36,14 +36,20 @@ _PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed w
 _PG_ATTEMPTS = 3  # a read retried on a dropped connection
 
 
+_SQLITE_OUT_OF_SPACE = (sqlite3.SQLITE_FULL, 4874)
+"""SQLITE_FULL, and SQLITE_IOERR_SHMSIZE: the shared-memory file beside a WAL journal could not
+grow, which is what opening a journal no connection holds open meets on a full disk."""
+
+
 def disk_full(error: object) -> str | None:
     """Return the database's words when ``error``, or an error that caused it, says that the
-    disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100)."""
+    disk holding the journal is full (SQLite's SQLITE_FULL or SQLITE_IOERR_SHMSIZE, PostgreSQL's
+    SQLSTATE 53100)."""
     seen: set[int] = set()
     while isinstance(error, BaseException) and id(error) not in seen:
         seen.add(id(error))
         code = getattr(error, "sqlite_errorcode", None)
-        if code == sqlite3.SQLITE_FULL or getattr(error, "sqlstate", None) == "53100":
+        if code in _SQLITE_OUT_OF_SPACE or getattr(error, "sqlstate", None) == "53100":
             return (str(error).strip().splitlines() or ["disk full"])[0]
         error = error.__cause__ or error.__context__
     return None
