@@ -26,7 +26,6 @@ from eventsourcing.persistence import OperationalError
 
 import journaled
 from journaled import JournalFull, Plan, Step
-from journaled.embedders.cache import VectorCache
 from journaled.events.journal import disk_full
 
 needs_mount = pytest.mark.skipif(
@@ -227,26 +226,3 @@ def _raised(error: BaseException, cause: BaseException) -> BaseException:
     with pytest.raises(type(error)) as caught:
         raise error from cause
     return caught.value
-
-
-def test_an_unwritten_vector_of_a_purged_fact_never_reaches_the_cache_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """R2, M7, ADR 0081: vectors the cache's file did not take (its disk full) serve from the
-    process's memo and are written once it takes writes again; a purge meanwhile drops its
-    fact's vector, which never reaches the file."""
-    path = str(tmp_path / "vectors.sqlite")
-    cache = VectorCache(path)
-    connect = cache._connect
-
-    def full() -> Any:
-        raise sqlite3.OperationalError("database or disk is full")
-
-    monkeypatch.setattr(cache, "_connect", full)
-    with pytest.raises(sqlite3.OperationalError):
-        cache.put("m", [("f1", b"d1", [1.0]), ("f2", b"d2", [2.0])])
-    assert cache.get("m", [b"d1", b"d2"]) == {b"d1": [1.0], b"d2": [2.0]}  # still full
-    monkeypatch.setattr(cache, "_connect", connect)
-    cache.forget_facts(["f1"])
-    assert cache.get("m", [b"d2"]) == {b"d2": [2.0]}  # writes what the file did not take
-    assert VectorCache(path).get("m", [b"d1", b"d2"]) == {b"d2": [2.0]}

@@ -73,9 +73,6 @@ class VectorCache:
         self._facts: dict[tuple[str, str], bytes] = {}
         self._seen = 0
         self._purged: set[str] = set()
-        self._unwritten: dict[tuple[str, str], tuple[bytes, list[float]]] = {}
-        """Vectors in the memo the file did not take (a full disk, a writer holding it): by
-        (model, fact id), written with the next put or before the next get (ADR 0081)."""
         if path is not None:
             with self._connect():
                 pass  # made (or checked) now: a file that cannot be is known at once
@@ -122,9 +119,6 @@ class VectorCache:
 
     def get(self, model: str, digests: Sequence[bytes]) -> dict[bytes, list[float]]:
         """Return the cached vectors among ``digests`` for ``model``."""
-        if self._unwritten:
-            with suppress(sqlite3.Error, OSError):  # still unwritable: the memo serves
-                self._write()
         with self._lock:
             found = {d: self._vectors[model, d] for d in digests if (model, d) in self._vectors}
         missing = [d for d in dict.fromkeys(digests) if d not in found]
@@ -143,44 +137,23 @@ class VectorCache:
         return found | loaded
 
     def put(self, model: str, entries: Iterable[tuple[str, bytes, list[float]]]) -> None:
-        """Store ``(fact_id, digest, vector)`` entries; facts purged by this runtime are skipped.
-
-        Raises:
-            sqlite3.Error, OSError: the file did not take them; they stay in the memo and are
-                written with the next put, or before the next get, that can.
-        """
+        """Store ``(fact_id, digest, vector)`` entries; facts purged by this runtime are skipped."""
         with self._lock:
             rows = [(f, d, list(v)) for f, d, v in entries if f not in self._purged]
             for fact_id, d, vector in rows:
                 self._vectors[model, d] = vector
                 self._facts[model, fact_id] = d
-                if self.path is not None:
-                    self._unwritten[model, fact_id] = (d, vector)
-        if rows:
-            self._write()
-
-    def _write(self) -> None:
-        """Write the vectors the file has not taken yet; keep them unwritten if it fails."""
-        with self._lock:
-            batch = dict(self._unwritten)
-        if not batch:
+        if self.path is None or not rows:
             return
         with self._connect() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO vectors (model, digest, vector) VALUES (?, ?, ?)",
-                [(m, d, array("d", v).tobytes()) for (m, _), (d, v) in batch.items()],
+                [(model, d, array("d", v).tobytes()) for _, d, v in rows],
             )
             db.executemany(
                 "INSERT OR REPLACE INTO facts (model, fact_id, digest) VALUES (?, ?, ?)",
-                [(m, f, d) for (m, f), (d, _) in batch.items()],
+                [(model, f, d) for f, d, _ in rows],
             )
-        with self._lock:
-            for key, row in batch.items():
-                if self._unwritten.get(key) is row:
-                    del self._unwritten[key]
-            late = {f for _, f in batch if f in self._purged}
-        if late:  # purged while this wrote: its erasure may have run before the write (R2)
-            self.forget_facts(late)
 
     def forget_facts(self, fact_ids: Iterable[str]) -> int:
         """Drop the facts' links, and every vector no remaining fact links to; return how many."""
@@ -189,8 +162,6 @@ class VectorCache:
             return 0
         with self._lock:
             self._purged.update(ids)
-            for link in [k for k in self._unwritten if k[1] in ids]:
-                del self._unwritten[link]
             dropped = {d for (_, f), d in self._facts.items() if f in ids}
             for link in [k for k in self._facts if k[1] in ids]:
                 del self._facts[link]
