@@ -22,6 +22,7 @@ import pytest
 
 import journaled
 from journaled import JournalFull, Plan, Step
+from journaled.testing import wait_for
 
 needs_mount = pytest.mark.skipif(
     os.geteuid() != 0 or shutil.which("mount") is None,
@@ -460,7 +461,9 @@ def test_opening_a_journal_on_a_full_disk_is_journal_full_not_damaged(disk: Path
         opened = _open_and_get(url, fact.id)
     finally:
         filler.unlink()
-    assert opened in (fact, "full")
+    # No process holds it open, so SQLite must make its shared-memory file: on a full disk
+    # it cannot, and the open says the disk is full.
+    assert opened == "full"
     with journaled.open(url) as rt:
         assert rt.journal.verify().ok
 
@@ -608,7 +611,6 @@ def test_a_second_process_appending_on_a_full_disk_stores_nothing_then_once(disk
     """J3, M2, ADR 0081: a second process remembering into a journal this runtime holds open,
     on a full disk, gets JournalFull and stores nothing; once freed its remember is stored once
     and this runtime sees it, the supersession included."""
-    import time
 
     url = url_on(disk)
     with journaled.open(url, follow=0.1) as rt:
@@ -620,9 +622,7 @@ def test_a_second_process_appending_on_a_full_disk_stores_nothing_then_once(disk
         assert lock_free(disk)
         filler.unlink()
         theirs = _other_process(url, "theirs")
-        deadline = time.monotonic() + 5
-        while rt.memory.get(theirs) is None and time.monotonic() < deadline:
-            time.sleep(0.05)
+        wait_for(lambda: rt.memory.get(theirs) is not None, timeout=WAIT)
         assert [f.text for f in rt.memory.all()] == ["ours", "theirs"]
         assert rt.memory.get(mine.id).superseded_by == theirs  # type: ignore[union-attr]
         assert rt.journal.verify().ok
@@ -778,9 +778,7 @@ def test_a_close_with_a_step_in_flight_on_a_full_disk_leaves_the_run_resumable(
             ],
         )
     )
-    deadline = time.monotonic() + 5
-    while calls != [0, 1] and time.monotonic() < deadline:
-        time.sleep(0.02)
+    wait_for(lambda: calls == [0, 1], timeout=WAIT)  # s1 is in flight
     filler = fill(disk)
     began = time.monotonic()
     try:
@@ -788,7 +786,7 @@ def test_a_close_with_a_step_in_flight_on_a_full_disk_leaves_the_run_resumable(
     finally:
         release.set()
     took = time.monotonic() - began
-    assert took < 3, took
+    assert took < 6, took  # the drain (0.3 s), then the close: never the step's whole wait
     with pytest.raises(JournalFull):  # its suspension could not be stored either
         handle.result(timeout=5)
     filler.unlink()

@@ -39,6 +39,7 @@ import importlib
 import logging
 import os
 import re
+import shutil
 import sqlite3
 import threading
 import time
@@ -83,11 +84,13 @@ from journaled.events.journal._common import (
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
+    SQLITE_IOERR_SHMSIZE,
     SUBSCRIPTION_TABLE,
     LockWaitExpired,
     Row,
     SnapshotRefused,
     _MsgspecMapper,
+    causes,
     content_key,
     disk_full,
 )
@@ -100,6 +103,7 @@ from journaled.events.journal._digest import (
 )
 from journaled.events.journal._digest import verify as _verify
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
+from journaled.events.journal._sqlite import _Pool as _SQLitePool
 from journaled.events.journal._sqlite import _SQLiteFactory, _SQLiteRecorder
 from journaled.events.url import JournalConfig
 
@@ -186,10 +190,30 @@ def _sqlite_name(path: str, create: bool) -> str:
     return f"file:{quote(str(file.resolve()))}?immutable=1"
 
 
+_LOW_SPACE = 1 << 20
+"""Bytes free on a journal's disk below which a failure to grow its shared-memory file is
+taken for the disk being full (ADR 0081)."""
+
+
+def _out_of_space(config: JournalConfig, exc: BaseException) -> str | None:
+    """Return why a SQLite journal could not be opened or written when its disk is full."""
+    full = disk_full(exc)
+    if full is not None or config.path is None:
+        return full
+    if any(getattr(c, "sqlite_errorcode", None) == SQLITE_IOERR_SHMSIZE for c in causes(exc)):
+        try:
+            free = shutil.disk_usage(Path(config.path).resolve().parent).free
+        except OSError:
+            return None
+        if free < _LOW_SPACE:
+            return f"no room for its shared-memory file: {free} bytes free"
+    return None
+
+
 def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | JournalFull:
     """Return the error for a SQLite file that could not be opened: its disk is full (ADR
     0081), or it is no journal (never advise restoring a backup for a full disk)."""
-    full = disk_full(exc)
+    full = _out_of_space(config, exc)
     if full is not None:
         return JournalFull(config.url, full)
     return JournalUnreadable(
@@ -290,9 +314,10 @@ class _Use:
         full = disk_full(error)
         if full is not None:  # the database's words, made the journal's (ADR 0081)
             raise JournalFull(self._journal.config.url, full) from error
-        if self._journal._closed:
+        if isinstance(error, ConnectionPoolClosedError) or self._journal._shut:
             # The connection was closed under this call: a close on this thread (a signal
-            # handler's) or one that gave up waiting. The caller learns what happened.
+            # handler's) or one that gave up waiting. The caller learns what happened; a
+            # call that failed on its own while a close waited for it keeps its error.
             raise JournalClosed(f"journal {self._journal.config.url} is closed") from error
 
 
@@ -338,6 +363,9 @@ class Journal:
         except sqlite3.DatabaseError as exc:  # the file exists but is no SQLite database
             raise _unreadable(config, exc) from exc
         except PersistenceError as exc:
+            full = _out_of_space(config, exc)
+            if full is not None:
+                raise JournalFull(config.url, full) from exc
             error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
             if config.backend == "postgresql":
                 raise error from None  # the driver's reason is above, with any password hidden
@@ -1084,18 +1112,17 @@ class Journal:
         closes nothing, and the next close finishes it.
         """
         with self._in_use:
-            first = not self._closed
             self._closed = True
-        if first:
-            pool = getattr(getattr(self._recorder, "datastore", None), "pool", None)
-            if pool is not None and hasattr(pool, "closing"):
-                pool.closing = True  # appends still waiting for SQLite's write lock give up
-            self._bump()  # waiters with a mark return; the watcher ends
-            with self._listen_lock:
-                self._drop_listener()
         with self._closing:
             if self._shut:
                 return
+            # Each time until the connections are closed: a close cut short does them again.
+            pool = getattr(getattr(self._recorder, "datastore", None), "pool", None)
+            if isinstance(pool, _SQLitePool):
+                pool.closing = True  # writers still waiting for SQLite's write lock give up
+            self._bump()  # waiters with a mark return; the watcher ends
+            with self._listen_lock:
+                self._drop_listener()
             mine = getattr(self._depth, "count", 0)  # calls of this thread: not waited for
             with self._in_use:
                 if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -36,22 +37,33 @@ _PG_MAX_OVERFLOW = 2  # connections opened beyond pool_size under load, closed w
 _PG_ATTEMPTS = 3  # a read retried on a dropped connection
 
 
-_SQLITE_OUT_OF_SPACE = (sqlite3.SQLITE_FULL, 4874)
-"""SQLITE_FULL, and SQLITE_IOERR_SHMSIZE: the shared-memory file beside a WAL journal could not
-grow, which is what opening a journal no connection holds open meets on a full disk."""
+SQLITE_IOERR_SHMSIZE = 4874
+"""SQLite could not grow the shared-memory file beside a WAL journal: a full disk most often
+(what opening a journal no connection holds open meets then), but also an I/O error."""
 
 
-def disk_full(error: object) -> str | None:
-    """Return the database's words when ``error``, or an error that caused it, says that the
-    disk holding the journal is full (SQLite's SQLITE_FULL or SQLITE_IOERR_SHMSIZE, PostgreSQL's
-    SQLSTATE 53100)."""
+def causes(error: object) -> Iterator[BaseException]:
+    """Yield ``error`` and the errors it was raised from (``raise … from``), outermost first."""
     seen: set[int] = set()
     while isinstance(error, BaseException) and id(error) not in seen:
         seen.add(id(error))
-        code = getattr(error, "sqlite_errorcode", None)
-        if code in _SQLITE_OUT_OF_SPACE or getattr(error, "sqlstate", None) == "53100":
-            return (str(error).strip().splitlines() or ["disk full"])[0]
-        error = error.__cause__ or error.__context__
+        yield error
+        error = error.__cause__
+
+
+def disk_full(error: object) -> str | None:
+    """Return the database's words when ``error``, or an error it was raised from, says that
+    the disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100).
+
+    Only what an error was raised *from* counts: an error raised while another was being
+    handled (a lookup failing after a full disk) says nothing of the disk.
+    """
+    for cause in causes(error):
+        if (
+            getattr(cause, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL
+            or getattr(cause, "sqlstate", None) == "53100"
+        ):
+            return (str(cause).strip().splitlines() or ["disk full"])[0]
     return None
 
 

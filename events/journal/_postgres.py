@@ -790,8 +790,8 @@ if _POSTGRES_MISSING is None:
                         with conn.transaction():
                             conn.execute(f"SET LOCAL lock_timeout = '{_PROVE_LOCK_WAIT}'")
                             conn.execute(_PROVE_IN_TRANSACTION, [positions[-1]])
-                    except psycopg.errors.LockNotAvailable:
-                        pass
+                    except (psycopg.errors.LockNotAvailable, psycopg.errors.DiskFull):
+                        pass  # the durable check below waits for the log instead
             while int(self._fetch(self._durable_call, [])[0][0] or 0) < positions[-1]:
                 time.sleep(0.01)  # the check waits for the log's flush; it cannot fall short
             self._known_durable(positions[-1])

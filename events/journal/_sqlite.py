@@ -97,10 +97,12 @@ class _WriteLock:
     instead of holding the close up behind the writes before it (ADR 0080).
     """
 
-    __slots__ = ("_lock", "closing")
+    __slots__ = ("_lock", "_owner", "closing")
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._owner: int | None = None
+        """The thread holding the lock: a close on it (a signal handler's) must not wait."""
         self.closing = False
 
     def acquire(self, blocking: bool = True, timeout: float | None = -1) -> bool:
@@ -109,6 +111,12 @@ class _WriteLock:
         Raises:
             ConnectionPoolClosedError: the journal began to close while this waited.
         """
+        if not self._take(blocking, timeout):
+            return False
+        self._owner = threading.get_ident()
+        return True
+
+    def _take(self, blocking: bool, timeout: float | None) -> bool:
         if self._lock.acquire(blocking=False):
             return True
         if not blocking:
@@ -124,13 +132,17 @@ class _WriteLock:
                 return True
 
     def release(self) -> None:
+        self._owner = None
         self._lock.release()
 
-    def __enter__(self) -> None:
-        self._lock.acquire()  # the pool's own close: it waits for the writer, whatever closes
+    def held_here(self) -> bool:
+        """Whether the calling thread holds the lock (its call is suspended under a handler)."""
+        return self._owner == threading.get_ident()
 
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
+    def wait_and_take(self) -> None:
+        """Take the lock whatever closes: the pool's own close waits for the writer."""
+        self._lock.acquire()
+        self._owner = threading.get_ident()
 
 
 class _Pool(SQLiteConnectionPool):
@@ -228,10 +240,22 @@ class _Pool(SQLiteConnectionPool):
         self._writer_lock.release()
 
     def close(self) -> None:
-        """Close the pooled connections and the append connection."""
+        """Close the pooled connections and the append connection.
+
+        It waits for a writer of another thread to finish; a write of the closing thread itself
+        (a signal handler's close, landing in it) is not waited for, which would never end: its
+        connection is closed under it, and it fails with the journal's JournalClosed.
+        """
         super().close()
-        with self._writer_lock:
+        lock = self._writer_lock
+        mine = lock.held_here()
+        if not mine:
+            lock.wait_and_take()
+        try:
             writer, self._writer = self._writer, None
+        finally:
+            if not mine:
+                lock.release()
         if writer is not None:
             writer.close()
 
