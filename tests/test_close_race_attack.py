@@ -70,7 +70,7 @@ def _appender(
         except BaseException as exc:
             outcome.append(exc)
 
-    return threading.Thread(target=append)
+    return threading.Thread(target=append, daemon=True)
 
 
 def _journal(url: str, lock_wait: float) -> Journal:
@@ -509,3 +509,62 @@ def test_async_reads_racing_the_async_close_end_with_a_closed_error(durable_url:
     assert sum(found["errors"].values()) == 48, found
     allowed = {"journaled.events.errors.JournalClosed", "journaled.actors.errors.RuntimeClosed"}
     assert set(found["errors"]) <= allowed, found
+
+
+# -- a close on the thread of the call it cuts, and a call failing on its own -------------------
+
+
+def test_a_close_inside_its_own_threads_append_ends_that_append_with_journal_closed(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R3/ADR 0080: a close run on the thread whose append holds the write lock (a signal
+    handler's, landing there) closes the journal and that append ends with JournalClosed; it
+    never waits for the lock its own thread holds."""
+    j = _journal(sqlite_url, 2.0)
+    j.append([_event(1)])
+    recorder: Any = j._recorder
+    insert = recorder._insert_events
+
+    def landing(c: Any, stored: Any, **kwargs: Any) -> Any:
+        j.close()  # what the handler does when the signal lands in the append
+        return insert(c, stored, **kwargs)
+
+    monkeypatch.setattr(recorder, "_insert_events", landing)
+    outcome: list[BaseException | str] = []
+    appender = _appender(j, outcome)
+    appender.start()
+    appender.join(WAIT)
+    assert not appender.is_alive(), "the close waited for its own thread's write lock"
+    assert [type(o).__name__ for o in outcome] == ["JournalClosed"], outcome
+    assert j._shut
+
+
+def test_a_call_failing_on_its_own_while_a_close_waits_keeps_its_error(sqlite_url: str) -> None:
+    """R3, J5/ADR 0080: a read that fails for its own reason (a damaged page) while a close
+    waits for it raises that error, not JournalClosed: the close closed nothing under it."""
+    j = _journal(sqlite_url, 4.0)
+    j.append([_event(1)])
+    started = threading.Event()
+
+    def damaged(*_: Any, **__: Any) -> Any:
+        started.set()
+        time.sleep(0.5)  # the close begins meanwhile, and waits for this call
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+    recorder: Any = j._recorder
+    recorder.max_notification_id = damaged
+    recorder.select_notifications = damaged
+    outcome: list[BaseException] = []
+
+    def read() -> None:
+        try:
+            j.position()
+        except BaseException as exc:
+            outcome.append(exc)
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(WAIT)
+    j.close()
+    reader.join(WAIT)
+    assert [type(o).__name__ for o in outcome] == ["DatabaseError"], outcome
