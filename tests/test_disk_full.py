@@ -7,40 +7,29 @@ CI and these machines have.
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import itertools
 import os
 import pwd
-import shutil
 import sqlite3
-import subprocess
 import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pg
 import pytest
 from eventsourcing.persistence import OperationalError
+from full_disk import FillingEcho, fill, mounted, needs_mount
 
 import journaled
 from journaled import JournalFull, Plan, Step
 from journaled.events.journal import disk_full
 
-needs_mount = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("mount") is None,
-    reason="a small filesystem of the test's own needs root and mount(8)",
-)
-
 
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """Mount a 4 MiB tmpfs for one test; unmount it after."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    with _mounted(where):
+    with mounted(tmp_path / "disk") as where:
         yield where
 
 
@@ -49,42 +38,13 @@ def server_disk() -> Iterator[Path]:
     """Mount a 4 MiB tmpfs the PostgreSQL server's user owns, where that user can reach it."""
     where = Path(tempfile.mkdtemp(prefix="journaled-full-", dir="/tmp"))
     try:
-        with _mounted(where):
+        with mounted(where):
             service = pwd.getpwnam(pg.SERVICE_USER)
             os.chown(where, service.pw_uid, service.pw_gid)
             where.chmod(0o700)
             yield where
     finally:
         where.rmdir()
-
-
-@contextlib.contextmanager
-def _mounted(where: Path) -> Iterator[None]:
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(where)], check=True)
-    try:
-        yield
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file on ``disk`` until the kernel says it is full; return the file."""
-    filler = disk / "filler"
-    with filler.open("wb", buffering=0) as out:
-        while _wrote(out):
-            pass
-    return filler
-
-
-def _wrote(out: Any) -> bool:
-    """Write a page to ``out``: False once the disk is full (any other error is raised)."""
-    try:
-        out.write(b"x" * 4096)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-        return False
-    return True
 
 
 def chain(n: int) -> Plan:
@@ -133,14 +93,8 @@ def test_a_run_whose_disk_fills_stops_with_journal_full_and_resumes_once_freed(
     journaled before stays, the step whose result could not be stored runs again on resume in
     the same runtime once space is freed, and no step that succeeded runs twice."""
     url = f"sqlite:///{disk / 'journal.sqlite'}"
-    calls: list[int] = []
-    filled: list[Path] = []
-
-    def echo(value: int) -> dict[str, Any]:
-        calls.append(value)
-        if value == 5 and not filled:
-            filled.append(fill(disk))
-        return {"echo": value, "pad": "y" * 2000}
+    echo = FillingEcho(disk, at=5)
+    calls, filled = echo.calls, echo.filled
 
     with journaled.open(url) as rt:
         rt.register_tool("echo", echo)

@@ -7,27 +7,20 @@ answers ENOSPC, as tests/test_disk_full.py does.
 
 from __future__ import annotations
 
-import errno
 import os
-import shutil
 import sqlite3
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
+from full_disk import FillingEcho, fill, mounted, needs_mount
 
 import journaled
 from journaled import JournalFull, Plan, Step
 from journaled.testing import wait_for
-
-needs_mount = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("mount") is None,
-    reason="a small filesystem of the test's own needs root and mount(8)",
-)
 
 WAIT = 30.0
 
@@ -35,7 +28,7 @@ WAIT = 30.0
 @pytest.fixture
 def disk(tmp_path: Path) -> Iterator[Path]:
     """Mount a 4 MiB tmpfs for one test; unmount it after."""
-    with mounted(tmp_path / "disk", "4m") as where:
+    with mounted(tmp_path / "disk") as where:
         yield where
 
 
@@ -44,36 +37,6 @@ def big_disk(tmp_path: Path) -> Iterator[Path]:
     """Mount a 24 MiB tmpfs for one test (room for a thousand events); unmount it after."""
     with mounted(tmp_path / "disk", "24m") as where:
         yield where
-
-
-@contextmanager
-def mounted(where: Path, size: str) -> Iterator[Path]:
-    where.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], check=True)
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Write a file on ``disk`` until the kernel says it is full; return the file."""
-    filler = disk / "filler"
-    with filler.open("ab", buffering=0) as out:
-        while _wrote(out):
-            pass
-    return filler
-
-
-def _wrote(out: Any) -> bool:
-    """Write a page to ``out``: False once the disk is full (any other error is raised)."""
-    try:
-        out.write(b"x" * 4096)
-    except OSError as exc:
-        if exc.errno != errno.ENOSPC:
-            raise
-        return False
-    return True
 
 
 def url_on(disk: Path) -> str:
@@ -161,22 +124,19 @@ def test_reads_answer_on_a_full_disk(disk: Path) -> None:
         facts = [rt.memory.remember(f"note about apples {i}") for i in range(10)]
         runs = [rt.execute(echo_plan(3, goal=f"goal {i}")) for i in range(12)]
         middle = rt.journal.position() // 2
-        before = (
-            [(r, r.status) for r in rt.runs.list()],
-            rt.runs.why(runs[0].run_id),
-            rt.runs.at(runs[0].run_id, rt.journal.position()),
-            rt.memory.search("apples"),
-            rt.memory.as_of(position=middle).all(),
-        )
+
+        def answers() -> tuple[object, ...]:
+            return (
+                [(r, r.status) for r in rt.runs.list()],
+                rt.runs.why(runs[0].run_id),
+                rt.runs.at(runs[0].run_id, rt.journal.position()),
+                rt.memory.search("apples"),
+                rt.memory.as_of(position=middle).all(),
+            )
+
+        before = answers()
         filler = fill(disk)
-        after = (
-            [(r, r.status) for r in rt.runs.list()],
-            rt.runs.why(runs[0].run_id),
-            rt.runs.at(runs[0].run_id, rt.journal.position()),
-            rt.memory.search("apples"),
-            rt.memory.as_of(position=middle).all(),
-        )
-        assert after == before
+        assert answers() == before
         assert rt.journal.verify().ok
         assert len(rt.memory.all()) == len(facts)
         filler.unlink()
@@ -490,14 +450,8 @@ def test_a_parallel_run_whose_disk_fills_loses_and_repeats_no_step(disk: Path) -
     """R4, E2, E14: a run with max_parallel_steps=2 whose disk fills mid-run stops with
     JournalFull from its handle; once freed, a resume runs each step not stored exactly once
     and never one whose success was stored."""
-    calls: list[int] = []
-    filled: list[Path] = []
-
-    def echo(value: int) -> dict[str, Any]:
-        calls.append(value)
-        if value == 7 and not filled:
-            filled.append(fill(disk))
-        return {"echo": value, "pad": "y" * 2000}
+    echo = FillingEcho(disk, at=7)
+    calls, filled = echo.calls, echo.filled
 
     with journaled.open(url_on(disk)) as rt:
         rt.register_tool("echo", echo)
@@ -665,12 +619,8 @@ def test_the_asyncio_runtime_raises_journal_full_and_resumes(disk: Path) -> None
     import asyncio
 
     async def story() -> None:
-        filled: list[Path] = []
-
-        def echo(value: int) -> dict[str, Any]:
-            if value == 3 and not filled:
-                filled.append(fill(disk))
-            return {"echo": value, "pad": "y" * 2000}
+        echo = FillingEcho(disk, at=3)
+        filled = echo.filled
 
         async with journaled.aio.open(url_on(disk)) as rt:
             rt.register_tool("echo", echo)
@@ -704,14 +654,8 @@ def test_an_orchestration_whose_disk_fills_raises_and_resumes_once_freed(disk: P
     no step whose success was stored runs again."""
     import threading
 
-    calls: list[int] = []
-    filled: list[Path] = []
-
-    def echo(value: int) -> dict[str, Any]:
-        calls.append(value)
-        if value == 2 and not filled:
-            filled.append(fill(disk))
-        return {"echo": value, "pad": "y" * 2000}
+    echo = FillingEcho(disk, at=2)
+    calls, filled = echo.calls, echo.filled
 
     def planner(goal: str, observations: object, clarifications: object) -> Plan:
         return Plan(
