@@ -370,6 +370,11 @@ def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+def _cli_reads(url: str, run: str) -> list[subprocess.CompletedProcess[str]]:
+    """Run the reading commands `runs list --json` and `runs why RUN`."""
+    return [_cli(url, "runs", "list", "--json"), _cli(url, "runs", "why", run)]
+
+
 @needs_mount
 def test_cli_reads_on_a_full_disk_with_no_runtime_open_say_the_disk_is_full(disk: Path) -> None:
     """T2, J5, ADR 0081: with the journal closed and its disk full, SQLite cannot make the
@@ -380,7 +385,7 @@ def test_cli_reads_on_a_full_disk_with_no_runtime_open_say_the_disk_is_full(disk
     with journaled.open(url) as rt:
         rt.register_tool("echo", _echo)
         run = rt.execute(echo_plan(2)).run_id
-    before = [_cli(url, "runs", "list", "--json"), _cli(url, "runs", "why", run)]
+    before = _cli_reads(url, run)
     filler = fill(disk)
     try:
         full = [
@@ -396,7 +401,7 @@ def test_cli_reads_on_a_full_disk_with_no_runtime_open_say_the_disk_is_full(disk
         assert "is out of space" in proc.stderr, proc.stderr
         assert "Traceback" not in proc.stderr, proc.stderr
         assert "restore it from a backup" not in proc.stderr, proc.stderr
-    after = [_cli(url, "runs", "list", "--json"), _cli(url, "runs", "why", run)]
+    after = _cli_reads(url, run)
     assert [(p.returncode, p.stdout) for p in after] == [(0, p.stdout) for p in before]
 
 
@@ -436,9 +441,9 @@ def test_cli_reads_answer_on_a_full_disk_while_a_runtime_is_open(disk: Path) -> 
     with journaled.open(url) as rt:
         rt.register_tool("echo", _echo)
         run = rt.execute(echo_plan(2)).run_id
-        before = [_cli(url, "runs", "list", "--json"), _cli(url, "runs", "why", run)]
+        before = _cli_reads(url, run)
         filler = fill(disk)
-        after = [_cli(url, "runs", "list", "--json"), _cli(url, "runs", "why", run)]
+        after = _cli_reads(url, run)
         verify = _cli(url, "journal", "verify")
         filler.unlink()
     assert [(p.returncode, p.stdout) for p in after] == [(0, p.stdout) for p in before]
