@@ -26,13 +26,8 @@ import msgspec
 _astuple = msgspec.structs.astuple
 _INDEX = re.compile(r"`\$\[(\d+)\]")
 _SEQUENCES: frozenset[Any] = frozenset({list, tuple, Sequence})
-_ARRAY_HEADS = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))
+ARRAY_HEADS = frozenset((*range(0x90, 0xA0), 0xDC, 0xDD))
 """First bytes of a msgpack array (fixarray, array 16, array 32)."""
-
-
-def is_positional(payload: bytes) -> bool:
-    """Return True when a stored payload is in the positional (array) form."""
-    return bool(payload) and payload[0] in _ARRAY_HEADS
 
 
 class Positional:
@@ -79,7 +74,8 @@ class Positional:
             forbid_unknown_fields=True,  # values past the last field are damage, not extras
         )
         self.decoder = msgspec.msgpack.Decoder(self.twin)
-        self._unpack = self._compile()
+        self.unpack: Callable[[Any, Any], Any] = self._compile()
+        """Return the struct a decoded twin holds (``parent``: the twin holding this one)."""
 
     def _twin_type(self, index: int, tp: Any) -> Any:
         """Return a field's type with nested structs replaced by their positional twins."""
@@ -127,10 +123,6 @@ class Positional:
                 )
         return values
 
-    def unpack(self, row: Any, parent: Any = None) -> Any:
-        """Return the struct a decoded twin holds (``parent``: the twin holding this one)."""
-        return self._unpack(row, parent)
-
     def _compile(self) -> Callable[[Any, Any], Any]:
         """Build ``unpack`` as straight-line code: it runs once per stored event read.
 
@@ -166,7 +158,7 @@ class Positional:
             row = self.decoder.decode(payload)
         except msgspec.ValidationError as exc:
             raise msgspec.ValidationError(self._named(str(exc))) from exc
-        return self.unpack(row)
+        return self.unpack(row, None)
 
     def _named(self, message: str) -> str:
         """Name the field of a top-level array index in a validation message (``$[1]``)."""

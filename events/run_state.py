@@ -183,7 +183,17 @@ class RunState:
     def fold(self, data: DomainEvent) -> None:
         """Fold one run event (without journal coordinates)."""
         self.last_at = data.at
+        # The cases are tried in order: a run's own two of every step come first.
         match data:
+            case StepStarted():
+                # A start names its wave: a commit may hold the starts without their partition
+                # when the partition said nothing more (ADR 0035).
+                self.wave = data.wave
+                self._set(data.step_id, "running")
+                self.attempts[data.step_id] = data.attempt
+            case StepSucceeded():
+                self.calls_used += data.charged
+                self._observe(data.observation, "succeeded")
             case RunStarted():
                 self.owner = data.owner
                 self.reserve = data.reserve
@@ -212,15 +222,6 @@ class RunState:
                     self._observe(obs, "skipped")
                 for step_id in data.unobserved:
                     self._set(step_id, "skipped")
-            case StepStarted():
-                # A start names its wave: a commit may hold the starts without their partition
-                # when the partition said nothing more (ADR 0035).
-                self.wave = data.wave
-                self._set(data.step_id, "running")
-                self.attempts[data.step_id] = data.attempt
-            case StepSucceeded():
-                self.calls_used += data.charged
-                self._observe(data.observation, "succeeded")
             case StepFailed():
                 self.calls_used += data.charged
                 self._observe(data.observation, "failed")
@@ -265,14 +266,12 @@ class RunState:
                     self._set(step_id, "pending")
             case RunFinished():
                 self.finished = data
-            case RunHeartbeat():
-                pass  # liveness only: last_at is updated above
             case RunPurged():
                 self.purged = data
             case RunSuspended():
                 self.suspended = data
             case RunHeartbeat() | CallsOverrun() | MemoryRead():
-                pass  # liveness, an audit note next to a charge, and provenance (P1)
+                pass  # liveness (last_at is set above), an audit note by a charge, provenance
             case _:
                 raise TypeError(f"a run cannot fold {type(data).__qualname__}")
 
