@@ -282,7 +282,12 @@ def diff_results(
 
 def map_plan(plan: Plan, f: Callable[[Any], Any]) -> Plan:
     """Return the plan with ``f`` applied to its goal and each step's input (ADR 0018)."""
-    steps = [msgspec.structs.replace(s, input=f(s.input)) for s in plan.steps]
+    # A step kept as it is when its input comes back the same object (None, mostly): a cold
+    # read of a thousand-step run's start copied every step for nothing.
+    steps = [
+        s if (value := f(s.input)) is s.input else msgspec.structs.replace(s, input=value)
+        for s in plan.steps
+    ]
     return Plan(goal=f(plan.goal), steps=steps, id=plan.id)
 
 
