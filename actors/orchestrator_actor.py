@@ -11,6 +11,7 @@ answer back by address and correlation id, or for a pass, a child run whose hand
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import threading
 import time
 from collections.abc import Callable
@@ -51,12 +52,20 @@ class PlannerWorker(pykka.ThreadingActor):
     use_daemon_thread = True
 
     def __init__(
-        self, *, planner: Planner, validate: Callable[[Plan], None], directory: Directory
+        self,
+        *,
+        planner: Planner,
+        validate: Callable[[Plan], None],
+        directory: Directory,
+        context: contextvars.Context | None = None,
     ) -> None:
         super().__init__()
         self.planner = planner
         self.validate = validate
         self.directory = directory
+        self.context = context if context is not None else contextvars.Context()
+        """The context variables of the orchestration's caller (its current span, T3): the
+        planner runs in a copy of them, so what it traces nests where the passes do."""
 
     def on_receive(self, message: object) -> object:
         """Ask the planner; tell its checked answer (or the error that escaped it) back."""
@@ -64,8 +73,11 @@ class PlannerWorker(pykka.ThreadingActor):
             raise TypeError(f"planner worker got an unknown message {type(message).__name__}")
         reply: object
         try:
-            answer = self.planner(
-                message.goal, list(message.observations), list(message.clarifications)
+            answer = self.context.copy().run(
+                self.planner,
+                message.goal,
+                list(message.observations),
+                list(message.clarifications),
             )
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
             reason = storable_text(f"the planner raised {_describe_error(exc)}")
@@ -299,7 +311,10 @@ class Orchestrator(pykka.ThreadingActor):
         assert self.d.planner is not None
         if self._worker is None:
             self._worker = PlannerWorker.start(
-                planner=self.d.planner, validate=self.o.validate, directory=self.directory
+                planner=self.d.planner,
+                validate=self.o.validate,
+                directory=self.directory,
+                context=self.d.context,
             )
         self._asked = self._next("plan")
         self._worker.tell(

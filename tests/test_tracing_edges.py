@@ -354,6 +354,43 @@ def test_an_orchestration_resumed_inside_a_span_nests_its_pass_under_that_span()
     assert _ids(run)[0] == second.get_span_context().trace_id
 
 
+def test_a_planners_own_spans_nest_under_the_span_the_orchestration_was_called_in() -> None:
+    """T3/O4/ADR 0070: a span the planner opens (a model call, say) is a child of the span
+    current where ``rt.orchestrate`` was called, and once a resume asks it again, of the one
+    current where ``resume`` was called.
+
+    The planner ran in its worker's thread with an empty context, so each of its spans was the
+    root of a trace of its own.
+    """
+    t: Traced | None = None
+    planned: list[tuple[int, int | None]] = []
+
+    def planner(goal: str, observations: object, clarifications: list[Any]) -> object:
+        assert t is not None
+        with t.tracer.start_as_current_span("planner's model call") as span:
+            parent = span.parent  # type: ignore[attr-defined]
+            planned.append((span.get_span_context().trace_id, parent.span_id if parent else None))
+        if not clarifications:
+            return journaled.Clarify("which region?")
+        return Plan(goal=goal, steps=[Step("a", skill="think")])
+
+    with journaled.open("memory://") as rt:
+        t = Traced(rt)
+        rt.register_skill("think", lambda _: "thought")
+        with t.tracer.start_as_current_span("first request") as first:
+            out = rt.orchestrate("g", planner)
+        assert out.status == "waiting_for_clarification"
+        with t.tracer.start_as_current_span("second request") as second:
+            resumed = rt.resume(out.run_id, clarification="eu", planner=planner)
+        assert isinstance(resumed, journaled.Outcome)
+        assert resumed.status == "completed"
+
+    def where(span: Any) -> tuple[int, int]:
+        return span.get_span_context().trace_id, span.get_span_context().span_id
+
+    assert planned == [where(first), where(second)]
+
+
 def test_each_resumed_pass_span_counts_its_own_resumption() -> None:
     """T3/E14/ADR 0070: ``journaled.run.resumptions`` on a resumed pass's run span is that
     pass's ``run.resumed`` number, whether the resume gave answers, a budget or neither.
