@@ -558,7 +558,7 @@ class Executor(pykka.ThreadingActor):
                 and self._retry_later(step, msg.attempt, msg.observation, msg.question)
             ):
                 self._record(step, msg.attempt, msg.observation, msg.question)
-        self._carry_on()
+        self._after_a_step_ended()
 
     def _on_deadline(self, step_id: str, attempt: int) -> None:
         flight = self._in_flight.get(step_id)
@@ -585,9 +585,9 @@ class Executor(pykka.ThreadingActor):
         )
         if not (self.registry.retries and self._retry_later(step, attempt, obs, None)):
             self._record(step, attempt, obs, None)
-        self._carry_on()
+        self._after_a_step_ended()
 
-    def _carry_on(self) -> None:
+    def _after_a_step_ended(self) -> None:
         """After a step ended: start what now fits, then wait, dispatch, or move on."""
         self._start_what_fits()
         if (
@@ -833,7 +833,7 @@ class Executor(pykka.ThreadingActor):
             self._interrupted.append(step_id)
         else:
             self._batch_queue.insert(0, step)  # first in line, when its cap has room (E3)
-        self._carry_on()
+        self._after_a_step_ended()
 
     def _release(self, step: Step) -> None:
         key = cap_key(step)

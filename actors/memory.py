@@ -69,13 +69,13 @@ from journaled.events.messages import (
     Deletion,
     ExportScope,
     Get,
-    Links,
-    LinksAnswer,
     Purge,
     Remember,
     Remembered,
     RestoreScope,
     SaveSnapshot,
+    SupersessionLinks,
+    SupersessionLinksAnswer,
     WithKey,
 )
 from journaled.events.redact import redact, redact_report
@@ -507,17 +507,17 @@ class MemoryWriter(pykka.ThreadingActor):
         heir = self._heir(target)
         here = self._in_place(
             lambda states: [
-                LinksAnswer(
+                SupersessionLinksAnswer(
                     listing=tuple(s.listing(target.id)),
                     superseded=tuple(s.superseded_by(target.id)),
                 )
                 for s in states
             ]
         )
-        answers: list[LinksAnswer] = (
+        answers: list[SupersessionLinksAnswer] = (
             here
             if not isinstance(here, Unsettled)
-            else ask_all(self._traversed(), Links(fact_id=target.id))
+            else ask_all(self._traversed(), SupersessionLinks(fact_id=target.id))
         )
         listing = {f.id: f for a in answers for f in a.listing if f.id != target.id}
         superseded = sorted({f.id for a in answers for f in a.superseded if f.id != target.id})

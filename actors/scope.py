@@ -26,11 +26,11 @@ from journaled.events.messages import (
     Candidates,
     ExportScope,
     Get,
-    Links,
-    LinksAnswer,
     RestoreScope,
     SearchScore,
     SearchStats,
+    SupersessionLinks,
+    SupersessionLinksAnswer,
     WithKey,
 )
 
@@ -234,8 +234,8 @@ class ScopeActor(pykka.ThreadingActor):
                 return state.all()
             case WithKey(conflict_key=key):
                 return [(f, state.superseder_until(f.id)) for f in state.with_key(key)]
-            case Links(fact_id=fact_id):
-                return LinksAnswer(
+            case SupersessionLinks(fact_id=fact_id):
+                return SupersessionLinksAnswer(
                     listing=tuple(state.listing(fact_id)),
                     superseded=tuple(state.superseded_by(fact_id)),
                 )

@@ -425,13 +425,13 @@ class ScopeState:
             and (query.domains is None or g[1] in query.domains)
         ]
 
-    def _accepts(self, query: Query) -> tuple[bool, set[tuple[str, str | None]]]:
-        """Return (everything indexed is accepted, the plain groups the query keeps)."""
+    def _filter_for(self, query: Query) -> tuple[bool, set[tuple[str, str | None]]]:
+        """Return (whether the query admits every indexed fact, the plain groups it keeps)."""
         groups = set(self._groups(query))
         unfiltered = query.scopes is None and query.domains is None and query.min_confidence <= 1.0
         return unfiltered and not self._conditional, groups
 
-    def _accept(self, doc: str, query: Query, groups: set[tuple[str, str | None]]) -> bool:
+    def _admits(self, doc: str, query: Query, groups: set[tuple[str, str | None]]) -> bool:
         group = self._plain_group.get(doc)
         if group is not None:
             return group in groups
@@ -440,7 +440,7 @@ class ScopeState:
     def stats(self, query: Query) -> Stats:
         """Return N, total length and document frequencies over this scope's filtered candidates."""
         self.settle()
-        everything, groups = self._accepts(query)
+        admits_all, groups = self._filter_for(query)
         n_docs = sum(self._group_count[g] for g in groups)
         total = sum(self._group_length[g] for g in groups)
         for doc in self._conditional:
@@ -448,7 +448,7 @@ class ScopeState:
                 n_docs += 1
                 total += self.index.length(doc)
         df: dict[str, int] = {}
-        accept = None if everything else (lambda d: self._accept(d, query, groups))
+        accept = None if admits_all else (lambda d: self._admits(d, query, groups))
         for term in query.terms:
             df[term] = self.index.count(term, accept)
         return Stats(n_docs=n_docs, total_length=total, df=df)
@@ -458,8 +458,8 @@ class ScopeState:
     ) -> list[tuple[float, Fact]]:
         """Return this scope's top ``query.limit`` (score, fact), best first, ties by id."""
         self.settle()
-        everything, groups = self._accepts(query)
-        accept = None if everything else (lambda d: self._accept(d, query, groups))
+        admits_all, groups = self._filter_for(query)
+        accept = None if admits_all else (lambda d: self._admits(d, query, groups))
         hits = self.index.score(list(query.terms), idfs, avgdl, accept, query.limit)
         return [(s, self.facts[d]) for s, d in hits]
 

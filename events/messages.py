@@ -131,13 +131,13 @@ class WithKey(Message, frozen=True, kw_only=True, tag="memory.with-key"):
     conflict_key: str
 
 
-class Links(Message, frozen=True, kw_only=True, tag="memory.links"):
+class SupersessionLinks(Message, frozen=True, kw_only=True, tag="memory.links"):
     """Answer the facts listing ``fact_id`` in ``supersedes`` and those it currently supersedes."""
 
     fact_id: str
 
 
-class LinksAnswer(msgspec.Struct, frozen=True, kw_only=True):
+class SupersessionLinksAnswer(msgspec.Struct, frozen=True, kw_only=True):
     """The facts around a fact about to be deleted."""
 
     listing: tuple[Fact, ...]
