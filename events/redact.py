@@ -354,7 +354,9 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "anthropic-key",
-        re.compile(r"(?<![A-Za-z0-9])sk-ant-[A-Za-z0-9_-]{20,}"),
+        # No boundary before it: "sk-ant-" names a key wherever it starts (a token glued to the
+        # word before it, "keysk-ant-...", still leaks), unlike the bare "sk-" of openai-key.
+        re.compile(r"sk-ant-[A-Za-z0-9_-]{20,}"),
         needs=("sk-ant-",),
     ),
     _Rule(
@@ -370,12 +372,14 @@ _RULES: tuple[_Rule, ...] = (
     ),
     _Rule(
         "github-token",
-        re.compile(r"(?<![A-Za-z0-9_])(?:gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,})"),
+        re.compile(
+            # Glued to a word before it, a classic token is known by its exact 36-character body.
+            r"(?:(?<![A-Za-z0-9_])gh[pousr]_[A-Za-z0-9]{20,}|gh[pousr]_[A-Za-z0-9]{36}(?![A-Za-z0-9])"
+            r"|github_pat_[A-Za-z0-9_]{20,})"
+        ),
         needs=("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
     ),
-    _Rule(
-        "gitlab-token", re.compile(r"(?<![A-Za-z0-9])glpat-[A-Za-z0-9_-]{20,}"), needs=("glpat-",)
-    ),
+    _Rule("gitlab-token", re.compile(r"glpat-[A-Za-z0-9_-]{20,}"), needs=("glpat-",)),
     _Rule(
         "slack-token", re.compile(r"(?<![A-Za-z0-9])xox[abpors]-[A-Za-z0-9-]{10,}"), needs=("xox",)
     ),
@@ -404,7 +408,7 @@ _RULES: tuple[_Rule, ...] = (
     _Rule(
         "pypi-token",
         # Every PyPI token is a macaroon whose first bytes encode "pypi.org".
-        re.compile(r"(?<![A-Za-z0-9])pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}"),
+        re.compile(r"pypi-AgEIcHlwaS5vcmc[A-Za-z0-9_-]{50,}"),
         needs=("pypi-ageichlwas5vcmc",),
     ),
     _Rule(

@@ -569,3 +569,46 @@ def test_redaction_is_idempotent_on_text_mixing_the_new_shapes(pieces: list[str]
     assert find_secrets(once) == []
     argv = redact_data(pieces)
     assert redact_data(argv) == argv
+
+
+# -- tokens glued to the word before them ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "kind"),
+    [
+        (f"mytoken{GITHUB} for the ci", "github-token"),
+        ("tok" + "github_pat_" + "11ABCDEFG0" * 3, "github-token"),
+        ("keysk-ant-api03-" + "Zq8" * 10, "anthropic-key"),
+        ("tokenglpat-" + "Ab3-" * 6, "gitlab-token"),
+        ("pwpypi-AgEIcHlwaS5vcmc" + "Yz0_" * 15, "pypi-token"),
+    ],
+    ids=["github-classic", "github-fine-grained", "anthropic", "gitlab", "pypi"],
+)
+def test_a_token_with_a_distinctive_prefix_is_redacted_when_glued_to_a_word(
+    text: str, kind: str
+) -> None:
+    """M9, ADR 0068 update: a token whose prefix names it (a classic GitHub token by its exact
+    36-character body, ``github_pat_``, ``sk-ant-``, ``glpat-``, ``pypi-AgEI...``) is redacted
+    even when the word before it is glued on; the words before it stay."""
+    out = redact(text)
+    assert out.startswith(text[:2])
+    assert REDACTED in out
+    assert find_secrets(text) == [kind]
+    assert redact(out) == out
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "xghp_" + "short1234",  # too short for a classic token's body
+        "xghp_" + "a1B2c3" * 7,  # 42 characters: not a classic token's exact body
+        "the task-ant-colony notes are here",  # "sk-ant-" without a key's length
+        "my_ghp_" + "a1B2c3" * 7,  # glued by "_" and not a token's exact body
+    ],
+    ids=["short", "too-long-glued", "task-ant", "underscore-glued"],
+)
+def test_a_glued_lookalike_without_a_tokens_shape_is_kept(text: str) -> None:
+    """M9, ADR 0068 update: without a boundary before it, only a classic GitHub token's exact
+    shape counts; lookalikes too short or too long, and ``sk-ant-`` without a key's length, stay."""
+    assert redact(text) == text
