@@ -503,6 +503,9 @@ def test_what_the_false_positive_fixes_still_redact(text: str, secret: str) -> N
         "curl ",
         "sk-hynix-q3-",
         "token: $0.",
+        "xsk-ant-",
+        "xghp_" + "a1" * 18,
+        "aglpat-",
     ],
 )
 def test_a_mebibyte_of_adversarial_text_is_redacted_in_linear_time(piece: str) -> None:
