@@ -43,6 +43,8 @@ class Scrubber:
         self._wake = threading.Event()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
+        self._why = "a reader holds old data"
+        """Why the last attempt failed, in words for the close's warning."""
 
     @property
     def pending(self) -> bool:
@@ -104,9 +106,9 @@ class Scrubber:
             pending = False
         if pending and not self._attempt(GRACE):
             log.warning(
-                "closing with erased bytes still in the journal's files (a reader holds old "
-                "data): the next runtime to open the journal scrubs them, or run "
-                "`journaled memory scrub`"
+                "closing with erased bytes still in the journal's files (%s): the next runtime "
+                "to open the journal scrubs them, or run `journaled memory scrub`",
+                self._why,
             )
         self._stopped.set()
         self._wake.set()
@@ -128,11 +130,13 @@ class Scrubber:
         try:
             self._journal.scrub(wait)
         except JournalFull:
+            self._why = "the disk is full"
             if not loud:
                 return False
             self._start()
             raise
         except Exception as exc:
+            self._why = "a reader holds old data"
             log.debug("scrub not done yet: %s", exc)
             return False
         return True

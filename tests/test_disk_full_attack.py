@@ -789,3 +789,39 @@ def test_a_scrub_with_nothing_owed_on_a_full_disk_is_not_scrub_pending(disk: Pat
             pass
         finally:
             filler.unlink()
+
+
+@needs_mount
+def test_a_close_with_a_scrub_owed_on_a_full_disk_says_the_disk_is_full(
+    disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """M10, ADR 0081: closing a runtime whose purge is not scrubbed yet, the disk full and no
+    reader left, warns that the disk is full, not that a reader holds old data."""
+    url = url_on(disk)
+    rt = journaled.open(url)
+    filler: Path | None = None
+    try:
+        fact = rt.memory.remember("the vault code is marigold-4471")
+        for i in range(40):
+            rt.memory.remember(f"filler fact {i} " + "z" * 300)
+        reader = sqlite3.connect(disk / "journal.sqlite", isolation_level=None)
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM stored_events").fetchone()
+        assert rt.memory.purge(fact.id) is True
+        filler = fill(disk)
+        reader.execute("COMMIT")
+        reader.close()
+        assert rt.memory.scrub_pending is True
+        with caplog.at_level("WARNING", logger="journaled"):
+            rt.close()
+    finally:
+        if filler is not None:
+            filler.unlink()
+        rt.close()
+    said = [r.getMessage() for r in caplog.records if "erased bytes" in r.getMessage()]
+    assert said, "the close warns that erased bytes remain"
+    assert all("the disk is full" in m for m in said), said
+    assert not any("reader holds old data" in m for m in said), said
+    with journaled.open(url) as again:  # space freed: the next runtime scrubs them
+        again.memory.scrub(timeout=5)
+        assert again.memory.scrub_pending is False
