@@ -37,6 +37,14 @@ from journaled.events.tenancy import Boundary
 log = logging.getLogger("journaled")
 
 
+class NotBegun(ValueError):
+    """A time before a run's first event: the run had not begun then."""
+
+    def __init__(self, run_id: str, at: int, began: int) -> None:
+        super().__init__(f"run {run_id} had not begun at {at} (it began at {began})")
+        self.run_id, self.at, self.began = run_id, at, began
+
+
 class RunReads:
     """The reading half of ``rt.runs``: every answer is a projection of the journal."""
 
@@ -279,20 +287,19 @@ class RunReads:
 
         Raises:
             ValueError: ``at`` is not an epoch-ms int.
+            NotBegun: the run had not begun at ``at`` (a ValueError).
         """
         problem = int_problem(at, unit="epoch milliseconds (int)")
         if problem:
             raise ValueError(f"at {problem}")
         events = self.history(run_id)
         if at < events[0].data.at:
-            raise ValueError(
-                f"run {run_id} had not begun at {at} (it began at {events[0].data.at})"
-            )
-        everything = list(events)
+            raise NotBegun(run_id, at, events[0].data.at)
+        with_passes = list(events)
         for e in events:
             if isinstance(e.data, PassStarted):
-                everything += self._journal.stream(e.data.run)
-        return max(e.position for e in everything if e.data.at <= at)
+                with_passes += self._journal.stream(e.data.run)
+        return max(e.position for e in with_passes if e.data.at <= at)
 
     def at_time(self, run_id: str, at: int) -> ExecuteResult:
         """Return the run as it was at an epoch-ms time: after its last event recorded by then."""

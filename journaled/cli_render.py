@@ -19,7 +19,6 @@ from journaled.events.base import DomainEvent, Event
 from journaled.events.fork import Lineage
 from journaled.events.memory import ConflictKeyClaimed, Fact
 from journaled.events.memory_audit import describe, when
-from journaled.events.orchestration import PassStarted
 from journaled.events.plan_rules import waves
 from journaled.events.plans import SKIPPED_DEPENDENCY, ExecuteResult, Observation, RunDiff, Step
 from journaled.events.run_audit import describe_orchestration_event, describe_run_event
@@ -143,14 +142,14 @@ def position_at_time(rt: journaled.Runtime, run_id: str, at: int) -> int:
         RunNotFound: no such run.
         ValueError: the run had not begun at ``at``.
     """
-    events = rt.runs.history(run_id)
-    passes = [e.data.run for e in events if isinstance(e.data, PassStarted)]
-    everything = events + [e for run in passes for e in rt.runs.history(run)]
-    if at < events[0].data.at:
+    from journaled.actors.run_reads import NotBegun  # here: loaded with the runtime, not at start
+
+    try:
+        return rt.runs.position_at(run_id, at)
+    except NotBegun as exc:  # said in the command line's times
         raise ValueError(
-            f"run {run_id} had not begun at {when(at)} (it began at {when(events[0].data.at)})"
-        )
-    return max(e.position for e in everything if e.data.at <= at)
+            f"run {run_id} had not begun at {when(at)} (it began at {when(exc.began)})"
+        ) from None
 
 
 def run_view(rt: journaled.Runtime, run_id: str, position: int) -> RunView:
