@@ -51,7 +51,7 @@ from journaled.events.memory import (
     FactSuperseded,
     FactUnlinked,
     key_stream,
-    physical_scope,
+    remembered_fact,
 )
 from journaled.events.memory_state import (
     MEMORY_SNAPSHOT_DECODER,
@@ -80,7 +80,7 @@ from journaled.events.messages import (
 )
 from journaled.events.redact import redact, redact_report
 from journaled.events.snapshot_audit import backed_scopes
-from journaled.events.tenancy import Boundary, belongs_elsewhere
+from journaled.events.tenancy import Boundary, home_scope
 
 """Seconds any ask inside memory waits before it raises :class:`ActorTimeout`."""
 _RETRIES = 50
@@ -455,23 +455,7 @@ class MemoryWriter(pykka.ThreadingActor):
             step_id=msg.step_id,
         )
         pending.insert(0, (fact_id, remembered))
-        return (
-            pending,
-            text,
-            Fact(
-                id=fact_id,
-                scope=msg.scope,
-                text=text,
-                domain=msg.domain,
-                confidence=fields.confidence,
-                conflict_key=key,
-                source=source,
-                valid_from=msg.valid_from,
-                valid_until=msg.valid_until,
-                created_at=now,
-                supersedes=tuple(superseded),
-            ),
-        )
+        return pending, text, remembered_fact(remembered, text)
 
     def _delete(self, fact_id: str) -> Deletion:
         target = self._get(fact_id)
@@ -901,10 +885,9 @@ class MemoryWriter(pykka.ThreadingActor):
                 continue  # runs and orchestrations are not memory's to track
             self.versions[event.stream] = event.version
             if isinstance(data, FactRemembered):
-                physical = physical_scope(data.scope)
-                wanted = physical in self.scopes and not belongs_elsewhere(data, self.organization)
-                self.route[data.fact_id] = physical if wanted else None
-                if not wanted:
+                home = home_scope(data, self.scopes, self.organization)
+                self.route[data.fact_id] = home
+                if home is None:
                     self.hidden_valid_until[data.fact_id] = data.valid_until
             elif isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)

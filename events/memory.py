@@ -94,6 +94,24 @@ class FactRemembered(DomainEvent, frozen=True, kw_only=True, tag="memory.fact-re
     """That step."""
 
 
+def remembered_fact(event: FactRemembered, text: str) -> Fact:
+    """Return the fact a remember's event makes, with its (redacted) text: the one mapping the
+    writer's answer and every fold share."""
+    return Fact(
+        id=event.fact_id,
+        scope=event.scope,
+        text=text,
+        domain=event.domain,
+        confidence=event.confidence,
+        conflict_key=event.conflict_key,
+        source=event.source,
+        valid_from=event.valid_from,
+        valid_until=event.valid_until,
+        created_at=event.at,
+        supersedes=event.supersedes,
+    )
+
+
 class FactSuperseded(DomainEvent, frozen=True, kw_only=True, tag="memory.fact-superseded"):
     """A fact was superseded by a newer fact claiming the same conflict key (M3)."""
 

@@ -38,9 +38,9 @@ from journaled.events.memory import (
     FactRestored,
     FactSuperseded,
     FactUnlinked,
-    physical_scope,
+    remembered_fact,
 )
-from journaled.events.tenancy import belongs_elsewhere
+from journaled.events.tenancy import home_scope
 
 PURGED_TEXT = "[purged]"
 """Text shown for a fact whose payload was erased, in a view of a time before the erasure."""
@@ -188,19 +188,7 @@ class ScopeState:
         """Fold one event about a fact of this scope; ``text`` is a remembered fact's payload."""
         match event:
             case FactRemembered():
-                fact = Fact(
-                    id=event.fact_id,
-                    scope=event.scope,
-                    text=text if text is not None else PURGED_TEXT,
-                    domain=event.domain,
-                    confidence=event.confidence,
-                    conflict_key=event.conflict_key,
-                    source=event.source,
-                    valid_from=event.valid_from,
-                    valid_until=event.valid_until,
-                    created_at=event.at,
-                    supersedes=event.supersedes,
-                )
+                fact = remembered_fact(event, text if text is not None else PURGED_TEXT)
                 if text is None:
                     self._erased.add(fact.id)
                 self._put(fact)
@@ -543,10 +531,9 @@ class MemoryState:
     def scope_of(self, event: DomainEvent) -> str | None:
         """Return the physical scope an event's fact lives in, learning it from remembers."""
         if isinstance(event, FactRemembered):
-            physical = _physical(event)
-            wanted = physical in self.scopes and not belongs_elsewhere(event, self.organization)
-            self.route[event.fact_id] = physical if wanted else None
-            return physical if wanted else None
+            home = home_scope(event, self.scopes, self.organization)
+            self.route[event.fact_id] = home
+            return home
         if not isinstance(event, FACT_EVENTS):
             return None
         fact_id: str = event.fact_id  # type: ignore[attr-defined]
@@ -613,10 +600,6 @@ def all_candidates(states: Sequence[ScopeState], query: Query) -> list[Fact]:
 
 def _id(fact: Fact) -> str:
     return fact.id
-
-
-def _physical(event: FactRemembered) -> str:
-    return physical_scope(event.scope)
 
 
 SCOPE_SNAPSHOT_DECODER = msgspec.msgpack.Decoder(ScopeSnapshot)

@@ -15,7 +15,7 @@ what its steps read from the organization's scope (ADR 0074).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Iterable
 
 import msgspec
 from msgspec import UNSET
@@ -31,7 +31,13 @@ from journaled.events.memory import (
 from journaled.events.orchestration import ORCHESTRATION_EVENTS, OrchestrationStarted
 from journaled.events.runs import RUN_EVENTS, MemoryRead, RunForked, RunStarted
 
-__all__ = ["Boundary", "belongs_elsewhere", "run_belongs_elsewhere", "run_organization"]
+__all__ = [
+    "Boundary",
+    "belongs_elsewhere",
+    "home_scope",
+    "run_belongs_elsewhere",
+    "run_organization",
+]
 
 _RUN_KINDS = (*RUN_EVENTS, *ORCHESTRATION_EVENTS)
 """The events of a run's or an orchestration's stream."""
@@ -43,6 +49,18 @@ def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> b
     if physical_scope(remembered.scope) != "organization":
         return False
     return organization is None or remembered.organization != organization
+
+
+def home_scope(
+    remembered: FactRemembered, scopes: Container[str], organization: str | None
+) -> str | None:
+    """Return the physical scope a view of ``scopes`` seen from ``organization`` keeps a
+    remembered fact in, or None when the fact is outside it (another organization's, or a
+    scope the view does not hold): the one routing rule of memory's writer and every fold."""
+    physical = physical_scope(remembered.scope)
+    if physical not in scopes or belongs_elsewhere(remembered, organization):
+        return None
+    return physical
 
 
 def run_organization(data: DomainEvent) -> object:

@@ -23,6 +23,7 @@ from journaled.actors.memory import MemoryWriter
 from journaled.actors.scope import ScopeActor
 from journaled.events.memory import FactRemembered
 from journaled.events.messages import Get, RestoreScope, SearchStats
+from journaled.events.tenancy import home_scope as real_home_scope
 from journaled.testing import ManualClock, wait_for
 
 # -- a rebuild begun while a reader waits ---------------------------------------------------------
@@ -222,10 +223,10 @@ def test_an_interrupt_in_the_catch_up_after_a_conflict_leaves_no_fact_unseen(
         here.memory.remember("port 80", conflict_key="port")
         other.refresh()
         theirs = other.memory.remember("port 81", conflict_key="port")
-        real = actors_memory.belongs_elsewhere  # type: ignore[attr-defined]
+        real = real_home_scope
         fired: list[bool] = []
 
-        def belongs_elsewhere(data: Any, organization: str | None) -> bool:
+        def home_scope(data: Any, scopes: Any, organization: str | None) -> str | None:
             if (
                 getattr(data, "fact_id", None) == theirs.id
                 and threading.current_thread() is threading.main_thread()
@@ -233,9 +234,9 @@ def test_an_interrupt_in_the_catch_up_after_a_conflict_leaves_no_fact_unseen(
             ):
                 fired.append(True)
                 raise KeyboardInterrupt  # Ctrl-C landing in _fold, on the caller's thread
-            return real(data, organization)
+            return real(data, scopes, organization)
 
-        monkeypatch.setattr(actors_memory, "belongs_elsewhere", belongs_elsewhere)
+        monkeypatch.setattr(actors_memory, "home_scope", home_scope)
         with pytest.raises(KeyboardInterrupt):
             here.memory.remember("port 82", conflict_key="port")
         assert fired
