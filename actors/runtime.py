@@ -114,12 +114,16 @@ class MemoryActors:
                 if left <= 0 or self._journal.wait_for_foreign(min(left, _WAIT_SLICE), NOT_MEMORY):
                     return
             return
+        # Nothing tells of another process's append here: poll the position each slice, and
+        # wait on the stop itself, so that a close (every command-line call's end) never waits
+        # out a slice for this thread.
         start = self._journal.position()
         while not self._stop_following.is_set():
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            self._journal.wait_for_appends(min(left, _WAIT_SLICE))
+            if self._stop_following.wait(min(left, _WAIT_SLICE)):
+                return
             if self._journal.position() != start:
                 return
 

@@ -5,8 +5,9 @@ Each command runs N times as a fresh process; the row gives its median wall time
 the target: 0.3 s wall per command. A miss is reported, never raised.
 
 The journal is a small SQLite file (a few runs, one of them an orchestration, and facts). The
-informative rows (no target) show the commands that still open a full runtime, and `runs list`
-over a larger journal, from the stored run-summary projection plus its tail.
+commands that open a full runtime (`runs why`, `journal tail`, `memory search`) have the same
+target. The informative row (no target) shows `runs list` over a larger journal, from the stored
+run-summary projection plus its tail.
 
 Run ``python bench/startup.py`` (N = 15) or ``python bench/startup.py --quick`` (N = 5).
 """
@@ -97,11 +98,13 @@ def main() -> None:
                 run_id,
                 "--json",
             ],
+            # These open a full runtime (memory replayed, actors started and stopped).
+            "runs why RUN (opens a runtime)": [*cli, "--url", small, "runs", "why", run_id],
+            "journal tail (opens a runtime)": [*cli, "--url", small, "journal", "tail"],
+            "memory search (opens a runtime)": [*cli, "--url", small, "memory", "search", "deploy"],
         }
         informative = {
             f"runs list, {LARGE_RUNS} runs": [*cli, "--url", large, "runs", "list", "--json"],
-            "runs why RUN (opens a runtime)": [*cli, "--url", small, "runs", "why", run_id],
-            "journal tail (opens a runtime)": [*cli, "--url", small, "journal", "tail"],
         }
         rows = [Row("python -c pass", f"{baseline:.3f} s", "", "", "", None)]
         for name, argv in targeted.items():

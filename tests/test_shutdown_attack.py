@@ -550,3 +550,24 @@ def test_a_named_async_subscription_left_by_asyncio_run_keeps_its_ack(sqlite_url
     assert event is not None
     assert event.position == 2
     assert getattr(event.data, "fact_id", None) == two.id
+
+
+def test_a_close_does_not_wait_out_the_followers_poll(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R3, T4: the thread that follows other processes' appends waits on the close itself, so a
+    close returns at once instead of after the follower's current wait (every command-line call
+    paid about 0.2 s for it). Here a wait would last 30 s."""
+    import journaled.actors.runtime as memory_runtime
+
+    monkeypatch.setattr(memory_runtime, "_WAIT_SLICE", 30.0)
+    rt = journaled.open(sqlite_url, follow=60.0)
+    try:
+        rt.memory.remember("a fact, so that the follower has something to follow")
+        time.sleep(0.2)  # the follower is in its wait
+    finally:
+        began = time.monotonic()
+        rt.close()
+        took = time.monotonic() - began
+    assert took < 5.0, f"close took {took:.1f} s"
+    assert not [t for t in threading.enumerate() if t.name == "journaled-follower"]
