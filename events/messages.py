@@ -10,6 +10,8 @@ a reply message carrying that id back.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from journaled.events.memory import Fact, FactEvent
@@ -18,6 +20,10 @@ from journaled.events.memory_state import Query, ScopeSnapshot
 
 class Message(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every actor message."""
+
+    version: ClassVar[int] = 1
+    """The message's schema version, printed by ``journaled schema`` beside its tag (A4). As for
+    events: fields only grow (new ones with defaults); a breaking change is a new version."""
 
 
 class Failure(Message, frozen=True, kw_only=True, tag="reply.failure"):

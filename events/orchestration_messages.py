@@ -7,6 +7,8 @@ pass's run id and a correlation id.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from journaled.events.orchestration import Gap, Outcome
@@ -15,6 +17,9 @@ from journaled.events.plans import Observation, Plan
 
 class OrchestrationMessage(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every orchestration message."""
+
+    version: ClassVar[int] = 1
+    """The message's schema version (see :attr:`journaled.events.messages.Message.version`)."""
 
 
 class BeginOrchestration(

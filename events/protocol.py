@@ -264,8 +264,8 @@ def decode_envelope_msgpack(data: bytes) -> Envelope:
 
 def _entry(cls: type[msgspec.Struct], ref: dict[str, Any], kind: str) -> dict[str, Any]:
     entry: dict[str, Any] = {"tag": cls.__struct_config__.tag, "kind": kind}
+    entry["version"] = getattr(cls, "version", 1)
     if issubclass(cls, DomainEvent):
-        entry["version"] = cls.version
         entry["topic"] = f"{cls.__struct_config__.tag}@{cls.version}"
     entry["fields"] = [f.encode_name for f in msgspec.structs.fields(cls)]
     entry["schema"] = ref
@@ -276,7 +276,8 @@ def json_schema() -> dict[str, Any]:
     """Return the JSON Schema of every stored event, every message and the envelope (A4).
 
     One document: ``events`` (tag, kind, version, topic, fields, schema) and ``messages`` (tag,
-    kind, fields, schema) each point with ``{"$ref": "#/$defs/Name"}`` into the shared ``$defs``;
+    kind, version, fields, schema) each point with ``{"$ref": "#/$defs/Name"}`` into the shared
+    ``$defs``;
     ``envelope`` is the schema of :class:`Envelope`. The ``$schema`` key names the dialect, so
     ``{"$ref": ..., "$defs": doc["$defs"]}`` is a schema a validator accepts as it is.
     """

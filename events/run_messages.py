@@ -7,6 +7,8 @@ looked up by the step's kind and name.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import msgspec
 
 from journaled.events.plans import ExecuteResult, Observation, Step
@@ -14,6 +16,9 @@ from journaled.events.plans import ExecuteResult, Observation, Step
 
 class RunMessage(msgspec.Struct, frozen=True, kw_only=True):
     """Base of every execution message."""
+
+    version: ClassVar[int] = 1
+    """The message's schema version (see :attr:`journaled.events.messages.Message.version`)."""
 
 
 class Begin(RunMessage, frozen=True, kw_only=True, tag="run.begin"):

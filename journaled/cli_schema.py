@@ -44,8 +44,8 @@ def schema(ctx: click.Context) -> None:
     no journal.
 
     JSON: one JSON Schema (2020-12) document {"$schema", events: [{tag, kind, version, topic,
-    fields, schema: {"$ref"}}], messages: [{tag, kind, fields, schema: {"$ref"}}], envelope:
-    {"$ref"}, "$defs"}; each "$ref" points into "$defs".
+    fields, schema: {"$ref"}}], messages: [{tag, kind, version, fields, schema: {"$ref"}}],
+    envelope: {"$ref"}, "$defs"}; each "$ref" points into "$defs".
     """
     from journaled.events.protocol import json_schema
 

@@ -74,6 +74,10 @@ def test_schema_lists_every_event_with_tag_and_version_and_every_message() -> No
         assert entry["fields"] == [f.encode_name for f in msgspec.structs.fields(cls)]
     messages = [m["tag"] for m in document["messages"]]
     assert messages == [cls.__struct_config__.tag for cls in MESSAGE_TYPES]
+    # Messages carry a schema version too (A4: "every event and message type with its tag and
+    # version"); every message of this release is at its first.
+    assert [m["version"] for m in document["messages"]] == [1] * len(MESSAGE_TYPES)
+    assert all(getattr(cls, "version", None) == 1 for cls in MESSAGE_TYPES)
     assert document["$schema"] == "https://json-schema.org/draft/2020-12/schema"
     Draft202012Validator.check_schema({"$defs": document["$defs"]})
     for entry in [*document["events"], *document["messages"], {"schema": document["envelope"]}]:
