@@ -86,13 +86,15 @@ def _set_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
 
 @main.command("mcp")
 @click.option("--url", expose_value=False, callback=_set_url, help=URL_HELP)
+@json_option
 @click.pass_context
 def mcp_command(ctx: click.Context) -> None:
     """Serve memory and runs as Model Context Protocol tools over stdio (X2, ADR 0042).
 
     An MCP client starts this command and talks JSON-RPC on its stdin and stdout; logs go to
     stderr. Tools: memory_remember, memory_search, memory_why, memory_history, memory_as_of,
-    runs_list, runs_why, runs_at, runs_stale; each result is the matching command's --json.
+    runs_list, runs_why, runs_at, runs_stale; each result is the matching command's --json, so
+    --json (accepted here as by every command) changes nothing.
     Creates the journal if needed (memory_remember writes). Ends when the client closes stdin
     (0), on Ctrl-C (130) or SIGTERM (143), once the requests already read are answered.
     Needs the extra: pip install 'journaled[mcp]'.

@@ -514,3 +514,19 @@ def test_ctrl_c_stops_the_server_quietly_with_status_130(sqlite_url: str) -> Non
     assert "Traceback" not in stderr
     with journaled.open(sqlite_url) as rt:
         assert rt.journal.verify().ok
+
+
+def test_mcp_takes_json_after_the_command_as_every_command_does(sqlite_url: str) -> None:
+    """X2, section 11 (each command with --json): `journaled mcp --json --url ...` serves as
+    `journaled mcp` does (its results are JSON either way) and ends with 0 when stdin closes."""
+    done = subprocess.run(
+        [sys.executable, "-m", "journaled.cli", "mcp", "--json", "--url", sqlite_url],
+        input="",
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "No such option" not in done.stderr
+    assert done.stdout == ""
