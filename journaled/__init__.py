@@ -88,6 +88,10 @@ if TYPE_CHECKING:
         StatusChange,
         Step,
     )
+    from journaled.events.provenance import (
+        Stale,
+        Use,
+    )
     from journaled.events.run_summaries import (
         RunSummary,
     )
@@ -157,10 +161,12 @@ _HOMES: dict[str, str] = {
     "Runtime": "journaled.runtime",
     "RuntimeClosed": "journaled.actors.errors",
     "ScrubPending": "journaled.errors",
+    "Stale": "journaled.events.provenance",
     "StatusChange": "journaled.events.plans",
     "Step": "journaled.events.plans",
     "StepComparison": "journaled.events.fork",
     "UnknownEventType": "journaled.errors",
+    "Use": "journaled.events.provenance",
     "VerifyReport": "journaled.events.journal",
     "open": "journaled.runtime",
 }
@@ -241,10 +247,12 @@ __all__ = [
     "Runtime",
     "RuntimeClosed",
     "ScrubPending",
+    "Stale",
     "StatusChange",
     "Step",
     "StepComparison",
     "UnknownEventType",
+    "Use",
     "VerifyReport",
     "aio",
     "open",

@@ -592,9 +592,13 @@ class Memory:
         recorded at or before it). The view's searches default ``now`` to that time. A position
         inside one append (a remember that supersedes is several events) is taken at the end of
         that append, which readers saw whole or not at all (J2): the view's ``position`` says so.
+        With neither (SPEC section 5's defaults), the view is of the journal as it is now: its
+        last position.
         """
-        if (position is None) == (at is None):
-            raise InvalidArgument("as_of", "takes exactly one of position= or at=")
+        if position is not None and at is not None:
+            raise InvalidArgument("as_of", "takes one of position= or at=, not both")
+        if position is None and at is None:
+            position = self._journal.position()
         if at is not None:
             _check("at", int_problem(at, unit="epoch milliseconds (int)"))
         last = self._journal.position()

@@ -111,5 +111,13 @@ def test_public_api_is_pinned() -> None:
         "CorruptEvent",
         "ConcurrencyConflict",
         "JournalUrlError",
+        # The value types release 2's sections name (F3, P2, P3, T2, R7).
+        "RunComparison",
+        "StepComparison",
+        "Lineage",
+        "Use",
+        "Stale",
+        "RunSummary",
+        "VerifyReport",
     }
     assert expected <= set(journaled.__all__)

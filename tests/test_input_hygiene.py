@@ -110,7 +110,7 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ),
     ("as-of-at-str", lambda r: r.memory.as_of(at="x"), InvalidArgument, "at"),  # type: ignore[arg-type]
     ("as-of-at-2**64", lambda r: r.memory.as_of(at=2**64), InvalidArgument, "at"),
-    ("as-of-position-None-and-at", lambda r: r.memory.as_of(), InvalidArgument, "as_of"),
+    ("as-of-position-and-at", lambda r: r.memory.as_of(position=0, at=0), InvalidArgument, "as_of"),
     (
         "purge-reason-surrogate",
         lambda r: r.memory.purge(r.memory.all()[0].id, reason=SURROGATE),

@@ -574,11 +574,11 @@ def test_as_of_time(rt: journaled.Runtime, clock: ManualClock) -> None:
 
 
 def test_as_of_rejects_bad_positions(rt: journaled.Runtime) -> None:
-    """M12: positions past the end, negative ones, or both/neither arguments are clear errors."""
+    """M12: positions past the end, negative ones, or both arguments are clear errors."""
     rt.memory.remember("x")
     with pytest.raises(ValueError, match="past the end"):
         rt.memory.as_of(position=99)
     with pytest.raises(ValueError, match=">= 0"):
         rt.memory.as_of(position=-1)
-    with pytest.raises(ValueError, match="exactly one"):
-        rt.memory.as_of()
+    with pytest.raises(ValueError, match="not both"):
+        rt.memory.as_of(position=0, at=0)

@@ -442,8 +442,7 @@ def test_a_fork_travels_from_its_own_first_event_on(sqlite_url: str) -> None:
         ({"at": float("nan")}, "at must be epoch milliseconds"),
         ({"at": "3"}, "at must be epoch milliseconds"),
         ({"at": 2**63}, "outside"),
-        ({}, "exactly one of position= or at="),
-        ({"position": 1, "at": 1}, "exactly one of position= or at="),
+        ({"position": 1, "at": 1}, "one of position= or at=, not both"),
     ],
 )
 def test_as_of_refuses_odd_positions_and_times_naming_them(
@@ -736,3 +735,18 @@ def test_cli_odd_arguments_are_one_line_errors_and_reads_write_nothing(
     assert future.returncode == 0, future.stderr
     assert json.loads(future.stdout)["position"] == end
     assert _files(path) == before
+
+
+def test_as_of_without_a_position_or_a_time_is_the_journal_now(sqlite_url: str) -> None:
+    """M12, SPEC section 5 (``as_of(position=None, at=None)``): with neither, the view is of the
+    journal's last position: what memory holds now, the superseded fact hidden from search as
+    live memory hides it."""
+    with journaled.open(sqlite_url) as rt:
+        rt.memory.remember("deploys go through staging", conflict_key="deploy")
+        now = rt.memory.remember("deploys go straight to production", conflict_key="deploy")
+        view = rt.memory.as_of()
+        assert view.position == rt.journal.position()
+        assert view.all() == rt.memory.all()
+        assert len(view.all()) == 2  # all() includes the superseded fact (M4)
+        assert [f.id for f in view.search("deploys")] == [now.id]
+        assert [f.id for f in rt.memory.search("deploys")] == [now.id]
