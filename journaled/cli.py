@@ -1,10 +1,9 @@
 """The ``journaled`` command line: the demo, memory, runs, the journal and the schema.
 
-Every command takes the global ``--url`` and ``--json`` (``--json`` is accepted after the command
-too). Reading commands never create a journal; only ``memory remember``, ``runs purge``,
-``memory scrub`` (and ``demo``) write. Bad input is one line on stderr and exit code 1, with
-nothing written. JSON shapes are documented in
-each command's ``--help`` and defined in :mod:`journaled.cli_render`.
+Every command takes the global ``--url`` and ``--json``, before its name or after it. Reading
+commands never create a journal; only ``memory remember``, ``runs purge``, ``memory scrub`` (and
+``demo``) write. Bad input is one line on stderr and exit code 1, with nothing written. JSON
+shapes are documented in each command's ``--help`` and defined in :mod:`journaled.cli_render`.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from journaled.cli_common import (
     fail,
     json_option,
     open_runtime,
+    set_json,
     wants_json,
 )
 from journaled.cli_memory import memory
@@ -383,6 +383,29 @@ def _follow(
         show(event)
         if ack:
             sub.ack(event.position)
+
+
+def _after_the_command_too(group: click.Group) -> None:
+    """Give every command ``--url`` and ``--json`` after its name too (``journaled journal
+    migrate --url ...``), as before it; a command that declares its own keeps that one."""
+    for command in group.commands.values():
+        if isinstance(command, click.Group):
+            _after_the_command_too(command)
+            continue
+        names = {opt for param in command.params for opt in getattr(param, "opts", ())}
+        if "--url" not in names:
+            command.params.append(
+                click.Option(["--url"], expose_value=False, callback=_set_url, help=URL_HELP)
+            )
+        if "--json" not in names:
+            command.params.append(
+                click.Option(
+                    ["--json"], is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP
+                )
+            )
+
+
+_after_the_command_too(main)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -22,7 +22,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 JSON_HELP = "Print machine-readable JSON (shape in each command's help)."
 
 
-def _set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
+def set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     if value:
         ctx.obj["json"] = True
 
@@ -30,7 +30,7 @@ def _set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
 def json_option(command: F) -> F:
     """Accept ``--json`` after a command as well as before it."""
     return click.option(
-        "--json", is_flag=True, expose_value=False, callback=_set_json, help=JSON_HELP
+        "--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP
     )(command)
 
 

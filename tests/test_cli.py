@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import click
 import msgspec
 import pytest
 from click.testing import CliRunner, Result
@@ -736,3 +737,44 @@ def test_reading_a_journal_that_cannot_be_written_succeeds(
     assert tried == []
     assert result.stderr == ""
     assert "memory snapshot not saved" not in caplog.text
+
+
+def _leaves(group: click.Group, prefix: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    out: list[tuple[str, ...]] = []
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            out += _leaves(command, (*prefix, name))
+        else:
+            out.append((*prefix, name))
+    return out
+
+
+def test_every_command_takes_url_and_json_after_its_name() -> None:
+    """Section 11, README: every command takes --url and --json after its name as well as before
+    it (``journaled journal migrate --url ...``)."""
+    for path in _leaves(main):
+        command: click.Command = main
+        for name in path:
+            assert isinstance(command, click.Group)
+            command = command.commands[name]
+        opts = {opt for param in command.params for opt in getattr(param, "opts", ())}
+        assert {"--url", "--json"} <= opts, (path, sorted(opts))
+
+
+def test_url_after_the_command_names_the_journal(tmp_path: Path) -> None:
+    """Section 11, README: ``journaled journal verify --url U``, ``runs list --url U --json`` and
+    ``memory search Q --url U`` read the journal at U, as ``--url U`` before them does."""
+    url = f"sqlite:///{tmp_path / 'j.sqlite'}"
+    wrote = CliRunner().invoke(
+        main, ["memory", "remember", "deploys go through staging", "--url", url]
+    )
+    assert wrote.exit_code == 0, wrote.output
+    verified = CliRunner().invoke(main, ["journal", "verify", "--url", url])
+    assert verified.exit_code == 0, verified.output
+    assert "1 events read" in verified.output
+    listed = CliRunner().invoke(main, ["runs", "list", "--url", url, "--json"])
+    assert listed.exit_code == 0, listed.output
+    assert json.loads(listed.output) == []
+    found = CliRunner().invoke(main, ["memory", "search", "staging", "--url", url, "--json"])
+    assert found.exit_code == 0, found.output
+    assert [f["text"] for f in json.loads(found.output)] == ["deploys go through staging"]
