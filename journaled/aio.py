@@ -59,6 +59,7 @@ __all__ = [
     "AsyncRunHandle",
     "AsyncRuns",
     "AsyncRuntime",
+    "Registered",
     "open",
 ]
 
@@ -125,6 +126,26 @@ class _Pool:
         """Refuse further calls; the workers end (nothing is left running once close returned)."""
         self.closed = True
         self.executor.shutdown(wait=False)
+
+
+class Registered:
+    """What an asyncio runtime's ``register_*`` returns: the registration is done already.
+
+    A registration reads no journal and never blocks, so it needs no coroutine; but A1 says every
+    method of the asyncio runtime is one, so this may be awaited as well (``await
+    rt.register_tool(...)``), completing at once. Left unawaited, it warns of nothing.
+    """
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[None, None, None]:
+        yield from ()
+
+    def __repr__(self) -> str:
+        return "Registered()"
+
+
+_REGISTERED = Registered()
 
 
 class AsyncRunHandle(Generic[R]):
@@ -582,17 +603,29 @@ class AsyncRuntime:
 
     # -- registration: plain methods ---------------------------------------------------------------
 
-    def register_skill(self, name: str, fn: Callable[..., Any], **placing: Any) -> None:
-        """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
+    def register_skill(self, name: str, fn: Callable[..., Any], **placing: Any) -> Registered:
+        """Register a skill: ``fn(input) -> output`` or an ``async def`` (runs on this loop).
+
+        Done when it returns; ``await rt.register_skill(...)`` works too (see :class:`Registered`).
+        """
         self._sync.register_skill(name, fn, **placing)
+        return _REGISTERED
 
-    def register_tool(self, name: str, fn: Callable[..., Any], **placing: Any) -> None:
-        """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop)."""
+    def register_tool(self, name: str, fn: Callable[..., Any], **placing: Any) -> Registered:
+        """Register a tool: ``fn(input) -> output`` or an ``async def`` (runs on this loop).
+
+        Done when it returns; ``await rt.register_tool(...)`` works too (see :class:`Registered`).
+        """
         self._sync.register_tool(name, fn, **placing)
+        return _REGISTERED
 
-    def register_agent(self, name: str, fn: AgentFunction, **placing: Any) -> None:
-        """Register an agent: ``fn(step, ctx)``, sync or ``async def``; raise NeedsInput to wait."""
+    def register_agent(self, name: str, fn: AgentFunction, **placing: Any) -> Registered:
+        """Register an agent: ``fn(step, ctx)``, sync or ``async def``; raise NeedsInput to wait.
+
+        Done when it returns; ``await rt.register_agent(...)`` works too (see :class:`Registered`).
+        """
         self._sync.register_agent(name, fn, **placing)
+        return _REGISTERED
 
     # -- runs --------------------------------------------------------------------------------------
 

@@ -372,3 +372,35 @@ def test_close_is_idempotent_and_later_calls_say_closed(sqlite_url: str) -> None
             await rt.memory.search("tea")
 
     asyncio.run(main())
+
+
+def test_registrations_may_be_awaited_or_not(sqlite_url: str) -> None:
+    """A1 ("every method ... is a coroutine"): ``await rt.register_tool(...)`` (and skill, agent)
+    works on the asyncio runtime, and so does a plain call; both register at once, and a plain
+    call leaves no unawaited coroutine behind (warnings are errors in this suite)."""
+
+    async def main() -> list[journaled.Observation]:
+        async with journaled.aio.open(sqlite_url) as rt:
+            await rt.register_tool("fetch", lambda _: "page")
+            await rt.register_skill("summarize", lambda _: "summary")
+
+            async def agent(step: object, ctx: object) -> journaled.AgentResult:
+                return journaled.AgentResult(output="done")
+
+            await rt.register_agent("helper", agent)
+            rt.register_tool("plain", lambda _: "also registered")
+            plan = Plan(
+                goal="g",
+                steps=[
+                    Step("a", tool="fetch"),
+                    Step("b", skill="summarize", depends_on=["a"]),
+                    Step("c", agent="helper"),
+                    Step("d", tool="plain"),
+                ],
+            )
+            result = await rt.execute(plan)
+            assert result.ok
+            return result.observations
+
+    outputs = {o.step_id: o.output for o in asyncio.run(main())}
+    assert outputs == {"a": "page", "b": "summary", "c": "done", "d": "also registered"}
