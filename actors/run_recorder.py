@@ -85,23 +85,37 @@ SNAPSHOT_EVERY = 2000
 """Events between two snapshots of a long-running run."""
 
 Progress = Callable[..., object]
-"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12); a callable that also takes
-a ``run_id`` keyword (or ``**kwargs``) is given the run's id (A2)."""
+"""``on_progress(at, observations_delta, calls_used, waiting)`` (E12); a callable that also has a
+parameter named ``run_id`` (positional, at any place, or keyword-only), or ``**kwargs``, is given
+the run's id (A2)."""
 Trace = Callable[[int, ExecuteResult], None]
 """Test hook: called with (position, state) after each event is appended."""
 
 
-def wants_run_id(on_progress: Progress | None) -> bool:
-    """Tell whether an ``on_progress`` callable takes a ``run_id`` keyword (A2)."""
+def wants_run_id(on_progress: Progress | None) -> int | bool:
+    """Tell how an ``on_progress`` callable takes the run id (A2), if it names one.
+
+    Returns the index of a positional ``run_id`` parameter (``def p(run_id, at, delta, calls,
+    waiting)`` gets it first, E12's four after it), True when it takes ``run_id`` by keyword
+    only (or takes ``**kwargs``), False when it takes E12's four arguments alone.
+    """
     if on_progress is None:
         return False
     try:
-        parameters = inspect.signature(on_progress).parameters.values()
+        parameters = list(inspect.signature(on_progress).parameters.values())
     except (TypeError, ValueError):  # a builtin without a signature: the four arguments only
         return False
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    for index, p in enumerate(positional):
+        if p.name == "run_id" and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+            return index
     return any(
         p.kind is inspect.Parameter.VAR_KEYWORD
-        or (p.name == "run_id" and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+        or (p.name == "run_id" and p.kind is inspect.Parameter.KEYWORD_ONLY)
         for p in parameters
     )
 
@@ -216,10 +230,13 @@ class RunRecorder:
             try:
                 for note in notes:
                     try:
-                        if self._progress_run_id:
+                        way = self._progress_run_id
+                        if way is True:
                             self.on_progress(*note, run_id=self.state.run_id)
-                        else:
+                        elif way is False:
                             self.on_progress(*note)
+                        else:  # a positional run_id, at its place among E12's four
+                            self.on_progress(*note[:way], self.state.run_id, *note[way:])
                     except BaseException:  # SystemExit too: pykka would stop every actor
                         log.exception("on_progress raised at %s; the run goes on", note[0])
             finally:

@@ -110,3 +110,30 @@ def test_on_progress_receives_the_run_id_when_it_asks_for_it(
     assert seen
     assert set(seen) == {result.run_id}
     assert plain
+
+
+def test_on_progress_taking_the_run_id_first_gets_it_first(runtime: journaled.Runtime) -> None:
+    """A2/E12: ``def p(run_id, at, delta, calls, waiting)`` gets the run id first and E12's four
+    after it; a keyword-only ``run_id`` gets it by keyword; each call succeeds (it used to be
+    called with run_id twice, a TypeError logged and swallowed at every quiescent point)."""
+    runtime.register_tool("echo", lambda x: x)
+    first: list[tuple[str, str, int]] = []
+    keyword: list[str] = []
+
+    def run_id_first(
+        run_id: str, at: str, delta: list[journaled.Observation], calls: int, waiting: list[str]
+    ) -> None:
+        first.append((run_id, at, calls))
+
+    def keyword_only(*note: object, run_id: str) -> None:
+        assert len(note) == 4
+        keyword.append(run_id)
+
+    plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+    one = runtime.execute(plan, on_progress=run_id_first)
+    two = runtime.execute(plan, on_progress=keyword_only)
+    assert first
+    assert {run_id for run_id, _, _ in first} == {one.run_id}
+    assert all(isinstance(at, str) and isinstance(calls, int) for _, at, calls in first)
+    assert keyword
+    assert set(keyword) == {two.run_id}
