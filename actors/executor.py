@@ -567,7 +567,7 @@ class Executor(pykka.ThreadingActor):
         _, worker, _ = self._in_flight.pop(step_id)
         token = self._step_tokens.pop(step_id, None)
         if token is not None:
-            token.set()  # tell the code still running that its result is no longer wanted
+            token.set("deadline")  # tell the code still running its result is no longer wanted
         worker.stop(block=False)  # it is stuck in user code: abandon it, it ends when that returns
         self._workers.remove(worker)
         step = self.state.steps[step_id]
@@ -645,7 +645,7 @@ class Executor(pykka.ThreadingActor):
                 timer.cancel()
             token = self._step_tokens.get(step_id)
             if token is not None:
-                token.set()  # its result is no longer wanted: it runs again on resume
+                token.set("suspended")  # its result is no longer wanted: it runs again on resume
             if worker is not None:  # None: it waited to be retried (S2)
                 worker.stop(block=False)  # busy in user code: abandoned, it ends when that returns
                 self._workers.remove(worker)

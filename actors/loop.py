@@ -18,6 +18,7 @@ from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
 
 from journaled.actors.errors import RuntimeClosed
+from journaled.events.plans import CANCELLED_ABORT
 
 __all__ = ["Cancellations", "LoopRunner", "StepCancelled", "StepToken"]
 
@@ -25,7 +26,19 @@ T = TypeVar("T")
 
 
 class StepCancelled(Exception):
-    """An async step's task was cancelled: its run was cancelled or its deadline passed."""
+    """An async step's task was cancelled: its run was cancelled or its deadline passed.
+
+    ``reason`` is what set the step's token (:data:`CANCELLED` for a cancel of its run), or
+    None when nothing of journaled cancelled it.
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+CANCELLED = "cancelled"
+"""A step token's reason when its run was cancelled (E5)."""
 
 
 class LoopGone(RuntimeClosed):
@@ -55,17 +68,24 @@ class StepToken:
         self._set = False
         self._hooks: list[Callable[[], Any]] = []
         self._lock = threading.Lock()
+        self.reason: str | None = None
+        """Why it was set first: :data:`CANCELLED` (the run's cancel), ``"deadline"`` or
+        ``"suspended"`` (a close or a stop); None while it is not set."""
 
     def is_set(self) -> bool:
         """Tell whether the step was asked to stop."""
         return self._set
 
-    def set(self) -> None:
-        """Ask the step to stop: user code sees ``ctx.cancelled()``; an async step is cancelled."""
+    def set(self, reason: str = CANCELLED) -> None:
+        """Ask the step to stop: user code sees ``ctx.cancelled()``; an async step is cancelled.
+
+        ``reason``: why (the first one given is kept).
+        """
         with self._lock:
             if self._set:
                 return
             self._set = True
+            self.reason = reason
             hooks, self._hooks = self._hooks, []
         for hook in hooks:
             hook()
@@ -165,10 +185,12 @@ class LoopRunner:
         except _Escaped as escaped:
             raise escaped.original from None
         except (CancelledError, asyncio.CancelledError):
+            if token is not None and token.is_set() and token.reason == CANCELLED:
+                raise StepCancelled(CANCELLED_ABORT, CANCELLED) from None
             if (token is not None and token.is_set()) or self._closed:
                 raise StepCancelled(
-                    "cancelled: the run was cancelled, the step's deadline passed or the runtime "
-                    "closed"
+                    "cancelled: the step's deadline passed or the runtime closed",
+                    None if token is None else token.reason,
                 ) from None
             if _ending(loop):
                 # The loop's own shutdown cancelled the task (asyncio.run cancels every task

@@ -28,7 +28,14 @@ import pykka
 
 from journaled.actors.directory import Directory, quick_inbox
 from journaled.actors.errors import RuntimeClosed
-from journaled.actors.loop import Cancellations, LoopGone, LoopRunner, StepToken
+from journaled.actors.loop import (
+    CANCELLED,
+    Cancellations,
+    LoopGone,
+    LoopRunner,
+    StepCancelled,
+    StepToken,
+)
 from journaled.actors.placement import Placement, resources_problem, run_placed
 from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, short, text_problem
@@ -38,6 +45,7 @@ from journaled.events.plans import (
     AgentResult,
     ExecuteResult,
     Observation,
+    ObservationCode,
     Plan,
     Retry,
     Step,
@@ -468,6 +476,12 @@ def run_callable(
         stored = journalable(output, f"the output of {kind} {step.target!r}")
     except LoopGone:
         raise  # no result: the step runs again on resume (R3)
+    except StepCancelled as exc:
+        # A cancel of its run cancelled its task: said as E5 says it, not as a failure.
+        code: ObservationCode | None = "cancelled" if exc.reason == CANCELLED else None
+        return Observation(
+            step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc), code=code
+        )
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
         return Observation(
             step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=_error_text(exc)
@@ -520,6 +534,11 @@ def _observe_agent(
             **base, ok=False, code="agent-waiting", error=question, agent_task_id=task
         )
         return obs, question
+    except StepCancelled as exc:
+        task = ctx.child_runs[-1] if ctx.child_runs else None
+        # A cancel of its run cancelled its task: said as E5 says it, not as a failure.
+        said: ObservationCode = "cancelled" if exc.reason == CANCELLED else "agent-failed"
+        return Observation(**base, ok=False, code=said, error=str(exc), agent_task_id=task), None
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
         task = ctx.child_runs[-1] if ctx.child_runs else None
         obs = Observation(

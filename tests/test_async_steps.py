@@ -181,7 +181,29 @@ def test_cancel_cancels_an_async_steps_task(runtime: journaled.Runtime) -> None:
     assert seen.cancelled.wait(WAIT)
     assert seen.finished.is_set()
     assert not result.ok
-    assert (result.observations[0].error or "").startswith("cancelled")
+    assert result.observations[0].error == "cancelled: the run was aborted"
+    assert result.observations[0].code == "cancelled"
+
+
+def test_cancel_of_a_running_async_agent_records_code_cancelled(runtime: journaled.Runtime) -> None:
+    """E5, A1: an ``async def`` agent whose task a cancel of its run cancelled records code
+    ``cancelled`` (``cancelled: the run was aborted``), as an agent the cancel kept from starting
+    does; it used to record ``agent-failed``, as if the agent had failed."""
+    started = threading.Event()
+
+    async def slow(step: Step, ctx: AgentContext) -> AgentResult:
+        started.set()
+        await asyncio.sleep(30)
+        return AgentResult(output="unreachable")
+
+    runtime.register_agent("slow", slow)
+    handle = runtime.start(one(Step("a", agent="slow")))
+    assert started.wait(WAIT)
+    assert runtime.cancel(handle.run_id)
+    result = handle.result(WAIT)
+    [obs] = result.observations
+    assert (obs.code, obs.error) == ("cancelled", "cancelled: the run was aborted")
+    assert runtime.runs.summary(handle.run_id).status == "cancelled"
 
 
 def test_step_timeout_cancels_an_async_steps_task(runtime: journaled.Runtime) -> None:
