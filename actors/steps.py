@@ -19,9 +19,9 @@ import asyncio
 import base64
 import inspect
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import msgspec
 import pykka
@@ -301,6 +301,8 @@ class AgentContext:
         self.child_runs: list[str] = []
         self._calls = 0
         self._calls_lock = threading.Lock()
+        self.unawaited = 0
+        """Calls of ``ctx.execute`` from an async agent not awaited (yet): each started nothing."""
         self.interrupted = False
         """Set when a child run was cut short by the runtime closing: the step has no result
         and runs again on resume, whatever the agent returns (R3)."""
@@ -317,6 +319,10 @@ class AgentContext:
         child again and resumes it (or returns its result if it finished) instead of starting a
         duplicate (R5). The plan given on a re-run is not compared with the first one.
 
+        In an ``async def`` agent (on an event loop) it cannot block the loop: it returns at
+        once an awaitable, and ``await ctx.execute(plan)`` gives the result (as
+        :meth:`execute_async` does).
+
         Raises:
             RuntimeClosed: the runtime is closing; the child (if any) was suspended and this step
                 runs again on resume.
@@ -324,10 +330,7 @@ class AgentContext:
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
         if _in_event_loop():
-            raise RuntimeError(
-                "ctx.execute() blocks until the child run ends: in an async agent, "
-                "use `await ctx.execute_async(plan)`"
-            )
+            return cast(ExecuteResult, _ChildRunAwaited(self, plan, options))
         with self._calls_lock:
             # The ordinal is taken when the call starts, so calls from several threads of the
             # step get distinct children (R5); a call that fails still uses its ordinal.
@@ -353,6 +356,32 @@ class AgentContext:
 
     def _execute_in_thread(self, plan: Plan, options: dict[str, Any]) -> ExecuteResult:
         return self.execute(plan, **options)
+
+
+class _ChildRunAwaited:
+    """``ctx.execute(plan)`` called from an async agent: awaiting it runs the child.
+
+    Nothing starts until it is awaited (so one never awaited leaves no run and no coroutine
+    behind); reading a result's attribute from it says to await it.
+    """
+
+    __slots__ = ("_ctx", "_options", "_plan")
+
+    def __init__(self, ctx: AgentContext, plan: Plan, options: dict[str, Any]) -> None:
+        self._ctx, self._plan, self._options = ctx, plan, options
+        with ctx._calls_lock:
+            ctx.unawaited += 1
+
+    def __await__(self) -> Generator[Any, None, ExecuteResult]:
+        with self._ctx._calls_lock:
+            self._ctx.unawaited -= 1
+        return self._ctx.execute_async(self._plan, **self._options).__await__()
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(
+            f"ctx.execute(plan) in an async agent returns an awaitable, not the result: "
+            f"use `await ctx.execute(plan)` (asked for .{name})"
+        )
 
 
 def _in_event_loop() -> bool:
@@ -546,6 +575,15 @@ def _observe_agent(
         )
         return obs, None
     task = ctx.child_runs[-1] if ctx.child_runs else None
+    if ctx.unawaited:
+        # A forgotten ``await``: the child run it meant was never started, so whatever the
+        # agent answered rests on nothing; its step fails, saying so, rather than passing.
+        error = (
+            f"agent {step.agent!r} called ctx.execute(plan) without awaiting it, so no child run "
+            "was started: in an async agent, `await ctx.execute(plan)` (or `await "
+            "ctx.execute_async(plan)`)"
+        )
+        return Observation(**base, ok=False, code="agent-failed", error=error), None
     if not isinstance(result, AgentResult):
         error = f"agent {step.agent!r} returned {type(result).__name__}, not journaled.AgentResult"
         return Observation(**base, ok=False, code="agent-failed", error=error), None

@@ -156,8 +156,46 @@ def test_async_agent_runs_a_child_with_execute_async(runtime: journaled.Runtime)
     assert runtime.runs.current(child).ok
 
 
+def test_an_async_agent_awaits_ctx_execute_for_its_child(runtime: journaled.Runtime) -> None:
+    """A1, E9, SPEC section 5 (``ctx.execute(plan)`` for a linked child run): an ``async def``
+    agent's ``await ctx.execute(plan)`` runs the child linked to its step, as a sync agent's
+    ``ctx.execute(plan)`` does; it used to fail the step, naming execute_async."""
+    runtime.register_tool("echo", lambda x: x)
+
+    async def agent(step: Step, ctx: AgentContext) -> AgentResult:
+        first = await ctx.execute(one(Step("c", tool="echo", input="hi")))  # type: ignore[misc]
+        second = await ctx.execute(one(Step("d", tool="echo", input="there")))  # type: ignore[misc]
+        outputs = [first.observations[0].output, second.observations[0].output]
+        return AgentResult(output=" ".join(outputs))
+
+    runtime.register_agent("delegate", agent)
+    result = runtime.execute(one(Step("a", agent="delegate", input=None)))
+    assert result.ok, result.observations
+    assert result.observations[0].output == "hi there"
+    children = [s.run_id for s in runtime.runs.list() if s.parent_run == result.run_id]
+    assert len(children) == 2
+    assert all(runtime.runs.current(c).ok for c in children)
+
+
+def test_reading_an_unawaited_ctx_execute_says_to_await_it(runtime: journaled.Runtime) -> None:
+    """A1: reading a result's attribute from ``ctx.execute(plan)`` not awaited, in an async
+    agent, raises an error saying to await it; the step fails with it and no child run starts."""
+    runtime.register_tool("echo", lambda x: x)
+
+    async def agent(step: Step, ctx: AgentContext) -> AgentResult:
+        child = ctx.execute(one(Step("c", tool="echo", input="hi")))
+        return AgentResult(output=child.observations[0].output)
+
+    runtime.register_agent("hasty", agent)
+    result = runtime.execute(one(Step("a", agent="hasty", input=None)))
+    assert not result.ok
+    assert "await ctx.execute(plan)" in (result.observations[0].error or "")
+    assert [s for s in runtime.runs.list() if s.parent_run == result.run_id] == []
+
+
 def test_sync_execute_from_an_async_agent_fails_the_step(runtime: journaled.Runtime) -> None:
-    """A1: a blocking ``ctx.execute`` inside an async agent fails its step instead of a deadlock."""
+    """A1: ``ctx.execute`` not awaited inside an async agent fails its step, saying to await it,
+    instead of a deadlock or a step that passes on a child run that never started."""
     runtime.register_tool("echo", lambda x: x)
 
     async def agent(step: Step, ctx: AgentContext) -> AgentResult:
