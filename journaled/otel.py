@@ -10,7 +10,8 @@ spans through the given tracer provider, or the global one::
         rt.execute(plan)
 
 Each pass of a run is a ``journaled.run`` span; each wave a ``journaled.wave`` span under it; each
-step attempt a ``journaled.step`` span under its wave. While a step's function runs, its span is
+step attempt a ``journaled.step`` span under the run too (SPEC T3: parent = run), linked to its
+wave's span (ADR 0089). While a step's function runs, its span is
 the current span of the thread (or asyncio task) running it, so a tool's own spans — an HTTP
 client's, a model client's — nest under the step. A child run started by ``ctx.execute`` is a
 child of its agent step's span, and a run started where a span is current (a request handler's)
@@ -78,7 +79,7 @@ RUN_SPAN = "journaled.run"
 WAVE_SPAN = "journaled.wave"
 """Name of the span of one wave of a pass, child of the run span."""
 STEP_SPAN = "journaled.step"
-"""Name of the span of one step attempt, child of its wave span."""
+"""Name of the span of one step attempt: a child of its run's span, linked to its wave's (0089)."""
 
 _PASSES_REMEMBERED = 4096
 """Runs whose last pass's span context is kept, to link a resumed pass to it."""
@@ -492,11 +493,13 @@ class OtelTracing(Tracing):
         if operation is not None:
             attributes["gen_ai.operation.name"] = operation
             attributes["gen_ai.tool.name" if kind == "tool" else "gen_ai.agent.name"] = step.target
-        above = current.wave if current.wave is not None else current.span
+        # SPEC T3: "parent = run". The step's wave is named by its number and linked.
+        links = [] if current.wave is None else [trace.Link(current.wave.get_span_context())]
         span = self._tracer.start_span(
             STEP_SPAN,
-            context=trace.set_span_in_context(above),
+            context=trace.set_span_in_context(current.span),
             attributes=attributes,
+            links=links,
             start_time=at,
         )
         stale = current.steps.get(step.id)

@@ -769,13 +769,13 @@ def test_follow_of_a_fork_ends_when_a_purge_of_its_source_reaches_it(sqlite_url:
 # -- T3: spans of retries, failures and redacted errors -----------------------------------------
 
 
-def test_retried_attempts_are_sibling_spans_under_one_wave_and_the_last_decides(
+def test_retried_attempts_are_sibling_spans_of_one_wave_and_the_last_decides(
     sqlite_url: str,
 ) -> None:
-    """T3/S2/ADR 0046: each attempt of a retried skill is its own step span under the same wave
-    span, numbered 1..n, each charged its call; failed attempts are ERROR (retrying), an
-    exhausted step's last is ERROR (failed), a timed-out attempt is retried too, and the run
-    span is ERROR naming the failed step."""
+    """T3/S2/ADR 0046: each attempt of a retried skill is its own step span under the run span,
+    linked to the same wave span, numbered 1..n, each charged its call; failed attempts are
+    ERROR (retrying), an exhausted step's last is ERROR (failed), a timed-out attempt is retried
+    too, and the run span is ERROR naming the failed step."""
     tries: dict[str, int] = {}
     late = threading.Event()
 
@@ -823,7 +823,8 @@ def test_retried_attempts_are_sibling_spans_under_one_wave_and_the_last_decides(
             range(1, len(outcomes) + 1)
         )
         assert [_attrs(s)["journaled.step.outcome"] for s in spans] == outcomes
-        assert {_parent(s) for s in spans} == {_sid(wave)}
+        assert {_parent(s) for s in spans} == {_sid(run)}  # T3: parent = run
+        assert {link.context.span_id for s in spans for link in s.links} == {_sid(wave)}
         assert {_tid(s) for s in spans} == {_tid(run)}
         assert [_attrs(s)["journaled.step.calls"] for s in spans] == [1] * len(outcomes)
         codes = [s.status.status_code for s in spans]
@@ -944,9 +945,9 @@ def test_a_run_resumed_in_a_new_process_after_a_kill_has_a_whole_span_tree(
     sqlite_url: str,
 ) -> None:
     """T3/E14: resumed after its process was SIGKILLed mid-wave, a run's new pass is one trace:
-    a run span (resumed, resumption 1) holding a span per wave left, each holding the step
-    attempts that ran (the interrupted step as attempt 2); the step that had succeeded has no
-    span."""
+    a run span (resumed, resumption 1) holding a span per wave left and the step attempts that
+    ran (the interrupted step as attempt 2), each linked to its wave; the step that had succeeded
+    has no span."""
     child = _popen([sys.executable, "-c", _PARALLEL_KILLED, sqlite_url])
     try:
         run_id = _line(child, 60).strip()
@@ -972,8 +973,10 @@ def test_a_run_resumed_in_a_new_process_after_a_kill_has_a_whole_span_tree(
     a = t.one(journaled.otel.STEP_SPAN, **{"journaled.step.id": "a"})
     c = t.one(journaled.otel.STEP_SPAN, **{"journaled.step.id": "c"})
     assert t.spans(journaled.otel.STEP_SPAN, **{"journaled.step.id": "b"}) == []
-    assert (_attrs(a)["journaled.step.attempt"], _parent(a)) == (2, _sid(waves[1]))
-    assert (_attrs(c)["journaled.step.attempt"], _parent(c)) == (1, _sid(waves[2]))
+    assert (_attrs(a)["journaled.step.attempt"], _parent(a)) == (2, _sid(run))  # parent = run
+    assert (_attrs(c)["journaled.step.attempt"], _parent(c)) == (1, _sid(run))
+    assert [link.context.span_id for link in a.links] == [_sid(waves[1])]
+    assert [link.context.span_id for link in c.links] == [_sid(waves[2])]
     assert len({_tid(s) for s in t.spans()}) == 1
 
 

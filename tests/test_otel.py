@@ -99,10 +99,26 @@ def _tree(t: Traced) -> dict[str, list[str]]:
     return {k: sorted(v) for k, v in tree.items()}
 
 
+def _linked_waves(t: Traced) -> dict[str, list[str]]:
+    """Map each step span (by label) to the waves (by label) it links to."""
+    waves = {
+        _id(s): f"wave {_attrs(s)['journaled.wave.number']}"
+        for s in t.spans()
+        if s.name == journaled.otel.WAVE_SPAN
+    }
+    out: dict[str, list[str]] = {}
+    for s in t.spans(journaled.otel.STEP_SPAN):
+        a = _attrs(s)
+        label = f"step {a['journaled.step.id']}#{a['journaled.step.attempt']}"
+        out[label] = sorted(waves[int(link.context.span_id)] for link in s.links)
+    return out
+
+
 def test_a_chain_makes_one_run_span_with_a_wave_and_a_step_span_per_step(
     journal_url: str,
 ) -> None:
-    """T3: a chain's run span holds one wave span per step, each holding its step's span."""
+    """T3 ("parent = run"): a chain's run span is the parent of one wave span per step and of
+    each step's span; a step span links to its wave's span and names its number."""
     with journaled.open(journal_url) as rt:
         t = Traced(rt)
         rt.register_tool("fetch", lambda x: x)
@@ -119,10 +135,12 @@ def test_a_chain_makes_one_run_span_with_a_wave_and_a_step_span_per_step(
     assert result.ok
     assert _tree(t) == {
         "root": ["journaled.run"],
-        "journaled.run": ["wave 1", "wave 2", "wave 3"],
-        "wave 1": ["step a#1"],
-        "wave 2": ["step b#1"],
-        "wave 3": ["step c#1"],
+        "journaled.run": ["step a#1", "step b#1", "step c#1", "wave 1", "wave 2", "wave 3"],
+    }
+    assert _linked_waves(t) == {
+        "step a#1": ["wave 1"],
+        "step b#1": ["wave 2"],
+        "step c#1": ["wave 3"],
     }
     assert len({_trace(s) for s in t.spans()}) == 1
     run = t.one("journaled.run")
@@ -156,7 +174,8 @@ def test_a_chain_makes_one_run_span_with_a_wave_and_a_step_span_per_step(
 
 
 def test_a_wave_plan_puts_parallel_steps_under_one_wave_span(traced: Traced) -> None:
-    """T3: steps of one wave (run concurrently, E2) are children of that wave's span."""
+    """T3: steps of one wave (run concurrently, E2) are children of the run span, each linked to
+    that wave's span."""
     both = threading.Barrier(2, timeout=WAIT)  # a and b really run at the same time
 
     def meet(x: Any) -> Any:
@@ -177,9 +196,12 @@ def test_a_wave_plan_puts_parallel_steps_under_one_wave_span(traced: Traced) -> 
     assert result.ok
     assert _tree(traced) == {
         "root": ["journaled.run"],
-        "journaled.run": ["wave 1", "wave 2"],
-        "wave 1": ["step a#1", "step b#1"],
-        "wave 2": ["step c#1"],
+        "journaled.run": ["step a#1", "step b#1", "step c#1", "wave 1", "wave 2"],
+    }
+    assert _linked_waves(traced) == {
+        "step a#1": ["wave 1"],
+        "step b#1": ["wave 1"],
+        "step c#1": ["wave 2"],
     }
     assert (
         _attrs(traced.one("journaled.wave", **{"journaled.wave.number": 1}))[
