@@ -41,12 +41,13 @@ import os
 import re
 import shutil
 import sqlite3
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from types import ModuleType
+from types import FrameType, ModuleType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
@@ -288,37 +289,77 @@ class _Use:
     A class and not a generator: the deferral knows its section by the caller's frame, and a
     generator's frame is off the stack while the ``with`` body runs, so a Ctrl-C would have
     landed in the middle of a pool's checkout.
+
+    The call is counted by the object itself being in the journal's set of calls: adding and
+    discarding it are single C calls, done or not wherever another signal's raising handler
+    lands (a SIGTERM raising SystemExit, a SIGALRM timeout), and they take no lock that such an
+    exception could leave held. ``__enter__`` discards it again on its error path. A handler
+    can still run as ``__exit__`` is entered, before its first line, and leave the call in the
+    set: the call knows the frame of its ``with`` (enter it only from a ``with`` statement in
+    the frame that makes the call), and :meth:`Journal._calls_under_way` forgets a call whose
+    frame is on no thread's stack (ADR 0080 update).
     """
 
-    __slots__ = ("_defer", "_journal")
+    __slots__ = ("_defer", "_frame", "_journal")
 
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
         self._defer = interrupts_deferred(depth=2)
+        self._frame: FrameType | None = None
 
     def __enter__(self) -> None:
         self._defer.__enter__()
         try:
-            self._journal._enter_use()
+            journal = self._journal
+            self._frame = sys._getframe(1)
+            if len(journal._calls) >= _STALE_SWEEP:
+                journal._calls_under_way()
+            journal._calls.add(self)
+            # After the add, as the close sets the mark before it looks at the calls: either
+            # this call sees the mark, or the close sees this call (both under the GIL).
+            if journal._closed:
+                raise JournalClosed(f"journal {journal.config.url} is closed")
         except BaseException:
+            self._journal._calls.discard(self)
+            if self._journal._closed:
+                self._journal._wake_close()  # a close may have seen this call before it left
             self._defer.__exit__(None, None, None)
             raise
 
     def __exit__(self, kind: object, error: object, trace: object) -> None:
+        journal = self._journal
         try:
-            self._journal._leave_use()
+            journal._calls.discard(self)
+            if journal._closed:
+                journal._wake_close()
         finally:
             self._defer.__exit__(kind, error, trace)
         if not isinstance(error, _CUT_BY_CLOSE):
             return
         full = disk_full(error)
         if full is not None:  # the database's words, made the journal's (ADR 0081)
-            raise JournalFull(self._journal.config.url, full) from error
-        if isinstance(error, ConnectionPoolClosedError) or self._journal._shut:
+            raise JournalFull(journal.config.url, full) from error
+        if isinstance(error, ConnectionPoolClosedError) or journal._shut:
             # The connection was closed under this call: a close on this thread (a signal
             # handler's) or one that gave up waiting. The caller learns what happened; a
             # call that failed on its own while a close waited for it keeps its error.
-            raise JournalClosed(f"journal {self._journal.config.url} is closed") from error
+            raise JournalClosed(f"journal {journal.config.url} is closed") from error
+
+
+_STALE_SWEEP = 1000
+"""Calls in a journal's set at which entering one first forgets those no longer under way
+(left by an exception landing as their ``__exit__`` was entered), so that they cannot pile up
+between closes: far more calls than any program has under way at once."""
+_CLOSE_LOOK = 0.05
+"""Seconds a close waits before looking again at the calls under way, woken or not: a call
+whose ``__exit__`` an exception cut short never wakes it."""
+
+
+def _stack(frame: FrameType | None) -> Iterator[FrameType]:
+    """Yield a frame and the frames under it: a thread's stack from there down."""
+    while frame is not None:
+        yield frame
+        frame = frame.f_back
 
 
 class Journal:
@@ -390,10 +431,11 @@ class Journal:
         """Names this journal's appends in its notifications, so that its own followers can
         tell them from other processes' (ADR 0044)."""
         self._closed = False
-        self._users = 0
+        self._calls: set[_Use] = set()
         """Calls on the recorder under way, on any thread: close waits for them (ADR 0080)."""
-        self._in_use = threading.Condition()
-        self._depth = threading.local()
+        self._woken = threading.Lock()
+        """Released by a call ending while the journal closes: the close looks again at once."""
+        self._woken.acquire()
         self._closing = threading.RLock()
         """Held by the thread that waits for the calls under way and closes the connections:
         a second close waits for it (a handler's close on the same thread goes through)."""
@@ -1111,8 +1153,7 @@ class Journal:
         once the first has closed the connections; a close cut short by Ctrl-C while it waits
         closes nothing, and the next close finishes it.
         """
-        with self._in_use:
-            self._closed = True
+        self._closed = True  # before looking at the calls: see _Use.__enter__
         with self._closing:
             if self._shut:
                 return
@@ -1123,14 +1164,7 @@ class Journal:
             self._bump()  # waiters with a mark return; the watcher ends
             with self._listen_lock:
                 self._drop_listener()
-            mine = getattr(self._depth, "count", 0)  # calls of this thread: not waited for
-            with self._in_use:
-                if not self._in_use.wait_for(lambda: self._users <= mine, timeout=self._close_wait):
-                    log.warning(
-                        "journal %s closed with %d call(s) still under way on its connections",
-                        self.config.url,
-                        self._users - mine,
-                    )
+            self._wait_for_calls()
             if self._shut:  # a handler on this thread closed it while this close waited
                 return
             self._shut = True
@@ -1151,19 +1185,54 @@ class Journal:
         """
         return _Use(self)
 
-    def _enter_use(self) -> None:
-        with self._in_use:
-            if self._closed:
-                raise JournalClosed(f"journal {self.config.url} is closed")
-            self._users += 1
-        self._depth.count = getattr(self._depth, "count", 0) + 1
+    def _wait_for_calls(self) -> None:
+        """Wait for the calls under way on other threads, at most :attr:`_close_wait` seconds.
 
-    def _leave_use(self) -> None:
-        self._depth.count -= 1
-        with self._in_use:
-            self._users -= 1
-            if self._users == 0:
-                self._in_use.notify_all()
+        This thread's own calls are not waited for: a close from a signal handler, or from
+        inside a call, goes through.
+        """
+        deadline = time.monotonic() + self._close_wait
+        while True:
+            self._woken.acquire(blocking=False)  # forget wake-ups from before this look
+            mine = set(_stack(sys._getframe()))
+            others = [c for c in self._calls_under_way() if c._frame not in mine]
+            left = deadline - time.monotonic()
+            if not others:
+                return
+            if left <= 0:
+                log.warning(
+                    "journal %s closed with %d call(s) still under way on its connections",
+                    self.config.url,
+                    len(others),
+                )
+                return
+            self._woken.acquire(timeout=min(left, _CLOSE_LOOK))
+
+    def _wake_close(self) -> None:
+        """Wake a close waiting for the calls under way (a call on it has just ended)."""
+        with contextlib.suppress(RuntimeError):  # already woken
+            self._woken.release()
+
+    def _calls_under_way(self) -> list[_Use]:
+        """Return the calls under way, on any thread, after forgetting those that are not.
+
+        A call whose ``__exit__`` an exception cut short at its entry stays in the set; its
+        frame is then on no thread's stack (the exception left it). The calls are copied before
+        the stacks are looked at: a call in the copy still under way then is on its thread's.
+        """
+        calls = self._calls.copy()
+        if not calls:
+            return []
+        running = {f for top in sys._current_frames().values() for f in _stack(top)}
+        gone = [c for c in calls if c._frame not in running]
+        for call in gone:
+            self._calls.discard(call)
+        return [c for c in calls if c._frame in running]
+
+    @property
+    def _users(self) -> int:
+        """How many calls on the recorder are under way, on any thread (ADR 0080)."""
+        return len(self._calls_under_way())
 
     def _events(self, rows: Sequence[Row], stream: str | None = None) -> list[Event]:
         """Decode rows (all of one stream, when ``stream`` is given) with their side rows."""
