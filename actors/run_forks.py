@@ -108,12 +108,10 @@ class RunForks(RunReads):
             raise ValueError(f"at {at} is past the end of the journal ({end})")
         if self.state(run_id).purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot fork")
+        events = self._journal.stream(run_id, upto=at)
         state = RunState()
-        charged: dict[str, int] = {}
-        for event in self._journal.stream(run_id, upto=at):
-            state.apply(event)
-            if isinstance(event.data, StepSucceeded):
-                charged[event.data.step_id] = event.data.charged
+        state.apply_all(events)
+        charged = self._kept_charges(run_id, events, {run_id})
         started = state.started
         assert started is not None
         budget = check_budget("call_budget", call_budget) if call_budget is not None else None
@@ -190,6 +188,42 @@ class RunForks(RunReads):
         raise ConcurrencyConflict(
             [], f"other runs were purged at each try to fork run {run_id}; nothing was stored"
         )
+
+    def _kept_charges(
+        self, run_id: str, events: builtins.list[Event], seen: set[str]
+    ) -> dict[str, int]:
+        """Return what each step succeeded in these events of a run was charged (F1, R6).
+
+        A step that ran here has its ``step-succeeded``'s charge; a step the run carried, as a
+        fork, has the charge its ``run.forked`` recorded, so calls carry over through forks of
+        forks. A fork of a fork stored before ADR 0083 recorded 0 for the steps it carried in
+        turn: a 0 of a step that is not a tool's, in a fork whose source is a fork too, is
+        looked up in that source, up to the fork's position (``seen``: the runs walked).
+        """
+        charged: dict[str, int] = {}
+        for event in events:
+            data = event.data
+            if isinstance(data, StepSucceeded):
+                charged[data.step_id] = data.charged
+            elif isinstance(data, RunForked):
+                charged.update(self._carried_charges(data, seen))
+        return charged
+
+    def _carried_charges(self, forked: RunForked, seen: set[str]) -> dict[str, int]:
+        """Return the charge of each step a fork carried, repaired as :meth:`_kept_charges` says."""
+        charged = {c.observation.step_id: c.charged for c in forked.carried}
+        doubtful = [c.observation.step_id for c in forked.carried if _maybe_lost(c)]
+        source = forked.source
+        if not doubtful or source in seen:
+            return charged
+        head = self._journal.head(source)  # a fork of a fork: the source is read only then
+        if head is None or head[1] != _FORKED:
+            return charged
+        events = self._journal.stream(source, upto=forked.position)
+        origin = self._kept_charges(source, events, seen | {source})
+        for step_id in doubtful:
+            charged[step_id] = origin.get(step_id, 0)
+        return charged
 
     def _replacements(
         self, run_id: str, steps: dict[str, Step], replace: Mapping[str, Step] | None
@@ -310,6 +344,14 @@ class RunForks(RunReads):
         # fork (F1) owns the fork rules; refresh only chooses what to replace.
         # The resume that runs it folds memory up to the journal first (P4).
         return self.fork(run_id, replace=replace)
+
+
+def _maybe_lost(carried: CarriedStep) -> bool:
+    """Tell whether a carried step's 0 may be a charge an earlier release lost (ADR 0083).
+
+    A tool step is free (E8), so its 0 is its charge; a skill's or an agent's may not be.
+    """
+    return carried.charged == 0 and carried.observation.tool is None
 
 
 def _fork_answers(

@@ -1,0 +1,128 @@
+"""Forks as SPEC F1, F2 and P4 word them: calls carried, replacements, lineage, refresh's `at`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+import journaled
+from journaled import AgentResult, Plan, Step
+from journaled.actors.run_forks import RunForks
+from journaled.events.runs import RunForked
+from journaled.testing import ManualClock
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """A journal on a real SQLite file, and the in-process one."""
+    return "memory://" if request.param == "memory" else sqlite_url
+
+
+@pytest.fixture
+def rt(url: str) -> Iterator[journaled.Runtime]:
+    with journaled.open(url, clock=ManualClock(step=1)) as runtime:
+        yield runtime
+
+
+def _result(rt: journaled.Runtime, run_id: str, **kwargs: Any) -> journaled.ExecuteResult:
+    result = rt.resume(run_id, **kwargs)
+    assert isinstance(result, journaled.ExecuteResult)
+    return result
+
+
+def _charged(rt: journaled.Runtime, ran: list[str]) -> Plan:
+    """Register a skill (1 call), an agent reporting 3 calls and a tool; return a plan of them."""
+
+    def skill(x: Any) -> str:
+        ran.append(f"s:{x}")
+        return f"s({x})"
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        ran.append(f"ag:{step.input}")
+        return AgentResult(output=f"ag({step.input})", calls_used=3)
+
+    rt.register_skill("s", skill)
+    rt.register_skill("s2", lambda x: f"s2({x})")
+    rt.register_agent("ag", agent)
+    rt.register_tool("t", lambda x: f"t({x})")
+    return Plan(
+        goal="g",
+        steps=[
+            Step("a", skill="s", input=1),
+            Step("g", agent="ag", input=2),
+            Step("b", skill="s", input=3, depends_on=["a"]),
+            Step("c", tool="t", input=4, depends_on=["b"]),
+        ],
+    )
+
+
+# -- F1/R6: calls used carry over through forks of forks -----------------------------------------
+
+
+def test_a_fork_of_a_fork_carries_the_calls_its_source_carried(rt: journaled.Runtime) -> None:
+    """F1, R6 (ADR 0032, 0083): calls used carry over at any depth: state, compare, summary, why."""
+    source = rt.execute(_charged(rt, []))
+    assert source.ok
+    assert source.calls_used == 5
+    chain = [source.run_id]
+    for _ in range(3):  # a fork, a fork of it, and one more
+        chain.append(rt.runs.fork(chain[-1]))
+    end = rt.journal.position()
+    for fork in chain[1:]:
+        assert rt.runs.state(fork).calls_used == 5, fork
+        assert rt.runs.at(fork, end).calls_used == 5, fork
+        assert rt.runs.compare(source.run_id, fork).calls_used_b == 5
+        assert rt.runs.summary(fork).calls_used == 5
+        assert "kept a, g, b, c (5 model call(s))" in rt.runs.why(fork)
+    assert {r: r.calls_used for r in rt.runs.list() if r in chain} == dict.fromkeys(chain, 5)
+    result = _result(rt, chain[-1])  # nothing pending: nothing runs, nothing more is charged
+    assert result.ok
+    assert result.calls_used == 5
+
+
+def test_the_budget_gate_counts_calls_carried_through_a_fork_of_a_fork(
+    rt: journaled.Runtime,
+) -> None:
+    """F1, E7, R6 (ADR 0083): a fork of a fork's budget counts the calls carried in turn."""
+    ran: list[str] = []
+    source = rt.execute(_charged(rt, ran))
+    fork = rt.runs.fork(source.run_id)
+    new_b = Step("b", skill="s", input=30, depends_on=["a"])
+    tight = rt.runs.fork(fork, replace={"b": new_b}, call_budget=4)  # a and g carried: 4 calls
+    ran.clear()
+    stopped = _result(rt, tight)
+    assert stopped.stopped_for_budget
+    assert ran == []
+    assert stopped.calls_used == 4
+    enough = rt.runs.fork(fork, replace={"b": new_b}, call_budget=5)
+    done = _result(rt, enough)
+    assert done.ok
+    assert ran == ["s:30"]
+    assert done.calls_used == 5
+
+
+def test_a_fork_of_an_earlier_releases_fork_of_a_fork_finds_the_lost_charges(
+    rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """F1, R6 (ADR 0083): a fork of an old fork of a fork finds the charges it recorded as 0."""
+    source = rt.execute(_charged(rt, []))
+    fork = rt.runs.fork(source.run_id)
+    with monkeypatch.context() as patch:  # the earlier release: carried steps charged nothing
+        patch.setattr(RunForks, "_carried_charges", lambda self, forked, seen: {})
+        old = rt.runs.fork(fork)
+    first = rt.runs.history(old)[0].data
+    assert isinstance(first, RunForked)
+    assert [c.charged for c in first.carried] == [0, 0, 0, 0]
+    assert rt.runs.state(old).calls_used == 0  # its own record stays as it was written
+    again = rt.runs.fork(old)
+    assert rt.runs.state(again).calls_used == 5
+    forked = rt.runs.history(again)[0].data
+    assert isinstance(forked, RunForked)
+    assert {c.observation.step_id: c.charged for c in forked.carried} == {
+        "a": 1,
+        "g": 3,
+        "b": 1,
+        "c": 0,
+    }
