@@ -247,10 +247,12 @@ class RunForks(RunReads):
             old = steps[step_id]
             if step.id != step_id:
                 raise ValueError(f"{where}.id must stay {step_id!r}, got {short(step.id)}")
-            if sorted(step.depends_on) != sorted(old.depends_on):
+            # A replacement that names no dependencies keeps the step's (F1, ADR 0084).
+            if step.depends_on and sorted(step.depends_on) != sorted(old.depends_on):
                 raise ValueError(
                     f"{where}.depends_on must stay {sorted(old.depends_on)}, "
-                    f"got {sorted(step.depends_on)}"
+                    f"got {sorted(step.depends_on)}: a fork keeps a step's dependencies; "
+                    "leave depends_on out to keep them"
                 )
             if step.kind is None:
                 raise ValueError(f"{where} must name exactly one of skill, tool or agent")

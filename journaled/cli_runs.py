@@ -286,8 +286,8 @@ def _parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 _STEP_FIELDS = ("skill", "tool", "agent", "input", "depends_on")
 
 
-def _replacement(rt: journaled.Runtime, run_id: str, step_id: str, text: str) -> Step:
-    """Build the Step a ``--replace STEP=JSON`` names; its dependencies default to the run's."""
+def _replacement(step_id: str, text: str) -> Step:
+    """Build the Step a ``--replace STEP=JSON`` names; without depends_on it keeps the run's."""
     try:
         fields = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -300,9 +300,8 @@ def _replacement(rt: journaled.Runtime, run_id: str, step_id: str, text: str) ->
             f"--replace {step_id}: unknown field(s) {', '.join(unknown)} "
             f"(use {', '.join(_STEP_FIELDS)})"
         )
-    old = call(lambda: rt.runs.state(run_id)).steps.get(step_id)
-    depends_on = fields.pop("depends_on", list(old.depends_on) if old is not None else [])
-    return Step(step_id, depends_on=depends_on, **fields)
+    # rt.runs.fork keeps the step's dependencies when the replacement names none (F1).
+    return Step(step_id, **fields)
 
 
 @runs.command("fork")
@@ -327,16 +326,16 @@ def runs_fork(
 
     Steps succeeded at --at keep their outputs; every other step, and each --replace'd step
     with everything downstream of it, is pending. --replace b='{"tool": "t", "input": {...}}'
-    (kind, name and input may change; id and depends_on stay). Run the fork with
-    ``rt.resume(ID)`` from the program that registers its steps' code: this command's process
-    registers none, so --run only says so. JSON: {run_id, forked_from, at, ran, how}.
+    (kind, name and input may change; id and depends_on stay, kept when left out). Run the
+    fork with ``rt.resume(ID)`` from the program that registers its steps' code: this command's
+    process registers none, so --run only says so. JSON: {run_id, forked_from, at, ran, how}.
     """
     with open_runtime(ctx) as rt:
         if position is not None:
             check_position(rt, position, "--at")
         given = _parse_pairs(answers, "--answer")
         steps = {
-            step_id: _replacement(rt, run_id, step_id, text)
+            step_id: _replacement(step_id, text)
             for step_id, text in _parse_pairs(replace, "--replace").items()
         }
         new_id = call(

@@ -98,7 +98,7 @@ def test_fork_at_the_runs_first_event_re_runs_every_step(rt: journaled.Runtime) 
     [
         ({"a": "not a step"}, "replace['a']"),
         ({"a": Step("zz", tool="t", input="a")}, "replace['a'].id"),
-        ({"b": Step("b", tool="t", input="b")}, "replace['b'].depends_on"),
+        ({"b": Step("b", tool="t", input="b", depends_on=["c"])}, "replace['b'].depends_on"),
         ({"nope": Step("nope", tool="t", input=1)}, "replace['nope']"),
         ({"a": Step("a", tool="t", input={"x": object()})}, "replace['a'].input"),
         (["a"], "replace"),

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
 import journaled
 from journaled import AgentResult, Plan, Step
 from journaled.actors.run_forks import RunForks
+from journaled.cli import main
 from journaled.events.runs import RunForked
 from journaled.testing import ManualClock
 
@@ -126,3 +129,63 @@ def test_a_fork_of_an_earlier_releases_fork_of_a_fork_finds_the_lost_charges(
         "b": 1,
         "c": 0,
     }
+
+
+# -- F1: a replacement keeps the step's dependencies ---------------------------------------------
+
+
+def test_a_replacement_without_dependencies_keeps_the_steps(rt: journaled.Runtime) -> None:
+    """F1 (ADR 0084): a replacement that names no dependencies keeps the step's; it re-runs."""
+    ran: list[str] = []
+    source = rt.execute(_charged(rt, ran))
+    fork = rt.runs.fork(source.run_id, replace={"b": Step("b", skill="s2", input=7)})
+    state = rt.runs.state(fork)
+    assert list(state.steps["b"].depends_on) == ["a"]
+    assert (state.steps["b"].skill, state.steps["b"].input) == ("s2", 7)
+    assert {i: state.status[i] for i in ("a", "g", "b", "c")} == {
+        "a": "succeeded",
+        "g": "succeeded",
+        "b": "pending",
+        "c": "pending",
+    }
+    ran.clear()
+    result = _result(rt, fork)
+    assert result.ok
+    assert {o.step_id: o.output for o in result.observations}["b"] == "s2(7)"
+    assert [s.depends_on for s in result.plan.steps if s.id == "b"] == [["a"]]
+
+
+def test_a_replacement_with_other_dependencies_is_refused_saying_how(
+    rt: journaled.Runtime,
+) -> None:
+    """F1 (ADR 0084): other dependencies are refused, saying to leave them out; nothing appended."""
+    source = rt.execute(_charged(rt, []))
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match="depends_on must stay") as caught:
+        rt.runs.fork(source.run_id, replace={"b": Step("b", skill="s2", depends_on=["g"])})
+    assert str(caught.value) == (
+        "replace['b'].depends_on must stay ['a'], got ['g']: a fork keeps a step's "
+        "dependencies; leave depends_on out to keep them"
+    )
+    assert rt.journal.position() == end
+
+
+def test_cli_replacement_without_dependencies_keeps_them(sqlite_url: str) -> None:
+    """F1 (ADR 0084): `runs fork --replace` keeps the dependencies it leaves out, refuses others."""
+    with journaled.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+        source = rt.execute(_charged(rt, [])).run_id
+    cli = CliRunner()
+    out = cli.invoke(
+        main,
+        ["--url", sqlite_url, "runs", "fork", source, "--replace", 'b={"skill": "s2"}', "--json"],
+    )
+    assert out.exit_code == 0, out.output
+    fork = json.loads(out.output)["run_id"]
+    with journaled.open(sqlite_url) as rt:
+        b = rt.runs.state(fork).steps["b"]
+    assert (b.skill, list(b.depends_on)) == ("s2", ["a"])
+    bad = '{"skill": "s2", "depends_on": ["g"]}'
+    out = cli.invoke(main, ["--url", sqlite_url, "runs", "fork", source, "--replace", f"b={bad}"])
+    assert out.exit_code != 0
+    assert "leave depends_on out" in out.output
+    assert len(out.output.strip().splitlines()) == 1
