@@ -19,7 +19,7 @@ from journaled.actors.steps import journalable
 from journaled.events.base import Event, Pending
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.errors import AppendRefused, ConcurrencyConflict
-from journaled.events.fork import Lineage, RunComparison, compare_states, downstream
+from journaled.events.fork import RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted
@@ -264,22 +264,6 @@ class RunForks(RunReads):
                 step, input=data, depends_on=list(old.depends_on), status="pending"
             )
         return out
-
-    def lineage(self, run_id: str) -> list[Lineage]:
-        """Return the chain of forks that led to a run, root first (F2)."""
-        chain: list[Lineage] = []
-        seen: set[str] = set()
-        current: str | None = run_id
-        while current is not None and current not in seen:
-            seen.add(current)
-            data = self._first(current).data
-            if isinstance(data, RunForked):
-                chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
-                current = data.source
-            else:
-                chain.append(Lineage(run_id=current))
-                current = None
-        return chain[::-1]
 
     def compare(self, run_a: str, run_b: str) -> RunComparison:
         """Compare two runs step by step: status and output in each, and calls used (F3)."""

@@ -16,6 +16,7 @@ from msgspec import UNSET
 from journaled.actors.errors import RunNotFound, RunNotResumable
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
+from journaled.events.fork import Lineage
 from journaled.events.inputs import INT64_MAX, int_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
@@ -306,13 +307,34 @@ class RunReads:
         return self.at(run_id, self.position_at(run_id, at))
 
     def why(self, run_id: str) -> str:
-        """Explain, from events alone, why a run or orchestration is in its state (O6)."""
+        """Explain, from events alone, why a run or orchestration is in its state (O6).
+
+        A fork's why names its lineage, root first, when it is a fork of a fork (F2).
+        """
         events = self.history(run_id)
-        if isinstance(events[0].data, OrchestrationStarted):
+        first = events[0].data
+        if isinstance(first, OrchestrationStarted):
             return explain_orchestration(
                 run_id, events, lambda stream: self._seen(self._journal.stream(stream))
             )
-        return explain_run(run_id, events)
+        chain = self.lineage(run_id) if isinstance(first, RunForked) else []
+        return explain_run(run_id, events, chain)
+
+    def lineage(self, run_id: str) -> builtins.list[Lineage]:
+        """Return the chain of forks that led to a run, root first (F2)."""
+        chain: builtins.list[Lineage] = []
+        seen: set[str] = set()
+        current: str | None = run_id
+        while current is not None and current not in seen:
+            seen.add(current)
+            data = self._first(current).data
+            if isinstance(data, RunForked):
+                chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
+                current = data.source
+            else:
+                chain.append(Lineage(run_id=current))
+                current = None
+        return chain[::-1]
 
     def list(
         self, status: str | None = None, since: int | None = None, limit: int | None = None

@@ -8,6 +8,7 @@ from typing import Any
 import msgspec
 
 from journaled.events.base import Event
+from journaled.events.fork import Lineage
 from journaled.events.inputs import flat
 from journaled.events.memory_audit import when
 from journaled.events.orchestration import (
@@ -204,14 +205,34 @@ def _purged(data: RunPurged, stream: str) -> str:
     return f"content purged{via}: {data.reason}"
 
 
-def explain_run(run_id: str, events: Sequence[Event]) -> str:
-    """Explain why a run is in its state, from its events alone (O6)."""
+def explain_run(run_id: str, events: Sequence[Event], lineage: Sequence[Lineage] = ()) -> str:
+    """Explain why a run is in its state, from its events alone (O6).
+
+    ``lineage`` is the run's chain of forks, root first (``rt.runs.lineage``): a fork of a fork
+    names it after the line that says where it comes from (F2).
+    """
     if not events:
         return f"no run {run_id} in this journal"
     why = RunWhy(run_id)
     for event in events:
         why.add(event)
-    return "\n".join(why.lines())
+    lines = why.lines()
+    lines[1:1] = describe_lineage(lineage)
+    return "\n".join(lines)
+
+
+def describe_lineage(lineage: Sequence[Lineage]) -> list[str]:
+    """Say a chain of forks, root first, one run a line (F2); nothing for a chain of two or
+    fewer runs: a fork's why opens with the line that names its source."""
+    if len(lineage) <= 2:
+        return []
+    lines = ["lineage, root first:"]
+    for link in lineage:
+        if link.forked_from is None:
+            lines.append(f"  {link.run_id} — the root run")
+        else:
+            lines.append(f"  {link.run_id} — forked from {link.forked_from} at #{link.at}")
+    return lines
 
 
 class Touched(dict[str, Any]):

@@ -17,7 +17,7 @@ from typing import Literal
 import msgspec
 
 from journaled.events.base import Event
-from journaled.events.fork import RunComparison
+from journaled.events.fork import Lineage, RunComparison
 from journaled.events.orchestration import (
     ApprovalRequested,
     BudgetAwaited,
@@ -38,6 +38,7 @@ from journaled.events.run_audit import (
     RunWhy,
     Touched,
     describe_fork,
+    describe_lineage,
     describe_orchestration_event,
     describe_run_event,
     duration,
@@ -236,7 +237,10 @@ def build(rt: Runtime, run_id: str) -> Page:
     folds = {s: RunState() for s in (passes if orchestration else [run_id])}
     current = None if orchestration else run_id
     current_pass = 0
-    why = _Why(run_id, orchestration, own, streams, line_ids)
+    lineage = rt.runs.lineage(run_id) if isinstance(own[0].data, RunForked) else []
+    fork = _fork(own[0], lineage)
+    chain = describe_lineage(lineage)
+    why = _Why(run_id, orchestration, own, streams, line_ids, chain)
     run_plans: dict[str, int] = {}
     tables: dict[str, _Tables] = {}
     for event in events:
@@ -275,8 +279,8 @@ def build(rt: Runtime, run_id: str) -> Page:
                 why=added,
             )
         )
-    fork = _fork(rt, run_id, own[0])
-    head = rt.runs.why(run_id).splitlines()[fork is not None]  # a fork's why opens with its origin
+    # A fork's why opens with its origin, then its lineage when it is a fork of a fork (F2).
+    head = rt.runs.why(run_id).splitlines()[0 if fork is None else 1 + len(chain)]
     return Page(
         run_id=run_id,
         orchestration=orchestration,
@@ -288,8 +292,9 @@ def build(rt: Runtime, run_id: str) -> Page:
     )
 
 
-def _fork(rt: Runtime, run_id: str, first: Event) -> Fork | None:
-    """Describe the fork ``run_id`` is, or None for a run started afresh."""
+def _fork(first: Event, lineage: list[Lineage]) -> Fork | None:
+    """Describe the fork whose first event is ``first`` (``lineage``: its chain, root first),
+    or None for a run started afresh."""
     data = first.data
     if not isinstance(data, RunForked):
         return None
@@ -301,8 +306,7 @@ def _fork(rt: Runtime, run_id: str, first: Event) -> Fork | None:
         carried=[c.observation.step_id for c in data.carried],
         replaced=list(data.replaced),
         lineage=[
-            Link(run_id=link.run_id, forked_from=link.forked_from, at=link.at)
-            for link in rt.runs.lineage(run_id)
+            Link(run_id=link.run_id, forked_from=link.forked_from, at=link.at) for link in lineage
         ],
     )
 
@@ -317,8 +321,11 @@ class _Why:
         own: list[Event],
         passes: dict[str, list[Event]],
         line_ids: dict[str, int],
+        lineage: list[str],
     ) -> None:
         self._run_id = run_id
+        self._lineage = lineage
+        """A fork of a fork's lineage lines, told after its origin (F2)."""
         self._orchestration = orchestration
         self._own = own
         self._passes = passes
@@ -341,6 +348,7 @@ class _Why:
         self._plain.add(event)
         forked = self._plain.state.forked  # a fork's why starts with where it comes from (F2)
         top = [self._id(describe_fork(forked))] if forked is not None else []
+        top += [self._id(line) for line in self._lineage] if forked is not None else []
         top.append(self._id(self._plain.head()))
         timeline = self._plain.timeline
         if self._shown == top:

@@ -189,3 +189,50 @@ def test_cli_replacement_without_dependencies_keeps_them(sqlite_url: str) -> Non
     assert out.exit_code != 0
     assert "leave depends_on out" in out.output
     assert len(out.output.strip().splitlines()) == 1
+
+
+# -- F2: why shows the lineage --------------------------------------------------------------------
+
+
+def _chain(rt: journaled.Runtime) -> list[str]:
+    """A run, a fork of it, a fork of that and a fork of that, each run; root first."""
+    rt.register_tool("t", lambda x: f"t({x})")
+    root = rt.execute(
+        Plan(goal="g", steps=[Step("a", tool="t", input=1), Step("b", tool="t", depends_on=["a"])])
+    ).run_id
+    chain = [root]
+    for n in range(3):
+        chain.append(rt.runs.fork(chain[-1], replace={"b": Step("b", tool="t", input=n)}))
+        _result(rt, chain[-1])
+    return chain
+
+
+def test_why_of_a_fork_of_a_fork_names_its_lineage_root_first(rt: journaled.Runtime) -> None:
+    """F2 (ADR 0085): `runs.why` of a fork of a fork lists the chain from the root to the run."""
+    chain = _chain(rt)
+    links = rt.runs.lineage(chain[-1])
+    assert [link.run_id for link in links] == chain
+    lines = rt.runs.why(chain[-1]).splitlines()
+    assert lines[0].startswith(f"forked from {chain[2]} at #{links[-1].at}")
+    assert lines[1:6] == [
+        "lineage, root first:",
+        f"  {chain[0]} — the root run",
+        f"  {chain[1]} — forked from {chain[0]} at #{links[1].at}",
+        f"  {chain[2]} — forked from {chain[1]} at #{links[2].at}",
+        f"  {chain[3]} — forked from {chain[2]} at #{links[3].at}",
+    ]
+    assert lines[6] == f"run {chain[-1]} — completed:"
+    # A fork of a root run: its first line is its whole lineage.
+    assert "lineage" not in rt.runs.why(chain[1])
+
+
+def test_cli_why_of_a_fork_of_a_fork_names_its_lineage(sqlite_url: str) -> None:
+    """F2 (ADR 0085): `journaled runs why` prints the same chain, in a process of its own."""
+    with journaled.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+        chain = _chain(rt)
+        why = rt.runs.why(chain[-1])
+    out = CliRunner().invoke(main, ["--url", sqlite_url, "runs", "why", chain[-1]])
+    assert out.exit_code == 0, out.output
+    assert out.output.strip() == why
+    told = out.output.split("lineage, root first:", 1)[1]
+    assert [told.index(run_id) for run_id in chain] == sorted(told.index(r) for r in chain)
