@@ -38,6 +38,7 @@ from journaled.events.runs import (
     MemoryRead,
     RunForked,
     RunPurged,
+    StepStarted,
     StepSucceeded,
 )
 
@@ -310,11 +311,16 @@ class RunForks(RunReads):
         return [e for e in stream if isinstance(e.data, MemoryRead)]
 
     def refresh(self, run_id: str) -> str:
-        """Fork the run so that its stale steps and their dependents run again (P4); return its id.
+        """Fork the run just before its earliest stale step (P4); return the new run's id.
 
-        Each stale step is replaced by its own definition (``fork(replace=...)``, F1): it and
-        everything downstream re-pend, every other succeeded step keeps its output. The new run
-        is not executed: ``rt.resume(new_id)`` runs it against today's memory.
+        The fork is at the journal position just before the start of the earliest stale
+        attempt, under F1's rules: the steps succeeded there keep their outputs, and every
+        other step (the stale ones, their dependents, whatever had not succeeded by then) is
+        pending. A stale step that a fork carried from its source succeeded before the fork
+        began: the fork is then at the run's first position, that step replaced by its own
+        definition, so it and its dependents re-pend (F1). The run's latest call budget
+        carries over, as do its calls used (ADR 0086). The new run is not executed:
+        ``rt.resume(new_id)`` runs it against today's memory.
 
         Raises:
             RunNotFound: ``run_id`` names no run.
@@ -325,11 +331,42 @@ class RunForks(RunReads):
         found = self.stale(run_id)
         if not found:
             raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")
-        by_id = self.state(run_id).steps
-        replace = {s.step_id: by_id[s.step_id] for s in found if s.step_id in by_id}
-        # fork (F1) owns the fork rules; refresh only chooses what to replace.
+        at, carried = refresh_point(self._journal.stream(run_id), found)
+        state = self.state(run_id)
+        replace = {i: state.steps[i] for i in carried if i in state.steps}
+        # fork (F1) owns the fork rules; refresh only chooses where, and what a fork carried.
         # The resume that runs it folds memory up to the journal first (P4).
-        return self.fork(run_id, replace=replace)
+        return self.fork(run_id, at, replace=replace or None, call_budget=state.budget)
+
+
+def refresh_point(
+    events: builtins.list[Event], found: builtins.list[Stale]
+) -> tuple[int, builtins.list[str]]:
+    """Return where ``refresh`` forks a run, and the carried stale steps it replaces (P4).
+
+    ``events`` are the run's stream, ``found`` its stale reads. A stale read in the stream
+    began with its attempt's ``run.step-started``: the fork is just before the earliest such
+    start. A stale read of its source's (a fork's carried step, ADR 0062) has no start here:
+    the fork is then at the run's first event, and those steps are returned to be replaced.
+    """
+    reads = {e.position: e.data for e in events if isinstance(e.data, MemoryRead)}
+    starts = {
+        (e.data.step_id, e.data.attempt): e.position
+        for e in events
+        if isinstance(e.data, StepStarted)
+    }
+    begins: builtins.list[int] = []
+    carried: builtins.list[str] = []
+    for stale in found:
+        read = reads.get(stale.position)
+        start = starts.get((read.step_id, read.attempt)) if read is not None else None
+        if start is not None:
+            begins.append(start)
+        elif stale.step_id not in carried:
+            carried.append(stale.step_id)
+    if carried or not begins:
+        return events[0].position, carried
+    return min(begins) - 1, []
 
 
 def _maybe_lost(carried: CarriedStep) -> bool:

@@ -538,7 +538,7 @@ class AsyncRuns:
         return await self._pool.run(self._runs.stale, run_id)
 
     async def refresh(self, run_id: str) -> str:
-        """Fork the run with its stale steps re-pended; return the new run's id (P4)."""
+        """Fork the run just before its earliest stale step; return the new run's id (P4)."""
         return await self._pool.run(self._runs.refresh, run_id)
 
 

@@ -435,7 +435,7 @@ def runs_stale(ctx: click.Context, run_id: str | None) -> None:
 @json_option
 @click.pass_context
 def runs_refresh(ctx: click.Context, run_id: str) -> None:
-    """Fork a run so its stale steps and their dependents run again (P4); print the new id.
+    """Fork a run just before its earliest stale step, to run again from there (P4); print its id.
 
     The new run is not executed here: `journaled` cannot call the run's tools from the command
     line; resume it with `rt.resume(NEW_ID)` in a process that registers them. JSON: {run_id,

@@ -4,8 +4,8 @@ A scripted model stands in for an LLM. The story remembers project facts (one su
 orchestrates a plan of tool, skill and agent steps under a call budget that is too small, pauses,
 resumes with a bigger budget, waits for a human answer to an agent's question, completes — and then
 asks the journal why each of those things happened. A last act acts on the past: a fact a run read
-is superseded, the journal names the stale step, and a refreshed fork re-runs just that step and
-what depends on it (P1-P4, F1, F3).
+is superseded, the journal names the stale step, and a refreshed fork, taken just before that
+step began, re-runs it and what depends on it and keeps what was done before it (P1-P4, F1, F3).
 """
 
 from __future__ import annotations
@@ -210,9 +210,11 @@ def _provenance_act(rt: journaled.Runtime, console: Console) -> tuple[str, str]:
     plan = journaled.Plan(
         goal="plan the release",
         steps=[
-            journaled.Step("region", tool="read_region", input="deploy region"),
-            journaled.Step("release", tool="plan_release", depends_on=["region"]),
             journaled.Step("notes", tool="write_notes"),
+            journaled.Step(
+                "region", tool="read_region", input="deploy region", depends_on=["notes"]
+            ),
+            journaled.Step("release", tool="plan_release", depends_on=["region"]),
         ],
     )
     rt.memory.remember("The deploy region is eu-west", conflict_key=REGION_KEY, domain="ops")

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import journaled
-from journaled import AgentResult, Plan, Step
+from journaled import AgentResult, Plan, Retry, Step
 from journaled.actors.run_forks import RunForks
 from journaled.cli import main
-from journaled.events.runs import RunForked
+from journaled.events.runs import RunForked, StepStarted, StepSucceeded
 from journaled.testing import ManualClock
 
 
@@ -236,3 +236,183 @@ def test_cli_why_of_a_fork_of_a_fork_names_its_lineage(sqlite_url: str) -> None:
     assert out.output.strip() == why
     told = out.output.split("lineage, root first:", 1)[1]
     assert [told.index(run_id) for run_id in chain] == sorted(told.index(r) for r in chain)
+
+
+# -- P4: refresh forks just before the earliest stale step ----------------------------------------
+
+
+def _reading(rt: journaled.Runtime, ran: list[str]) -> None:
+    """Register ``region`` (reads memory through ctx) and ``t`` (does not)."""
+
+    def region(query: str, ctx: Any) -> str:
+        ran.append(f"region:{query}")
+        return str(ctx.memory.search(query)[0].text.rsplit(" ", 1)[-1])
+
+    def tool(x: Any) -> str:
+        ran.append(f"t:{x}")
+        return f"t({x})"
+
+    rt.register_tool("region", region)
+    rt.register_tool("t", tool)
+    rt.register_skill("s", lambda x: f"s({x})")
+
+
+def _started(rt: journaled.Runtime, run_id: str, step_id: str) -> int:
+    return next(
+        e.position
+        for e in rt.runs.history(run_id)
+        if isinstance(e.data, StepStarted) and e.data.step_id == step_id
+    )
+
+
+def _succeeded(rt: journaled.Runtime, run_id: str, step_id: str) -> int:
+    return next(
+        e.position
+        for e in rt.runs.history(run_id)
+        if isinstance(e.data, StepSucceeded) and e.data.step_id == step_id
+    )
+
+
+def test_refresh_forks_just_before_the_earliest_stale_step(rt: journaled.Runtime) -> None:
+    """P4, F1 (ADR 0086): refresh forks just before the stale step began; d, done later, re-runs."""
+    ran: list[str] = []
+    _reading(rt, ran)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="release",
+        steps=[
+            Step("a", tool="t", input=0),
+            Step("b", tool="region", input="deploy region", depends_on=["a"]),
+            Step("c", tool="t", input=1, depends_on=["b"]),
+            Step("d", tool="t", input=2, depends_on=["a"]),
+        ],
+    )
+    run = rt.execute(plan).run_id
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    b_began = _started(rt, run, "b")
+    assert _succeeded(rt, run, "d") > b_began
+    fresh = rt.runs.refresh(run)
+    assert rt.runs.lineage(fresh)[-1].at == b_began - 1
+    state = rt.runs.state(fresh)
+    assert state.status == {"a": "succeeded", "b": "pending", "c": "pending", "d": "pending"}
+    ran.clear()
+    result = _result(rt, fresh)
+    assert result.ok
+    assert sorted(ran) == ["region:deploy region", "t:1", "t:2"]
+    assert rt.runs.compare(run, fresh).differing == ["b"]
+    assert rt.runs.stale(fresh) == []
+
+
+def test_refresh_is_before_the_stale_step_that_began_first(rt: journaled.Runtime) -> None:
+    """P4 (ADR 0086): of two stale steps, refresh forks just before the one that began first."""
+    ran: list[str] = []
+    _reading(rt, ran)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="release",
+        steps=[
+            Step("a", tool="t", input=0),
+            Step("b", tool="region", input="deploy region", depends_on=["a"]),
+            Step("c", tool="t", input=1, depends_on=["b"]),
+            Step("e", tool="region", input="region again", depends_on=["c"]),
+        ],
+    )
+    run = rt.execute(plan).run_id
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    assert sorted(s.step_id for s in rt.runs.stale(run)) == ["b", "e"]
+    fresh = rt.runs.refresh(run)
+    assert rt.runs.lineage(fresh)[-1].at == _started(rt, run, "b") - 1
+    ran.clear()
+    assert _result(rt, fresh).ok
+    assert "t:0" not in ran
+    assert rt.runs.stale(fresh) == []
+
+
+def test_refresh_is_before_the_attempt_whose_reads_stand(rt: journaled.Runtime) -> None:
+    """P4 (ADR 0033, 0086): a retried stale step is refreshed from the attempt that stands."""
+    ran: list[str] = []
+    _reading(rt, ran)
+    tries: list[str] = []
+
+    def flaky(query: str, ctx: Any) -> str:
+        text = str(ctx.memory.search(query)[0].text)
+        tries.append(text)
+        if len(tries) == 1:
+            raise RuntimeError("flaky")
+        return text
+
+    rt.register_tool("flaky", flaky, retry=Retry(attempts=3, backoff=0.3))
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="release",
+        steps=[
+            Step("a", tool="t", input=0),
+            Step("b", tool="flaky", input="deploy region", depends_on=["a"]),
+            Step("z", tool="t", input=9, depends_on=["a"]),
+        ],
+    )
+    run = rt.execute(plan)
+    assert run.ok
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    second = next(
+        e.position
+        for e in rt.runs.history(run.run_id)
+        if isinstance(e.data, StepStarted) and e.data.step_id == "b" and e.data.attempt == 2
+    )
+    assert _succeeded(rt, run.run_id, "z") < second
+    fresh = rt.runs.refresh(run.run_id)
+    assert rt.runs.lineage(fresh)[-1].at == second - 1
+    assert rt.runs.state(fresh).status == {"a": "succeeded", "b": "pending", "z": "succeeded"}
+
+
+def test_refresh_of_a_fork_whose_stale_step_was_carried(rt: journaled.Runtime) -> None:
+    """P4, F1 (ADR 0062, 0086): a carried stale step is re-pended at the fork's first event."""
+    ran: list[str] = []
+    _reading(rt, ran)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="release",
+        steps=[
+            Step("b", tool="region", input="deploy region"),
+            Step("c", tool="t", input=1, depends_on=["b"]),
+            Step("x", tool="t", input=2),
+        ],
+    )
+    run = rt.execute(plan).run_id
+    fork = rt.runs.fork(run)
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    fresh = rt.runs.refresh(fork)
+    link = rt.runs.lineage(fresh)[-1]
+    assert (link.forked_from, link.at) == (fork, rt.runs.history(fork)[0].position)
+    forked = rt.runs.history(fresh)[0].data
+    assert isinstance(forked, RunForked)
+    assert (forked.replaced, forked.repended) == (("b",), ("b", "c"))
+    ran.clear()
+    assert _result(rt, fresh).ok
+    assert sorted(ran) == ["region:deploy region", "t:1"]
+    assert rt.runs.stale(fresh) == []
+
+
+def test_refresh_keeps_the_runs_latest_budget(rt: journaled.Runtime) -> None:
+    """P4, F1, E14 (ADR 0086): a budget raised after the stale step began carries over."""
+    ran: list[str] = []
+    _reading(rt, ran)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="release",
+        steps=[
+            Step("b", tool="region", input="deploy region"),
+            Step("c", skill="s", input=1, depends_on=["b"]),
+            Step("d", skill="s", input=2, depends_on=["c"]),
+        ],
+    )
+    first = rt.execute(plan, call_budget=1)
+    assert first.stopped_for_budget
+    assert _result(rt, first.run_id, call_budget=2).ok
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    fresh = rt.runs.refresh(first.run_id)
+    assert rt.runs.state(fresh).budget == 2
+    result = _result(rt, fresh)
+    assert result.ok
+    assert not result.stopped_for_budget
+    assert result.calls_used == 2

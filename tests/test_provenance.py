@@ -14,7 +14,7 @@ import journaled
 from journaled import AgentResult, Plan, Step
 from journaled.cli import main
 from journaled.events.memory import Fact, FactRemembered
-from journaled.events.runs import MemoryRead, StepFailed, StepSucceeded
+from journaled.events.runs import MemoryRead, StepFailed, StepStarted, StepSucceeded
 from journaled.testing import ManualClock
 
 SHARED = pytest.mark.parametrize("journal_url", ["sqlite", "postgresql"], indirect=True)
@@ -279,8 +279,8 @@ def test_memory_read_bytes_for_ten_facts(sqlite_url: str) -> None:
     assert row < 1_000
 
 
-def test_refresh_reruns_exactly_the_stale_steps(rt: journaled.Runtime) -> None:
-    """P4: refresh forks the run re-pending the stale step and its dependents only (side log)."""
+def test_refresh_reruns_from_just_before_the_stale_step(rt: journaled.Runtime) -> None:
+    """P4 (ADR 0086): refresh re-runs the stale step, its dependents and what had not succeeded."""
     rt.memory.remember("deploy to eu-west", conflict_key="deploy")
     log: list[str] = []
     _reader(rt, log)
@@ -293,7 +293,8 @@ def test_refresh_reruns_exactly_the_stale_steps(rt: journaled.Runtime) -> None:
     result = rt.resume(new_id)
     assert isinstance(result, journaled.ExecuteResult)
     assert result.ok
-    assert sorted(log) == ["a", "plain:1"]  # c read nothing and kept its output
+    # c read nothing, but it started after a began (same wave): it had not succeeded (F1).
+    assert sorted(log) == ["a", "plain:1", "plain:2"]
     assert rt.runs.stale(new_id) == []
 
 
@@ -371,32 +372,37 @@ def test_async_runtime_answers_used_by_and_stale(sqlite_url: str) -> None:
     asyncio.run(main())
 
 
-def test_refresh_replaces_each_stale_step_by_its_own_definition(
+def test_refresh_asks_fork_for_the_position_before_the_stale_step(
     rt: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """P4: refresh asks fork (F1) to replace exactly the stale steps, each by its own definition."""
+    """P4 (ADR 0086): refresh asks fork (F1) for `at` just before the stale step and its budget."""
     from journaled.actors.runs import Runs
 
-    calls: list[tuple[str, dict[str, Step]]] = []
+    calls: list[tuple[str, int | None, Any, Any]] = []
 
-    def fork(self: Runs, run_id: str, *, replace: dict[str, Step]) -> str:
-        calls.append((run_id, replace))
+    def fork(
+        self: Runs,
+        run_id: str,
+        at: int | None = None,
+        *,
+        replace: dict[str, Step] | None = None,
+        call_budget: int | None = None,
+    ) -> str:
+        calls.append((run_id, at, replace, call_budget))
         return "run_forked"
 
     monkeypatch.setattr(Runs, "fork", fork, raising=False)
     rt.memory.remember("deploy to eu-west", conflict_key="deploy")
     _reader(rt)
-    run = rt.runs.execute(_plan())
+    run = rt.runs.execute(_plan(), call_budget=7)
     rt.memory.remember("deploy to us-east", conflict_key="deploy")
     assert rt.runs.refresh(run.run_id) == "run_forked"
-    ((run_id, replace),) = calls
-    assert run_id == run.run_id
-    assert list(replace) == ["a"]
-    assert (replace["a"].tool, replace["a"].input, replace["a"].status) == (
-        "read",
-        "deploy",
-        "pending",
+    started = next(
+        e.position
+        for e in rt.runs.history(run.run_id)
+        if isinstance(e.data, StepStarted) and e.data.step_id == "a"
     )
+    assert calls == [(run.run_id, started - 1, None, 7)]
 
 
 def test_a_superseder_that_expired_leaves_the_read_current(sqlite_url: str) -> None:
