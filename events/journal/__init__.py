@@ -785,7 +785,16 @@ class Journal:
                     return
                 start = rows[-1][0]
 
-        return _verify(events, digests, payloads, lambda row: self._event(row, content), head)
+        return _verify(
+            events,
+            digests,
+            payloads,
+            lambda row: self._event(row, content),
+            head,
+            # SQLite keeps a commit's record in its last row and leaves no gaps in positions
+            # but deleted rows': verify names removed events by the positions missing.
+            records_in_rows=isinstance(self._recorder, _SQLiteRecorder),
+        )
 
     def position(self) -> int:
         """Return the global position of the last event (0 for an empty journal)."""

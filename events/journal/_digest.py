@@ -25,6 +25,7 @@ chain starts. Snapshots are caches rebuilt from events and are not covered. See 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -172,6 +173,11 @@ class Problem(msgspec.Struct, frozen=True, kw_only=True):
     ``payload-altered``, ``payload-removed``, ``payload-restored``, ``payload-inserted``, and
     ``snapshot-altered`` (a snapshot that differs from the fold of its events, see
     :mod:`journaled.events.snapshot_audit`).
+
+    ``position`` is the event's own, not its commit's (ADR 0082): a payload's problem is at the
+    event its key names, a removed event at the position it held (on SQLite, where positions have
+    no other gaps, the first one missing; elsewhere the one a link names). A commit's digest
+    record that is changed or gone while its events remain is at its first event, ``altered``.
     """
 
     position: int
@@ -208,10 +214,11 @@ class VerifyReport(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class _Peek:
-    """An iterator of rows that can look at its next row."""
+    """An iterator of rows that can look at its next rows."""
 
     def __init__(self, rows: Iterator[Row]) -> None:
         self._rows = rows
+        self._ahead: deque[Row] = deque()
         self._next: Row | None = next(rows, None)
 
     def peek(self) -> Row | None:
@@ -220,8 +227,32 @@ class _Peek:
     def pop(self) -> Row:
         row = self._next
         assert row is not None
-        self._next = next(self._rows, None)
+        self._next = self._ahead.popleft() if self._ahead else next(self._rows, None)
         return row
+
+    def upto(self, position: int) -> list[Row]:
+        """Return the rows not popped yet up to a position; they stay to be popped."""
+        found: list[Row] = []
+        if self._next is None or self._next[0] > position:
+            return found
+        found.append(self._next)
+        for row in self._ahead:
+            if row[0] > position:
+                return found
+            found.append(row)
+        while (more := next(self._rows, None)) is not None:
+            self._ahead.append(more)
+            if more[0] > position:
+                break
+            found.append(more)
+        return found
+
+
+Written = tuple[int, int, bytes | None, int | None]
+"""What the chain says of one payload key: the first and last positions of the commit that wrote
+it, its :func:`payload_hash` (None once erased), and the last position of the commit that erased
+it (None while it is not erased; the commit that wrote it is then the eraser's, when no commit of
+the chain wrote it)."""
 
 
 Again = tuple[Callable[[], Iterator[Row]], Callable[[], Iterator[DigestRow]]]
@@ -233,43 +264,51 @@ def verify(
     payloads: Mapping[str, bytes],
     decode: Callable[[Row], Any],
     head: str | None = None,
+    *,
+    records_in_rows: bool = False,
 ) -> VerifyReport:
     """Check events, digest records and payloads read up to one position; report the first problem.
 
     ``events`` and ``digests`` yield rows in position order; they are called again only to name
-    the position that an out-of-place event's content was recorded at. ``payloads`` maps each
-    payload's key to its :func:`payload_hash`, read in the same view as the last position.
-    ``head`` is a digest reported by an earlier check: it must still be one of the chain's, else
-    commits that followed it were removed (the tail cut off, then appended to) or the chain was
-    recomputed.
+    the position that an out-of-place event's content was recorded at, or the event a payload no
+    commit wrote belongs to. ``payloads`` maps each payload's key to its :func:`payload_hash`,
+    read in the same view as the last position. ``head`` is a digest reported by an earlier
+    check: it must still be one of the chain's, else commits that followed it were removed (the
+    tail cut off, then appended to) or the chain was recomputed.
+
+    ``records_in_rows``: each commit's record is kept in its last event row, and positions have
+    no gaps but the ones deleted rows leave (SQLite). Deleting the row that ends a commit then
+    deletes its record too; the positions missing around it name the events removed (ADR 0082).
     """
     anchored = head is None
-    latest: dict[str, tuple[int, bytes | None]] = {}
+    latest: dict[str, Written] = {}
     count = unchained = 0
     start: int | None = None
     prev: int | None = None
     prev_digest: bytes | None = None
     problem: Problem | None = None
+    lost = False  # the problem is a commit's record missing: its erasures are unknown
     stream = _Peek(events())
     records = digests()
     for record in records:
         last, first, _, _, _, digest = record
         if start is not None:  # a broken link explains the events before this commit
-            problem = _link(record, start, prev, stream.peek())
+            problem = _link(record, start, prev, stream, records_in_rows)
         while problem is None and (event := stream.peek()) is not None and event[0] < first:
             count += 1
             unchained += start is None
             problem = _outside(stream.pop(), start, decode)
         if start is None:
-            problem = problem or _link(record, start, prev, None)
+            problem = problem or _link(record, start, prev, stream, records_in_rows)
+        lost = problem is not None and problem.kind != "undecodable"
         if problem is None:
             group: list[Row] = []
             while (event := stream.peek()) is not None and event[0] <= last:
                 group.append(stream.pop())
             count += len(group)
             problem = _commit(record, group, prev_digest, decode, (events, digests))
-        if problem is None:
-            problem = _collect(latest, record)
+            if problem is None:
+                problem = _collect(latest, record)
         if problem is None:
             start = first if start is None else start
             prev, prev_digest = last, digest
@@ -279,15 +318,35 @@ def verify(
         for later in records:  # a payload erased later must not read as deleted behind its back
             _collect(latest, later)
         break
+    if problem is None and records_in_rows and prev is not None and stream.peek() is not None:
+        tail: list[int] = []
+        while stream.peek() is not None:
+            tail.append(stream.pop()[0])
+        count += len(tail)
+        problem, lost = _cut_tail(tail, prev), True
     while problem is None and stream.peek() is not None:
         count += 1
         unchained += start is None
         problem = _outside(stream.pop(), start, decode)
-    found = [problem] if problem is not None else []
-    found += _check_payloads(latest, payloads)
+        lost = problem is not None and problem.kind == "inserted"
+    found = _check_payloads(latest, payloads, events)
+    if problem is not None and lost:
+        # An erasure in the missing record would explain a payload missing: no finding, a note.
+        missing = [p for p in found if p.kind == "payload-removed"]
+        found = [p for p in found if p.kind != "payload-removed"]
+        if missing:
+            first_missing = min(missing, key=lambda p: p.position)
+            problem = msgspec.structs.replace(
+                problem,
+                reason=f"{problem.reason}; the payload of the event at position "
+                f"{first_missing.position} is missing too, which an erasure in the lost record "
+                "may explain",
+            )
+    if problem is not None:
+        found.append(problem)
     first_problem = min(found, key=lambda p: p.position) if found else None
-    if first_problem is None and start == 1:
-        first_problem = _foreign_payload(latest, payloads)
+    if first_problem is None and start == 1 and prev is not None:
+        first_problem = _foreign_payload(latest, payloads, events, prev, records_in_rows)
     if first_problem is None and not anchored:
         first_problem = Problem(
             position=prev or 0,
@@ -306,7 +365,7 @@ def verify(
     )
 
 
-def _collect(latest: dict[str, tuple[int, bytes | None]], record: DigestRow) -> Problem | None:
+def _collect(latest: dict[str, Written], record: DigestRow) -> Problem | None:
     """Record the payload entries of a commit whose digest was checked."""
     last, first, _, _, packed, _ = record
     if packed is None:
@@ -317,12 +376,67 @@ def _collect(latest: dict[str, tuple[int, bytes | None]], record: DigestRow) -> 
         return Problem(
             position=first,
             kind="altered",
-            reason=f"the payload entries of the commit at positions {first}-{last} cannot be "
-            f"read: {exc}",
+            reason=f"the payload entries of {_commit_at(first, last)} cannot be read: {exc}",
         )
     for key, digest in entries:
-        latest[key] = (last, digest)
+        written = latest.get(key) if digest is None else None
+        if written is not None and written[3] != written[1]:  # erased: keep who wrote it
+            latest[key] = (written[0], written[1], None, last)
+        else:
+            latest[key] = (first, last, digest, None if digest is not None else last)
     return None
+
+
+def _commit_at(first: int, last: int) -> str:
+    if first == last:
+        return f"the commit at position {first}"
+    return f"the commit from position {first} to position {last}"
+
+
+Span = tuple[int, int]
+"""A run of consecutive positions, first and last."""
+
+
+def _runs(present: Sequence[int], after: int, upto: int) -> tuple[list[Span], list[Span]]:
+    """Split the positions after ``after`` up to ``upto`` into runs present and runs missing.
+
+    ``present`` is sorted; only its runs are walked, so a forged position far ahead costs
+    nothing.
+    """
+    have: list[Span] = []
+    missing: list[Span] = []
+    expected = after + 1
+    for position in present:
+        if position > upto:
+            break
+        if position > expected:
+            missing.append((expected, position - 1))
+        if have and have[-1][1] == position - 1:
+            have[-1] = (have[-1][0], position)
+        else:
+            have.append((position, position))
+        expected = position + 1
+    if expected <= upto:
+        missing.append((expected, upto))
+    return have, missing
+
+
+def _positions(runs: Sequence[Span]) -> str:
+    """Say which positions runs of positions are: ``position 7``, ``positions 7-9, 12``."""
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:4])
+    if len(runs) > 4:
+        shown += ", ..."
+    single = len(runs) == 1 and runs[0][0] == runs[0][1]
+    return f"position {shown}" if single else f"positions {shown}"
+
+
+def _unchecked(have: Sequence[Span]) -> str:
+    """Say which events are left without the record that was lost, if any."""
+    if not have:
+        return ""
+    if len(have) == 1 and have[0][0] == have[0][1]:
+        return f"; the event at position {have[0][0]} remains, unchecked without that record"
+    return f"; the events at {_positions(have)} remain, unchecked without that record"
 
 
 def _outside(event: Row, start: int | None, decode: Callable[[Row], Any]) -> Problem | None:
@@ -338,12 +452,12 @@ def _outside(event: Row, start: int | None, decode: Callable[[Row], Any]) -> Pro
 
 
 def _link(
-    record: DigestRow, start: int | None, prev: int | None, waiting: Row | None
+    record: DigestRow, start: int | None, prev: int | None, stream: _Peek, records_in_rows: bool
 ) -> Problem | None:
     """Check that a commit's record links to the commit before it.
 
-    ``waiting`` is the next event not yet checked: if the link skips over it, that event is still
-    there and only its commit's digest record is gone.
+    ``stream`` holds the events not yet checked: those between the commit before and the one the
+    link names lost their record; any that are still there were not removed, only unchecked.
     """
     last, first, link_prev = record[0], record[1], record[2]
     if start is None and link_prev is not None:
@@ -355,7 +469,37 @@ def _link(
         )
     if start is None or link_prev == prev:
         return None
-    if link_prev is not None and prev is not None and link_prev > prev:
+    if link_prev is not None and prev is not None and prev < link_prev < first:
+        # Every event up to prev was read; those up to link_prev lost their commit's record.
+        left = [row[0] for row in stream.upto(link_prev)]
+        have, missing = _runs(left, prev, link_prev)
+        if records_in_rows and missing:  # no gaps but deleted rows': the first is named
+            return Problem(
+                position=missing[0][0],
+                kind="removed",
+                reason=f"event at position {missing[0][0]} was removed: the commit from "
+                f"position {first} links to position {link_prev}, so the commit ending "
+                "there lost its digest record, which its last row carried (removed: "
+                f"{_positions(missing)}{_unchecked(have)})",
+            )
+        if not left:
+            return _removed_between(prev, link_prev, first)
+        if left[-1] != link_prev:  # gaps may be legitimate, the last position a link names not
+            return Problem(
+                position=link_prev,
+                kind="removed",
+                reason=f"event at position {link_prev} was removed with the digest record of "
+                f"its commit (the commit from position {first} links to it)"
+                f"{_unchecked(have)}",
+            )
+        return Problem(
+            position=left[0],
+            kind="altered",
+            reason=f"the digest record of the commit up to position {link_prev} was removed "
+            f"or changed (its events from position {left[0]} remain)",
+        )
+    if link_prev is not None and prev is not None and link_prev > prev:  # links into itself
+        waiting = stream.peek()
         if waiting is not None and waiting[0] <= link_prev:
             return Problem(
                 position=waiting[0],
@@ -363,17 +507,59 @@ def _link(
                 reason=f"the digest record of the commit up to position {link_prev} was removed "
                 f"or changed (its events from position {waiting[0]} remain)",
             )
-        return Problem(
-            position=link_prev,
-            kind="removed",
-            reason=f"the event(s) after {prev} up to position {link_prev} were removed with "
-            f"their digest record (the commit at position {first} links to {link_prev})",
-        )
+        return _removed_between(prev, link_prev, first)
     return Problem(
         position=first,
         kind="altered",
         reason=f"the digest record of positions {first}-{last} links to {link_prev}, but the "
         f"commit before it ends at {prev}",
+    )
+
+
+def _removed_between(prev: int, link_prev: int, first: int) -> Problem:
+    """Report the commits between two links removed whole: where positions may have gaps
+    (PostgreSQL), only the last position the link names is certain to have held an event."""
+    return Problem(
+        position=link_prev,
+        kind="removed",
+        reason=f"the event(s) after {prev} up to position {link_prev} were removed with "
+        f"their digest record (the commit at position {first} links to {link_prev})",
+    )
+
+
+def _cut_tail(tail: Sequence[int], end: int) -> Problem:
+    """Name what removed the record of the events after the chain's last one, at ``end``.
+
+    Only where a commit's record is kept in its last row (SQLite): the row that carried their
+    record is gone. Positions have no gaps there but deleted rows', so the first position missing
+    after ``end`` is the first event removed; with none missing, the journal's last events were.
+    """
+    have, missing = _runs(tail, end, tail[-1])
+    if missing:
+        position = missing[0][0]
+        return Problem(
+            position=position,
+            kind="removed",
+            reason=f"event at position {position} was removed: SQLite leaves no gaps in "
+            "positions but deleted rows', and no digest record covers the events after the "
+            f"chain's last record (at position {end}), which a commit keeps in its last row "
+            f"(removed: {_positions(missing)}{_unchecked(have)})",
+        )
+    position = tail[-1] + 1
+    if len(tail) == 1:
+        left = f"the event at position {tail[0]} follows"
+        whose, them, they = "its", "it", "it was"
+    else:
+        left = f"the events at {_positions(have)} follow"
+        whose, them, they = "their", "them", "they were"
+    return Problem(
+        position=position,
+        kind="removed",
+        reason=f"the journal's last event(s), from position {position}, were removed: {left} "
+        f"the chain's last record (at position {end}) without a record of {whose} own, "
+        f"which a commit keeps in its last row (had {whose} commit ended at position "
+        f"{tail[-1]}, its record was erased there instead; had no commit written {them}, "
+        f"{they} inserted behind the journal's back)",
     )
 
 
@@ -468,55 +654,129 @@ def _decodes(event: Row, decode: Callable[[Row], Any]) -> Problem | None:
 
 
 def _check_payloads(
-    latest: Mapping[str, tuple[int, bytes | None]],
+    latest: Mapping[str, Written],
     payloads: Mapping[str, bytes],
+    events: Callable[[], Iterator[Row]],
 ) -> list[Problem]:
-    found: list[Problem] = []
-    for key, (position, digest) in latest.items():
-        payload = payloads.get(key)
+    """Compare each payload with what the chain says of it; report each at the event it is of.
+
+    The event is found only for the payloads found wrong, in a second read of the events: the
+    one of the commit that wrote it that its key names (:func:`_named`).
+    """
+    wrong: list[tuple[str, str, Written]] = []
+    for key, written in latest.items():
+        payload, digest = payloads.get(key), written[2]
         if digest is None:
             if payload is not None:
-                found.append(
-                    Problem(
-                        position=position,
-                        kind="payload-restored",
-                        reason=f"payload {key!r} was erased at position {position} but is "
-                        "present again",
-                    )
-                )
+                wrong.append((key, "payload-restored", written))
         elif payload is None:
-            found.append(
-                Problem(
-                    position=position,
-                    kind="payload-removed",
-                    reason=f"payload {key!r} (written at position {position}) was deleted "
-                    "without an erasure through the journal",
-                )
-            )
+            wrong.append((key, "payload-removed", written))
         elif payload != digest:
-            found.append(
-                Problem(
-                    position=position,
-                    kind="payload-altered",
-                    reason=f"payload {key!r} (written at position {position}) does not match "
-                    "its digest: its stored bytes were changed",
-                )
-            )
+            wrong.append((key, "payload-altered", written))
+    if not wrong:
+        return []
+    owners = _owners(
+        events,  # an erasure whose payload no commit of the chain wrote names no event
+        {key: (w[0], w[1]) for key, _, w in wrong if w[3] is None or w[3] != w[1]},
+    )
+    found: list[Problem] = []
+    for key, kind, (first, last, _, erased) in wrong:
+        owner = owners.get(key)
+        if owner is not None:
+            of = f"payload {key!r} of the event at position {owner}"
+        elif erased == last:
+            of = f"payload {key!r}"
+        else:
+            of = f"payload {key!r} (written by {_commit_at(first, last)})"
+        if kind == "payload-restored":
+            assert erased is not None
+            what = f"was erased at position {erased} but is present again"
+        elif kind == "payload-removed":
+            what = "was deleted without an erasure through the journal"
+        else:
+            what = "does not match its digest: its stored bytes were changed"
+        found.append(
+            Problem(position=first if owner is None else owner, kind=kind, reason=f"{of} {what}")
+        )
     return found
 
 
-def _foreign_payload(
-    latest: Mapping[str, tuple[int, bytes | None]], payloads: Mapping[str, bytes]
-) -> Problem | None:
-    """Find a payload row no commit wrote, when the chain covers the whole journal.
+def _owners(
+    events: Callable[[], Iterator[Row]], keys: Mapping[str, tuple[int, int]]
+) -> dict[str, int]:
+    """Return the position of the event each payload key names, between the positions given."""
+    wanted: dict[tuple[str, int | None], list[str]] = {}
+    for key in keys:
+        wanted.setdefault(_named(key), []).append(key)
+    upto = max((hi for _, hi in keys.values()), default=0)
+    owners: dict[str, int] = {}
+    for position, stream, version, _, _ in events():
+        if position > upto or len(owners) == len(keys):
+            break
+        for name in ((stream, version), (stream, None)):
+            for key in wanted.get(name, ()):
+                low, high = keys[key]
+                if low <= position <= high and key not in owners:
+                    owners[key] = position
+    return owners
 
-    It has no position of its own (reported at 1), so it is reported only when nothing else is:
-    a deleted digest record also leaves its payloads without a digest, and that is the finding.
+
+def _foreign_payload(
+    latest: Mapping[str, Written],
+    payloads: Mapping[str, bytes],
+    events: Callable[[], Iterator[Row]],
+    end: int,
+    records_in_rows: bool,
+) -> Problem | None:
+    """Find a payload row no commit wrote, when the chain (ending at ``end``) covers the journal.
+
+    Reported only when nothing else is: a deleted digest record also leaves its payloads without
+    a digest, and that is the finding. A payload whose key names an event of the journal was put
+    beside it (``payload-inserted`` at that event). One whose event is nowhere was written by a
+    commit removed whole, which the chain cannot show otherwise: the journal's last (a commit
+    removed before others would break the next one's link), so after ``end``.
     """
-    for key in sorted(set(payloads) - set(latest)):
-        return Problem(
-            position=1,
-            kind="payload-inserted",
-            reason=f"payload {key!r} has no digest: it was not written through the journal",
+    foreign = sorted(set(payloads) - set(latest))
+    if not foreign:
+        return None
+    owners = _owners(events, dict.fromkeys(foreign, (1, end)))
+    found: list[Problem] = []
+    for key in foreign:
+        owner = owners.get(key)
+        if owner is not None:
+            found.append(
+                Problem(
+                    position=owner,
+                    kind="payload-inserted",
+                    reason=f"payload {key!r} has no digest, but its event, at position {owner}, "
+                    "was committed without it: the payload was not written through the journal",
+                )
+            )
+            continue
+        removed = end + 1
+        where = (
+            f"from position {removed}"
+            if records_in_rows  # positions have no gaps: the next commit began there
+            else f"at position {removed} or later"
         )
-    return None
+        found.append(
+            Problem(
+                position=removed,
+                kind="removed",
+                reason=f"payload {key!r} has no digest and belongs to no event in the journal: "
+                f"the commit that wrote it, the journal's last, was removed with its events "
+                f"({where}, after the chain's end at position {end}), or the payload was "
+                "inserted behind the journal's back",
+            )
+        )
+    return min(found, key=lambda p: p.position)
+
+
+def _named(key: str) -> tuple[str, int | None]:
+    """Return the event a payload key names: ``(stream, version)`` for a content event's
+    ``<stream>@<version>`` (``content_key``), else ``(stream, None)``, a stream's own payload (a
+    fact's text, keyed by the fact's stream)."""
+    stream, at, version = key.rpartition("@")
+    if at and version.isdigit() and version.isascii():
+        return stream, int(version)
+    return key, None
