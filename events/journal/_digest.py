@@ -251,8 +251,8 @@ class _Peek:
 Written = tuple[int, int, bytes | None, int | None]
 """What the chain says of one payload key: the first and last positions of the commit that wrote
 it, its :func:`payload_hash` (None once erased), and the last position of the commit that erased
-it (None while it is not erased; the commit that wrote it is then the eraser's, when no commit of
-the chain wrote it)."""
+it (None while it is not). A payload erased that no commit of the chain wrote (it was written
+before the chain began) has its eraser in place of its writer, so its last two positions match."""
 
 
 Again = tuple[Callable[[], Iterator[Row]], Callable[[], Iterator[DigestRow]]]
