@@ -91,16 +91,20 @@ def test_cancel_from_many_threads_cancels_once(journal_url: str) -> None:
 
     def wait_for_cancel(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
         entered.set()
-        while not ctx.cancelled():
+        # The step outlives every cancel call, so each one is made while the run executes
+        # however late a loaded machine schedules its thread.
+        while not (ctx.cancelled() and all_told.is_set()):
             time.sleep(0.005)
         return journaled.AgentResult(ok=False, error="stopped")
 
     entered = threading.Event()
+    all_told = threading.Event()
     with journaled.open(journal_url) as rt:
         rt.register_agent("waiter", wait_for_cancel)
         handle = rt.start(Plan(goal="g", steps=[Step("a", agent="waiter")]))
         assert entered.wait(WAIT)
         told = _all(THREADS, handle.cancel)
+        all_told.set()
         result = handle.result(WAIT)
         kinds = [e.kind for e in rt.runs.history(handle.run_id)]
         position = rt.journal.position()
