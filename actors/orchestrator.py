@@ -48,6 +48,7 @@ from journaled.events.orchestration import (
     OrchestrationEnded,
     OrchestrationResumed,
     OrchestrationStarted,
+    OrchestrationSuspended,
     Outcome,
     OutcomeStatus,
     PassEnded,
@@ -254,7 +255,9 @@ class Orchestrations:
             return False
         try:
             pass_state = self._pass_state(state)
-            suspended = pass_state is not None and pass_state.suspended is not None
+            suspended = state.suspended is not None or (
+                pass_state is not None and pass_state.suspended is not None
+            )
             if state.ended is None and not suspended:
                 self._check_not_driven(state, take_over=False)
             unfinished = pass_state is not None and not (
@@ -448,9 +451,12 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
-        suspended = pass_state is not None and pass_state.suspended is not None
+        # Let go by its driver's closing runtime (R3): nobody drives it. Journals before ADR
+        # 0087 say so by the pass's suspension alone.
+        suspended = state.suspended is not None or (
+            pass_state is not None and pass_state.suspended is not None
+        )
         if state.ended is None and not suspended:
-            # A suspended pass was let go by its driver's closing runtime (R3): nobody drives it.
             self._check_not_driven(state, take_over)
         if state.ended is None and pass_state is not None:
             # Not stopped at a status: either a crash, or another runtime drives it right now.
@@ -656,16 +662,16 @@ class Orchestrations:
         self._runs.cancel(run_id)
 
     def pass_ended(self, d: _Drive, run_id: str) -> list[DomainEvent]:
-        """Running, once the pass's run stopped: journal how it ended (E14, R3)."""
+        """Running, once the pass's run stopped: journal how it ended (E14, R3).
+
+        A pass whose run was suspended (its runtime closes) ended nothing: the orchestration is
+        let go with it, journaled as ``orchestration.suspended`` (R5, ADR 0087), and stays
+        resumable in its phase.
+        """
         st = d.state
         pass_state = self._runs.state(run_id)
         if pass_state.suspended is not None:
-            # The runtime is closing (R3): the pass was suspended and the orchestration stays
-            # resumable as it is; nothing is decided, so nothing is appended.
-            raise RuntimeClosed(
-                f"the runtime closed while pass {st.pass_no} ({run_id}) of {st.run_id} ran: "
-                f"it was suspended; resume {st.run_id} in a new runtime"
-            )
+            return [self.suspend(d, run=run_id, cause=pass_state.suspended.cause)]
         return [
             PassEnded(
                 at=self._clock(),
@@ -833,6 +839,23 @@ class Orchestrations:
     def closed_error(run_id: str) -> RuntimeClosed:
         """Say that the runtime closed under an orchestration, which stays resumable (R3)."""
         return _closed(run_id)
+
+    def suspend(
+        self, d: _Drive, *, run: str | None = None, cause: str | None = None
+    ) -> OrchestrationSuspended:
+        """Return the event that lets the orchestration go, undecided, as its runtime closes (R3).
+
+        ``run``: the pass's run, suspended with it; ``cause``: what suspended it (by default,
+        why the runtime closes: ``close`` or ``exit``).
+        """
+        st = d.state
+        return OrchestrationSuspended(
+            at=self._clock(),
+            pass_no=st.pass_no,
+            phase=st.phase,
+            run=run,
+            cause=cause if cause is not None else self._runs.closed_by,
+        )
 
     def end(self, status: OutcomeStatus, summary: str) -> OrchestrationEnded:
         """Return the event that stops the orchestration at a status."""

@@ -274,12 +274,17 @@ class Orchestrator(pykka.ThreadingActor):
         d = self.d
         while d.state.ended is None:
             phase = d.state.phase
+            if d.state.suspended is not None:
+                # Its pass was suspended (R3): let go, journaled, nothing more is decided.
+                raise self.o.closed_error(self.run_id)
             if phase != "reviewing" and self.o.cancel_requested(self.run_id):
                 # A pass that ran is still reviewed: how it ended is what happened.
                 summary = f"cancelled in pass {d.state.pass_no} ({phase})"
                 self._append(self.o.end("failed", summary))
                 break
             if phase in ("planning", "running") and (self._draining or self.o.closing):
+                # Let go undecided, and say so in its stream (R3, R5, ADR 0087).
+                self._append(self.o.suspend(d))
                 raise self.o.closed_error(self.run_id)
             if phase == "planning":
                 events = self.o.before_planning(d)

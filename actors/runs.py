@@ -868,6 +868,11 @@ class Runs(RunForks):
         """Tell whether :meth:`close` was called: no run starts any more (R3)."""
         return self._closing
 
+    @property
+    def closed_by(self) -> str:
+        """Return why :meth:`close` was called: ``close`` or ``exit`` (what suspensions record)."""
+        return self._drain[1]
+
     # -- erasure ---------------------------------------------------------------------------------
 
     def purge(self, run_id: str, reason: str) -> int:

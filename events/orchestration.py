@@ -266,6 +266,26 @@ class OrchestrationResumed(DomainEvent, frozen=True, kw_only=True, tag="orchestr
         return msgspec.structs.replace(self, question=question, answer=answer)
 
 
+class OrchestrationSuspended(DomainEvent, frozen=True, kw_only=True, tag="orchestration.suspended"):
+    """The runtime closed while it drove the orchestration, which it let go (R3, R5, ADR 0087).
+
+    Not an end: no status is reached and the phase stays where it was, so ``rt.resume`` carries
+    it on from there, in this process or another, without waiting for the owner's lease (the
+    owner let it go). ``orchestration.resumed`` clears it.
+    """
+
+    pass_no: int
+    """The pass it stood at."""
+    phase: str
+    """Where it stood: ``planning`` (the planner's answer is asked again on resume) or
+    ``running`` (its pass's run was suspended with it)."""
+    run: str | None = None
+    """The pass's run, suspended with it (its ``run.suspended`` names the steps in flight)."""
+    cause: str = "close"
+    """``close`` (``rt.close()`` or leaving ``with``), ``exit`` (the interpreter exiting), or
+    what suspended the pass's run."""
+
+
 class OrchestrationEnded(DomainEvent, frozen=True, kw_only=True, tag="orchestration.ended"):
     """The orchestration reached a status (terminal or waiting) with a one-line summary."""
 
@@ -294,5 +314,6 @@ ORCHESTRATION_EVENTS: tuple[type[DomainEvent], ...] = (
     PassEnded,
     ReplanDecided,
     OrchestrationResumed,
+    OrchestrationSuspended,
     OrchestrationEnded,
 )

@@ -13,8 +13,10 @@ Phases and the events that move between them::
        +-------------------------- replan-decided -------------------------------------+
 
 ``orchestration.ended`` stops the machine in its phase (a waiting status, or a terminal one);
-``orchestration.resumed`` starts it again there. An orchestration that stops in ``reviewing``
-(its pass waits for an answer or for budget) is taken up again in ``running``, by the same pass.
+``orchestration.suspended`` (its runtime closed while it planned or ran a pass) leaves it in its
+phase, let go and undecided; ``orchestration.resumed`` starts it again there. An orchestration
+that stops in ``reviewing`` (its pass waits for an answer or for budget) is taken up again in
+``running``, by the same pass.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from journaled.events.orchestration import (
     OrchestrationEnded,
     OrchestrationResumed,
     OrchestrationStarted,
+    OrchestrationSuspended,
     OutcomeStatus,
     PassEnded,
     PassStarted,
@@ -72,6 +75,8 @@ class OrchestrationState:
         self.failure: PlanningFailed | None = None
         self.gaps: list[Gap] = []
         self.ended: OrchestrationEnded | None = None
+        self.suspended: OrchestrationSuspended | None = None
+        """Set while the orchestration is let go by a closing runtime (R3); a resume clears it."""
         self.phase: Phase = "planning"
         self.resumptions = 0
         self.owner = ""
@@ -150,8 +155,11 @@ class OrchestrationState:
                 self.ended = data
                 if self.phase == "reviewing" and data.status.startswith("waiting"):
                     self.phase = "running"  # the pass waits: a resume carries on the same run
+            case OrchestrationSuspended():
+                self.suspended = data  # its phase stays: a resume carries on from there
             case OrchestrationResumed():
                 self.ended = None
+                self.suspended = None
                 self.owner = data.owner
                 self.resumptions = data.resumption
                 if data.budget is not None:

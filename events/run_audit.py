@@ -20,6 +20,7 @@ from journaled.events.orchestration import (
     OrchestrationEnded,
     OrchestrationResumed,
     OrchestrationStarted,
+    OrchestrationSuspended,
     PassEnded,
     PassStarted,
     PlanApproved,
@@ -28,7 +29,7 @@ from journaled.events.orchestration import (
     ReplanDecided,
 )
 from journaled.events.orchestration_state import fold_orchestration
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunState, fold_run
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -437,11 +438,21 @@ def describe_orchestration_event(event: Event) -> str | None:
             return f"{data.reason}; replanning as pass {data.pass_no} of at most {data.max_passes}"
         case OrchestrationResumed():
             return "resumed: " + "; ".join(_resume_changes(data))
+        case OrchestrationSuspended():
+            return f"suspended when its runtime closed ({_suspended_where(data)})"
         case OrchestrationEnded():
             return f"status {data.status}: {data.summary}"
         case RunPurged():
             return _purged(data, event.stream)
     return None
+
+
+def _suspended_where(data: OrchestrationSuspended) -> str:
+    if data.phase == "planning":
+        where = f"pass {data.pass_no} was being planned"
+    else:
+        where = f"pass {data.pass_no} was running" + (f" as {data.run}" if data.run else "")
+    return where if data.cause == "close" else f"{where}; {data.cause}"
 
 
 def _resume_changes(data: OrchestrationResumed) -> list[str]:
@@ -460,12 +471,28 @@ def _resume_changes(data: OrchestrationResumed) -> list[str]:
 def explain_orchestration(
     run_id: str, events: Sequence[Event], run_events: Callable[[str], Sequence[Event]]
 ) -> str:
-    """Explain an orchestration and each of its passes, from events alone (O6)."""
+    """Explain an orchestration and each of its passes, from events alone (O6).
+
+    Its head names the status the run listing shows (T2): the status it stopped at, else
+    ``suspended`` (its own ``orchestration.suspended``, ADR 0087, or in journals before it, its
+    pass's suspension), else ``running``.
+    """
     if not events:
         return f"no run {run_id} in this journal"
     # The fold says whether the last status still holds: a resume after it means running again.
-    last = fold_orchestration(list(events)).ended
-    status = last.status.replace("_", " ") if last is not None else "running"
+    state = fold_orchestration(list(events))
+    last = state.ended
+    current = state.current_run
+    pass_state = fold_run(list(run_events(current))) if current is not None else None
+    let_go = state.suspended is not None or (
+        pass_state is not None and pass_state.suspended is not None and not pass_state.is_finished
+    )
+    if last is not None:
+        status = last.status.replace("_", " ")
+    elif let_go:
+        status = "suspended"
+    else:
+        status = "running"
     lines = [f"orchestration {run_id} — {status}:"]
     lines += _timeline(events, describe_orchestration_event)
     waited_since = {
@@ -482,6 +509,11 @@ def explain_orchestration(
         lines.append(
             f"now: {last.summary}"
             + (f" (since {when(since[-1])})" if last.status.startswith("waiting") else "")
+        )
+    elif let_go:
+        lines.append(
+            f"now: suspended when its runtime closed, in pass {state.pass_no} — resume it to "
+            "carry on"
         )
     for e in events:
         if isinstance(e.data, PassStarted):

@@ -32,6 +32,7 @@ from journaled.events.orchestration import (
     OrchestrationEnded,
     OrchestrationResumed,
     OrchestrationStarted,
+    OrchestrationSuspended,
     PassStarted,
 )
 from journaled.events.runs import (
@@ -344,9 +345,12 @@ def _fold_orchestration(tracked: _Tracked, event: Event) -> None:
             tracked.asked = "waiting_for_approval"
         case BudgetAwaited():
             tracked.asked = "waiting_for_budget"
+        case OrchestrationSuspended():
+            tracked.suspended = True
         case OrchestrationResumed():
             tracked.asked = None
             tracked.ended = None
+            tracked.suspended = False
             if data.budget is not None:  # raised by the resume (O3)
                 tracked.call_budget = data.budget
         case BudgetGiven():  # an older release's raise
@@ -465,8 +469,10 @@ def _orchestration_status(t: _Tracked, last: _Tracked | None) -> str:
         return t.ended
     if t.asked is not None:
         return t.asked
+    if t.suspended:
+        return "suspended"  # its own event says so (ADR 0087) ...
     if last is not None and last.suspended and last.finished is None:
-        return "suspended"
+        return "suspended"  # ... as, before it, its pass's suspension alone did (R3)
     return "running"
 
 

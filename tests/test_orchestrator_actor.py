@@ -116,7 +116,8 @@ def test_a_cancel_while_the_planner_thinks_answers_at_once(runtime: journaled.Ru
 
 
 def test_a_close_while_the_planner_thinks_leaves_it_resumable(sqlite_url: str) -> None:
-    """R3/A4: closing during planning answers RuntimeClosed, appends nothing; a resume plans."""
+    """R3/R5/A4: closing during planning answers RuntimeClosed and journals only the
+    orchestration's suspension (ADR 0087); a resume plans."""
     planner = Thinking()
     with journaled.open(sqlite_url) as first:
         first.register_tool("fetch", lambda x: x)
@@ -129,7 +130,10 @@ def test_a_close_while_the_planner_thinks_leaves_it_resumable(sqlite_url: str) -
         planner.done()
     with journaled.open(sqlite_url) as second:
         second.register_tool("fetch", lambda x: x)
-        assert _kinds(second, handle.run_id) == ["orchestration.started"]
+        assert _kinds(second, handle.run_id) == [
+            "orchestration.started",
+            "orchestration.suspended",
+        ]
         outcome = second.resume(handle.run_id, planner=lambda *_: planner.answer or _plan())
         assert isinstance(outcome, journaled.Outcome)
         assert outcome.status == "completed"

@@ -41,6 +41,7 @@ STORY_TAGS = {
     "run.finished",
     "orchestration.started",
     "orchestration.plan-proposed",
+    "orchestration.suspended",
     "orchestration.ended",
 }
 """Tags the story must produce, so a story that silently shrank cannot pass."""
