@@ -98,6 +98,12 @@ _DRIVEN_IN_PROCESS: set[str] = set()
 """Orchestrations an ``orchestrate`` or ``resume`` of any runtime in this process drives now."""
 
 
+def driven_in_process(run_id: str) -> bool:
+    """Tell whether an ``orchestrate`` or ``resume`` of this process drives it now (T2, 0086)."""
+    with _IN_PROCESS_LOCK:
+        return run_id in _DRIVEN_IN_PROCESS
+
+
 class Orchestrations:
     """Start and resume orchestrations over the runs of one runtime."""
 

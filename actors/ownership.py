@@ -10,12 +10,16 @@ first asks whether its owner is alive:
 - an owner on another host is presumed alive while its last event is younger than the lease:
   the executor appends a heartbeat when it has been quiet for :data:`HEARTBEAT_SECONDS`, and
   the lease is three heartbeats.
+
+The same rules tell a run listing whether an unsettled run still executes (SPEC T2): one whose
+owner stopped is ``interrupted`` (:func:`owner_stopped`, ADR 0086).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from pathlib import Path
 
 HEARTBEAT_SECONDS = 10.0
@@ -61,3 +65,36 @@ def owner_alive(owner: str, last_seen: int, now: int) -> bool:
             return True
         return True
     return now - last_seen < LEASE_MS
+
+
+def owner_stopped(owner: str, last_seen: int, now: int, executing_here: bool = False) -> bool:
+    """Tell whether an unsettled run's owner has stopped executing it (T2 ``interrupted``).
+
+    The rules a resume lives by (:func:`owner_alive`, ADR 0011), so ``interrupted`` means "a
+    resume takes it over without ``take_over``" (ADR 0086):
+
+    - no owner recorded (journals before owners): never judged stopped;
+    - this very process: stopped when none of its runtimes executes the run
+      (``executing_here`` False) and the run was silent for the lease, so a run that ends
+      between the two reads is never called interrupted;
+    - another process on this host: stopped exactly when that process is gone (or its pid was
+      reused); a live one is never judged stopped, however slow its step;
+    - another host: silent (no event, heartbeats included) for the lease, three heartbeats.
+    """
+    if not owner:
+        return False
+    if owner == this_process():
+        return not executing_here and now - last_seen >= LEASE_MS
+    return not owner_alive(owner, last_seen, now)
+
+
+def owner_judge(
+    clock: Callable[[], int], executing_here: Callable[[str], bool] = lambda _: False
+) -> Callable[[str, str, int], bool]:
+    """Return ``owner_gone(run_id, owner, last_seen)`` for the run-summary projection: the
+    run's owner judged by :func:`owner_stopped` at the time ``clock`` reads then."""
+
+    def owner_gone(run_id: str, owner: str, last_seen: int) -> bool:
+        return owner_stopped(owner, last_seen, clock(), executing_here(run_id))
+
+    return owner_gone

@@ -55,7 +55,7 @@ class RunForks(RunReads):
     """The fork and provenance half of ``rt.runs``: new runs from old ones, never executed here."""
 
     def __init__(self, journal: Journal, clock: Callable[[], int]) -> None:
-        super().__init__(journal)
+        super().__init__(journal, clock)
         self._clock = clock
         self.catch_up_memory: Callable[[], object] | None = None
         """Fold into memory what other processes appended (the runtime's ``refresh``), called

@@ -10,10 +10,13 @@ from __future__ import annotations
 import builtins
 import logging
 import threading
+from collections.abc import Callable
 
 from msgspec import UNSET
 
+from journaled.actors.clock import system_clock
 from journaled.actors.errors import RunNotFound, RunNotResumable
+from journaled.actors.ownership import owner_judge
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.fork import Lineage
@@ -49,10 +52,15 @@ class NotBegun(ValueError):
 class RunReads:
     """The reading half of ``rt.runs``: every answer is a projection of the journal."""
 
-    def __init__(self, journal: Journal) -> None:
+    def __init__(self, journal: Journal, clock: Callable[[], int] = system_clock) -> None:
         self._journal = journal
         self.summaries = RunSummaries(journal)
         """The run-summary projection behind :meth:`list` (T2, ADR 0037)."""
+        self.executing_here: Callable[[str], bool] = lambda _: False
+        """Whether a runtime of this process executes (or drives) a run now: a run this
+        process owns that none does is interrupted once silent for the lease (ADR 0086). The
+        runtime sets it."""
+        self.summaries.owner_gone = owner_judge(clock, self._executing_here)
         self.summaries_writable = True
         """Whether :meth:`list` and ``close`` may store the projection (a read-only runtime
         never writes)."""
@@ -63,6 +71,9 @@ class RunReads:
         """The runtime's tenant boundary (R1): another organization's run is unknown here, and
         the run events it shows (history, why) name none of another organization's facts. The
         runtime sets it."""
+
+    def _executing_here(self, run_id: str) -> bool:
+        return self.executing_here(run_id)  # read when judged: the runtime sets it later
 
     @property
     def _organization(self) -> str | None:
@@ -309,16 +320,26 @@ class RunReads:
     def why(self, run_id: str) -> str:
         """Explain, from events alone, why a run or orchestration is in its state (O6).
 
-        A fork's why names its lineage, root first, when it is a fork of a fork (F2).
+        A fork's why names its lineage, root first, when it is a fork of a fork (F2). Its
+        head names the status :meth:`list` shows; ``interrupted``, which no event records, is
+        the listing's judgement of the owner now (T2, ADR 0088).
         """
         events = self.history(run_id)
         first = events[0].data
+        interrupted = {
+            r
+            for r, s in self.summaries.read(self._organization).items()
+            if s.status == "interrupted"
+        }
         if isinstance(first, OrchestrationStarted):
             return explain_orchestration(
-                run_id, events, lambda stream: self._seen(self._journal.stream(stream))
+                run_id,
+                events,
+                lambda stream: self._seen(self._journal.stream(stream)),
+                interrupted=interrupted,
             )
         chain = self.lineage(run_id) if isinstance(first, RunForked) else []
-        return explain_run(run_id, events, chain)
+        return explain_run(run_id, events, chain, interrupted=run_id in interrupted)
 
     def lineage(self, run_id: str) -> builtins.list[Lineage]:
         """Return the chain of forks that led to a run, root first (F2)."""

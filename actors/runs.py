@@ -161,6 +161,11 @@ def _holds_in_process(run_id: str) -> int:
         return _EXECUTING_IN_PROCESS.get(run_id, 0)
 
 
+def executing_in_process(run_id: str) -> bool:
+    """Tell whether a runtime of this process executes the run now (R8; T2, ADR 0086)."""
+    return _holds_in_process(run_id) > 0
+
+
 @dataclass
 class _Claim:
     """This runtime's hold on one run id, taken before the run's state is read (R8)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import msgspec
@@ -206,15 +206,23 @@ def _purged(data: RunPurged, stream: str) -> str:
     return f"content purged{via}: {data.reason}"
 
 
-def explain_run(run_id: str, events: Sequence[Event], lineage: Sequence[Lineage] = ()) -> str:
+def explain_run(
+    run_id: str,
+    events: Sequence[Event],
+    lineage: Sequence[Lineage] = (),
+    *,
+    interrupted: bool = False,
+) -> str:
     """Explain why a run is in its state, from its events alone (O6).
 
     ``lineage`` is the run's chain of forks, root first (``rt.runs.lineage``): a fork of a fork
-    names it after the line that says where it comes from (F2).
+    names it after the line that says where it comes from (F2). ``interrupted``: the run
+    listing judged, now, that the owner of this unsettled run stopped executing it (T2,
+    ADR 0088); the head and the ``now:`` line say so, as the listing does.
     """
     if not events:
         return f"no run {run_id} in this journal"
-    why = RunWhy(run_id)
+    why = RunWhy(run_id, interrupted=interrupted)
     for event in events:
         why.add(event)
     lines = why.lines()
@@ -265,8 +273,10 @@ class RunWhy:
     the ``now:`` line depend on more than their own event, so adding an event costs one line.
     """
 
-    def __init__(self, run_id: str) -> None:
+    def __init__(self, run_id: str, *, interrupted: bool = False) -> None:
         self.run_id = run_id
+        self.interrupted = interrupted
+        """Judged by the run listing, not folded: its owner stopped executing it (ADR 0086)."""
         self.state = RunState()
         self.timeline: list[str] = []
         """One line per described event so far."""
@@ -331,11 +341,21 @@ class RunWhy:
         status = _run_status(state.run_status, state.is_finished, state.suspended is not None)
         if state.forked is not None and not state.resumptions:
             status = "a fork, not run yet"
+        elif self._interrupted():
+            status = "interrupted"
         return f"run {self.run_id} — {status}:"
+
+    def _interrupted(self) -> bool:
+        """Tell whether the listing's ``interrupted`` holds for the run as folded so far."""
+        state = self.state
+        unsettled = not state.is_finished and state.suspended is None
+        return self.interrupted and unsettled and not (state.forked and not state.resumptions)
 
     def now(self) -> str:
         """Return the last line: why the run is in its state now."""
         flight = sorted(self._running, key=lambda step_id: self._index.get(step_id, 0))
+        if self._interrupted():
+            return "now: " + _interrupted_now(self.state.owner, flight)
         return "now: " + _run_now(self.state, self._waiting_since, flight)
 
     def lines(self) -> list[str]:
@@ -349,6 +369,15 @@ def _run_status(status: str | None, finished: bool, suspended: bool = False) -> 
     if suspended:
         return "suspended"
     return status.replace("_", " ") if finished and status else "running (or stopped mid-step)"
+
+
+def _interrupted_now(owner: str, flight: Sequence[str]) -> str:
+    """Say that an unsettled run's owner stopped executing it, and what a resume does (T2)."""
+    rerun = f"; step(s) {', '.join(flight)} were in flight and run again" if flight else ""
+    return (
+        f"interrupted: its owner ({owner or 'unknown'}) stopped without ending it — resume it "
+        f"to carry on{rerun}"
+    )
 
 
 def _run_now(state: RunState, waiting_since: dict[str, int], flight: list[str]) -> str:
@@ -469,13 +498,18 @@ def _resume_changes(data: OrchestrationResumed) -> list[str]:
 
 
 def explain_orchestration(
-    run_id: str, events: Sequence[Event], run_events: Callable[[str], Sequence[Event]]
+    run_id: str,
+    events: Sequence[Event],
+    run_events: Callable[[str], Sequence[Event]],
+    *,
+    interrupted: Collection[str] = (),
 ) -> str:
     """Explain an orchestration and each of its passes, from events alone (O6).
 
     Its head names the status the run listing shows (T2): the status it stopped at, else
     ``suspended`` (its own ``orchestration.suspended``, ADR 0087, or in journals before it, its
-    pass's suspension), else ``running``.
+    pass's suspension), else ``interrupted`` when ``interrupted`` (the ids the listing judged
+    so, now: ADR 0086) holds it, else ``running``; a pass in ``interrupted`` is explained so.
     """
     if not events:
         return f"no run {run_id} in this journal"
@@ -491,6 +525,8 @@ def explain_orchestration(
         status = last.status.replace("_", " ")
     elif let_go:
         status = "suspended"
+    elif run_id in interrupted:
+        status = "interrupted"
     else:
         status = "running"
     lines = [f"orchestration {run_id} — {status}:"]
@@ -515,11 +551,15 @@ def explain_orchestration(
             f"now: suspended when its runtime closed, in pass {state.pass_no} — resume it to "
             "carry on"
         )
+    elif status == "interrupted":
+        flight = pass_state.in_flight() if pass_state is not None else []
+        lines.append("now: " + _interrupted_now(state.owner, flight))
     for e in events:
         if isinstance(e.data, PassStarted):
             sub = run_events(e.data.run)
             lines.append("")
-            lines += ["  " + line for line in explain_run(e.data.run, sub).splitlines()]
+            told = explain_run(e.data.run, sub, interrupted=e.data.run in interrupted)
+            lines += ["  " + line for line in told.splitlines()]
     return "\n".join(lines)
 
 

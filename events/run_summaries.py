@@ -8,12 +8,17 @@ reached: a reader restores it and folds only the run events after that position 
 The snapshot is a cache, never the truth: a missing, unreadable or other-schema one is folded
 from the start. It holds goals (run content), so a run purge blanks it in its own transaction
 and a snapshot folded before a purge is never stored after it (R2).
+
+One status is not folded but judged when read: time passing appends no event, so whether a
+``running`` run's owner is still executing it is asked at each read, from its owner, its last
+event (heartbeats included) and the reader's clock (:attr:`RunSummaries.owner_gone`); a run
+whose owner stopped without ending it reads ``interrupted`` (ADR 0086).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Literal, get_args
 
 import msgspec
@@ -56,10 +61,11 @@ from journaled.events.tenancy import run_belongs_elsewhere, run_organization
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 4
+SCHEMA = 5
 """Bump when the stored projection changes incompatibly: older ones are then refolded.
 3: an orchestration's budget follows its resumes (2 kept the budget it started with).
-4: each run keeps its organization (ADR 0074)."""
+4: each run keeps its organization (ADR 0074).
+5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0086)."""
 EVERY = object()
 """``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
 DEFAULT = object()
@@ -67,6 +73,7 @@ SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
 SummaryStatus = Literal[
     "running",
+    "interrupted",
     "completed",
     "failed",
     "cancelled",
@@ -82,8 +89,14 @@ SummaryStatus = Literal[
 """A run summary's status, as a type (the MCP server's schema names them from it)."""
 RUN_STATUSES: tuple[str, ...] = get_args(SummaryStatus)
 """Every status a summary can have; ``runs.list(status=...)`` accepts these. ``forked``: a fork
-not yet resumed (F1); ``running``: started or resumed and not settled (a run whose process died
-mid-step stays ``running`` until it is resumed)."""
+not yet resumed (F1); ``running``: started or resumed and not settled, its owner executing it
+as far as can be told; ``interrupted``: not settled, but its owner stopped without ending it
+(its process is gone, or it was silent past the lease): resumable (E14), judged when read
+(ADR 0086)."""
+OwnerGone = Callable[[str, str, int], bool]
+"""``owner_gone(run_id, owner, last_at)``: whether an unsettled run's ``owner`` (``host/pid/
+start-time``) has stopped executing it, its last event (heartbeats included) being at
+``last_at`` epoch ms. Asked at each read, with the reader's clock (ADR 0086)."""
 _FINISHED = {
     "completed": "completed",
     "failed": "failed",
@@ -260,6 +273,8 @@ class _Tracked(msgspec.Struct, kw_only=True):
     organization: str | UnsetType | None = UNSET
     """The organization whose run it is (ADR 0074): only its runtimes list it (UNSET: a run
     of an earlier release, listed to all)."""
+    owner: str = ""
+    """The process that started or last resumed (or drove) it; empty before owners."""
 
 
 class _Stored(msgspec.Struct, kw_only=True):
@@ -278,6 +293,7 @@ def _decode(stored: bytes) -> _Stored:
 
 def _start(data: RunStarted, tracked: _Tracked) -> None:
     tracked.goal = data.plan.goal
+    tracked.owner = data.owner
     tracked.call_budget = data.call_budget
     tracked.parent_run = data.parent_run
     tracked.parent_step = data.parent_step
@@ -319,6 +335,7 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
         case BudgetRaised():
             tracked.call_budget = data.budget
         case RunResumed():
+            tracked.owner = data.owner or tracked.owner
             tracked.resumed = True
             tracked.finished = None
             tracked.suspended = False
@@ -348,6 +365,7 @@ def _fold_orchestration(tracked: _Tracked, event: Event) -> None:
         case OrchestrationSuspended():
             tracked.suspended = True
         case OrchestrationResumed():
+            tracked.owner = data.owner or tracked.owner
             tracked.asked = None
             tracked.ended = None
             tracked.suspended = False
@@ -385,6 +403,7 @@ def fold(runs: dict[str, _Tracked], event: Event) -> None:
         case OrchestrationStarted():
             tracked.goal = data.goal
             tracked.call_budget = data.call_budget
+            tracked.owner = data.owner
         case RunPurged():
             tracked.purged = True
             tracked.goal = ""
@@ -404,7 +423,10 @@ def _run_status(tracked: _Tracked) -> str:
     return "forked" if tracked.forked_from is not None and not tracked.resumed else "running"
 
 
-def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
+def _summaries(
+    runs: dict[str, _Tracked], owner_gone: OwnerGone | None = None
+) -> dict[str, RunSummary]:
+    """Return the summaries of the folded runs; ``owner_gone`` judges the ``running`` ones."""
     owner = {run: (orch, n) for orch, t in runs.items() for n, run in enumerate(t.passes, 1)}
     out: dict[str, RunSummary] = {}
     for run_id, t in runs.items():
@@ -428,6 +450,13 @@ def _summaries(runs: dict[str, _Tracked]) -> dict[str, RunSummary]:
             for r in t.passes:
                 if r in runs and runs[r].last_position > latest.last_position:
                     latest = runs[r]
+        if (
+            status == "running"
+            and owner_gone is not None
+            and t.owner
+            and owner_gone(run_id, t.owner, latest.last_at)
+        ):
+            status = "interrupted"  # judged now, not folded: no event says time passed (0086)
         out[run_id] = RunSummary(
             run_id=run_id,
             kind=_first_event(t),
@@ -549,6 +578,10 @@ class RunSummaries:
         self.visible_to: str | object | None = EVERY
         """Whose runs :meth:`read` returns by default: a runtime sets its organization, so its
         ``runs.summaries`` shows none of another's (ADR 0074); EVERY: all of them."""
+        self.owner_gone: OwnerGone | None = None
+        """Judges, at each read, whether a ``running`` run's owner stopped executing it (then
+        it reads ``interrupted``); None: never judged. A runtime and the command line set it
+        (``actors.ownership.owner_stopped`` with their clock, ADR 0086)."""
         self._lock = threading.Lock()
         self._runs: dict[str, _Tracked] | None = None
         self._position = 0
@@ -611,7 +644,7 @@ class RunSummaries:
                     for r, t in runs.items()
                     if not run_belongs_elsewhere(t.organization, organization)  # type: ignore[arg-type]
                 }
-            return _summaries(runs)
+            return _summaries(runs, self.owner_gone)
 
     def save_if_behind(self, min_events: int = SAVE_AFTER) -> bool:
         """Store the projection when the journal is ``min_events`` positions past the stored one."""

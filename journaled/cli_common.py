@@ -16,6 +16,7 @@ from journaled.events.errors import EventsError
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
+    from journaled.events.run_summaries import RunSummaries
 
 T = TypeVar("T")
 F = TypeVar("F", bound=Callable[..., Any])
@@ -85,6 +86,18 @@ def open_journal(ctx: click.Context) -> Iterator[Journal]:
         fail(str(exc))  # the commands that open a runtime say it
     finally:
         journal.close()
+
+
+def run_summaries(journal: Journal) -> RunSummaries:
+    """Return the run-summary projection of a journal opened alone (T2), judging with the wall
+    clock whether a ``running`` run's owner still executes it (``interrupted``, ADR 0086)."""
+    from journaled.actors.clock import system_clock
+    from journaled.actors.ownership import owner_judge
+    from journaled.events.run_summaries import RunSummaries
+
+    summaries = RunSummaries(journal)
+    summaries.owner_gone = owner_judge(system_clock)
+    return summaries
 
 
 def organization() -> str | None:

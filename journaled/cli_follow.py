@@ -13,9 +13,9 @@ from typing import TYPE_CHECKING
 import click
 
 from journaled import cli_render as render
-from journaled.cli_common import organization
+from journaled.cli_common import organization, run_summaries
 from journaled.events.memory_audit import when
-from journaled.events.run_summaries import RunSummaries, RunSummary
+from journaled.events.run_summaries import RunSummary
 
 if TYPE_CHECKING:
     from rich.console import RenderableType
@@ -27,7 +27,9 @@ LAST_EVENTS = 5
 """How many of the run's latest events the display shows."""
 _BAR_WIDTH = 40
 UNSETTLED = frozenset({"running", "forked"})
-"""Statuses ``runs follow`` keeps following: a fork is followed until it is resumed and settles."""
+"""Statuses ``runs follow`` keeps following: a fork is followed until it is resumed and settles.
+``interrupted`` settles it: the run's owner stopped, and nothing more comes until a resume
+(judged at each check, so it settles without an append, ADR 0086)."""
 
 
 class _Events:
@@ -98,7 +100,7 @@ def follow(
     Raises:
         click.ClickException: no run or orchestration has that id.
     """
-    summaries = RunSummaries(journal)
+    summaries = run_summaries(journal)
     mark = journal.append_mark()  # before the read: an append in between is never missed
     mine = organization()  # another organization's run is unknown (ADR 0074)
     current = summaries.read(mine).get(run_id)

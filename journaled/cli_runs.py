@@ -20,6 +20,7 @@ from journaled.cli_common import (
     open_runtime,
     organization,
     parse_time_option,
+    run_summaries,
     wants_json,
 )
 from journaled.events.memory_audit import when
@@ -53,12 +54,12 @@ def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: 
     call_budget, wave, running, waiting, parent_run, parent_step, forked_from, forked_at,
     orchestration, pass_no, current_run}.
     """
-    from journaled.events.run_summaries import RunSummaries, check_filters, select
+    from journaled.events.run_summaries import check_filters, select
 
     after = None if since is None else parse_time_option(since)
     call(lambda: check_filters(status, after, limit))
     with open_journal(ctx) as journal:
-        found = select(RunSummaries(journal).read(organization()).values(), status, after, limit)
+        found = select(run_summaries(journal).read(organization()).values(), status, after, limit)
     if wants_json(ctx):
         emit([row.as_dict() for row in found])
         return
@@ -92,6 +93,7 @@ _STATUS_STYLE = {
     "failed": "red",
     "cancelled": "red",
     "running": "cyan",
+    "interrupted": "yellow",
     "purged": "dim",
 }
 FOLLOW_EXIT = {
@@ -105,6 +107,7 @@ FOLLOW_EXIT = {
     "waiting_for_approval": 5,
     "suspended": 6,
     "purged": 7,
+    "interrupted": 8,
 }
 """``runs follow`` exit status per settled status (1 and 2 stay click's: bad input, usage)."""
 
@@ -144,10 +147,13 @@ def runs_follow(
     """Show a run's progress live until it settles (T2): steps, calls, wave, last events.
 
     Follows the journal, so a run executing in any process is shown as it goes. It settles when
-    it finishes, waits (for input, budget, approval or clarification), is suspended or purged
-    (a fork not yet resumed is followed until it is resumed and settles).
+    it finishes, waits (for input, budget, approval or clarification), is suspended or purged,
+    or is interrupted: its owner stopped without ending it (its process is gone, or silent
+    past the lease); a resume carries it on (a fork not yet resumed is followed until it is
+    resumed and settles).
     Exit status: 0 completed (or a dry run); 3 failed; 4 cancelled; 5 waiting; 6 suspended;
-    7 purged; 1 for an unknown run; 130 when stopped by Ctrl-C before it settled.
+    7 purged; 8 interrupted; 1 for an unknown run; 130 when stopped by Ctrl-C before it
+    settled.
 
     JSON: one RunSummary per line (JSON Lines), a line each time it changes; the last line is
     the settled state. Shape as in `runs list --json`.

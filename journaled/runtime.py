@@ -20,10 +20,10 @@ from journaled.actors.directory import Directory, Inbox
 from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
 from journaled.actors.gateway import ProtocolDoor
 from journaled.actors.loop import LoopRunner
-from journaled.actors.orchestrator import Orchestrations, Planner
+from journaled.actors.orchestrator import Orchestrations, Planner, driven_in_process
 from journaled.actors.placement import Placement
 from journaled.actors.run_recorder import Progress, refuse_close_from_progress
-from journaled.actors.runs import RunHandle, Runs
+from journaled.actors.runs import RunHandle, Runs, executing_in_process
 from journaled.actors.runtime import MemoryActors
 from journaled.actors.steps import AgentContext, Registry, Services
 from journaled.errors import ConfigurationError, InvalidArgument
@@ -275,6 +275,11 @@ class Runtime:
         self.runs.catch_up_memory = self._actors.catch_up
         self._orchestrations = Orchestrations(
             self._journal, self.runs, clock or system_clock, self._directory
+        )
+        # A run this process owns is interrupted only once none of its runtimes executes or
+        # drives it (T2, ADR 0086).
+        self.runs.executing_here = lambda run_id: (
+            executing_in_process(run_id) or driven_in_process(run_id)
         )
         self.protocol = ProtocolDoor(self, self._actors.writer, self._directory)
         """The door for other actor systems and processes: requests by message (A4, ADR 0030)."""

@@ -362,9 +362,10 @@ threading.Event().wait(120)
 
 
 def test_a_writer_killed_mid_run_after_storing_the_projection(sqlite_url: str) -> None:
-    """T2/E14: SIGKILLed mid-step right after storing the projection, a run lists as running
-    with its steps done so far; after a resume in another process every reader (a warm runtime,
-    the CLI, a cold projection from the stored copy) shows it completed, equal to a fold."""
+    """T2/E14: SIGKILLed mid-step right after storing the projection, a run folds as running
+    with its steps done so far and lists as interrupted, its owner gone (ADR 0086); after a
+    resume in another process every reader (a warm runtime, the CLI, a cold projection from the
+    stored copy) shows it completed, equal to a fold."""
     child = _popen([sys.executable, "-c", _KILLED, sqlite_url])
     try:
         done, run_id = _line(child, 60).split()
@@ -383,10 +384,10 @@ def test_a_writer_killed_mid_run_after_storing_the_projection(sqlite_url: str) -
     assert listing.returncode == 0, listing.stderr
     assert {r["run_id"]: r["status"] for r in json.loads(listing.stdout)} == {
         done: "completed",
-        run_id: "running",
+        run_id: "interrupted",
     }
     with journaled.open(sqlite_url) as warm:
-        assert {s.run_id: s.status for s in warm.runs.list()}[run_id] == "running"
+        assert {s.run_id: s.status for s in warm.runs.list()}[run_id] == "interrupted"
         with journaled.open(sqlite_url) as rt:
             _register_mix(rt)
             rt.register_tool("gate", lambda _: "through")
@@ -713,12 +714,12 @@ threading.Event().wait(120)
 """
 
 
-def test_follow_outlives_a_killed_driver_and_settles_when_another_resumes(
+def test_follow_of_a_killed_driver_settles_interrupted_then_completed_once_resumed(
     sqlite_url: str,
 ) -> None:
-    """T2/E14: `runs follow` of a run whose driving process is SIGKILLed keeps following (the
-    run is still unsettled, not failed), and exits 0 once a third process resumes it to the
-    end."""
+    """T2/E14/ADR 0086: `runs follow` of a run whose driving process is SIGKILLed settles on
+    interrupted (exit 8: unsettled and resumable, not failed), and a follow after a third
+    process resumed it to the end exits 0 (completed)."""
     driver = _popen([sys.executable, "-c", _DRIVER, sqlite_url])
     follower: subprocess.Popen[str] | None = None
     try:
@@ -727,14 +728,17 @@ def test_follow_outlives_a_killed_driver_and_settles_when_another_resumes(
         assert json.loads(_line(follower))["status"] == "running"
         driver.send_signal(signal.SIGKILL)
         driver.wait(WAIT)
-        time.sleep(0.6)
-        assert follower.poll() is None  # a dead driver settles nothing
+        out, err = follower.communicate(timeout=WAIT)
+        assert follower.returncode == 8, err
+        last = json.loads(out.splitlines()[-1])
+        assert (last["status"], last["running"]) == ("interrupted", ["s1"])
         with journaled.open(sqlite_url) as rt:
             rt.register_tool("gate", lambda _: "through")
             rt.register_tool("ok", lambda _: "done")
             result = rt.resume(run_id)
             assert isinstance(result, journaled.ExecuteResult)
             assert result.ok
+        follower = _follow(sqlite_url, run_id, "--interval", "0.1")
         out, err = follower.communicate(timeout=WAIT)
     finally:
         _stop(driver)

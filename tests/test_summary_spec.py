@@ -1,24 +1,234 @@
-"""Run summaries tell the truth (SPEC R3, R5; ADR 0087): suspended orchestrations, in
-``rt.runs.list``, ``runs.why`` and their own streams, on real SQLite files and real child
-processes."""
+"""Run summaries tell the truth (SPEC T2, R3, R5; ADR 0086, ADR 0087): interrupted runs,
+suspended orchestrations, in ``rt.runs.list``, ``runs.why`` and the command line, on real
+SQLite files and real child processes."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from crash import kill_when_in_flight
 
 import journaled
 from journaled import Plan, Step
+from journaled.actors.ownership import LEASE_MS, owner_stopped, this_process
 from journaled.events.orchestration import OrchestrationSuspended
 from journaled.events.orchestration_state import OrchestrationState, fold_orchestration
+from journaled.events.runs import RunHeartbeat
+from journaled.testing import ManualClock, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 WAIT = 30.0
+CLI = [sys.executable, "-m", "journaled.cli"]
+FOLLOW_INTERRUPTED = 8
+"""``runs follow``'s exit status for an interrupted run (``cli_runs.FOLLOW_EXIT``)."""
+
+# A child that executes a -> b -> c, where b blocks (marker written) until it is killed. With
+# "elsewhere" it claims to run on another host, and heartbeats every 0.1 s.
+CHILD = r"""
+import json, pathlib, sys, threading
+import journaled
+from journaled import Plan, Step
+
+cfg = json.loads(sys.argv[1])
+if cfg.get("elsewhere"):
+    import journaled.actors.ownership as ownership
+    from journaled.actors.executor import Executor
+
+    ownership._host = lambda: "another-host.example"
+    Executor.heartbeat_seconds = 0.1
+
+
+def block(_):
+    pathlib.Path(cfg["marker"]).write_text("in flight")
+    threading.Event().wait()
+
+
+with journaled.open(cfg["url"]) as rt:
+    rt.register_tool("ok", lambda x: x)
+    rt.register_tool("block", block)
+    plan = Plan(goal="killed mid-step", steps=[
+        Step("a", tool="ok", input=1),
+        Step("b", tool="block", input=2, depends_on=["a"]),
+        Step("c", tool="ok", input=3, depends_on=["b"]),
+    ])
+    rt.execute(plan)
+    print("finished")  # never reached: the test kills this process first
+"""
+
+
+def _cli(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "--url", url, *args], capture_output=True, text=True, timeout=WAIT, check=False
+    )
+
+
+def _listed(url: str) -> dict[str, dict[str, Any]]:
+    done = _cli(url, "runs", "list", "--json")
+    assert done.returncode == 0, done.stderr
+    return {row["run_id"]: row for row in json.loads(done.stdout)}
+
+
+def _only_run(url: str) -> str:
+    with journaled.open(url) as rt:
+        [run_id] = rt.runs.ids()
+    return run_id
+
+
+def _kill_mid_step(tmp_path: Path, url: str, **extra: object) -> str:
+    marker = tmp_path / "b.inflight"
+    cfg = json.dumps({"url": url, "marker": str(marker), **extra})
+    kill_when_in_flight(CHILD, cfg, [marker], tmp_path)
+    return _only_run(url)
+
+
+@pytest.fixture
+def child(tmp_path: Path, sqlite_url: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A child process executing the blocking plan, its step b in flight; killed at the end."""
+    marker = tmp_path / "b.inflight"
+    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, cfg],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+        assert proc.poll() is None, "the child exited before its step was in flight"
+        yield proc, _only_run(sqlite_url)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
+
+
+# -- 1. a run whose process died is interrupted, not running ----------------------------------
+
+
+def test_a_run_whose_process_was_killed_lists_as_interrupted_everywhere(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """T2, E14, ADR 0086: SIGKILLed mid-step, a run is `interrupted` in runs.list (and its
+    status filter), runs.summary, runs.why's head, `runs list` and `runs follow` (exit 8); a
+    resume carries it on to completed."""
+    run_id = _kill_mid_step(tmp_path, sqlite_url)
+    with journaled.open(sqlite_url) as rt:
+        assert rt.runs.summary(run_id).status == "interrupted"
+        assert [s.status for s in rt.runs.list()] == ["interrupted"]
+        assert rt.runs.list(status="interrupted") == [run_id]
+        assert rt.runs.list(status="running") == []
+        why = rt.runs.why(run_id).splitlines()
+        assert why[0] == f"run {run_id} — interrupted:"
+        assert why[-1].startswith("now: interrupted: its owner (")
+        assert "step(s) b were in flight and run again" in why[-1]
+    assert _listed(sqlite_url)[run_id]["status"] == "interrupted"
+    follow = _cli(sqlite_url, "runs", "follow", run_id, "--json")
+    assert follow.returncode == FOLLOW_INTERRUPTED, follow.stderr
+    assert json.loads(follow.stdout.splitlines()[-1])["status"] == "interrupted"
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("ok", lambda x: x)
+        rt.register_tool("block", lambda x: x)
+        result = rt.resume(run_id)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        assert rt.runs.summary(run_id).status == "completed"
+    assert _listed(sqlite_url)[run_id]["status"] == "completed"
+
+
+def test_a_run_in_a_live_process_stays_running_then_follow_settles_when_it_is_killed(
+    sqlite_url: str, child: tuple[subprocess.Popen[bytes], str]
+) -> None:
+    """T2, ADR 0086: a slow step of a live process on this host is `running` whatever the
+    reader's clock says (no false alarm); `runs follow` keeps following, and settles on
+    `interrupted` (exit 8) once the process is SIGKILLed, though nothing is appended."""
+    proc, run_id = child
+    an_hour_on = ManualClock(start=time.time_ns() // 1_000_000 + 3_600_000)
+    with journaled.open(sqlite_url, clock=an_hour_on) as rt:
+        position = rt.journal.position()
+        assert rt.runs.summary(run_id).status == "running"
+        assert rt.runs.list(status="interrupted") == []
+        assert (
+            rt.runs.why(run_id).splitlines()[0] == f"run {run_id} — running (or stopped mid-step):"
+        )
+    assert _listed(sqlite_url)[run_id]["status"] == "running"
+    follow = subprocess.Popen(
+        [*CLI, "--url", sqlite_url, "runs", "follow", run_id, "--json", "--interval", "0.1"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert follow.stdout is not None
+        assert json.loads(follow.stdout.readline())["status"] == "running"
+        assert follow.poll() is None, "a live run is followed, not settled"
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(WAIT) == -signal.SIGKILL
+        out, err = follow.communicate(timeout=WAIT)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+            follow.wait(WAIT)
+    assert follow.returncode == FOLLOW_INTERRUPTED, err
+    assert json.loads(out.splitlines()[-1])["status"] == "interrupted"
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.position() == position  # judged from the clock: nothing appended
+        assert rt.runs.summary(run_id).status == "interrupted"
+
+
+def test_an_owner_on_another_host_is_interrupted_once_silent_past_the_lease(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """T2, ADR 0011, ADR 0086: an owner whose process cannot be checked (another host) is
+    judged by its last heartbeat and the reader's clock: `running` up to the lease after it,
+    `interrupted` from then on (ManualClock)."""
+    marker = tmp_path / "b.inflight"
+    cfg = json.dumps({"url": sqlite_url, "marker": str(marker), "elsewhere": True})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, cfg],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+        run_id = _only_run(sqlite_url)
+        with journaled.open(sqlite_url) as rt:
+            wait_for(lambda: any(e.kind == "run.heartbeat" for e in rt.runs.history(run_id)), WAIT)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait(WAIT) == -signal.SIGKILL
+    clock = ManualClock()
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        beat = rt.runs.history(run_id)[-1].data
+        assert isinstance(beat, RunHeartbeat)
+        assert beat.owner.startswith("another-host.example/")
+        last = beat.at
+        clock.set(last + LEASE_MS - 1)
+        assert rt.runs.summary(run_id).status == "running"
+        assert rt.runs.list(status="running") == [run_id]
+        clock.set(last + LEASE_MS)
+        assert rt.runs.summary(run_id).status == "interrupted"
+        assert rt.runs.list(status="interrupted") == [run_id]
+        assert rt.runs.why(run_id).splitlines()[0] == f"run {run_id} — interrupted:"
+
+
+def test_a_run_of_this_process_is_interrupted_only_when_no_runtime_executes_it() -> None:
+    """T2, ADR 0011, ADR 0086: an owner that is this very process is stopped only when none of
+    its runtimes executes the run and the run was silent for the lease; no owner, never."""
+    me = this_process()
+    assert not owner_stopped(me, 0, 10 * LEASE_MS, executing_here=True)
+    assert not owner_stopped(me, 0, LEASE_MS - 1)
+    assert owner_stopped(me, 0, LEASE_MS)
+    assert not owner_stopped("", 0, 10 * LEASE_MS)
 
 
 # -- 3. an orchestration let go by a close is suspended, in its own stream --------------------

@@ -300,8 +300,9 @@ def test_a_run_killed_mid_step_twice_time_travels_and_lists_right(
     durable_url: str, tmp_path: Path
 ) -> None:
     """O7/R5/T2: a run SIGKILLed mid-step, resumed and killed again, then resumed to the end:
-    at every position runs.at is a plain fold, runs.list says running while nobody runs it and
-    completed once it did; the step that was in flight ran again (E14, at-least-once)."""
+    at every position runs.at is a plain fold, the fold says running and runs.list interrupted
+    while nobody runs it (ADR 0086), completed once it did; the step that was in flight ran
+    again (E14, at-least-once)."""
     script = _script(tmp_path, "killed.py", _KILLED)
     started = _run(script, durable_url, "start")
     assert started.returncode == -signal.SIGKILL, started.stderr
@@ -311,7 +312,7 @@ def test_a_run_killed_mid_step_twice_time_travels_and_lists_right(
     again = _run(script, durable_url, run_id)
     assert again.returncode == -signal.SIGKILL, again.stderr
     with journaled.open(durable_url) as rt:
-        assert rt.runs.summary(run_id).status == "running"
+        assert rt.runs.summary(run_id).status == "interrupted"
         rt.register_tool("fetch", lambda x: x)
         rt.register_tool("die", lambda x: "survived")
         result = rt.resume(run_id)

@@ -28,6 +28,7 @@ import pytest
 
 import journaled
 from journaled import AgentResult, Clarify, NeedsInput, Observation, Plan, Step
+from journaled.actors.ownership import owner_stopped
 from journaled.events.run_state import RunState
 from journaled.events.runs import StepWaiting
 from journaled.testing import wait_for
@@ -84,8 +85,9 @@ def kinds(rt: journaled.Runtime, run_id: str) -> list[str]:
     return [e.kind for e in rt.runs.history(run_id)]
 
 
-def summary_status(state: RunState) -> str:
-    """The T2 status a run's folded state stands for (ADR 0037)."""
+def summary_status(state: RunState, interrupted: bool = False) -> str:
+    """The T2 status a run's folded state stands for (ADR 0037); ``interrupted``: its owner
+    was judged stopped (ADR 0086)."""
     if state.purged is not None:
         return "purged"
     if state.finished is not None:
@@ -95,14 +97,14 @@ def summary_status(state: RunState) -> str:
         )
     if state.suspended is not None:
         return "suspended"
-    return "running"
+    return "interrupted" if interrupted else "running"
 
 
-def why_head(state: RunState) -> str:
+def why_head(state: RunState, interrupted: bool = False) -> str:
     if state.suspended is not None:
         return "suspended"
     if state.finished is None:
-        return "running (or stopped mid-step)"
+        return "interrupted" if interrupted else "running (or stopped mid-step)"
     return state.finished.status.replace("_", " ")
 
 
@@ -110,7 +112,10 @@ def assert_views_agree(rt: journaled.Runtime, run_id: str) -> RunState:
     """runs.state, runs.summary, runs.list(status=...) and runs.why say one thing (T2, O6)."""
     state = rt.runs.state(run_id)
     summary = rt.runs.summary(run_id)
-    expected = summary_status(state)
+    interrupted = owner_stopped(
+        state.owner, state.last_at, rt.runs._clock(), rt.runs.executing_here(run_id)
+    )
+    expected = summary_status(state, interrupted)
     assert summary.status == expected, (summary, state.run_status)
     assert summary.waiting == tuple(state.waiting)
     assert summary.calls_used == state.calls_used
@@ -118,12 +123,12 @@ def assert_views_agree(rt: journaled.Runtime, run_id: str) -> RunState:
     settled = sum(1 for s in state.order if state.status[s] in ("succeeded", "failed", "skipped"))
     assert (summary.steps_done, summary.steps_total) == (settled, len(state.order))
     assert run_id in rt.runs.list(status=expected)
-    others = ("running", "completed", "failed", "cancelled", "suspended", "waiting_for_input")
-    for status in (*others, "waiting_for_budget"):
+    others = ("running", "interrupted", "completed", "failed", "cancelled", "suspended")
+    for status in (*others, "waiting_for_input", "waiting_for_budget"):
         if status != expected:
             assert run_id not in rt.runs.list(status=status)
     why = rt.runs.why(run_id)
-    assert why.splitlines()[0] == f"run {run_id} — {why_head(state)}:", why
+    assert why.splitlines()[0] == f"run {run_id} — {why_head(state, interrupted)}:", why
     now = why.splitlines()[-1]
     if state.finished is not None and state.waiting and state.suspended is None:
         for step_id in state.waiting:
@@ -574,9 +579,10 @@ def test_killed_while_the_answered_step_runs_the_answer_survives(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     """E14/R4: a process resumes a waiting run with an answer and is SIGKILLed while the
-    answered step is in flight. A new process sees the run running with that step in flight
-    and the answer journaled; answering it again is refused (it no longer waits), and a plain
-    resume re-runs the step with the journaled answer (at-least-once), never asking again."""
+    answered step is in flight. A new process sees the run interrupted (ADR 0086) with that
+    step in flight and the answer journaled; answering it again is refused (it no longer
+    waits), and a plain resume re-runs the step with the journaled answer (at-least-once),
+    never asking again."""
     with journaled.open(sqlite_url) as rt:
         rt.register_agent("ask", ask)
         rt.register_tool("echo", lambda x: x)
@@ -607,6 +613,7 @@ def test_killed_while_the_answered_step_runs_the_answer_survives(
         assert state.answers == {"a": "red"}
         assert state.in_flight() == ["a"]
         assert rt.runs.summary(run_id).running == ("a",)
+        assert rt.runs.summary(run_id).status == "interrupted"
         before = events(rt)
         with pytest.raises(journaled.RunNotResumable, match="step 'a' is not waiting"):
             rt.resume(run_id, answers={"a": "blue"})
