@@ -39,6 +39,7 @@ from journaled.events.orchestration import (
     OrchestrationStarted,
     OrchestrationSuspended,
     PassStarted,
+    PlanProposed,
 )
 from journaled.events.runs import (
     RUN_EVENTS,
@@ -61,11 +62,12 @@ from journaled.events.tenancy import run_belongs_elsewhere, run_organization
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 5
+SCHEMA = 6
 """Bump when the stored projection changes incompatibly: older ones are then refolded.
 3: an orchestration's budget follows its resumes (2 kept the budget it started with).
 4: each run keeps its organization (ADR 0074).
-5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0086)."""
+5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0086).
+6: an orchestration keeps the steps of its latest proposed plan (ADR 0086)."""
 EVERY = object()
 """``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
 DEFAULT = object()
@@ -275,6 +277,10 @@ class _Tracked(msgspec.Struct, kw_only=True):
     of an earlier release, listed to all)."""
     owner: str = ""
     """The process that started or last resumed (or drove) it; empty before owners."""
+    planned: list[str] = msgspec.field(default_factory=list)
+    """An orchestration: the step ids of its latest proposed plan ..."""
+    planned_pass: int = 0
+    """... and the pass it was proposed for (a pass not started yet shows them pending)."""
 
 
 class _Stored(msgspec.Struct, kw_only=True):
@@ -353,6 +359,9 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
 def _fold_orchestration(tracked: _Tracked, event: Event) -> None:
     data = event.data
     match data:
+        case PlanProposed():
+            tracked.planned = [step.id for step in data.plan.steps]
+            tracked.planned_pass = data.pass_no
         case PassStarted():
             tracked.passes.append(data.run)
             tracked.asked = None
@@ -438,11 +447,17 @@ def _summaries(
         if t.kind == "orchestration":
             calls = sum(runs[r].calls_used for r in t.passes if r in runs)
             last = runs.get(current) if current is not None else None
-            steps = last.steps if last is not None else {}
+            if t.planned_pass > len(t.passes) or last is None:
+                # A settled plan whose pass has not started (it waits for approval or budget,
+                # or is a dry run), or whose run has not begun: its steps, none done (T2).
+                last = None
+                steps = dict.fromkeys(t.planned, "pending")
+            else:
+                steps = last.steps
             running = tuple(s for s, v in steps.items() if v == "running")
             waiting, wave = (tuple(last.waiting), last.wave) if last is not None else ((), 0)
             pass_no = len(t.passes)
-            status = _orchestration_status(t, last)
+            status = _orchestration_status(t, runs.get(current) if current is not None else None)
         latest = t
         if t.kind == "orchestration":
             # Its passes' events are its own as much as its own events are (T2, as position_at

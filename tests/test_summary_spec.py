@@ -1,6 +1,6 @@
 """Run summaries tell the truth (SPEC T2, R3, R5; ADR 0086, ADR 0087): interrupted runs,
-suspended orchestrations, in ``rt.runs.list``, ``runs.why`` and the command line, on real
-SQLite files and real child processes."""
+settled plans, suspended orchestrations, in ``rt.runs.list``, ``runs.why`` and the command line,
+on real SQLite files and real child processes."""
 
 from __future__ import annotations
 
@@ -229,6 +229,68 @@ def test_a_run_of_this_process_is_interrupted_only_when_no_runtime_executes_it()
     assert not owner_stopped(me, 0, LEASE_MS - 1)
     assert owner_stopped(me, 0, LEASE_MS)
     assert not owner_stopped("", 0, 10 * LEASE_MS)
+
+
+# -- 2. an orchestration waiting on a settled plan shows that plan's steps ---------------------
+
+
+def _two_steps(goal: str, observations: object, clarifications: object) -> Plan:
+    return Plan(goal=goal, steps=[Step("x", skill="s"), Step("y", skill="s", depends_on=["x"])])
+
+
+def test_an_orchestration_waiting_on_its_settled_plan_shows_its_steps(sqlite_url: str) -> None:
+    """T2, O3, O4, O5: waiting for approval, for budget (notify-and-wait) or a dry run, an
+    orchestration's journaled 2-step plan is 0/2 in runs.list and `runs list`, 2/2 once run."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_skill("s", lambda x: x)
+        approval = rt.orchestrate("approve me", _two_steps, require_approval=True)
+        budget = rt.orchestrate("fund me", _two_steps, call_budget=1)
+        dry = rt.orchestrate("plan me", _two_steps, mode="plan")
+        assert (approval.status, budget.status, dry.status) == (
+            "waiting_for_approval",
+            "waiting_for_budget",
+            "dry_run",
+        )
+        for outcome in (approval, budget, dry):
+            summary = rt.runs.summary(outcome.run_id)
+            assert (summary.steps_done, summary.steps_total) == (0, 2), summary
+            assert (summary.running, summary.waiting, summary.wave) == ((), (), 0)
+        listed = _listed(sqlite_url)
+        for outcome in (approval, budget, dry):
+            row = listed[outcome.run_id]
+            assert (row["steps_done"], row["steps_total"]) == (0, 2)
+        done = rt.resume(approval.run_id, approve=True)
+        assert isinstance(done, journaled.Outcome)
+        assert done.status == "completed"
+        summary = rt.runs.summary(approval.run_id)
+        assert (summary.steps_done, summary.steps_total) == (2, 2)
+
+
+def test_a_replanned_pass_waiting_for_approval_shows_its_own_plan(sqlite_url: str) -> None:
+    """T2, O2, O4: after a failed pass of 1 step, the replanned 3-step pass waiting for approval
+    is 0/3, not the failed pass's 1/1."""
+
+    def planner(goal: str, observations: list[Any], clarifications: object) -> Plan:
+        if not observations:
+            return Plan(goal=goal, steps=[Step("boom", tool="boom")])
+        return Plan(
+            goal=goal,
+            steps=[Step("p", tool="ok"), Step("q", tool="ok"), Step("r", tool="ok")],
+        )
+
+    def boom(_: object) -> object:
+        raise RuntimeError("no route")
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("boom", boom)
+        rt.register_tool("ok", lambda x: x)
+        first = rt.orchestrate("retry me", planner, mode="orchestrate", require_approval=True)
+        assert first.status == "waiting_for_approval"
+        second = rt.resume(first.run_id, approve=True)
+        assert isinstance(second, journaled.Outcome)
+        assert second.status == "waiting_for_approval"
+        summary = rt.runs.summary(first.run_id)
+        assert (summary.pass_no, summary.steps_done, summary.steps_total) == (1, 0, 3)
 
 
 # -- 3. an orchestration let go by a close is suspended, in its own stream --------------------
