@@ -860,7 +860,7 @@ class Orchestrations:
             pass_no=st.pass_no,
             phase=st.phase,
             run=run,
-            cause=cause if cause is not None else self._runs.closed_by,
+            cause=cause if cause is not None else self._runs._closed_by,
         )
 
     def end(self, status: OutcomeStatus, summary: str) -> OrchestrationEnded:

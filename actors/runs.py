@@ -874,7 +874,7 @@ class Runs(RunForks):
         return self._closing
 
     @property
-    def closed_by(self) -> str:
+    def _closed_by(self) -> str:
         """Return why :meth:`close` was called: ``close`` or ``exit`` (what suspensions record)."""
         return self._drain[1]
 
