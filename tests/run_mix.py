@@ -2,7 +2,8 @@
 
 ``build`` runs it in this process or in a child (``python run_mix.py URL [--kill]``); ``expected``
 folds every event of every run from the journal with the per-run folds (RunState,
-OrchestrationState), independently of the run-summary projection.
+OrchestrationState), independently of the run-summary projection, and judges an unsettled run's
+owner as a listing does (``interrupted``, ADR 0086).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import journaled
+from journaled.actors.ownership import owner_stopped
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.run_state import fold_run
 from journaled.testing import wait_for
@@ -136,8 +138,18 @@ def _mix(
     return ids
 
 
-def expected(rt: journaled.Runtime) -> dict[str, tuple[object, ...]]:
-    """Fold every event of every run: (status, goal, steps done, total, calls used) by run id."""
+def running_or_interrupted(rt: journaled.Runtime, run_id: str, owner: str, last_at: int) -> str:
+    """Judge an unsettled run as the runtime's listing does: its owner stopped or not (0086)."""
+    here = rt.runs.executing_here(run_id)
+    return "interrupted" if owner_stopped(owner, last_at, rt.runs._clock(), here) else "running"
+
+
+def expected(rt: journaled.Runtime, *, judge: bool = True) -> dict[str, tuple[object, ...]]:
+    """Fold every event of every run: (status, goal, steps done, total, calls used) by run id.
+
+    ``judge``: an unsettled run whose owner stopped is ``interrupted``, as ``runs.list`` says;
+    without it, ``running``, as a projection read without a judge says.
+    """
     out: dict[str, tuple[object, ...]] = {}
     for run_id in rt.runs.ids():
         history = rt.runs.history(run_id)
@@ -149,8 +161,20 @@ def expected(rt: journaled.Runtime) -> dict[str, tuple[object, ...]]:
             orch_status: str = orch.status or (
                 "waiting_for_clarification" if orch.question else "running"
             )
-            done = 0 if last is None else _done(last.status)
-            total = 0 if last is None else len(last.order)
+            let_go = orch.suspended is not None or (
+                last is not None and last.suspended is not None and last.finished is None
+            )
+            if orch_status == "running" and let_go:
+                orch_status = "suspended"
+            elif orch_status == "running" and judge:
+                last_at = max([orch.last_at, *(r.last_at for r in runs)])
+                orch_status = running_or_interrupted(rt, run_id, orch.owner, last_at)
+            planned = orch.plans[max(orch.plans)] if orch.plans else None
+            if planned is not None and (max(orch.plans) > len(runs) or last is None):
+                done, total = 0, len(planned.steps)  # a settled plan not started yet (T2)
+            else:
+                done = 0 if last is None else _done(last.status)
+                total = 0 if last is None else len(last.order)
             calls = sum(r.calls_used for r in runs)
             out[run_id] = (orch_status, orch.started.goal, done, total, calls)
             continue
@@ -165,6 +189,8 @@ def expected(rt: journaled.Runtime) -> dict[str, tuple[object, ...]]:
             status = "suspended"
         elif state.forked is not None and state.resumptions == 0:
             status = "forked"
+        elif judge:
+            status = running_or_interrupted(rt, run_id, state.owner, state.last_at)
         else:
             status = "running"
         goal = "" if state.purged else state.started.plan.goal

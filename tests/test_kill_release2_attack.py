@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # run as the child script
     sys.path.insert(0, str(HERE))
 
-from run_mix import expected, listed  # noqa: E402
+from run_mix import expected, listed, running_or_interrupted  # noqa: E402
 
 import journaled  # noqa: E402
 from journaled import AgentResult, NeedsInput, Plan, Step  # noqa: E402
@@ -380,7 +380,7 @@ def _plain_fold(rt: journaled.Runtime) -> dict[str, tuple[object, ...]]:
             continue
         state = fold_run(history)
         assert state.started is not None
-        status = "running"
+        status = running_or_interrupted(rt, run_id, state.owner, state.last_at)
         if state.purged is not None:
             status = "purged"
         elif state.finished is not None:
@@ -610,7 +610,8 @@ def test_cancel_at_rest_killed_anywhere_is_cancelled_or_still_resumable(
     durable_url: str, tmp_path: Path
 ) -> None:
     """E5/R3/R8: SIGKILL at random points of cancels of waiting runs: each run is cancelled or
-    still takes an answer or a new cancel; none stays running once its process is dead."""
+    still takes an answer or a new cancel; none stays running once its process is dead (one
+    left mid-cancel is interrupted, ADR 0086)."""
     seed = 13 if durable_url.startswith("sqlite") else 17
     for n, delay in enumerate(_delays(seed, 3, 0.001, 0.3)):
         url, work = _fresh(durable_url, tmp_path, n)
@@ -623,7 +624,7 @@ def test_cancel_at_rest_killed_anywhere_is_cancelled_or_still_resumable(
             check_summaries(rt)
             for i, run_id in enumerate(runs):
                 status = rt.runs.summary(run_id).status
-                assert status in ("cancelled", "waiting_for_input", "running"), status
+                assert status in ("cancelled", "waiting_for_input", "interrupted"), status
                 if status == "waiting_for_input" and i % 2 == 0:
                     result = rt.resume(run_id, answers={"q": "eu"})
                     assert isinstance(result, journaled.ExecuteResult)
@@ -655,7 +656,7 @@ def test_resume_with_answers_killed_anywhere_finishes_with_the_answer(
                 status = rt.runs.summary(run_id).status
                 if status == "waiting_for_input":
                     rt.resume(run_id, answers={"q": "eu"})
-                elif status == "running":
+                elif status == "interrupted":  # taken up by the killed process (ADR 0086)
                     rt.resume(run_id)
                 result = rt.runs.current(run_id)
                 assert result.ok, (run_id, status)
