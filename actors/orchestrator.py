@@ -99,7 +99,7 @@ _DRIVEN_IN_PROCESS: set[str] = set()
 
 
 def driven_in_process(run_id: str) -> bool:
-    """Tell whether an ``orchestrate`` or ``resume`` of this process drives it now (T2, 0086)."""
+    """Tell whether an ``orchestrate`` or ``resume`` of this process drives it now (T2, 0088)."""
     with _IN_PROCESS_LOCK:
         return run_id in _DRIVEN_IN_PROCESS
 

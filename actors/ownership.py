@@ -12,7 +12,7 @@ first asks whether its owner is alive:
   the lease is three heartbeats.
 
 The same rules tell a run listing whether an unsettled run still executes (SPEC T2): one whose
-owner stopped is ``interrupted`` (:func:`owner_stopped`, ADR 0086).
+owner stopped is ``interrupted`` (:func:`owner_stopped`, ADR 0088).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ def owner_stopped(owner: str, last_seen: int, now: int, executing_here: bool = F
     """Tell whether an unsettled run's owner has stopped executing it (T2 ``interrupted``).
 
     The rules a resume lives by (:func:`owner_alive`, ADR 0011), so ``interrupted`` means "a
-    resume takes it over without ``take_over``" (ADR 0086):
+    resume takes it over without ``take_over``" (ADR 0088):
 
     - no owner recorded (journals before owners): never judged stopped;
     - this very process: stopped when none of its runtimes executes the run

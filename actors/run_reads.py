@@ -58,7 +58,7 @@ class RunReads:
         """The run-summary projection behind :meth:`list` (T2, ADR 0037)."""
         self.executing_here: Callable[[str], bool] = lambda _: False
         """Whether a runtime of this process executes (or drives) a run now: a run this
-        process owns that none does is interrupted once silent for the lease (ADR 0086). The
+        process owns that none does is interrupted once silent for the lease (ADR 0088). The
         runtime sets it."""
         self.summaries.owner_gone = owner_judge(clock, self._executing_here)
         self.summaries_writable = True

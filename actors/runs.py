@@ -162,7 +162,7 @@ def _holds_in_process(run_id: str) -> int:
 
 
 def executing_in_process(run_id: str) -> bool:
-    """Tell whether a runtime of this process executes the run now (R8; T2, ADR 0086)."""
+    """Tell whether a runtime of this process executes the run now (R8; T2, ADR 0088)."""
     return _holds_in_process(run_id) > 0
 
 

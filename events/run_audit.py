@@ -276,7 +276,7 @@ class RunWhy:
     def __init__(self, run_id: str, *, interrupted: bool = False) -> None:
         self.run_id = run_id
         self.interrupted = interrupted
-        """Judged by the run listing, not folded: its owner stopped executing it (ADR 0086)."""
+        """Judged by the run listing, not folded: its owner stopped executing it (ADR 0088)."""
         self.state = RunState()
         self.timeline: list[str] = []
         """One line per described event so far."""
@@ -509,7 +509,7 @@ def explain_orchestration(
     Its head names the status the run listing shows (T2): the status it stopped at, else
     ``suspended`` (its own ``orchestration.suspended``, ADR 0087, or in journals before it, its
     pass's suspension), else ``interrupted`` when ``interrupted`` (the ids the listing judged
-    so, now: ADR 0086) holds it, else ``running``; a pass in ``interrupted`` is explained so.
+    so, now: ADR 0088) holds it, else ``running``; a pass in ``interrupted`` is explained so.
     """
     if not events:
         return f"no run {run_id} in this journal"

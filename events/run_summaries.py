@@ -12,7 +12,7 @@ and a snapshot folded before a purge is never stored after it (R2).
 One status is not folded but judged when read: time passing appends no event, so whether a
 ``running`` run's owner is still executing it is asked at each read, from its owner, its last
 event (heartbeats included) and the reader's clock (:attr:`RunSummaries.owner_gone`); a run
-whose owner stopped without ending it reads ``interrupted`` (ADR 0086).
+whose owner stopped without ending it reads ``interrupted`` (ADR 0088).
 """
 
 from __future__ import annotations
@@ -66,8 +66,8 @@ SCHEMA = 6
 """Bump when the stored projection changes incompatibly: older ones are then refolded.
 3: an orchestration's budget follows its resumes (2 kept the budget it started with).
 4: each run keeps its organization (ADR 0074).
-5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0086).
-6: an orchestration keeps the steps of its latest proposed plan (ADR 0086)."""
+5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0088).
+6: an orchestration keeps the steps of its latest proposed plan (ADR 0088)."""
 EVERY = object()
 """``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
 DEFAULT = object()
@@ -94,11 +94,11 @@ RUN_STATUSES: tuple[str, ...] = get_args(SummaryStatus)
 not yet resumed (F1); ``running``: started or resumed and not settled, its owner executing it
 as far as can be told; ``interrupted``: not settled, but its owner stopped without ending it
 (its process is gone, or it was silent past the lease): resumable (E14), judged when read
-(ADR 0086)."""
+(ADR 0088)."""
 OwnerGone = Callable[[str, str, int], bool]
 """``owner_gone(run_id, owner, last_at)``: whether an unsettled run's ``owner`` (``host/pid/
 start-time``) has stopped executing it, its last event (heartbeats included) being at
-``last_at`` epoch ms. Asked at each read, with the reader's clock (ADR 0086)."""
+``last_at`` epoch ms. Asked at each read, with the reader's clock (ADR 0088)."""
 _FINISHED = {
     "completed": "completed",
     "failed": "failed",
@@ -471,7 +471,7 @@ def _summaries(
             and t.owner
             and owner_gone(run_id, t.owner, latest.last_at)
         ):
-            status = "interrupted"  # judged now, not folded: no event says time passed (0086)
+            status = "interrupted"  # judged now, not folded: no event says time passed (0088)
         out[run_id] = RunSummary(
             run_id=run_id,
             kind=_first_event(t),
@@ -596,7 +596,7 @@ class RunSummaries:
         self.owner_gone: OwnerGone | None = None
         """Judges, at each read, whether a ``running`` run's owner stopped executing it (then
         it reads ``interrupted``); None: never judged. A runtime and the command line set it
-        (``actors.ownership.owner_stopped`` with their clock, ADR 0086)."""
+        (``actors.ownership.owner_stopped`` with their clock, ADR 0088)."""
         self._lock = threading.Lock()
         self._runs: dict[str, _Tracked] | None = None
         self._position = 0

@@ -90,7 +90,7 @@ def open_journal(ctx: click.Context) -> Iterator[Journal]:
 
 def run_summaries(journal: Journal) -> RunSummaries:
     """Return the run-summary projection of a journal opened alone (T2), judging with the wall
-    clock whether a ``running`` run's owner still executes it (``interrupted``, ADR 0086)."""
+    clock whether a ``running`` run's owner still executes it (``interrupted``, ADR 0088)."""
     from journaled.actors.clock import system_clock
     from journaled.actors.ownership import owner_judge
     from journaled.events.run_summaries import RunSummaries

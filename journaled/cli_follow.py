@@ -29,7 +29,7 @@ _BAR_WIDTH = 40
 UNSETTLED = frozenset({"running", "forked"})
 """Statuses ``runs follow`` keeps following: a fork is followed until it is resumed and settles.
 ``interrupted`` settles it: the run's owner stopped, and nothing more comes until a resume
-(judged at each check, so it settles without an append, ADR 0086)."""
+(judged at each check, so it settles without an append, ADR 0088)."""
 
 
 class _Events:

@@ -277,7 +277,7 @@ class Runtime:
             self._journal, self.runs, clock or system_clock, self._directory
         )
         # A run this process owns is interrupted only once none of its runtimes executes or
-        # drives it (T2, ADR 0086).
+        # drives it (T2, ADR 0088).
         self.runs.executing_here = lambda run_id: (
             executing_in_process(run_id) or driven_in_process(run_id)
         )

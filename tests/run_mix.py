@@ -3,7 +3,7 @@
 ``build`` runs it in this process or in a child (``python run_mix.py URL [--kill]``); ``expected``
 folds every event of every run from the journal with the per-run folds (RunState,
 OrchestrationState), independently of the run-summary projection, and judges an unsettled run's
-owner as a listing does (``interrupted``, ADR 0086).
+owner as a listing does (``interrupted``, ADR 0088).
 """
 
 from __future__ import annotations
@@ -139,7 +139,7 @@ def _mix(
 
 
 def running_or_interrupted(rt: journaled.Runtime, run_id: str, owner: str, last_at: int) -> str:
-    """Judge an unsettled run as the runtime's listing does: its owner stopped or not (0086)."""
+    """Judge an unsettled run as the runtime's listing does: its owner stopped or not (0088)."""
     here = rt.runs.executing_here(run_id)
     return "interrupted" if owner_stopped(owner, last_at, rt.runs._clock(), here) else "running"
 

@@ -611,7 +611,7 @@ def test_cancel_at_rest_killed_anywhere_is_cancelled_or_still_resumable(
 ) -> None:
     """E5/R3/R8: SIGKILL at random points of cancels of waiting runs: each run is cancelled or
     still takes an answer or a new cancel; none stays running once its process is dead (one
-    left mid-cancel is interrupted, ADR 0086)."""
+    left mid-cancel is interrupted, ADR 0088)."""
     seed = 13 if durable_url.startswith("sqlite") else 17
     for n, delay in enumerate(_delays(seed, 3, 0.001, 0.3)):
         url, work = _fresh(durable_url, tmp_path, n)
@@ -656,7 +656,7 @@ def test_resume_with_answers_killed_anywhere_finishes_with_the_answer(
                 status = rt.runs.summary(run_id).status
                 if status == "waiting_for_input":
                     rt.resume(run_id, answers={"q": "eu"})
-                elif status == "interrupted":  # taken up by the killed process (ADR 0086)
+                elif status == "interrupted":  # taken up by the killed process (ADR 0088)
                     rt.resume(run_id)
                 result = rt.runs.current(run_id)
                 assert result.ok, (run_id, status)

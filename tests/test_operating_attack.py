@@ -363,7 +363,7 @@ threading.Event().wait(120)
 
 def test_a_writer_killed_mid_run_after_storing_the_projection(sqlite_url: str) -> None:
     """T2/E14: SIGKILLed mid-step right after storing the projection, a run folds as running
-    with its steps done so far and lists as interrupted, its owner gone (ADR 0086); after a
+    with its steps done so far and lists as interrupted, its owner gone (ADR 0088); after a
     resume in another process every reader (a warm runtime, the CLI, a cold projection from the
     stored copy) shows it completed, equal to a fold."""
     child = _popen([sys.executable, "-c", _KILLED, sqlite_url])
@@ -717,7 +717,7 @@ threading.Event().wait(120)
 def test_follow_of_a_killed_driver_settles_interrupted_then_completed_once_resumed(
     sqlite_url: str,
 ) -> None:
-    """T2/E14/ADR 0086: `runs follow` of a run whose driving process is SIGKILLed settles on
+    """T2/E14/ADR 0088: `runs follow` of a run whose driving process is SIGKILLed settles on
     interrupted (exit 8: unsettled and resumable, not failed), and a follow after a third
     process resumed it to the end exits 0 (completed)."""
     driver = _popen([sys.executable, "-c", _DRIVER, sqlite_url])

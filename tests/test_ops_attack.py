@@ -827,7 +827,7 @@ def test_a_release2_journal_is_listed_and_time_travelled(
     listed = _cli(url, "runs", "list", "--json")
     assert listed.returncode == 0, listed.stderr
     status = {r["run_id"]: r["status"] for r in json.loads(listed.stdout)}
-    # "wide" crashed mid-run when release 2 wrote it: its owner is long gone (ADR 0086).
+    # "wide" crashed mid-run when release 2 wrote it: its owner is long gone (ADR 0088).
     assert status == {runs["chain"]: "completed", runs["wide"]: "interrupted"}
     with journaled.open(url, clock=journaled.testing.ManualClock(start=1_800_000_000_000)) as rt:
         register_tools(rt)

@@ -1,4 +1,4 @@
-"""Run summaries tell the truth (SPEC T2, R3, R5; ADR 0086, ADR 0087): interrupted runs,
+"""Run summaries tell the truth (SPEC T2, R3, R5; ADR 0088, ADR 0087): interrupted runs,
 settled plans, suspended orchestrations, in ``rt.runs.list``, ``runs.why`` and the command line,
 on real SQLite files and real child processes."""
 
@@ -117,7 +117,7 @@ def child(tmp_path: Path, sqlite_url: str) -> Iterator[tuple[subprocess.Popen[by
 def test_a_run_whose_process_was_killed_lists_as_interrupted_everywhere(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    """T2, E14, ADR 0086: SIGKILLed mid-step, a run is `interrupted` in runs.list (and its
+    """T2, E14, ADR 0088: SIGKILLed mid-step, a run is `interrupted` in runs.list (and its
     status filter), runs.summary, runs.why's head, `runs list` and `runs follow` (exit 8); a
     resume carries it on to completed."""
     run_id = _kill_mid_step(tmp_path, sqlite_url)
@@ -147,7 +147,7 @@ def test_a_run_whose_process_was_killed_lists_as_interrupted_everywhere(
 def test_a_run_in_a_live_process_stays_running_then_follow_settles_when_it_is_killed(
     sqlite_url: str, child: tuple[subprocess.Popen[bytes], str]
 ) -> None:
-    """T2, ADR 0086: a slow step of a live process on this host is `running` whatever the
+    """T2, ADR 0088: a slow step of a live process on this host is `running` whatever the
     reader's clock says (no false alarm); `runs follow` keeps following, and settles on
     `interrupted` (exit 8) once the process is SIGKILLed, though nothing is appended."""
     proc, run_id = child
@@ -187,7 +187,7 @@ def test_a_run_in_a_live_process_stays_running_then_follow_settles_when_it_is_ki
 def test_an_owner_on_another_host_is_interrupted_once_silent_past_the_lease(
     tmp_path: Path, sqlite_url: str
 ) -> None:
-    """T2, ADR 0011, ADR 0086: an owner whose process cannot be checked (another host) is
+    """T2, ADR 0011, ADR 0088: an owner whose process cannot be checked (another host) is
     judged by its last heartbeat and the reader's clock: `running` up to the lease after it,
     `interrupted` from then on (ManualClock)."""
     marker = tmp_path / "b.inflight"
@@ -222,7 +222,7 @@ def test_an_owner_on_another_host_is_interrupted_once_silent_past_the_lease(
 
 
 def test_a_run_of_this_process_is_interrupted_only_when_no_runtime_executes_it() -> None:
-    """T2, ADR 0011, ADR 0086: an owner that is this very process is stopped only when none of
+    """T2, ADR 0011, ADR 0088: an owner that is this very process is stopped only when none of
     its runtimes executes the run and the run was silent for the lease; no owner, never."""
     me = this_process()
     assert not owner_stopped(me, 0, 10 * LEASE_MS, executing_here=True)

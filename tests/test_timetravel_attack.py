@@ -301,7 +301,7 @@ def test_a_run_killed_mid_step_twice_time_travels_and_lists_right(
 ) -> None:
     """O7/R5/T2: a run SIGKILLed mid-step, resumed and killed again, then resumed to the end:
     at every position runs.at is a plain fold, the fold says running and runs.list interrupted
-    while nobody runs it (ADR 0086), completed once it did; the step that was in flight ran
+    while nobody runs it (ADR 0088), completed once it did; the step that was in flight ran
     again (E14, at-least-once)."""
     script = _script(tmp_path, "killed.py", _KILLED)
     started = _run(script, durable_url, "start")

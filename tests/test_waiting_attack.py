@@ -87,7 +87,7 @@ def kinds(rt: journaled.Runtime, run_id: str) -> list[str]:
 
 def summary_status(state: RunState, interrupted: bool = False) -> str:
     """The T2 status a run's folded state stands for (ADR 0037); ``interrupted``: its owner
-    was judged stopped (ADR 0086)."""
+    was judged stopped (ADR 0088)."""
     if state.purged is not None:
         return "purged"
     if state.finished is not None:
@@ -579,7 +579,7 @@ def test_killed_while_the_answered_step_runs_the_answer_survives(
     sqlite_url: str, tmp_path: Path
 ) -> None:
     """E14/R4: a process resumes a waiting run with an answer and is SIGKILLed while the
-    answered step is in flight. A new process sees the run interrupted (ADR 0086) with that
+    answered step is in flight. A new process sees the run interrupted (ADR 0088) with that
     step in flight and the answer journaled; answering it again is refused (it no longer
     waits), and a plain resume re-runs the step with the journaled answer (at-least-once),
     never asking again."""
