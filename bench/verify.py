@@ -1,10 +1,11 @@
 """Benchmark of `journal verify`: the digest chain alone, and with the snapshots checked (R7).
 
 Builds a SQLite journal of N remembered facts (default 10,000) through a runtime, snapshots
-memory, then times the chain check (``Journal.verify``) and the full check that also folds
-memory's events to compare them with the snapshot (``snapshot_audit.verify``), alternately over
-several rounds; prints the medians and the snapshot check's extra time. Run
-``python bench/verify.py`` (``--facts`` to change N).
+memory (the runtime may have taken automatic snapshots too: the count checked is printed), then
+times the chain check (``Journal.verify``) and the full check that also folds memory's events to
+compare them with each snapshot (``snapshot_audit.verify``), alternately over several rounds;
+prints the medians and the snapshot check's extra time. Run ``python bench/verify.py``
+(``--facts`` to change N).
 """
 
 from __future__ import annotations
@@ -60,11 +61,14 @@ def main() -> None:
                 report = verify(journal)
                 full.append(time.perf_counter() - start)
                 assert report.ok, report
-                assert report.snapshots == 1, report
+                assert report.snapshots >= 1, report
         finally:
             journal.close()
     c, f = statistics.median(chain), statistics.median(full)
-    print(f"{report.events} events, {args.facts} facts, 1 memory snapshot, {args.rounds} rounds")
+    print(
+        f"{report.events} events, {args.facts} facts, {report.snapshots} memory snapshots checked, "
+        f"{args.rounds} rounds"
+    )
     print(f"chain only        {c * 1000:8.0f} ms")
     print(f"chain + snapshots {f * 1000:8.0f} ms  (+{(f - c) * 1000:.0f} ms, {f / c:.2f}x)")
 
