@@ -257,40 +257,53 @@ def _reading(rt: journaled.Runtime, ran: list[str]) -> None:
     rt.register_skill("s", lambda x: f"s({x})")
 
 
-def _started(rt: journaled.Runtime, run_id: str, step_id: str) -> int:
+def _release(
+    rt: journaled.Runtime, ran: list[str], *steps: Step, **execute: Any
+) -> journaled.ExecuteResult:
+    """Register ``_reading``'s tools, remember that the deploy region is eu-west and execute a
+    release plan of ``steps``."""
+    _reading(rt, ran)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    return rt.execute(Plan(goal="release", steps=list(steps)), **execute)
+
+
+def _region_moves(rt: journaled.Runtime) -> None:
+    """The deploy region becomes us-east: a step that read it is stale."""
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+
+
+_A_B_C = (
+    Step("a", tool="t", input=0),
+    Step("b", tool="region", input="deploy region", depends_on=["a"]),
+    Step("c", tool="t", input=1, depends_on=["b"]),
+)
+"""a reads nothing, b reads the deploy region after a, c follows b."""
+
+
+def _position(
+    rt: journaled.Runtime,
+    run_id: str,
+    event: type[StepStarted | StepSucceeded],
+    step_id: str,
+    attempt: int | None = None,
+) -> int:
+    """The position of the run's first ``event`` of ``step_id`` (of that attempt, if named)."""
     return next(
         e.position
         for e in rt.runs.history(run_id)
-        if isinstance(e.data, StepStarted) and e.data.step_id == step_id
-    )
-
-
-def _succeeded(rt: journaled.Runtime, run_id: str, step_id: str) -> int:
-    return next(
-        e.position
-        for e in rt.runs.history(run_id)
-        if isinstance(e.data, StepSucceeded) and e.data.step_id == step_id
+        if isinstance(e.data, event)
+        and e.data.step_id == step_id
+        and attempt in (None, e.data.attempt)
     )
 
 
 def test_refresh_forks_just_before_the_earliest_stale_step(rt: journaled.Runtime) -> None:
     """P4, F1 (ADR 0086): refresh forks just before the stale step began; d, done later, re-runs."""
     ran: list[str] = []
-    _reading(rt, ran)
-    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
-    plan = Plan(
-        goal="release",
-        steps=[
-            Step("a", tool="t", input=0),
-            Step("b", tool="region", input="deploy region", depends_on=["a"]),
-            Step("c", tool="t", input=1, depends_on=["b"]),
-            Step("d", tool="t", input=2, depends_on=["a"]),
-        ],
-    )
-    run = rt.execute(plan).run_id
-    rt.memory.remember("The deploy region is us-east", conflict_key="region")
-    b_began = _started(rt, run, "b")
-    assert _succeeded(rt, run, "d") > b_began
+    run = _release(rt, ran, *_A_B_C, Step("d", tool="t", input=2, depends_on=["a"])).run_id
+    _region_moves(rt)
+    b_began = _position(rt, run, StepStarted, "b")
+    assert _position(rt, run, StepSucceeded, "d") > b_began
     fresh = rt.runs.refresh(run)
     assert rt.runs.lineage(fresh)[-1].at == b_began - 1
     state = rt.runs.state(fresh)
@@ -306,22 +319,12 @@ def test_refresh_forks_just_before_the_earliest_stale_step(rt: journaled.Runtime
 def test_refresh_is_before_the_stale_step_that_began_first(rt: journaled.Runtime) -> None:
     """P4 (ADR 0086): of two stale steps, refresh forks just before the one that began first."""
     ran: list[str] = []
-    _reading(rt, ran)
-    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
-    plan = Plan(
-        goal="release",
-        steps=[
-            Step("a", tool="t", input=0),
-            Step("b", tool="region", input="deploy region", depends_on=["a"]),
-            Step("c", tool="t", input=1, depends_on=["b"]),
-            Step("e", tool="region", input="region again", depends_on=["c"]),
-        ],
-    )
-    run = rt.execute(plan).run_id
-    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    again = Step("e", tool="region", input="region again", depends_on=["c"])
+    run = _release(rt, ran, *_A_B_C, again).run_id
+    _region_moves(rt)
     assert sorted(s.step_id for s in rt.runs.stale(run)) == ["b", "e"]
     fresh = rt.runs.refresh(run)
-    assert rt.runs.lineage(fresh)[-1].at == _started(rt, run, "b") - 1
+    assert rt.runs.lineage(fresh)[-1].at == _position(rt, run, StepStarted, "b") - 1
     ran.clear()
     assert _result(rt, fresh).ok
     assert "t:0" not in ran
@@ -330,8 +333,6 @@ def test_refresh_is_before_the_stale_step_that_began_first(rt: journaled.Runtime
 
 def test_refresh_is_before_the_attempt_whose_reads_stand(rt: journaled.Runtime) -> None:
     """P4 (ADR 0033, 0086): a retried stale step is refreshed from the attempt that stands."""
-    ran: list[str] = []
-    _reading(rt, ran)
     tries: list[str] = []
 
     def flaky(query: str, ctx: Any) -> str:
@@ -342,24 +343,17 @@ def test_refresh_is_before_the_attempt_whose_reads_stand(rt: journaled.Runtime) 
         return text
 
     rt.register_tool("flaky", flaky, retry=Retry(attempts=3, backoff=0.3))
-    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
-    plan = Plan(
-        goal="release",
-        steps=[
-            Step("a", tool="t", input=0),
-            Step("b", tool="flaky", input="deploy region", depends_on=["a"]),
-            Step("z", tool="t", input=9, depends_on=["a"]),
-        ],
+    run = _release(
+        rt,
+        [],
+        Step("a", tool="t", input=0),
+        Step("b", tool="flaky", input="deploy region", depends_on=["a"]),
+        Step("z", tool="t", input=9, depends_on=["a"]),
     )
-    run = rt.execute(plan)
     assert run.ok
-    rt.memory.remember("The deploy region is us-east", conflict_key="region")
-    second = next(
-        e.position
-        for e in rt.runs.history(run.run_id)
-        if isinstance(e.data, StepStarted) and e.data.step_id == "b" and e.data.attempt == 2
-    )
-    assert _succeeded(rt, run.run_id, "z") < second
+    _region_moves(rt)
+    second = _position(rt, run.run_id, StepStarted, "b", attempt=2)
+    assert _position(rt, run.run_id, StepSucceeded, "z") < second
     fresh = rt.runs.refresh(run.run_id)
     assert rt.runs.lineage(fresh)[-1].at == second - 1
     assert rt.runs.state(fresh).status == {"a": "succeeded", "b": "pending", "z": "succeeded"}
@@ -368,19 +362,15 @@ def test_refresh_is_before_the_attempt_whose_reads_stand(rt: journaled.Runtime) 
 def test_refresh_of_a_fork_whose_stale_step_was_carried(rt: journaled.Runtime) -> None:
     """P4, F1 (ADR 0062, 0086): a carried stale step is re-pended at the fork's first event."""
     ran: list[str] = []
-    _reading(rt, ran)
-    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
-    plan = Plan(
-        goal="release",
-        steps=[
-            Step("b", tool="region", input="deploy region"),
-            Step("c", tool="t", input=1, depends_on=["b"]),
-            Step("x", tool="t", input=2),
-        ],
-    )
-    run = rt.execute(plan).run_id
+    run = _release(
+        rt,
+        ran,
+        Step("b", tool="region", input="deploy region"),
+        Step("c", tool="t", input=1, depends_on=["b"]),
+        Step("x", tool="t", input=2),
+    ).run_id
     fork = rt.runs.fork(run)
-    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    _region_moves(rt)
     fresh = rt.runs.refresh(fork)
     link = rt.runs.lineage(fresh)[-1]
     assert (link.forked_from, link.at) == (fork, rt.runs.history(fork)[0].position)
@@ -395,21 +385,17 @@ def test_refresh_of_a_fork_whose_stale_step_was_carried(rt: journaled.Runtime) -
 
 def test_refresh_keeps_the_runs_latest_budget(rt: journaled.Runtime) -> None:
     """P4, F1, E14 (ADR 0086): a budget raised after the stale step began carries over."""
-    ran: list[str] = []
-    _reading(rt, ran)
-    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
-    plan = Plan(
-        goal="release",
-        steps=[
-            Step("b", tool="region", input="deploy region"),
-            Step("c", skill="s", input=1, depends_on=["b"]),
-            Step("d", skill="s", input=2, depends_on=["c"]),
-        ],
+    first = _release(
+        rt,
+        [],
+        Step("b", tool="region", input="deploy region"),
+        Step("c", skill="s", input=1, depends_on=["b"]),
+        Step("d", skill="s", input=2, depends_on=["c"]),
+        call_budget=1,
     )
-    first = rt.execute(plan, call_budget=1)
     assert first.stopped_for_budget
     assert _result(rt, first.run_id, call_budget=2).ok
-    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    _region_moves(rt)
     fresh = rt.runs.refresh(first.run_id)
     assert rt.runs.state(fresh).budget == 2
     result = _result(rt, fresh)
