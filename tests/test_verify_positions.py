@@ -135,36 +135,40 @@ def test_removing_a_whole_last_commit_is_reported_at_its_first_position(db_url: 
     _failed(verify(db_url), positions[0], "removed")
 
 
-@pytest.mark.parametrize("followed", [True, False], ids=["then-a-commit", "at-the-end"])
+def _four_event_commit(url: str, followed: bool) -> list[int]:
+    """Append a commit of one event, then one of four, whose positions are returned, then (if
+    ``followed``) one more of one event."""
+    journal = Journal(parse_url(url), codec())
+    try:
+        journal.append(_pendings("a", 1))
+        positions = journal.append(_pendings("b", 4))
+        if followed:
+            journal.append(_pendings("c", 1))
+    finally:
+        journal.close()
+    return positions
+
+
+_FOLLOWED = pytest.mark.parametrize("followed", [True, False], ids=["then-a-commit", "at-the-end"])
+"""The four-event commit is followed by another, or is the journal's last."""
+
+
+@_FOLLOWED
 def test_removing_an_event_inside_a_commit_is_reported_at_its_position(
     db_url: str, followed: bool
 ) -> None:
     """R7, ADR 0021: an event deleted from the middle of a four-event commit is named."""
-    journal = Journal(parse_url(db_url), codec())
-    try:
-        journal.append(_pendings("a", 1))
-        positions = journal.append(_pendings("b", 4))
-        if followed:
-            journal.append(_pendings("c", 1))
-    finally:
-        journal.close()
+    positions = _four_event_commit(db_url, followed)
     _delete(db_url, positions[1])
     _failed(verify(db_url), positions[1], "removed")
 
 
-@pytest.mark.parametrize("followed", [True, False], ids=["then-a-commit", "at-the-end"])
+@_FOLLOWED
 def test_removing_events_with_the_row_that_ends_their_commit_names_the_first(
     db_url: str, followed: bool
 ) -> None:
     """R7, ADR 0021: events deleted from a commit, its last row too, are named from the first."""
-    journal = Journal(parse_url(db_url), codec())
-    try:
-        journal.append(_pendings("a", 1))
-        positions = journal.append(_pendings("b", 4))
-        if followed:
-            journal.append(_pendings("c", 1))
-    finally:
-        journal.close()
+    positions = _four_event_commit(db_url, followed)
     _delete(db_url, positions[1], positions[3])
     reason = _failed(verify(db_url), positions[1], "removed")
     if _backend(db_url) == "sqlite":  # the record went with the last row: the rest is named
