@@ -512,6 +512,23 @@ def test_a_waiting_step_whose_disk_fills_still_waits_once_freed(disk: Path) -> N
         assert asked == [None, None, "blue"]
 
 
+def _scrub_owed_on_a_full_disk(rt: journaled.Runtime, disk: Path) -> Path:
+    """Remember a secret (marigold-4471) among filler facts and purge it while a reader holds old
+    data (its scrub held off), fill the disk, then let the reader go; return the file that fills
+    it."""
+    fact = rt.memory.remember("the vault code is marigold-4471")
+    for i in range(40):
+        rt.memory.remember(f"filler fact {i} " + "z" * 300)
+    reader = sqlite3.connect(disk / "journal.sqlite", isolation_level=None)
+    reader.execute("BEGIN")
+    reader.execute("SELECT count(*) FROM stored_events").fetchone()
+    assert rt.memory.purge(fact.id) is True
+    filler = fill(disk)
+    reader.execute("COMMIT")
+    reader.close()
+    return filler
+
+
 @needs_mount
 def test_a_scrub_on_a_full_disk_says_the_disk_is_full_and_scrubs_once_freed(disk: Path) -> None:
     """M10, R2, ADR 0081: a purge committed, its scrub held off by a reader, then the disk fills:
@@ -519,16 +536,7 @@ def test_a_scrub_on_a_full_disk_says_the_disk_is_full_and_scrubs_once_freed(disk
     once space is freed the scrub succeeds and the text is gone from every file."""
     url = url_on(disk)
     with journaled.open(url) as rt:
-        fact = rt.memory.remember("the vault code is marigold-4471")
-        for i in range(40):
-            rt.memory.remember(f"filler fact {i} " + "z" * 300)
-        reader = sqlite3.connect(disk / "journal.sqlite", isolation_level=None)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM stored_events").fetchone()
-        assert rt.memory.purge(fact.id) is True
-        filler = fill(disk)
-        reader.execute("COMMIT")
-        reader.close()
+        filler = _scrub_owed_on_a_full_disk(rt, disk)
         try:
             with pytest.raises(JournalFull):
                 rt.memory.scrub(timeout=1)
@@ -801,16 +809,7 @@ def test_a_close_with_a_scrub_owed_on_a_full_disk_says_the_disk_is_full(
     rt = journaled.open(url)
     filler: Path | None = None
     try:
-        fact = rt.memory.remember("the vault code is marigold-4471")
-        for i in range(40):
-            rt.memory.remember(f"filler fact {i} " + "z" * 300)
-        reader = sqlite3.connect(disk / "journal.sqlite", isolation_level=None)
-        reader.execute("BEGIN")
-        reader.execute("SELECT count(*) FROM stored_events").fetchone()
-        assert rt.memory.purge(fact.id) is True
-        filler = fill(disk)
-        reader.execute("COMMIT")
-        reader.close()
+        filler = _scrub_owed_on_a_full_disk(rt, disk)
         assert rt.memory.scrub_pending is True
         with caplog.at_level("WARNING", logger="journaled"):
             rt.close()
