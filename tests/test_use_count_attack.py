@@ -20,17 +20,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-import msgspec
 from crash import run_script
+from test_close_race_attack import _event, _journal
 
 import journaled.events.journal as journal_module
 from journaled.events import interrupts
-from journaled.events.base import Pending
-from journaled.events.catalog import codec
-from journaled.events.journal import Journal
-from journaled.events.plans import Observation
-from journaled.events.runs import StepSucceeded
-from journaled.events.url import parse_url
 
 LOCK_WAIT = 0.5
 """The journals' lock wait: their close waits at most 10 s (5 s + 5 s) for calls under way."""
@@ -38,23 +32,6 @@ PROMPT = 2.0
 """Seconds within which a close with no call under way on another thread returns."""
 OWN = {journal_module.__file__, interrupts.__file__}
 """The files of the code that counts a call in and out."""
-
-
-def _journal(url: str) -> Journal:
-    return Journal(msgspec.structs.replace(parse_url(url), lock_wait=LOCK_WAIT), codec())
-
-
-def _event(version: int) -> Pending:
-    return Pending(
-        stream="s",
-        version=version,
-        data=StepSucceeded(
-            at=1_700_000_000_000 + version,
-            step_id=f"v{version}",
-            attempt=1,
-            observation=Observation(step_id=f"v{version}", ok=True, output=version),
-        ),
-    )
 
 
 # -- storms of real signals, in a child process --------------------------------------------------
@@ -228,7 +205,7 @@ def test_an_exception_at_any_opcode_of_the_count_leaves_no_call_counted(sqlite_u
     """R3/ADR 0080: an exception raised at each opcode and function entry of the code that
     counts a read in and out, in turn, leaves no call counted after it, and a close from
     another thread then returns at once (a handler cut the count's lock or its sums)."""
-    j = _journal(sqlite_url)
+    j = _journal(sqlite_url, LOCK_WAIT)
     j.append([_event(1)])
     wrong: list[str] = []
     k = 0
@@ -239,7 +216,7 @@ def test_an_exception_at_any_opcode_of_the_count_leaves_no_call_counted(sqlite_u
             break
         if j._users != 0:
             wrong.append(f"{where}: {j._users} counted")
-            j = _journal(sqlite_url)  # a fresh count for the next landing
+            j = _journal(sqlite_url, LOCK_WAIT)  # a fresh count for the next landing
     assert k > 100, k  # every opcode was reached
     assert wrong == [], wrong
     closer = threading.Thread(target=j.close, daemon=True)
@@ -256,7 +233,7 @@ def test_a_call_whose_exit_was_cut_is_not_waited_for_but_another_threads_call_is
     """R3/ADR 0080: after an exception landed as a read's ``__exit__`` was entered (where a
     signal's handler runs before its first line), a close from another thread still waits for
     a call under way on a third thread, and returns as soon as that one ends."""
-    j = _journal(sqlite_url)
+    j = _journal(sqlite_url, LOCK_WAIT)
     j.append([_event(1)])
 
     def tracer(frame: FrameType, event: str, arg: Any) -> Any:
