@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -90,11 +91,14 @@ def _kill_mid_step(tmp_path: Path, url: str, **extra: object) -> str:
     return _only_run(url)
 
 
-@pytest.fixture
-def child(tmp_path: Path, sqlite_url: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
-    """A child process executing the blocking plan, its step b in flight; killed at the end."""
+@contextmanager
+def _child_in_flight(
+    tmp_path: Path, url: str, **extra: object
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A child process executing the blocking plan, once its step b is in flight (or it exited
+    first); killed at the end."""
     marker = tmp_path / "b.inflight"
-    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
+    cfg = json.dumps({"url": url, "marker": str(marker), **extra})
     proc = subprocess.Popen(
         [sys.executable, "-c", CHILD, cfg],
         cwd=ROOT,
@@ -103,12 +107,19 @@ def child(tmp_path: Path, sqlite_url: str) -> Iterator[tuple[subprocess.Popen[by
     )
     try:
         wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
-        assert proc.poll() is None, "the child exited before its step was in flight"
-        yield proc, _only_run(sqlite_url)
+        yield proc
     finally:
         if proc.poll() is None:
             proc.kill()
         proc.wait(WAIT)
+
+
+@pytest.fixture
+def child(tmp_path: Path, sqlite_url: str) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A child process executing the blocking plan, its step b in flight; killed at the end."""
+    with _child_in_flight(tmp_path, sqlite_url) as proc:
+        assert proc.poll() is None, "the child exited before its step was in flight"
+        yield proc, _only_run(sqlite_url)
 
 
 # -- 1. a run whose process died is interrupted, not running ----------------------------------
@@ -190,20 +201,10 @@ def test_an_owner_on_another_host_is_interrupted_once_silent_past_the_lease(
     """T2, ADR 0011, ADR 0088: an owner whose process cannot be checked (another host) is
     judged by its last heartbeat and the reader's clock: `running` up to the lease after it,
     `interrupted` from then on (ManualClock)."""
-    marker = tmp_path / "b.inflight"
-    cfg = json.dumps({"url": sqlite_url, "marker": str(marker), "elsewhere": True})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, cfg],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+    with _child_in_flight(tmp_path, sqlite_url, elsewhere=True) as proc:
         run_id = _only_run(sqlite_url)
         with journaled.open(sqlite_url) as rt:
             wait_for(lambda: any(e.kind == "run.heartbeat" for e in rt.runs.history(run_id)), WAIT)
-    finally:
         proc.send_signal(signal.SIGKILL)
         assert proc.wait(WAIT) == -signal.SIGKILL
     clock = ManualClock()
