@@ -129,6 +129,11 @@ class Semantic:
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             caught_up = self._catch_up()
+            gone = self.cache.purged(c.id for c in candidates)
+            if gone:
+                # Purged by another process, which memory has not folded yet: its text is
+                # never sent to the embedder, nor its vector kept (R2).
+                candidates = [c for c in candidates if c.id not in gone]
             keys = {c.id: self._digest(c) for c in candidates}
             known = self._cached(list(keys.values()))
             need: dict[bytes, str] = {}
@@ -297,15 +302,17 @@ class Semantic:
         vectors: dict[bytes, list[float]],
         caught_up: int | None,
     ) -> None:
-        """Cache fresh vectors; then drop any of a fact another process purged since the catch-up
-        (R2). A cache that cannot be written now is skipped: the answer does not need it."""
+        """Cache fresh vectors, with any an earlier write could not store; then drop any of a
+        fact another process purged since the catch-up (R2). A cache that cannot be written now
+        keeps them in memory for a later write: the answer does not need it. Without a
+        catch-up nothing is written, since nothing would vouch for the rows afterwards."""
         entries = [
             (c.id, keys[c.id], vectors[keys[c.id]]) for c in candidates if keys[c.id] in vectors
         ]
-        if not entries:
+        if not entries and not self.cache.owes_writes:
             return
         try:
-            self.cache.put(self._model, entries)
+            self.cache.put(self._model, entries, write=caught_up is not None)
             if self.cache.path is not None and caught_up is not None:
                 self.cache.forget_purged(self._journal, caught_up)
         except (sqlite3.Error, OSError):

@@ -336,11 +336,6 @@ def test_a_semantic_search_on_a_full_disk_answers_as_with_space(disk: Path) -> N
 
 
 @needs_mount
-@pytest.mark.xfail(
-    strict=True,
-    reason="vectors embedded while the cache file was unwritable stay in the in-memory memo "
-    "only and are never written once space is freed: the next runtime embeds them again",
-)
 def test_vectors_embedded_on_a_full_disk_reach_the_file_cache_once_freed(disk: Path) -> None:
     """M7, ADR 0048: fact vectors embedded while the disk was full are written to the file
     cache once space is freed, so a runtime opened later embeds only the query."""
@@ -355,6 +350,42 @@ def test_vectors_embedded_on_a_full_disk_reach_the_file_cache_once_freed(disk: P
     later = Tiny()
     with journaled.open(url, embedder=later) as rt:
         rt.memory.search_semantic("sea sea sea", limit=5)
+    assert later.calls == 1  # the query alone
+
+
+@needs_mount
+def test_vectors_held_back_on_a_full_disk_skip_a_fact_another_process_purged(
+    disk: Path,
+) -> None:
+    """R2, M10, ADR 0081 update: vectors a full disk held back are written once it has room,
+    after the cache applied the journal's purges: a fact another process purged meanwhile
+    reaches neither the file nor a later runtime, and the others are not embedded again."""
+    url = url_on(disk)
+    with journaled.open(url, embedder=Tiny()) as rt:
+        facts = [rt.memory.remember(f"{'sea ' * (i % 5)} item {i}") for i in range(12)]
+        filler = fill(disk)
+        rt.memory.search_semantic("sea sea sea", limit=5)
+        filler.unlink()
+        gone = facts[4]
+        # The other process searches too, with the same model: the file's position moves past
+        # the purge, so no catch-up of this runtime's would read it from there.
+        purge = (
+            "import sys, journaled\n"
+            f"sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+            "from test_disk_full_attack import Tiny\n"
+            f"with journaled.open({url!r}, embedder=Tiny()) as rt:\n"
+            f"    rt.memory.purge({gone.id!r})\n"
+            "    rt.memory.search_semantic('sea', limit=5)\n"
+        )
+        done = subprocess.run([sys.executable, "-c", purge], timeout=WAIT, check=False)
+        assert done.returncode == 0
+        rt.memory.search_semantic("sea", limit=5)
+    with sqlite3.connect(disk / "journal.sqlite.vectors") as db:
+        linked = {row[0] for row in db.execute("SELECT fact_id FROM facts")}
+    assert linked == {f.id for f in facts} - {gone.id}
+    later = Tiny()
+    with journaled.open(url, embedder=later) as rt:
+        assert gone.id not in {f.id for f in rt.memory.search_semantic("sea", limit=20)}
     assert later.calls == 1  # the query alone
 
 

@@ -64,6 +64,16 @@ def _ids(facts: list[journaled.Fact]) -> list[str]:
     return [f.id for f in facts]
 
 
+def _await_purge(rt: journaled.Runtime, fact_id: str) -> None:
+    """Wait until memory has folded another process's purge of ``fact_id``: it polls the
+    journal every ``follow`` seconds, so a search right after the other process returned may
+    still see the fact, in BM25 as anywhere."""
+    deadline = time.monotonic() + 30
+    while rt.memory.get(fact_id) is not None:
+        assert time.monotonic() < deadline, f"memory never folded the purge of {fact_id}"
+        time.sleep(0.01)
+
+
 # -- an OpenAI-compatible server on 127.0.0.1 ------------------------------------------------------
 
 
@@ -409,6 +419,7 @@ def test_a_purge_by_another_process_reaches_an_open_runtimes_cache(
         )
         done = subprocess.run([sys.executable, str(script)], cwd=ROOT, timeout=60, check=False)
         assert done.returncode == 0
+        _await_purge(rt, gone.id)
         assert _ids(rt.memory.search_semantic("cat")) == [kept.id]
         assert _ids(rt.memory.search_hybrid("cat")) == [kept.id]
         assert all("cat secret plan" not in t for c in embedder.calls[1:] for t in c)
@@ -417,6 +428,46 @@ def test_a_purge_by_another_process_reaches_an_open_runtimes_cache(
     with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
         assert _ids(rt.memory.search_semantic("cat")) == [kept.id]
     assert {d for _, d, _ in _rows(cache)} == {digest("cat dog")}
+    assert b"cat secret plan" not in cache.read_bytes()
+
+
+def test_a_purge_the_file_applied_before_this_runtime_looked_is_never_written_back(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2, M10, ADR 0065 update: another process purges a fact and moves the cache file's
+    position past the purge with a search of its own; this runtime, whose memory has not
+    folded the purge (it does not follow the journal), searches next. The purged text is
+    neither embedded nor written back to the file, now or by a later runtime."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        gone = rt.memory.remember("cat secret plan")
+        kept = rt.memory.remember("cat dog")
+        script = _write_script(
+            tmp_path / "purge.py",
+            f"""
+            import journaled
+            from journaled.testing import KeywordEmbedder
+
+            class Named(KeywordEmbedder):
+                model = {NamedEmbedder.model!r}
+
+            with journaled.open({url!r}, embedder=Named({WORDS!r})) as rt:
+                assert rt.memory.purge({gone.id!r}, reason="asked to forget")
+                assert [f.id for f in rt.memory.search_semantic("cat")] == [{kept.id!r}]
+            """,
+        )
+        done = subprocess.run([sys.executable, str(script)], cwd=ROOT, timeout=60, check=False)
+        assert done.returncode == 0
+        assert rt.memory.get(gone.id) is not None  # not followed: memory still holds it
+        rt.memory.search_semantic("cat")
+        assert gone.id not in _linked(cache)
+        assert digest("cat secret plan") not in {d for _, d, _ in _rows(cache)}
+        assert all("cat secret plan" not in t for c in embedder.calls for t in c)
+    with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
+        assert _ids(rt.memory.search_semantic("cat")) == [kept.id]
+    assert gone.id not in _linked(cache)
     assert b"cat secret plan" not in cache.read_bytes()
 
 
@@ -445,6 +496,7 @@ def test_a_purge_by_another_process_is_never_ranked(
         )
         done = subprocess.run([sys.executable, str(script)], cwd=ROOT, timeout=60, check=False)
         assert done.returncode == 0
+        _await_purge(rt, gone.id)
         for found in [rt.memory.search_semantic("cat"), rt.memory.search_hybrid("cat")]:
             assert _ids(found) == [kept.id]
             assert all("secret" not in f.text for f in found)

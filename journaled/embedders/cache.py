@@ -46,6 +46,15 @@ _BUSY = 2.0
 waited for (search answers with the vectors it computed, M7)."""
 
 
+def _purged_ids(journal: Journal, after: int, upto: int) -> list[str]:
+    """Return the ids of the facts the journal purged after ``after``, up to ``upto``."""
+    return [
+        e.data.fact_id
+        for e in journal.read(after=after, upto=upto, topics=_PURGED_TOPICS)
+        if isinstance(e.data, FactPurged)
+    ]
+
+
 def digest(text: str, owner: str | None = None) -> bytes:
     """Return the cache key of a text: its SHA-256 over UTF-8.
 
@@ -73,6 +82,12 @@ class VectorCache:
         self._facts: dict[tuple[str, str], bytes] = {}
         self._seen = 0
         self._purged: set[str] = set()
+        self._applied = 0
+        """The journal position up to which this process applied purges itself (a file's own
+        position may be ahead: another process moved it)."""
+        self._unwritten: dict[tuple[str, str], tuple[bytes, list[float]]] = {}
+        """File-cache rows by (model, fact id) that the memo holds and the file does not yet:
+        a write failed (a full disk) or was held back (no catch-up vouched for it)."""
         if path is not None:
             with self._connect():
                 pass  # made (or checked) now: a file that cannot be is known at once
@@ -136,24 +151,49 @@ class VectorCache:
             self._vectors.update(((model, d), v) for d, v in loaded.items())
         return found | loaded
 
-    def put(self, model: str, entries: Iterable[tuple[str, bytes, list[float]]]) -> None:
-        """Store ``(fact_id, digest, vector)`` entries; facts purged by this runtime are skipped."""
+    def put(
+        self, model: str, entries: Iterable[tuple[str, bytes, list[float]]], write: bool = True
+    ) -> None:
+        """Store ``(fact_id, digest, vector)`` entries; facts purged by this runtime are skipped.
+
+        The memo takes them at once. A file cache writes them with every row a write before
+        failed or held back; with ``write`` False (the caller could not apply the journal's
+        purges first, R2) they wait for the next write instead. A write that raises leaves
+        them waiting too, so vectors embedded on a full disk reach the file once it has room.
+        """
         with self._lock:
             rows = [(f, d, list(v)) for f, d, v in entries if f not in self._purged]
             for fact_id, d, vector in rows:
                 self._vectors[model, d] = vector
                 self._facts[model, fact_id] = d
-        if self.path is None or not rows:
-            return
+            if self.path is None:
+                return
+            for fact_id, d, vector in rows:
+                self._unwritten[model, fact_id] = (d, vector)
+            if not write or not self._unwritten:
+                return
+            owed = [
+                (key, row) for key, row in self._unwritten.items() if key[1] not in self._purged
+            ]
         with self._connect() as db:
             db.executemany(
                 "INSERT OR REPLACE INTO vectors (model, digest, vector) VALUES (?, ?, ?)",
-                [(model, d, array("d", v).tobytes()) for _, d, v in rows],
+                [(m, d, array("d", v).tobytes()) for (m, _), (d, v) in owed],
             )
             db.executemany(
                 "INSERT OR REPLACE INTO facts (model, fact_id, digest) VALUES (?, ?, ?)",
-                [(model, f, d) for f, d, _ in rows],
+                [(m, f, d) for (m, f), (d, _) in owed],
             )
+        with self._lock:
+            for key, row in owed:
+                if self._unwritten.get(key) is row:  # not put again meanwhile
+                    del self._unwritten[key]
+
+    @property
+    def owes_writes(self) -> bool:
+        """Tell whether the memo holds rows the file cache has not been written yet."""
+        with self._lock:
+            return bool(self._unwritten)
 
     def forget_facts(self, fact_ids: Iterable[str]) -> int:
         """Drop the facts' links, and every vector no remaining fact links to; return how many."""
@@ -162,6 +202,8 @@ class VectorCache:
             return 0
         with self._lock:
             self._purged.update(ids)
+            for link in [k for k in self._unwritten if k[1] in ids]:
+                del self._unwritten[link]
             dropped = {d for (_, f), d in self._facts.items() if f in ids}
             for link in [k for k in self._facts if k[1] in ids]:
                 del self._facts[link]
@@ -194,14 +236,26 @@ class VectorCache:
 
     def catch_up(self, journal: Journal) -> int:
         """Apply every purge the journal recorded after the position this cache last saw;
-        return the journal position it applied them up to."""
+        return the journal position it applied them up to.
+
+        A file's position may have been moved by another process, which applied the purges up
+        to it to the file but not to this process's memo, nor to the rows owed to the file
+        (:meth:`put`): those learn of the purges between this cache's own position and the
+        file's first, so a fact purged there is never served from the memo nor written back.
+        """
+        last = journal.position()
         if self.path is None:
             seen = self._seen
         else:
             with self._connect() as db:
                 row = db.execute("SELECT seen FROM position WHERE id = 0").fetchone()
             seen = 0 if row is None else int(row[0])
-        last = journal.position()
+            with self._lock:
+                mine = self._applied
+            if mine < min(seen, last):
+                self._forget_here(_purged_ids(journal, mine, min(seen, last)))
+                with self._lock:
+                    self._applied = max(self._applied, min(seen, last))
         if last <= seen:
             return seen
         self.forget_purged(journal, seen, last)
@@ -211,6 +265,8 @@ class VectorCache:
         with self._connect() as db:
             db.execute("INSERT OR IGNORE INTO position (id, seen) VALUES (0, 0)")
             db.execute("UPDATE position SET seen = ? WHERE id = 0 AND seen < ?", (last, last))
+        with self._lock:
+            self._applied = max(self._applied, last)
         return last
 
     def forget_purged(self, journal: Journal, after: int, upto: int | None = None) -> None:
@@ -223,13 +279,30 @@ class VectorCache:
         end = journal.position() if upto is None else upto
         if end <= after:
             return
-        purged = [
-            e.data.fact_id
-            for e in journal.read(after=after, upto=end, topics=_PURGED_TOPICS)
-            if isinstance(e.data, FactPurged)
-        ]
+        purged = _purged_ids(journal, after, end)
         if purged:
             self.forget_facts(purged)
+
+    def _forget_here(self, fact_ids: list[str]) -> None:
+        """Apply purges the file applied already to this process alone: its memo of their
+        vectors and the rows it owes the file."""
+        ids = set(fact_ids)
+        if not ids:
+            return
+        with self._lock:
+            self._purged.update(ids)
+            dropped = {d for (_, f), d in self._facts.items() if f in ids}
+            for link in [k for k in self._facts if k[1] in ids]:
+                del self._facts[link]
+            for link in [k for k in self._unwritten if k[1] in ids]:
+                del self._unwritten[link]
+            for key in [k for k in self._vectors if k[1] in dropped]:
+                del self._vectors[key]
+
+    def purged(self, fact_ids: Iterable[str]) -> set[str]:
+        """Return those of ``fact_ids`` this cache knows purged (their texts are never embedded)."""
+        with self._lock:
+            return {f for f in fact_ids if f in self._purged}
 
     def __len__(self) -> int:
         """Return how many vectors are stored."""
