@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
@@ -96,8 +97,21 @@ def run_summaries(journal: Journal) -> RunSummaries:
     from journaled.events.run_summaries import RunSummaries
 
     summaries = RunSummaries(journal)
-    summaries.owner_gone = owner_judge(system_clock)
+    summaries.owner_gone = owner_judge(system_clock, _executing_here)
     return summaries
+
+
+def _executing_here(run_id: str) -> bool:
+    """Tell whether a runtime of this process executes or drives a run now, as a runtime's
+    judge asks (ADR 0088): the command line may run inside the process that owns a run (a
+    service that embeds it, a test). None does unless the actor modules were loaded, and the
+    command line alone never loads them (T4)."""
+    runs = sys.modules.get("journaled.actors.runs")
+    orchestrator = sys.modules.get("journaled.actors.orchestrator")
+    return bool(
+        (runs is not None and runs.executing_in_process(run_id))
+        or (orchestrator is not None and orchestrator.driven_in_process(run_id))
+    )
 
 
 def organization() -> str | None:

@@ -1,0 +1,60 @@
+"""Attacks on the run listing's judgement of owners (SPEC T2, E14; ADR 0088) and on the
+suspension an orchestration journals when its runtime closes (R3, R5; ADR 0087): what
+``rt.runs.list``, ``runs.why``, ``journaled runs list`` and ``runs follow`` say must be true, and
+the same wherever it is asked."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import journaled
+from journaled import Plan, Step
+from journaled.cli import main
+from journaled.testing import ManualClock
+
+WAIT = 30.0
+
+
+def _cli_statuses(url: str) -> dict[str, str]:
+    done = CliRunner().invoke(main, ["--url", url, "runs", "list", "--json"])
+    assert done.exit_code == 0, done.output
+    return {row["run_id"]: row["status"] for row in json.loads(done.output)}
+
+
+def test_the_command_line_in_the_owners_own_process_sees_its_live_run_running(
+    tmp_path: Path,
+) -> None:
+    """T2, ADR 0088: the command line invoked inside the process that executes a run (a
+    service embedding it, a test's CliRunner) judges this very process by the same rule as a
+    runtime: a run one of its runtimes executes is running, however old its last event. It
+    called it interrupted (its judge assumed nothing of this process executes anything)."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    inside, release = threading.Event(), threading.Event()
+
+    def block(_: object) -> int:
+        inside.set()
+        release.wait(WAIT)
+        return 1
+
+    # The runtime's clock stamps the run's events far in the past (epoch + 1000 s), so the
+    # wall clock of the command line is well past the lease after its last event.
+    with journaled.open(url, clock=ManualClock(start=1_000_000)) as rt:
+        rt.register_tool("block", block)
+        handle = rt.runs.start(Plan(goal="live", steps=[Step("a", tool="block", input=1)]))
+        try:
+            assert inside.wait(WAIT)
+            assert rt.runs.summary(handle.run_id).status == "running"
+            assert _cli_statuses(url) == {handle.run_id: "running"}
+            follow = CliRunner().invoke(
+                main,
+                ["--url", url, "runs", "follow", handle.run_id, "--json", "--max-seconds", "0.3"],
+            )
+            assert json.loads(follow.output.splitlines()[-1])["status"] == "running"
+        finally:
+            release.set()
+        handle.result(WAIT)
+        assert _cli_statuses(url) == {handle.run_id: "completed"}
