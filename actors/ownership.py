@@ -6,7 +6,8 @@ appending at the same version loses. A resume of an unfinished run (one whose la
 first asks whether its owner is alive:
 
 - an owner on this host is alive exactly while its process is: the owner id carries the process id
-  and its start time, checked in ``/proc`` (so a reused pid is not mistaken for the owner);
+  and its start time, checked in ``/proc`` (so a reused pid is not mistaken for the owner, and a
+  process killed but not reaped yet, a zombie, is gone);
 - an owner on another host is presumed alive while its last event is younger than the lease:
   the executor appends a heartbeat when it has been quiet for :data:`HEARTBEAT_SECONDS`, and
   the lease is three heartbeats.
@@ -28,13 +29,23 @@ LEASE_MS = int(3 * HEARTBEAT_SECONDS * 1000)
 """An owner on another host that was silent this long is presumed dead."""
 
 
+_GONE_STATES = frozenset({"Z", "X", "x"})
+"""Process states in ``/proc/<pid>/stat`` of a process that executes nothing any more: a zombie
+(killed or exited, not reaped yet by its parent) or a dead one."""
+
+
 def _start_time(pid: int) -> str | None:
+    """Return a live process's start time, or None when it is gone (or a zombie)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may contain spaces or parentheses: fields start after the last ')'.
     fields = stat[stat.rfind(")") + 2 :].split()
+    if not fields or fields[0] in _GONE_STATES:
+        # Killed but not reaped (a busy supervisor, a container whose PID 1 reaps nothing),
+        # it keeps its pid and start time, yet will never append again (E14).
+        return None
     return fields[19] if len(fields) > 19 else None
 
 

@@ -6,15 +6,20 @@ the same wherever it is asked."""
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from click.testing import CliRunner
+from test_summary_spec import CHILD, ROOT
 
 import journaled
 from journaled import Plan, Step
 from journaled.cli import main
-from journaled.testing import ManualClock
+from journaled.testing import ManualClock, wait_for
 
 WAIT = 30.0
 
@@ -58,3 +63,45 @@ def test_the_command_line_in_the_owners_own_process_sees_its_live_run_running(
             release.set()
         handle.result(WAIT)
         assert _cli_statuses(url) == {handle.run_id: "completed"}
+
+
+def _state_of(pid: int) -> str:
+    """The process state letter in /proc (R running, S sleeping, Z zombie...)."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat[stat.rfind(")") + 2 :].split()[0]
+
+
+def test_a_killed_owner_not_reaped_yet_is_interrupted_and_taken_over(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """T2, E14, ADR 0011, ADR 0088: an owner SIGKILLed but not yet reaped by its parent (a
+    zombie: a supervisor busy elsewhere, a container whose PID 1 reaps nothing) keeps its pid
+    and start time in /proc, but executes nothing. The listing called it running for as long
+    as it stayed unreaped (`runs follow` never settled) and a resume was refused with
+    RunOwnedElsewhere."""
+    marker = tmp_path / "b.inflight"
+    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, cfg],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: marker.exists() or _state_of(proc.pid) == "Z", WAIT)
+        assert marker.exists(), "the child stopped before its step was in flight"
+        os.kill(proc.pid, signal.SIGKILL)  # not proc.kill(): nothing may reap it yet
+        wait_for(lambda: _state_of(proc.pid) == "Z", WAIT)
+        with journaled.open(sqlite_url) as rt:
+            [run_id] = rt.runs.ids()
+            assert rt.runs.summary(run_id).status == "interrupted"
+            assert rt.runs.why(run_id).splitlines()[0] == f"run {run_id} — interrupted:"
+            rt.register_tool("ok", lambda x: x)
+            rt.register_tool("block", lambda x: x)
+            result = rt.resume(run_id)
+            assert isinstance(result, journaled.ExecuteResult)
+            assert result.ok
+        assert _state_of(proc.pid) == "Z", "the owner was reaped during the test"
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT)
