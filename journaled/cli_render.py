@@ -375,6 +375,8 @@ def _state_line(view: RunView) -> str:
         )
     if view.waiting:
         return f"waiting for an answer: {', '.join(view.waiting)}"
+    if view.suspended and view.status is None:
+        return "suspended when its runtime closed — resume it to carry on"
     if view.status is None:
         return "running (or stopped mid-step)"
     return view.status.replace("_", " ")

@@ -105,3 +105,29 @@ def test_a_killed_owner_not_reaped_yet_is_interrupted_and_taken_over(
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(WAIT)
+
+
+def test_runs_show_of_a_suspended_run_says_suspended(sqlite_url: str) -> None:
+    """T2, R3: `runs show` of a run (or an orchestration's pass) suspended by a close said
+    `state: running (or stopped mid-step)`, where runs list and runs why say suspended."""
+    inside, release = threading.Event(), threading.Event()
+
+    def slow(_: object) -> str:
+        inside.set()
+        release.wait(WAIT)
+        return "done"
+
+    rt = journaled.open(sqlite_url)
+    rt.register_tool("slow", slow)
+    handle = rt.runs.start(Plan(goal="closed", steps=[Step("s", tool="slow", input=1)]))
+    try:
+        assert inside.wait(WAIT)
+        rt.close(drain=0.1)
+    finally:
+        release.set()
+    with journaled.open(sqlite_url) as reader:
+        assert reader.runs.summary(handle.run_id).status == "suspended"
+    shown = CliRunner().invoke(main, ["--url", sqlite_url, "runs", "show", handle.run_id])
+    assert shown.exit_code == 0, shown.output
+    [state] = [line for line in shown.output.splitlines() if line.startswith("state:")]
+    assert state.startswith("state: suspended"), state
