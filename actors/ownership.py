@@ -30,8 +30,9 @@ LEASE_MS = int(3 * HEARTBEAT_SECONDS * 1000)
 
 
 _GONE_STATES = frozenset({"Z", "X", "x"})
-"""Process states in ``/proc/<pid>/stat`` of a process that executes nothing any more: a zombie
-(killed or exited, not reaped yet by its parent) or a dead one."""
+"""Process states in ``/proc/<pid>/stat`` of a process that executes nothing any more, once its
+thread count (field 20) is 1: a zombie (killed or exited, not reaped yet by its parent) or a
+dead one."""
 
 
 def _start_time(pid: int) -> str | None:
@@ -42,9 +43,10 @@ def _start_time(pid: int) -> str | None:
         return None
     # The command name may contain spaces or parentheses: fields start after the last ')'.
     fields = stat[stat.rfind(")") + 2 :].split()
-    if not fields or fields[0] in _GONE_STATES:
+    if len(fields) > 19 and fields[0] in _GONE_STATES and fields[17] in ("0", "1"):
         # Killed but not reaped (a busy supervisor, a container whose PID 1 reaps nothing),
-        # it keeps its pid and start time, yet will never append again (E14).
+        # it keeps its pid and start time, yet will never append again (E14). Only when no
+        # thread is left: a process whose main thread ended while others run shows Z too.
         return None
     return fields[19] if len(fields) > 19 else None
 

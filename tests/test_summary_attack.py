@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -18,6 +19,7 @@ from test_summary_spec import CHILD, ROOT
 
 import journaled
 from journaled import Plan, Step
+from journaled.actors.ownership import LEASE_MS, owner_alive, owner_stopped
 from journaled.cli import main
 from journaled.testing import ManualClock, wait_for
 
@@ -131,3 +133,36 @@ def test_runs_show_of_a_suspended_run_says_suspended(sqlite_url: str) -> None:
     assert shown.exit_code == 0, shown.output
     [state] = [line for line in shown.output.splitlines() if line.startswith("state:")]
     assert state.startswith("state: suspended"), state
+
+
+# A process whose main thread ended while another thread still runs: /proc shows its leader in
+# state Z, yet the process lives (an embedding program may end its main thread so).
+LEADER_GONE = r"""
+import ctypes, os, threading, time
+threading.Thread(target=lambda: time.sleep(60)).start()
+print(os.getpid(), flush=True)
+ctypes.CDLL(None).pthread_exit(None)
+"""
+
+
+def test_a_live_process_whose_main_thread_ended_is_not_judged_gone() -> None:
+    """ADR 0011, ADR 0088: the zombie rule above counts a process gone only when no thread of
+    it is left; a live process whose leader thread ended (state Z, threads 2) still owns its
+    runs, so they are neither interrupted nor taken over without take_over."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", LEADER_GONE], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        wait_for(lambda: _state_of(pid) == "Z", WAIT)
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        started = stat[stat.rfind(")") + 2 :].split()[19]
+        owner = f"{socket.gethostname()}/{pid}/{started}"
+        assert not owner_stopped(owner, 0, 10 * LEASE_MS)
+        assert owner_alive(owner, 0, 10 * LEASE_MS)
+    finally:
+        proc.kill()
+        proc.wait(WAIT)
+        if proc.stdout is not None:
+            proc.stdout.close()
