@@ -7,7 +7,8 @@ first asks whether its owner is alive:
 
 - an owner on this host is alive exactly while its process is: the owner id carries the process id
   and its start time, checked in ``/proc`` (so a reused pid is not mistaken for the owner, and a
-  process killed but not reaped yet, a zombie, is gone);
+  process killed but not reaped yet, a zombie, is gone); a process ``/proc`` hides from the
+  reader (``hidepid``) is asked of the kernel, and alive while it exists;
 - an owner on another host is presumed alive while its last event is younger than the lease:
   the executor appends a heartbeat when it has been quiet for :data:`HEARTBEAT_SECONDS`, and
   the lease is three heartbeats.
@@ -35,20 +36,32 @@ thread count (field 20) is 1: a zombie (killed or exited, not reaped yet by its 
 dead one."""
 
 
-def _start_time(pid: int) -> str | None:
-    """Return a live process's start time, or None when it is gone (or a zombie)."""
+def _stat_fields(pid: int) -> list[str] | None:
+    """Return the fields of ``/proc/<pid>/stat`` from the state on, or None when unreadable."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     # The command name may contain spaces or parentheses: fields start after the last ')'.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if len(fields) > 19 and fields[0] in _GONE_STATES and fields[17] in ("0", "1"):
+    return stat[stat.rfind(")") + 2 :].split()
+
+
+def _live_start(fields: list[str]) -> str | None:
+    """Return a process's start time from its stat fields, or None when it is gone."""
+    if len(fields) <= 19:
+        return None
+    if fields[0] in _GONE_STATES and fields[17] in ("0", "1"):
         # Killed but not reaped (a busy supervisor, a container whose PID 1 reaps nothing),
         # it keeps its pid and start time, yet will never append again (E14). Only when no
         # thread is left: a process whose main thread ended while others run shows Z too.
         return None
-    return fields[19] if len(fields) > 19 else None
+    return fields[19]
+
+
+def _start_time(pid: int) -> str | None:
+    """Return a live process's start time, or None when it is gone (or a zombie)."""
+    fields = _stat_fields(pid)
+    return None if fields is None else _live_start(fields)
 
 
 def _host() -> str:
@@ -67,9 +80,15 @@ def owner_alive(owner: str, last_seen: int, now: int) -> bool:
     pid_text, _, started = rest.partition("/")
     if host == _host() and pid_text.isdigit():
         pid = int(pid_text)
-        current = _start_time(pid)
-        if current is not None or Path("/proc/self/stat").exists():
+        fields = _stat_fields(pid)
+        if fields is not None:
+            current = _live_start(fields)
             return current is not None and (started in ("?", current))
+        if pid <= 0:
+            return False
+        # No entry we may read: the process is gone, or /proc hides another user's processes
+        # from us (mounted with hidepid, systemd's ProtectProc), or there is no /proc. The
+        # kernel tells: a live process we may not signal is alive (its start time unseen).
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

@@ -13,7 +13,9 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
+import pytest
 from click.testing import CliRunner
 from test_summary_spec import CHILD, ROOT
 
@@ -166,3 +168,44 @@ def test_a_live_process_whose_main_thread_ended_is_not_judged_gone() -> None:
         proc.wait(WAIT)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def test_an_owner_hidden_from_this_reader_by_proc_is_not_judged_gone(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0011, ADR 0088: with /proc mounted hidepid=2 (or systemd's ProtectProc=invisible),
+    another user's live process has no /proc entry for this reader. It was judged gone: a run
+    executing there listed interrupted (and a resume took it over without take_over). The
+    kernel still knows it (kill 0): running while it lives, interrupted once it is gone."""
+    marker = tmp_path / "b.inflight"
+    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, cfg],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+        assert proc.poll() is None, "the child stopped before its step was in flight"
+        hidden = f"/proc/{proc.pid}/stat"
+        read_text = Path.read_text
+
+        def as_if_hidepid(self: Path, *args: Any, **kwargs: Any) -> str:
+            if str(self) == hidden:
+                raise FileNotFoundError(2, "No such file or directory", hidden)
+            return read_text(self, *args, **kwargs)
+
+        monkeypatch.setattr(Path, "read_text", as_if_hidepid)
+        with journaled.open(sqlite_url) as rt:
+            [run_id] = rt.runs.ids()
+            assert rt.runs.summary(run_id).status == "running"
+            with pytest.raises(journaled.RunOwnedElsewhere):
+                rt.resume(run_id)
+            proc.kill()
+            proc.wait(WAIT)
+            assert rt.runs.summary(run_id).status == "interrupted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
