@@ -71,6 +71,9 @@ SCHEMA = 6
 EVERY = object()
 """``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
 DEFAULT = object()
+_RECHECKS = 4
+"""How many times a read that judged a run ``interrupted`` folds what came since and judges
+again before it answers (an owner may end its run, then stop, between fold and judgement)."""
 SAVE_AFTER = 1000
 """A reader that may write stores the projection once it folded this many events past it."""
 SummaryStatus = Literal[
@@ -500,6 +503,17 @@ def _summaries(
     return out
 
 
+def _visible(runs: dict[str, _Tracked], organization: str | object | None) -> dict[str, _Tracked]:
+    """Keep the runs an organization sees (its own and earlier releases'); EVERY: all."""
+    if organization is EVERY:
+        return runs
+    return {
+        r: t
+        for r, t in runs.items()
+        if not run_belongs_elsewhere(t.organization, organization)  # type: ignore[arg-type]
+    }
+
+
 def _first_event(t: _Tracked) -> str:
     if t.kind == "orchestration":
         return tag_of(OrchestrationStarted)
@@ -653,13 +667,18 @@ class RunSummaries:
             organization = self.visible_to
         with self._lock:
             runs = self._catch_up()
-            if organization is not EVERY:
-                runs = {
-                    r: t
-                    for r, t in runs.items()
-                    if not run_belongs_elsewhere(t.organization, organization)  # type: ignore[arg-type]
-                }
-            return _summaries(runs, self.owner_gone)
+            for _ in range(_RECHECKS):
+                found = _summaries(_visible(runs, organization), self.owner_gone)
+                if all(s.status != "interrupted" for s in found.values()):
+                    return found
+                # An owner that ended its run and then stopped between the fold and the
+                # judgement appended its last events before it stopped: they are in the journal
+                # now. Fold them and judge again, so a run that ended is never interrupted.
+                before = self._position
+                runs = self._catch_up()
+                if self._position == before:
+                    return found
+            return _summaries(_visible(runs, organization), self.owner_gone)
 
     def save_if_behind(self, min_events: int = SAVE_AFTER) -> bool:
         """Store the projection when the journal is ``min_events`` positions past the stored one."""

@@ -209,3 +209,71 @@ def test_an_owner_hidden_from_this_reader_by_proc_is_not_judged_gone(
         if proc.poll() is None:
             proc.kill()
         proc.wait(WAIT)
+
+
+# A child that executes a -> b, where b (marker written) waits for a release file, then the run
+# completes and the process exits.
+ENDS_WHEN_RELEASED = r"""
+import json, pathlib, sys, time
+import journaled
+from journaled import Plan, Step
+
+cfg = json.loads(sys.argv[1])
+
+
+def held(_):
+    pathlib.Path(cfg["marker"]).write_text("in flight")
+    while not pathlib.Path(cfg["release"]).exists():
+        time.sleep(0.01)
+    return 2
+
+
+with journaled.open(cfg["url"]) as rt:
+    rt.register_tool("ok", lambda x: x)
+    rt.register_tool("held", held)
+    rt.execute(Plan(goal="ends", steps=[
+        Step("a", tool="ok", input=1),
+        Step("b", tool="held", input=2, depends_on=["a"]),
+    ]))
+"""
+
+
+def test_a_run_that_ends_as_its_owner_exits_between_fold_and_judgement_is_not_interrupted(
+    tmp_path: Path, sqlite_url: str
+) -> None:
+    """T2, ADR 0088: a reader folds the run (still running), then its owner appends the run's
+    end and exits, then the reader judges the owner: gone. It answered `interrupted` for a run
+    the journal says completed (and `runs follow` would exit 8 for a run that completed). What
+    an owner appended before it stopped is in the journal by the time it is judged gone: the
+    read folds it and judges again."""
+    marker, release = tmp_path / "b.inflight", tmp_path / "b.release"
+    cfg = json.dumps({"url": sqlite_url, "marker": str(marker), "release": str(release)})
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ENDS_WHEN_RELEASED, cfg],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+        assert proc.poll() is None, "the child stopped before its step was in flight"
+        with journaled.open(sqlite_url) as rt:
+            [run_id] = rt.runs.ids()
+            judge = rt.runs.summaries.owner_gone
+            assert judge is not None
+            raced: list[str] = []
+
+            def owner_ends_then_exits(run: str, owner: str, last_at: int) -> bool:
+                if not raced:  # the first judgement, right after the fold saw it running
+                    raced.append(run)
+                    release.write_text("go")
+                    assert proc.wait(WAIT) == 0
+                return judge(run, owner, last_at)
+
+            rt.runs.summaries.owner_gone = owner_ends_then_exits
+            assert rt.runs.summary(run_id).status == "completed"
+            assert raced == [run_id]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(WAIT)
