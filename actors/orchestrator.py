@@ -436,7 +436,14 @@ class Orchestrations:
                 f"got {call_budget}"
             )
         if approve and not state.approval_pending:
-            raise RunNotResumable(f"run {run_id} is not waiting for approval (status: {status})")
+            where = (
+                status
+                if status is not None
+                else "suspended by a close"
+                if state.suspended is not None
+                else state.phase
+            )
+            raise RunNotResumable(f"run {run_id} is not waiting for approval (it is {where})")
         given = dict(answers or {})
         pass_state = self._pass_state(state)
         if clarification is not None:

@@ -345,6 +345,10 @@ def test_a_close_during_a_pass_journals_the_orchestrations_suspension(sqlite_url
         assert why[0] == f"orchestration {orch} — suspended:"
         assert any("suspended when its runtime closed (pass 1 was running" in w for w in why)
         rt2.register_tool("slow", lambda _: "done")
+        position = rt2.journal.position()
+        with pytest.raises(journaled.RunNotResumable, match="it is suspended by a close"):
+            rt2.resume(orch, planner=_one_slow_step, approve=True)
+        assert rt2.journal.position() == position
         outcome = rt2.resume(orch, planner=_one_slow_step)
         assert isinstance(outcome, journaled.Outcome)
         assert outcome.status == "completed"
