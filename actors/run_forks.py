@@ -23,6 +23,7 @@ from journaled.events.fork import RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted
+from journaled.events.plan_rules import step_problem
 from journaled.events.plans import Plan, Step
 from journaled.events.provenance import (
     Stale,
@@ -248,6 +249,13 @@ class RunForks(RunReads):
             old = steps[step_id]
             if step.id != step_id:
                 raise ValueError(f"{where}.id must stay {step_id!r}, got {short(step.id)}")
+            if step.kind is None:
+                raise ValueError(f"{where} must name exactly one of skill, tool or agent")
+            # Checked as a plan's step is (E1): journaled as given, a name that is not one
+            # text would make the fork's first event unreadable.
+            problem = step_problem(step)
+            if problem:
+                raise ValueError(f"{where}: {problem}")
             # A replacement that names no dependencies keeps the step's (F1, ADR 0084).
             if step.depends_on and sorted(step.depends_on) != sorted(old.depends_on):
                 raise ValueError(
@@ -255,8 +263,6 @@ class RunForks(RunReads):
                     f"got {sorted(step.depends_on)}: a fork keeps a step's dependencies; "
                     "leave depends_on out to keep them"
                 )
-            if step.kind is None:
-                raise ValueError(f"{where} must name exactly one of skill, tool or agent")
             try:
                 data = journalable(step.input, "its input")
             except ValueError as exc:

@@ -63,20 +63,9 @@ def validate(
         if step.id in seen:
             raise PlanRejected(step.id, "the id is used by more than one step")
         seen.add(step.id)
-        named = [k for k in ("skill", "tool", "agent") if getattr(step, k) is not None]
-        if len(named) != 1:
-            what = "names none of" if not named else f"names {' and '.join(named)}; pick one of"
-            raise PlanRejected(step.id, f"the step {what} skill, tool, agent")
-        name = step.target
-        if not isinstance(name, str) or not name:
-            raise PlanRejected(step.id, f"the {named[0]} name must be a non-empty string")
-        problem = text_problem(name, limit=_MAX_NAME_BYTES)
+        problem = step_problem(step)
         if problem:
-            raise PlanRejected(step.id, f"the {named[0]} name {problem}")
-        if not isinstance(step.depends_on, list | tuple) or not all(
-            isinstance(d, str) for d in step.depends_on
-        ):
-            raise PlanRejected(step.id, "depends_on must be a list of step ids")
+            raise PlanRejected(step.id, problem)
     for step in plan.steps:
         for dep in step.depends_on:
             if dep not in seen:
@@ -101,6 +90,30 @@ def validate(
                 )
             if step.agent not in agents:
                 raise PlanRejected(step.id, f"agent {step.agent!r} is not registered")
+
+
+def step_problem(step: Step) -> str | None:
+    """Return why a step's kind, name or dependencies cannot be journaled, or None (E1).
+
+    The skill, tool or agent name must be one non-empty text (any other value would make the
+    event that holds the plan undecodable); ``depends_on`` a list of step ids. Whether those
+    ids name steps of the plan is the plan's to check.
+    """
+    named = [k for k in ("skill", "tool", "agent") if getattr(step, k) is not None]
+    if len(named) != 1:
+        what = "names none of" if not named else f"names {' and '.join(named)}; pick one of"
+        return f"the step {what} skill, tool, agent"
+    name = step.target
+    if not isinstance(name, str) or not name:
+        return f"the {named[0]} name must be a non-empty string"
+    problem = text_problem(name, limit=_MAX_NAME_BYTES)
+    if problem:
+        return f"the {named[0]} name {problem}"
+    if not isinstance(step.depends_on, list | tuple) or not all(
+        isinstance(d, str) for d in step.depends_on
+    ):
+        return "depends_on must be a list of step ids"
+    return None
 
 
 def _refuse_secret_ids(plan: Plan) -> None:

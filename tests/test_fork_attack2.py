@@ -1,0 +1,238 @@
+"""Attacks on forks, forks of forks and refresh: answers, replacement names, calls (F1, P4, R6)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+import journaled
+from journaled import AgentResult, NeedsInput, Plan, Retry, Step
+from journaled.cli import main
+from journaled.events.runs import StepStarted
+from journaled.testing import ManualClock
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
+    """A journal on a real SQLite file, and the in-process one."""
+    return "memory://" if request.param == "memory" else sqlite_url
+
+
+@pytest.fixture
+def rt(url: str) -> Iterator[journaled.Runtime]:
+    with journaled.open(url, clock=ManualClock(step=1)) as runtime:
+        yield runtime
+
+
+def _result(rt: journaled.Runtime, run_id: str, **kwargs: Any) -> journaled.ExecuteResult:
+    result = rt.resume(run_id, **kwargs)
+    assert isinstance(result, journaled.ExecuteResult)
+    return result
+
+
+def _asker(rt: journaled.Runtime, asked: list[str | None]) -> None:
+    """Register ``asker``: an agent that asks once, and ``s``, a skill."""
+
+    def asker(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        asked.append(ctx.answer)
+        if ctx.answer is None:
+            raise NeedsInput("which branch?")
+        return AgentResult(output=f"on {ctx.answer}", calls_used=1)
+
+    rt.register_agent("asker", asker)
+    rt.register_skill("s", lambda x: f"s({x})")
+
+
+_ANSWERS_LOST = "a fork copies only the answers given with it, not those in its source's state"
+_EMPTY_ANSWER = "fork accepts an empty answer, which resume refuses"
+_CALLS_LOST = "a kept step carries only its success's charge, not its retried or waiting ones"
+
+
+# -- answers given before the position are part of the state a fork copies (F1) -------------------
+
+
+@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
+def test_a_fork_of_a_fork_keeps_the_answer_its_source_was_given(rt: journaled.Runtime) -> None:
+    """F1: a fork of a fork that pre-answered a waiting step runs that step with the answer."""
+    asked: list[str | None] = []
+    _asker(rt, asked)
+    plan = Plan(goal="g", steps=[Step("k", skill="s", input=1), Step("w", agent="asker")])
+    source = rt.execute(plan)
+    assert source.waiting == ["w"]
+    answered = rt.runs.fork(source.run_id, answers={"w": "left"})
+    again = rt.runs.fork(answered)  # no change: it is the answered fork's state
+    assert rt.runs.state(again).answers == {"w": "left"}
+    asked.clear()
+    result = _result(rt, again)
+    assert result.ok, result.waiting
+    assert asked == ["left"]
+
+
+@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
+def test_a_fork_after_an_answer_was_given_keeps_it(rt: journaled.Runtime) -> None:
+    """F1: a fork at a position after a step was answered, before it finished, keeps the answer."""
+    asked: list[str | None] = []
+    _asker(rt, asked)
+    plan = Plan(goal="g", steps=[Step("w", agent="asker")])
+    source = rt.execute(plan)
+    assert _result(rt, source.run_id, answers={"w": "right"}).ok
+    restart = next(
+        e.position
+        for e in rt.runs.history(source.run_id)
+        if isinstance(e.data, StepStarted) and e.data.attempt == 2
+    )
+    fork = rt.runs.fork(source.run_id, at=restart)  # w in flight with its answer
+    asked.clear()
+    result = _result(rt, fork)
+    assert result.ok, result.waiting
+    assert asked == ["right"]
+
+
+@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
+def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime) -> None:
+    """P4, F1 (ADR 0086): answers given before the refresh's position are carried."""
+    asked: list[str | None] = []
+
+    def reader(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        region = ctx.memory.search("deploy region")[0].text
+        asked.append(ctx.answer)
+        if ctx.answer is None:
+            raise NeedsInput(f"{region}: ship it?")
+        return AgentResult(output=f"{ctx.answer} to {region}", calls_used=1)
+
+    rt.register_agent("reader", reader)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    run = rt.execute(Plan(goal="g", steps=[Step("w", agent="reader")]))
+    assert run.waiting == ["w"]
+    assert _result(rt, run.run_id, answers={"w": "yes"}).ok
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    fresh = rt.runs.refresh(run.run_id)
+    asked.clear()
+    result = _result(rt, fresh)
+    assert result.ok, result.waiting
+    assert asked == ["yes"]
+    assert result.observations[-1].output == "yes to The deploy region is us-east"
+
+
+@pytest.mark.xfail(strict=True, reason=_EMPTY_ANSWER)
+def test_a_fork_refuses_an_empty_answer_as_resume_does(rt: journaled.Runtime) -> None:
+    """F1, O4: a fork's answer is a clarification as a resume's is: an empty one is refused."""
+    asked: list[str | None] = []
+    _asker(rt, asked)
+    source = rt.execute(Plan(goal="g", steps=[Step("w", agent="asker")]))
+    with pytest.raises(journaled.RunNotResumable):
+        rt.resume(source.run_id, answers={"w": "  "})
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match="answers\\['w'\\] is empty"):
+        rt.runs.fork(source.run_id, answers={"w": "  "})
+    assert rt.journal.position() == end
+
+
+# -- a replacement's name is checked as a plan's is (E1, F1) -------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "said"),
+    [
+        ({"skill": 5}, "the skill name must be a non-empty string"),
+        ({"skill": ""}, "the skill name must be a non-empty string"),
+        ({"tool": "x" * 2000}, "the tool name is 2000 bytes"),
+        ({"agent": "a\udc80"}, "the agent name holds a lone surrogate"),
+        ({"skill": "s", "depends_on": 7}, "depends_on must be a list of step ids"),
+    ],
+)
+def test_a_replacement_with_a_bad_name_is_refused_and_appends_nothing(
+    rt: journaled.Runtime, fields: dict[str, Any], said: str
+) -> None:
+    """F1, E1: a name a plan may not have is refused before the append; the journal stays sound."""
+    rt.register_skill("s", lambda x: f"s({x})")
+    plan = Plan(goal="g", steps=[Step("a", skill="s", input=1), Step("b", skill="s", input=2)])
+    source = rt.execute(plan).run_id
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match=f"replace\\['b'\\]: {said}"):
+        rt.runs.fork(source, replace={"b": Step("b", **fields)})
+    assert rt.journal.position() == end
+    assert rt.journal.verify().ok
+
+
+def test_cli_replacement_with_a_number_for_a_name_is_refused(sqlite_url: str) -> None:
+    """F1, E1: `runs fork --replace b='{"skill": 5}'` says why and stores nothing."""
+    with journaled.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+        rt.register_skill("s", lambda x: f"s({x})")
+        source = rt.execute(Plan(goal="g", steps=[Step("b", skill="s", input=1)])).run_id
+        end = rt.journal.position()
+    out = CliRunner().invoke(
+        main, ["--url", sqlite_url, "runs", "fork", source, "--replace", 'b={"skill": 5}']
+    )
+    assert out.exit_code != 0
+    assert "the skill name must be a non-empty string" in out.output
+    verified = CliRunner().invoke(main, ["--url", sqlite_url, "journal", "verify"])
+    assert verified.exit_code == 0, verified.output
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.position() == end
+
+
+# -- a kept step carries all it was charged (F1, R6) ---------------------------------------------
+
+
+def _flaky_skill(rt: journaled.Runtime) -> None:
+    tries: list[int] = []
+
+    def flaky(x: Any) -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise RuntimeError("once")
+        return f"f({x})"
+
+    rt.register_skill("flaky", flaky, retry=Retry(attempts=3, backoff=0))
+    rt.register_skill("s", lambda x: f"s({x})")
+
+
+@pytest.mark.xfail(strict=True, reason=_CALLS_LOST)
+def test_a_fork_at_a_budget_stop_stops_again_when_a_kept_step_was_retried(
+    rt: journaled.Runtime,
+) -> None:
+    """F1, R6, E7: the calls of a kept step's retried attempt carry over; the gate stops."""
+    _flaky_skill(rt)
+    plan = Plan(
+        goal="g",
+        steps=[Step("a", skill="flaky", input=1), Step("b", skill="s", input=2, depends_on=["a"])],
+    )
+    source = rt.execute(plan, call_budget=2)
+    assert source.stopped_for_budget
+    assert source.calls_used == 2
+    fork = rt.runs.fork(source.run_id)  # the budget it had there: 2, all of it used
+    assert rt.runs.state(fork).calls_used == 2
+    result = _result(rt, fork)
+    assert result.stopped_for_budget
+    assert result.calls_used == 2
+    assert rt.runs.compare(source.run_id, fork).calls_used_b == 2
+    assert rt.runs.summary(fork).calls_used == 2
+    again = rt.runs.fork(fork)
+    assert rt.runs.state(again).calls_used == 2
+
+
+@pytest.mark.xfail(strict=True, reason=_CALLS_LOST)
+def test_a_fork_carries_the_calls_a_kept_step_used_before_it_waited(
+    rt: journaled.Runtime,
+) -> None:
+    """F1, R6: an agent charged before it asked, then answered: the fork keeps both charges."""
+
+    def agent(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        if ctx.answer is None:
+            return AgentResult(ok=False, code="agent-waiting", error="which?", calls_used=2)
+        return AgentResult(output=f"on {ctx.answer}", calls_used=1)
+
+    rt.register_agent("ag", agent)
+    source = rt.execute(Plan(goal="g", steps=[Step("w", agent="ag")]))
+    assert source.waiting == ["w"]
+    assert source.calls_used == 2
+    done = _result(rt, source.run_id, answers={"w": "left"})
+    assert done.ok
+    assert done.calls_used == 3
+    fork = rt.runs.fork(source.run_id)
+    assert rt.runs.state(fork).calls_used == 3
+    assert rt.runs.state(rt.runs.fork(fork)).calls_used == 3
