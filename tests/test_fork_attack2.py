@@ -97,6 +97,7 @@ def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime
     asked: list[str | None] = []
 
     def reader(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        assert ctx.memory is not None
         region = ctx.memory.search("deploy region")[0].text
         asked.append(ctx.answer)
         if ctx.answer is None:
