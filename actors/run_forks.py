@@ -399,7 +399,7 @@ def _fork_answers(
                 f"answers[{step_id!r}]: that step of run {run_id} was not waiting for an answer "
                 f"at {at} (waiting then: {', '.join(waiting) or 'none'})"
             )
-        problem = text_problem(answer)
+        problem = text_problem(answer, empty=False)  # a clarification, as resume's (O4)
         if problem:
             raise ValueError(f"answers[{step_id!r}] {problem}")
     return dict(answers)

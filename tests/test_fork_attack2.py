@@ -47,7 +47,6 @@ def _asker(rt: journaled.Runtime, asked: list[str | None]) -> None:
 
 
 _ANSWERS_LOST = "a fork copies only the answers given with it, not those in its source's state"
-_EMPTY_ANSWER = "fork accepts an empty answer, which resume refuses"
 _CALLS_LOST = "a kept step carries only its success's charge, not its retried or waiting ones"
 
 
@@ -118,7 +117,6 @@ def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime
     assert result.observations[-1].output == "yes to The deploy region is us-east"
 
 
-@pytest.mark.xfail(strict=True, reason=_EMPTY_ANSWER)
 def test_a_fork_refuses_an_empty_answer_as_resume_does(rt: journaled.Runtime) -> None:
     """F1, O4: a fork's answer is a clarification as a resume's is: an empty one is refused."""
     asked: list[str | None] = []
