@@ -123,6 +123,17 @@ class RunForks(RunReads):
         plan_steps = [steps[i] for i in state.order]
         repended = downstream(plan_steps, replaced)
         given = _fork_answers(run_id, at, state.waiting, answers)
+        # Answers given before `at` (with an earlier fork, or to a resume whose step had not
+        # finished by then) are the source's state there: a step that runs again gets its
+        # answer as it would have in the source (F1). Not a step a replacement re-pends: its
+        # question may be another. An answer given with this fork replaces one held.
+        held = {
+            i: a
+            for i, a in state.answers.items()
+            if state.status.get(i, "succeeded") != "succeeded" and i not in repended
+        }
+        given = {**held, **given}
+        asked = [i for i in state.order if i in state.waiting or i in held]
         kept = {o.step_id: o for o in state.observations if state.status[o.step_id] == "succeeded"}
         carried = tuple(
             CarriedStep(observation=kept[i], charged=charged.get(i, 0))
@@ -159,7 +170,7 @@ class RunForks(RunReads):
             replaced=tuple(i for i in state.order if i in replaced),
             repended=tuple(repended),
             answers=given,
-            questions={i: state.questions[i] for i in state.waiting if i in state.questions},
+            questions={i: state.questions[i] for i in asked if i in state.questions},
             budget_from=state.budget,
         )
         # Redacted as every other run event is where it is staged (M9, ADR 0018): the

@@ -338,9 +338,10 @@ class RunForked(DomainEvent, frozen=True, kw_only=True, tag="run.forked"):
     repended: tuple[str, ...] = ()
     """Steps pending again because they were replaced or depend on a replaced step."""
     answers: dict[str, str] = msgspec.field(default_factory=dict)
-    """Answers given with the fork to steps waiting at ``position``."""
+    """Answers given with the fork to steps waiting at ``position``, and those the source held
+    there for steps the fork runs again (not re-pended by a replacement)."""
     questions: dict[str, str] = msgspec.field(default_factory=dict)
-    """The questions of the steps waiting at ``position``."""
+    """The questions of the steps waiting at ``position``, and of those whose answer it holds."""
     budget_from: int | None = None
     """The source's call budget at ``position`` (``started.call_budget`` is the fork's)."""
 

@@ -46,14 +46,12 @@ def _asker(rt: journaled.Runtime, asked: list[str | None]) -> None:
     rt.register_skill("s", lambda x: f"s({x})")
 
 
-_ANSWERS_LOST = "a fork copies only the answers given with it, not those in its source's state"
 _CALLS_LOST = "a kept step carries only its success's charge, not its retried or waiting ones"
 
 
 # -- answers given before the position are part of the state a fork copies (F1) -------------------
 
 
-@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
 def test_a_fork_of_a_fork_keeps_the_answer_its_source_was_given(rt: journaled.Runtime) -> None:
     """F1: a fork of a fork that pre-answered a waiting step runs that step with the answer."""
     asked: list[str | None] = []
@@ -70,7 +68,6 @@ def test_a_fork_of_a_fork_keeps_the_answer_its_source_was_given(rt: journaled.Ru
     assert asked == ["left"]
 
 
-@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
 def test_a_fork_after_an_answer_was_given_keeps_it(rt: journaled.Runtime) -> None:
     """F1: a fork at a position after a step was answered, before it finished, keeps the answer."""
     asked: list[str | None] = []
@@ -90,7 +87,6 @@ def test_a_fork_after_an_answer_was_given_keeps_it(rt: journaled.Runtime) -> Non
     assert asked == ["right"]
 
 
-@pytest.mark.xfail(strict=True, reason=_ANSWERS_LOST)
 def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime) -> None:
     """P4, F1 (ADR 0086): answers given before the refresh's position are carried."""
     asked: list[str | None] = []
