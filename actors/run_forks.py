@@ -39,8 +39,11 @@ from journaled.events.runs import (
     MemoryRead,
     RunForked,
     RunPurged,
+    StepFailed,
+    StepRetrying,
     StepStarted,
     StepSucceeded,
+    StepWaiting,
 )
 
 _FORKED = tag_of(RunForked)
@@ -207,17 +210,20 @@ class RunForks(RunReads):
     ) -> dict[str, int]:
         """Return what each step succeeded in these events of a run was charged (F1, R6).
 
-        A step that ran here has its ``step-succeeded``'s charge; a step the run carried, as a
-        fork, has the charge its ``run.forked`` recorded, so calls carry over through forks of
-        forks. A fork of a fork stored before ADR 0083 recorded 0 for the steps it carried in
-        turn: a 0 of a step that is not a tool's, in a fork whose source is a fork too, is
-        looked up in that source, up to the fork's position (``seen``: the runs walked).
+        A step that ran here has what each of its attempts was charged: its
+        ``step-succeeded``'s, and those of the attempts that failed and were retried or that
+        waited for the answer it succeeded with (the work its output rests on, ADR 0083's
+        update). A step the run carried, as a fork, has the charge its ``run.forked``
+        recorded, so calls carry over through forks of forks. A fork of a fork stored before
+        ADR 0083 recorded 0 for the steps it carried in turn: a 0 of a step that is not a
+        tool's, in a fork whose source is a fork too, is looked up in that source, up to the
+        fork's position (``seen``: the runs walked).
         """
         charged: dict[str, int] = {}
         for event in events:
             data = event.data
-            if isinstance(data, StepSucceeded):
-                charged[data.step_id] = data.charged
+            if isinstance(data, StepSucceeded | StepRetrying | StepWaiting | StepFailed):
+                charged[data.step_id] = charged.get(data.step_id, 0) + data.charged
             elif isinstance(data, RunForked):
                 charged.update(self._carried_charges(data, seen))
         return charged

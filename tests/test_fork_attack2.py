@@ -46,9 +46,6 @@ def _asker(rt: journaled.Runtime, asked: list[str | None]) -> None:
     rt.register_skill("s", lambda x: f"s({x})")
 
 
-_CALLS_LOST = "a kept step carries only its success's charge, not its retried or waiting ones"
-
-
 # -- answers given before the position are part of the state a fork copies (F1) -------------------
 
 
@@ -186,7 +183,6 @@ def _flaky_skill(rt: journaled.Runtime) -> None:
     rt.register_skill("s", lambda x: f"s({x})")
 
 
-@pytest.mark.xfail(strict=True, reason=_CALLS_LOST)
 def test_a_fork_at_a_budget_stop_stops_again_when_a_kept_step_was_retried(
     rt: journaled.Runtime,
 ) -> None:
@@ -210,7 +206,6 @@ def test_a_fork_at_a_budget_stop_stops_again_when_a_kept_step_was_retried(
     assert rt.runs.state(again).calls_used == 2
 
 
-@pytest.mark.xfail(strict=True, reason=_CALLS_LOST)
 def test_a_fork_carries_the_calls_a_kept_step_used_before_it_waited(
     rt: journaled.Runtime,
 ) -> None:
