@@ -15,9 +15,12 @@ from journaled.events.runs import StepStarted
 from journaled.testing import ManualClock
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgresql"])
 def url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
-    """A journal on a real SQLite file, and the in-process one."""
+    """A journal on a real SQLite file, on PostgreSQL, and the in-process one."""
+    if request.param == "postgresql":
+        pg: str = request.getfixturevalue("pg_url")
+        return pg
     return "memory://" if request.param == "memory" else sqlite_url
 
 
