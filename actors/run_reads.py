@@ -345,10 +345,12 @@ class RunReads:
         """Return the chain of forks that led to a run, root first (F2)."""
         chain: builtins.list[Lineage] = []
         seen: set[str] = set()
+        first: Event | None = self._first(run_id)  # a run id that is not a str is no run either
         current: str | None = run_id
         while current is not None and current not in seen:
             seen.add(current)
-            data = self._first(current).data
+            data = (first if first is not None else self._first(current)).data
+            first = None
             if isinstance(data, RunForked):
                 chain.append(Lineage(run_id=current, forked_from=data.source, at=data.position))
                 current = data.source

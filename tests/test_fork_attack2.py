@@ -229,3 +229,15 @@ def test_a_fork_carries_the_calls_a_kept_step_used_before_it_waited(
     fork = rt.runs.fork(source.run_id)
     assert rt.runs.state(fork).calls_used == 3
     assert rt.runs.state(rt.runs.fork(fork)).calls_used == 3
+
+
+# -- lineage of no run (F2) -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("run_id", [None, "", "run_nope"])
+def test_lineage_of_no_run_says_so(rt: journaled.Runtime, run_id: Any) -> None:
+    """F2: `runs.lineage` of something that is no run raises RunNotFound, as `why` does."""
+    with pytest.raises(journaled.RunNotFound):
+        rt.runs.why(run_id)
+    with pytest.raises(journaled.RunNotFound):
+        rt.runs.lineage(run_id)
