@@ -8,7 +8,7 @@ is a projection of the memory reads runs journaled (P3, P4, ADR 0033). Neither e
 from __future__ import annotations
 
 import builtins
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 
 import msgspec
 
@@ -93,7 +93,9 @@ class RunForks(RunReads):
         replace: Mapping[str, Step] | None,
         answers: Mapping[str, str] | None,
         call_budget: int | None,
+        unheld: Collection[str] = (),
     ) -> str:
+        """Fork as :meth:`fork` says; ``unheld`` names steps whose held answers are not kept."""
         first = self._first(run_id)
         if isinstance(first.data, OrchestrationStarted):
             raise ValueError(
@@ -133,7 +135,9 @@ class RunForks(RunReads):
         held = {
             i: a
             for i, a in state.answers.items()
-            if state.status.get(i, "succeeded") != "succeeded" and i not in repended
+            if state.status.get(i, "succeeded") != "succeeded"
+            and i not in repended
+            and i not in unheld
         }
         given = {**held, **given}
         asked = [i for i in state.order if i in state.waiting or i in held]
@@ -358,8 +362,11 @@ class RunForks(RunReads):
         state = self.state(run_id)
         replace = {i: state.steps[i] for i in carried if i in state.steps}
         # fork (F1) owns the fork rules; refresh only chooses where, and what a fork carried.
-        # The resume that runs it folds memory up to the journal first (P4).
-        return self.fork(run_id, at, replace=replace or None, call_budget=state.budget)
+        # A stale step's answer was given to a question asked against what it read: it asks
+        # again (ADR 0086's update). The resume that runs it folds memory up to the journal
+        # first (P4).
+        stale_steps = {s.step_id for s in found}
+        return self._fork(run_id, at, replace or None, None, state.budget, stale_steps)
 
 
 def refresh_point(

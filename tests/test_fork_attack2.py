@@ -87,8 +87,37 @@ def test_a_fork_after_an_answer_was_given_keeps_it(rt: journaled.Runtime) -> Non
     assert asked == ["right"]
 
 
-def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime) -> None:
-    """P4, F1 (ADR 0086): answers given before the refresh's position are carried."""
+def test_refresh_keeps_an_answer_a_fork_held_for_a_step_that_is_not_stale(
+    rt: journaled.Runtime,
+) -> None:
+    """P4, F1 (ADR 0086): a refresh keeps the answers its run held for steps not stale."""
+    asked: list[str | None] = []
+    _asker(rt, asked)
+
+    def region(query: str, ctx: Any) -> str:
+        return str(ctx.memory.search(query)[0].text)
+
+    rt.register_tool("region", region)
+    rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+    plan = Plan(
+        goal="g", steps=[Step("b", tool="region", input="deploy region"), Step("w", agent="asker")]
+    )
+    source = rt.execute(plan)
+    assert source.waiting == ["w"]
+    answered = rt.runs.fork(source.run_id, answers={"w": "left"})  # b carried, w answered
+    rt.memory.remember("The deploy region is us-east", conflict_key="region")
+    assert [s.step_id for s in rt.runs.stale(answered)] == ["b"]
+    fresh = rt.runs.refresh(answered)
+    asked.clear()
+    result = _result(rt, fresh)
+    assert result.ok, result.waiting
+    assert asked == ["left"]
+    assert rt.runs.stale(fresh) == []
+
+
+def test_refresh_asks_a_stale_step_again(rt: journaled.Runtime) -> None:
+    """P4 (ADR 0086): a stale step answered before it read asks again: its question rested on
+    what it read then."""
     asked: list[str | None] = []
 
     def reader(step: Step, ctx: journaled.AgentContext) -> AgentResult:
@@ -108,9 +137,9 @@ def test_refresh_keeps_an_answer_given_before_its_position(rt: journaled.Runtime
     fresh = rt.runs.refresh(run.run_id)
     asked.clear()
     result = _result(rt, fresh)
-    assert result.ok, result.waiting
-    assert asked == ["yes"]
-    assert result.observations[-1].output == "yes to The deploy region is us-east"
+    assert result.waiting == ["w"]
+    assert asked == [None]
+    assert result.observations[-1].error == "The deploy region is us-east: ship it?"
 
 
 def test_a_fork_refuses_an_empty_answer_as_resume_does(rt: journaled.Runtime) -> None:

@@ -378,20 +378,21 @@ def test_refresh_asks_fork_for_the_position_before_the_stale_step(
     """P4 (ADR 0086): refresh asks fork (F1) for `at` just before the stale step and its budget."""
     from journaled.actors.runs import Runs
 
-    calls: list[tuple[str, int | None, Any, Any]] = []
+    calls: list[tuple[str, int | None, Any, Any, Any]] = []
 
     def fork(
         self: Runs,
         run_id: str,
-        at: int | None = None,
-        *,
-        replace: dict[str, Step] | None = None,
-        call_budget: int | None = None,
+        at: int | None,
+        replace: dict[str, Step] | None,
+        answers: dict[str, str] | None,
+        call_budget: int | None,
+        unheld: Any = (),
     ) -> str:
-        calls.append((run_id, at, replace, call_budget))
+        calls.append((run_id, at, replace, call_budget, sorted(unheld)))
         return "run_forked"
 
-    monkeypatch.setattr(Runs, "fork", fork, raising=False)
+    monkeypatch.setattr(Runs, "_fork", fork, raising=False)
     rt.memory.remember("deploy to eu-west", conflict_key="deploy")
     _reader(rt)
     run = rt.runs.execute(_plan(), call_budget=7)
@@ -402,7 +403,7 @@ def test_refresh_asks_fork_for_the_position_before_the_stale_step(
         for e in rt.runs.history(run.run_id)
         if isinstance(e.data, StepStarted) and e.data.step_id == "a"
     )
-    assert calls == [(run.run_id, started - 1, None, 7)]
+    assert calls == [(run.run_id, started - 1, None, 7, ["a"])]
 
 
 def test_a_superseder_that_expired_leaves_the_read_current(sqlite_url: str) -> None:
