@@ -147,6 +147,13 @@ class RunForks(RunReads):
             for i in state.order
             if state.status[i] == "succeeded" and i not in repended and i in kept
         )
+        carried_calls = sum(c.charged for c in carried)
+        if budget is not None and budget < carried_calls:
+            # As resume refuses it: the fork would stop for budget at once, reading "3 of 2".
+            raise ValueError(
+                f"call_budget must be at least the {carried_calls} model call(s) the fork "
+                f"carries (calls used carry over), got {budget}"
+            )
         now = self._clock()
         new_id = new_run_id(now)
         plan = Plan(
