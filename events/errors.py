@@ -131,6 +131,20 @@ class IndexTorn(EventsError, RuntimeError):
     again."""
 
 
+class UnreadableEvent(EventsError, ValueError):
+    """An event that would be stored in a form this release cannot read back (a field of the
+    wrong type, say): refused before anything of its append was stored (R7)."""
+
+    def __init__(self, stream: str, topic: str, reason: str) -> None:
+        self.stream = stream
+        self.topic = topic
+        self.reason = reason
+        super().__init__(
+            f"event {topic!r} of stream {stream} would be stored unreadable: {reason}; "
+            "nothing was appended"
+        )
+
+
 class AppendRefused(EventsError):
     """An append guarded by ``refuse_after`` found such an event after its position: nothing
     was stored. The caller reads again (what it decided from may be erased) and decides anew."""

@@ -47,6 +47,7 @@ if TYPE_CHECKING:
         OrganizationNotConfigured,
         ScrubPending,
         UnknownEventType,
+        UnreadableEvent,
     )
     from journaled.events.base import (
         DomainEvent,
@@ -166,6 +167,7 @@ _HOMES: dict[str, str] = {
     "Step": "journaled.events.plans",
     "StepComparison": "journaled.events.fork",
     "UnknownEventType": "journaled.errors",
+    "UnreadableEvent": "journaled.errors",
     "Use": "journaled.events.provenance",
     "VerifyReport": "journaled.events.journal",
     "open": "journaled.runtime",
@@ -252,6 +254,7 @@ __all__ = [
     "Step",
     "StepComparison",
     "UnknownEventType",
+    "UnreadableEvent",
     "Use",
     "VerifyReport",
     "aio",

@@ -14,6 +14,7 @@
     ├── ConcurrencyConflict
     ├── CorruptEvent (ValueError)
     │   └── UnknownEventType
+    ├── UnreadableEvent (ValueError)           an append refused: it would not read back
     └── IndexTorn (RuntimeError)               an as_of view's index was left half built
     ActorsError                                (from the live layer)
     ├── InvalidFact (ValueError)
@@ -53,6 +54,7 @@ from journaled.events.errors import (
     JournalUrlError,
     PlanRejected,
     UnknownEventType,
+    UnreadableEvent,
 )
 
 
@@ -102,4 +104,5 @@ __all__ = [
     "RuntimeClosed",
     "ScrubPending",
     "UnknownEventType",
+    "UnreadableEvent",
 ]

@@ -17,6 +17,7 @@ from journaled.events.errors import (
     CorruptEvent,
     JournalClosed,
     JournalUrlError,
+    UnreadableEvent,
 )
 from journaled.events.journal import PAYLOAD_TABLE, Journal
 from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered
@@ -34,6 +35,31 @@ def journal(journal_url: str) -> Iterator[Journal]:
 def remembered(fact_id: str, at: int = 1) -> FactRemembered:
     """Make a small event."""
     return FactRemembered(at=at, fact_id=fact_id, scope="project")
+
+
+def test_an_event_that_would_not_read_back_is_refused_and_nothing_of_its_append_stored(
+    journal: Journal,
+) -> None:
+    """R7, J5: msgspec encodes a field of the wrong type without a word, and every later read
+    would fail at that event; the append refuses it, naming the event, the stream and the
+    field, and stores nothing of its batch (the valid event beside it included)."""
+    journal.append([Pending(stream="a", version=1, data=remembered("a"))])
+    before = [(e.position, e.stream, e.data) for e in journal.read()]
+    wrong = FactRemembered(at=2, fact_id="b", scope=5)  # type: ignore[arg-type]
+    with pytest.raises(UnreadableEvent) as raised:
+        journal.append(
+            [
+                Pending(stream="c", version=1, data=remembered("c")),
+                Pending(stream="b", version=1, data=wrong),
+            ]
+        )
+    message = str(raised.value)
+    for part in ("memory.fact-remembered", "stream b", "scope", "nothing was appended"):
+        assert part in message, message
+    assert isinstance(raised.value, ValueError)
+    assert [(e.position, e.stream, e.data) for e in journal.read()] == before
+    assert journal.verify().ok
+    assert journal.append([Pending(stream="c", version=1, data=remembered("c"))]) == [2]
 
 
 def test_positions_are_one_global_order(journal: Journal) -> None:

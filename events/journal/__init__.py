@@ -74,6 +74,7 @@ from journaled.events.errors import (
     JournalFull,
     JournalUnreadable,
     JournalUrlError,
+    UnreadableEvent,
 )
 from journaled.events.inputs import INT64_MAX
 from journaled.events.interrupts import interrupts_deferred
@@ -492,6 +493,8 @@ class Journal:
             ValueError: payloads or erasures without any event (no digest record would cover
                 them), or a malformed ``refuse_after``.
             AppendRefused: ``refuse_after`` found such an event; nothing was appended.
+            UnreadableEvent: an event would not decode as stored (a field of the wrong type);
+                nothing was appended.
         """
         self._check_open()
         if not events and (payloads or forget):
@@ -512,7 +515,15 @@ class Journal:
                     # own shape: a side row would only repeat it (ADR 0035).
                     side[content_key(p.stream, p.version)] = content_of(data)
                     data = shape
-            stored.append(StoredEvent(p.stream, p.version, codec.topic(data), codec.encode(data)))
+            topic, payload = codec.topic(data), codec.encode(data)
+            try:
+                # msgspec encodes what a Struct holds without checking its field types; the
+                # decoder checks them. An event it could not read back would make every later
+                # read of the journal fail there (R7): refused now, with nothing stored.
+                codec.decode(topic, payload)
+            except CorruptEvent as exc:
+                raise UnreadableEvent(p.stream, topic, exc.reason) from None
+            stored.append(StoredEvent(p.stream, p.version, topic, payload))
         # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
         # them to be released (ADR 0076).
         guard = None if refuse_after is None else _guard(refuse_after)
