@@ -95,9 +95,11 @@ Trace = Callable[[int, ExecuteResult], None]
 def wants_run_id(on_progress: Progress | None) -> int | bool:
     """Tell how an ``on_progress`` callable takes the run id (A2), if it names one.
 
-    Returns the index of a positional ``run_id`` parameter (``def p(run_id, at, delta, calls,
-    waiting)`` gets it first, E12's four after it), True when it takes ``run_id`` by keyword
-    only (or takes ``**kwargs``), False when it takes E12's four arguments alone.
+    Returns the index of a positional ``run_id`` parameter among the first five (``def
+    p(run_id, at, delta, calls, waiting)`` gets it first, E12's four after it; positional-only
+    too), True when it takes ``run_id`` by keyword (keyword-only, or a positional one after
+    parameters of its own, which keep their defaults; or ``**kwargs``), False when it takes
+    E12's four arguments alone.
     """
     if on_progress is None:
         return False
@@ -111,13 +113,21 @@ def wants_run_id(on_progress: Progress | None) -> int | bool:
         if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
     ]
     for index, p in enumerate(positional):
-        if p.name == "run_id" and p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:
+        if p.name != "run_id":
+            continue
+        if index <= _E12_ARGUMENTS:  # first, among E12's four, or right after them
             return index
+        if p.kind is inspect.Parameter.POSITIONAL_OR_KEYWORD:  # after other parameters of its
+            return True  # own (with defaults): by name, not in the place of one of those
     return any(
         p.kind is inspect.Parameter.VAR_KEYWORD
         or (p.name == "run_id" and p.kind is inspect.Parameter.KEYWORD_ONLY)
         for p in parameters
     )
+
+
+_E12_ARGUMENTS = 4
+"""``on_progress``'s arguments besides the run id: at, observations_delta, calls_used, waiting."""
 
 
 class RunRecorder:
