@@ -19,7 +19,7 @@ import asyncio
 import base64
 import inspect
 import threading
-from collections.abc import Callable, Generator, Mapping
+from collections.abc import Callable, Coroutine, Generator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -37,6 +37,7 @@ from journaled.actors.loop import (
     StepToken,
 )
 from journaled.actors.placement import Placement, resources_problem, run_placed
+from journaled.actors.run_args import child_run_id
 from journaled.actors.tracing import Tracing
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.memory import Fact
@@ -303,6 +304,8 @@ class AgentContext:
         self._calls_lock = threading.Lock()
         self.unawaited = 0
         """Calls of ``ctx.execute`` from an async agent not awaited (yet): each started nothing."""
+        self._in_flight: list[str] = []
+        """The child runs started by calls that have not returned yet, oldest first."""
         self.interrupted = False
         """Set when a child run was cut short by the runtime closing: the step has no result
         and runs again on resume, whatever the agent returns (R3)."""
@@ -336,11 +339,16 @@ class AgentContext:
             # step get distinct children (R5); a call that fails still uses its ordinal.
             self._calls += 1
             call = self._calls
+            child = child_run_id(self.run_id, self.step_id, call)
+            self._in_flight.append(child)
         try:
             result = self._runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
         except RuntimeClosed:
             self.interrupted = True
             raise
+        finally:
+            with self._calls_lock:
+                self._in_flight.remove(child)
         self.child_runs.append(result.run_id)
         if result.suspended:
             self.interrupted = True
@@ -350,6 +358,15 @@ class AgentContext:
             )
         return result
 
+    def last_child(self) -> str | None:
+        """Return the child run to name in the step's observation (E9): the one a call still
+        waits for (an async agent cancelled while it awaited its child), else the last one a
+        call returned, else None."""
+        with self._calls_lock:
+            if self._in_flight:
+                return self._in_flight[-1]
+        return self.child_runs[-1] if self.child_runs else None
+
     async def execute_async(self, plan: Plan, **options: Any) -> ExecuteResult:
         """Run a child plan like :meth:`execute`, from an async agent, without blocking its loop."""
         return await asyncio.to_thread(self._execute_in_thread, plan, options)
@@ -358,24 +375,46 @@ class AgentContext:
         return self.execute(plan, **options)
 
 
-class _ChildRunAwaited:
+class _ChildRunAwaited(Coroutine[Any, Any, ExecuteResult]):
     """``ctx.execute(plan)`` called from an async agent: awaiting it runs the child.
 
     Nothing starts until it is awaited (so one never awaited leaves no run and no coroutine
-    behind); reading a result's attribute from it says to await it.
+    behind); reading a result's attribute from it says to await it. It is a coroutine as
+    asyncio sees one, so ``asyncio.create_task`` and a ``TaskGroup`` take it as ``gather``
+    does; like a coroutine, it runs once: awaiting it again raises RuntimeError.
     """
 
-    __slots__ = ("_ctx", "_options", "_plan")
+    __slots__ = ("_coro", "_ctx", "_options", "_plan")
 
     def __init__(self, ctx: AgentContext, plan: Plan, options: dict[str, Any]) -> None:
         self._ctx, self._plan, self._options = ctx, plan, options
+        self._coro: Coroutine[Any, Any, ExecuteResult] | None = None
         with ctx._calls_lock:
             ctx.unawaited += 1
 
+    def _started(self) -> Coroutine[Any, Any, ExecuteResult]:
+        if self._coro is None:
+            with self._ctx._calls_lock:
+                self._ctx.unawaited -= 1
+            self._coro = self._ctx.execute_async(self._plan, **self._options)
+        return self._coro
+
     def __await__(self) -> Generator[Any, None, ExecuteResult]:
-        with self._ctx._calls_lock:
-            self._ctx.unawaited -= 1
-        return self._ctx.execute_async(self._plan, **self._options).__await__()
+        if self._coro is not None:
+            raise RuntimeError(
+                "ctx.execute(plan) was awaited already: it runs its child once; keep its result"
+            )
+        return self._started().__await__()
+
+    def send(self, value: Any) -> Any:
+        return self._started().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._started().throw(*args)
+
+    def close(self) -> None:
+        if self._coro is not None:
+            self._coro.close()
 
     def __getattr__(self, name: str) -> Any:
         raise AttributeError(
@@ -553,7 +592,7 @@ def _observe_agent(
     except LoopGone:
         raise  # no result: the step runs again on resume (R3)
     except NeedsInput as need:
-        task = ctx.child_runs[-1] if ctx.child_runs else None
+        task = ctx.last_child()
         problem = text_problem(need.question, empty=False)
         if problem:
             error = f"agent {step.agent!r} asked a question that {problem}"
@@ -564,17 +603,17 @@ def _observe_agent(
         )
         return obs, question
     except StepCancelled as exc:
-        task = ctx.child_runs[-1] if ctx.child_runs else None
+        task = ctx.last_child()
         # A cancel of its run cancelled its task: said as E5 says it, not as a failure.
         said: ObservationCode = "cancelled" if exc.reason == CANCELLED else "agent-failed"
         return Observation(**base, ok=False, code=said, error=str(exc), agent_task_id=task), None
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
-        task = ctx.child_runs[-1] if ctx.child_runs else None
+        task = ctx.last_child()
         obs = Observation(
             **base, ok=False, code="agent-failed", error=_error_text(exc), agent_task_id=task
         )
         return obs, None
-    task = ctx.child_runs[-1] if ctx.child_runs else None
+    task = ctx.last_child()
     if ctx.unawaited:
         # A forgotten ``await``: the child run it meant was never started, so whatever the
         # agent answered rests on nothing; its step fails, saying so, rather than passing.
