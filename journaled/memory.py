@@ -593,11 +593,13 @@ class Memory:
         inside one append (a remember that supersedes is several events) is taken at the end of
         that append, which readers saw whole or not at all (J2): the view's ``position`` says so.
         With neither (SPEC section 5's defaults), the view is of the journal as it is now: its
-        last position.
+        last position, its searches' ``now`` the clock's (a fact whose ``valid_until`` passed
+        since the last event is not found, as :meth:`search` does not find it).
         """
         if position is not None and at is not None:
             raise InvalidArgument("as_of", "takes one of position= or at=, not both")
-        if position is None and at is None:
+        current = position is None and at is None
+        if current:
             position = self._journal.position()
         if at is not None:
             _check("at", int_problem(at, unit="epoch milliseconds (int)"))
@@ -613,6 +615,8 @@ class Memory:
                 )
             position = self._journal.commit_end(position)
         state, now = self._past(position, at)
+        if current:  # as it is now: its searches judge validity now, as memory.search does
+            now = max(now, self._clock())
         return MemoryView(state, now, self._semantic)
 
     def _past(self, position: int | None, at: int | None) -> tuple[MemoryState, int]:
