@@ -275,9 +275,15 @@ class Semantic:
             log.warning("a late embedding was not cached", exc_info=True)
 
     def _catch_up(self) -> int | None:
-        """Apply purges to the file cache before it serves; None when it cannot be read now
-        (search goes on with the vectors it computes, M7)."""
+        """Apply purges to the cache before it serves; None when it cannot be read now
+        (search goes on with the vectors it computes, M7), and for an in-memory cache.
+
+        An in-memory cache (a PostgreSQL journal, an embedder naming no model) learns other
+        processes' purges from the journal too: a fact memory has not folded the purge of yet is
+        neither embedded nor ranked from the memo (R2).
+        """
         if self.cache.path is None:
+            self.cache.catch_up(self._journal)
             return None
         try:
             return self.cache.catch_up(self._journal)

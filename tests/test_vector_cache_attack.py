@@ -1,0 +1,133 @@
+"""The vector cache beside the journal under attack: purges another process applied, rows owed to
+the file, in-memory caches, unreadable files, late embedder answers.
+
+SPEC M7, M10, R2; ADR 0048, ADR 0065 (and its updates), ADR 0067. Real SQLite files, the
+PostgreSQL fixture, real threads and subprocesses.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import journaled
+from journaled.testing import KeywordEmbedder, ManualClock
+
+ROOT = Path(__file__).resolve().parent.parent
+WORDS = ["cat", "dog", "fish", "bird"]
+SECRET = "cat secret plan"
+
+
+class NamedEmbedder(KeywordEmbedder):
+    """A keyword embedder that names its model, so its vectors are kept beside the journal."""
+
+    model = "keywords-v1"
+
+
+class Gated(NamedEmbedder):
+    """A named keyword embedder whose calls wait while ``gate`` is closed."""
+
+    def __init__(self, vocabulary: list[str]) -> None:
+        super().__init__(vocabulary)
+        self.gate = threading.Event()
+        self.gate.set()
+        self.answered = threading.Event()
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Wait for the gate, then answer as the keyword embedder does."""
+        self.gate.wait(30)
+        try:
+            return super().embed(texts)
+        finally:
+            self.answered.set()
+
+
+def _linked(path: Path) -> set[str]:
+    """Return the fact ids a vector cache file links to vectors."""
+    db = sqlite3.connect(path)
+    try:
+        return {str(r[0]) for r in db.execute("SELECT fact_id FROM facts")}
+    finally:
+        db.close()
+
+
+def _embedded(embedder: KeywordEmbedder, text: str) -> bool:
+    return any(text in t for call in embedder.calls for t in call)
+
+
+def _purge_elsewhere(tmp_path: Path, url: str, fact_id: str, search: bool) -> None:
+    """Purge a fact in another process; with ``search``, search there too with the same named
+    model, which moves the cache file's position past the purge."""
+    body = f"""
+        import journaled
+        from journaled.testing import KeywordEmbedder
+
+        class Named(KeywordEmbedder):
+            model = {NamedEmbedder.model!r}
+
+        with journaled.open({url!r}, embedder=Named({WORDS!r})) as rt:
+            assert rt.memory.purge({fact_id!r}, reason="asked to forget")
+            if {search!r}:
+                rt.memory.search_semantic("cat")
+        """
+    script = tmp_path / "purge.py"
+    script.write_text(textwrap.dedent(body))
+    done = subprocess.run(
+        [sys.executable, str(script)], cwd=ROOT, timeout=60, check=False, capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+# -- in-memory caches: PostgreSQL journals, embedders without a model name -------------------------
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_in_memory_cache_never_embeds_a_fact_another_process_purged(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2, ADR 0065 update: a runtime whose memory has not folded another process's purge
+    (``follow=None``) never sends the purged text to its embedder, whatever its cache: the
+    in-memory one (an embedder without a model name, a PostgreSQL journal) as the file."""
+    url = (
+        str(request.getfixturevalue("pg_url"))
+        if backend == "postgresql"
+        else f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    )
+    embedder = NamedEmbedder(WORDS) if backend == "postgresql" else KeywordEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        gone = rt.memory.remember(SECRET)
+        kept = rt.memory.remember("cat dog")
+        _purge_elsewhere(tmp_path, url, gone.id, search=False)
+        assert rt.memory.get(gone.id) is not None  # not followed: memory still holds it
+        found = rt.memory.search_semantic("cat")
+        assert not _embedded(embedder, SECRET)
+        assert [f.id for f in found] == [kept.id]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_an_in_memory_memo_never_serves_a_vector_another_process_purged(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2: a vector the in-memory memo holds for a fact another process then purged is not
+    ranked: the semantic ranking treats the fact as memory will once it folds the purge."""
+    url = (
+        str(request.getfixturevalue("pg_url"))
+        if backend == "postgresql"
+        else f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    )
+    embedder = NamedEmbedder(WORDS) if backend == "postgresql" else KeywordEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        gone = rt.memory.remember(SECRET)
+        kept = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")  # both embedded and memoized
+        _purge_elsewhere(tmp_path, url, gone.id, search=False)
+        scored, ranking = rt.memory.search_scored("cat", semantic=True)
+        assert ranking == "semantic"
+        assert [f.id for _, f in scored] == [kept.id]
