@@ -289,6 +289,7 @@ class Semantic:
             return self.cache.catch_up(self._journal)
         except (sqlite3.Error, OSError):
             log.warning("vector cache %s unreadable for now; embedding without it", self.cache.path)
+            self.cache.learn(self._journal)  # the journal still says what was purged (R2)
             return None
 
     def _digest(self, fact: Fact) -> bytes:

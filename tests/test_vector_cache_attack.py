@@ -131,3 +131,28 @@ def test_an_in_memory_memo_never_serves_a_vector_another_process_purged(
         scored, ranking = rt.memory.search_scored("cat", semantic=True)
         assert ranking == "semantic"
         assert [f.id for _, f in scored] == [kept.id]
+
+
+# -- a cache file that cannot be read --------------------------------------------------------------
+
+
+def test_a_cache_file_unreadable_now_still_learns_purges_from_the_journal(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2, M7: the cache file turns unreadable while the runtime is open (its catch-up fails);
+    the purges another process recorded are still read from the journal, so the text of a fact
+    memory has not folded the purge of is not sent to the embedder, and the search answers."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        kept = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        gone = rt.memory.remember(SECRET)
+        for extra in ("-wal", "-shm"):
+            Path(str(cache) + extra).unlink(missing_ok=True)
+        cache.write_bytes(b"this is not a database" * 200)
+        _purge_elsewhere(tmp_path, url, gone.id, search=False)
+        scored, ranking = rt.memory.search_scored("cat", semantic=True)
+        assert not _embedded(embedder, SECRET)
+        assert (ranking, [f.id for _, f in scored]) == ("semantic", [kept.id])

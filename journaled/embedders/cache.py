@@ -83,8 +83,8 @@ class VectorCache:
         self._seen = 0
         self._purged: set[str] = set()
         self._applied = 0
-        """The journal position up to which this process applied purges itself (a file's own
-        position may be ahead: another process moved it)."""
+        """The journal position up to which this process applied purges to its memo and owed
+        rows itself (a file's own position may be ahead: another process moved it)."""
         self._unwritten: dict[tuple[str, str], tuple[bytes, list[float]]] = {}
         """File-cache rows by (model, fact id) that the memo holds and the file does not yet:
         a write failed (a full disk) or was held back (no catch-up vouched for it)."""
@@ -282,6 +282,19 @@ class VectorCache:
         purged = _purged_ids(journal, after, end)
         if purged:
             self.forget_facts(purged)
+
+    def learn(self, journal: Journal) -> None:
+        """Apply the purges the journal recorded since this process last applied any to its memo
+        and the rows it owes the file alone: what a search does when the file cannot be read
+        now (its next catch-up applies them to the file), so a purged fact is still neither
+        served from the memo, embedded, nor written back (R2)."""
+        last = journal.position()
+        with self._lock:
+            mine = self._applied
+        if mine < last:
+            self._forget_here(_purged_ids(journal, mine, last))
+            with self._lock:
+                self._applied = max(self._applied, last)
 
     def _forget_here(self, fact_ids: list[str]) -> None:
         """Apply purges the file applied already to this process alone: its memo of their
