@@ -318,9 +318,18 @@ class Semantic:
         ]
         if not entries and not self.cache.owes_writes:
             return
+        vouched = self.cache.path is not None and caught_up is not None
         try:
+            if vouched:
+                # First too, to the memo and owed rows: a late answer (ADR 0067) may come long
+                # after its catch-up, once another process purged one of its facts and moved the
+                # file past the purge, or once the runtime closed, when nothing afterwards could
+                # take the row out again (R2). A journal that cannot be read (closed) raises:
+                # nothing is written.
+                self.cache.learn(self._journal)
             self.cache.put(self._model, entries, write=caught_up is not None)
-            if self.cache.path is not None and caught_up is not None:
+            if vouched:
+                assert caught_up is not None
                 self.cache.forget_purged(self._journal, caught_up)
         except (sqlite3.Error, OSError):
             log.warning("vector cache %s busy or unwritable; not stored this time", self.cache.path)

@@ -156,3 +156,41 @@ def test_a_cache_file_unreadable_now_still_learns_purges_from_the_journal(
         scored, ranking = rt.memory.search_scored("cat", semantic=True)
         assert not _embedded(embedder, SECRET)
         assert (ranking, [f.id for _, f in scored]) == ("semantic", [kept.id])
+
+
+# -- late embedder answers (ADR 0067) --------------------------------------------------------------
+
+
+def _join_embed_threads() -> None:
+    for thread in threading.enumerate():
+        if thread.name == "journaled-embed":
+            thread.join(10)
+
+
+def test_a_late_answer_after_close_never_writes_a_purged_fact_to_the_file(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2, ADR 0067: a search gave up on its embedder; another process then purged one of the
+    facts it had asked about and moved the file's position past the purge; the runtime closed.
+    The embedder's late answer must not put the purged fact's vector and link in the file,
+    where no later catch-up would ever look for that purge."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    embedder = Gated(WORDS)
+    with journaled.open(
+        url, clock=clock, embedder=embedder, follow=None, embed_timeout=0.3
+    ) as rt:
+        rt.memory.remember("cat dog")
+        gone = rt.memory.remember(SECRET)
+        embedder.gate.clear()
+        rt.memory.search_semantic("cat")  # gives up after 0.3 s: BM25
+        _purge_elsewhere(tmp_path, url, gone.id, search=True)
+        assert gone.id not in _linked(cache)
+    embedder.gate.set()
+    assert embedder.answered.wait(10)
+    _join_embed_threads()
+    time.sleep(0.2)
+    assert gone.id not in _linked(cache)
+    with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
+        assert gone.id not in {f.id for f in rt.memory.search_semantic("cat")}
+    assert gone.id not in _linked(cache)

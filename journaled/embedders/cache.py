@@ -286,8 +286,8 @@ class VectorCache:
     def learn(self, journal: Journal) -> None:
         """Apply the purges the journal recorded since this process last applied any to its memo
         and the rows it owes the file alone: what a search does when the file cannot be read
-        now (its next catch-up applies them to the file), so a purged fact is still neither
-        served from the memo, embedded, nor written back (R2)."""
+        now (its next catch-up applies them to the file), and before it writes rows, so a
+        purged fact is still neither served from the memo, embedded, nor written back (R2)."""
         last = journal.position()
         with self._lock:
             mine = self._applied
