@@ -14,6 +14,7 @@ import textwrap
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -193,4 +194,52 @@ def test_a_late_answer_after_close_never_writes_a_purged_fact_to_the_file(
     assert gone.id not in _linked(cache)
     with journaled.open(url, clock=clock, embedder=NamedEmbedder(WORDS)) as rt:
         assert gone.id not in {f.id for f in rt.memory.search_semantic("cat")}
+    assert gone.id not in _linked(cache)
+
+
+# -- another process between the catch-up's two reads ----------------------------------------------
+
+
+def test_a_purge_between_the_catch_ups_two_reads_is_never_embedded(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R2: another process purges a fact, and moves the cache file's position past the purge,
+    just after this runtime's catch-up read the journal's position and before it read the
+    file's. The catch-up must not vouch for the file's position while it applied purges only
+    up to the journal's it read: the purged text is neither embedded nor written to the file."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        kept = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        gone = rt.memory.remember(SECRET)
+        semantic = rt.memory._semantic
+        journal, vectors = semantic._journal, semantic.cache
+        real_position, real_connect = journal.position, vectors._connect
+        reads: list[str] = []
+
+        def between(read: str) -> None:
+            # At the second of the catch-up's two reads, before it is made.
+            if read not in reads:
+                reads.append(read)
+                if len(reads) == 2:
+                    _purge_elsewhere(tmp_path, url, gone.id, search=True)
+
+        def position() -> int:
+            between("journal")
+            return real_position()
+
+        def connect() -> Any:
+            between("file")
+            return real_connect()
+
+        monkeypatch.setattr(journal, "position", position)
+        monkeypatch.setattr(vectors, "_connect", connect)
+        rt.memory.search_semantic("cat")
+        monkeypatch.undo()
+        assert len(reads) == 2
+        assert not _embedded(embedder, SECRET)
+        assert gone.id not in _linked(cache)
+        assert [f.id for f in rt.memory.search_semantic("cat")] == [kept.id]
     assert gone.id not in _linked(cache)

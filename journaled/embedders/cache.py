@@ -243,13 +243,16 @@ class VectorCache:
         (:meth:`put`): those learn of the purges between this cache's own position and the
         file's first, so a fact purged there is never served from the memo nor written back.
         """
-        last = journal.position()
         if self.path is None:
             seen = self._seen
         else:
             with self._connect() as db:
                 row = db.execute("SELECT seen FROM position WHERE id = 0").fetchone()
             seen = 0 if row is None else int(row[0])
+        # The journal's position after the file's: another process that moves the file past a
+        # purge in between has committed the purge, which then lies before ``last`` (R2).
+        last = journal.position()
+        if self.path is not None:
             with self._lock:
                 mine = self._applied
             if mine < min(seen, last):
