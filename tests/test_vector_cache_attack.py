@@ -178,9 +178,7 @@ def test_a_late_answer_after_close_never_writes_a_purged_fact_to_the_file(
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     cache = tmp_path / "journal.sqlite.vectors"
     embedder = Gated(WORDS)
-    with journaled.open(
-        url, clock=clock, embedder=embedder, follow=None, embed_timeout=0.3
-    ) as rt:
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None, embed_timeout=0.3) as rt:
         rt.memory.remember("cat dog")
         gone = rt.memory.remember(SECRET)
         embedder.gate.clear()
