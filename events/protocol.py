@@ -143,6 +143,19 @@ class Envelope(msgspec.Struct, frozen=True, kw_only=True):
     """The message itself, with its tag in ``type``."""
 
 
+class _Version(msgspec.Struct):
+    """A message's optional ``version`` key, read beside the message (every other key ignored).
+
+    On the wire a message may say which schema version it is; one that says none is version 1,
+    so this release's encoders, whose messages are all version 1, leave it out (ADR 0028)."""
+
+    version: int | None = None
+
+
+class _EnvelopeVersion(msgspec.Struct):
+    message: _Version
+
+
 _TAGS: frozenset[type[msgspec.Struct]] = frozenset(MESSAGE_TYPES)
 _JSON = msgspec.json.Encoder()
 _MSGPACK = msgspec.msgpack.Encoder()
@@ -150,6 +163,10 @@ _JSON_MESSAGE = msgspec.json.Decoder(AnyMessage)
 _MSGPACK_MESSAGE = msgspec.msgpack.Decoder(AnyMessage)
 _JSON_ENVELOPE = msgspec.json.Decoder(Envelope)
 _MSGPACK_ENVELOPE = msgspec.msgpack.Decoder(Envelope)
+_JSON_VERSION = msgspec.json.Decoder(_Version)
+_MSGPACK_VERSION = msgspec.msgpack.Decoder(_Version)
+_JSON_ENVELOPE_VERSION = msgspec.json.Decoder(_EnvelopeVersion)
+_MSGPACK_ENVELOPE_VERSION = msgspec.msgpack.Decoder(_EnvelopeVersion)
 
 
 def _check_message(value: object) -> None:
@@ -209,14 +226,26 @@ def encode_msgpack(value: AnyMessage | Envelope) -> bytes:
     return _encode(value, _MSGPACK.encode)
 
 
-def _decode(data: bytes | str, decoder: Any) -> Any:
+def _decode(data: bytes | str, decoder: Any, versions: Any, where: str = "$") -> Any:
     try:
-        return decoder.decode(data)
+        decoded = decoder.decode(data)
+        said = versions.decode(data)
     except msgspec.ValidationError as exc:
         # msgspec names the path (``$.message.step.id``) and, for an unknown tag, the tag.
         raise ProtocolError(f"invalid message: {exc}") from exc
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"malformed message: {exc}") from exc
+    message = decoded.message if isinstance(decoded, Envelope) else decoded
+    version = (said.message if isinstance(said, _EnvelopeVersion) else said).version
+    known: int = getattr(type(message), "version", 1)
+    if version is not None and version != known:
+        # Read as this release's version, a later one would be taken for what it is not (A4).
+        raise ProtocolError(
+            f"invalid message: {message_tag(type(message))} version {version} is not one this "
+            f"release reads (it reads version {known}; a message without a version is version "
+            f"1) - at `{where}.version`"
+        )
+    return decoded
 
 
 def decode_json(data: bytes | str) -> AnyMessage:
@@ -225,7 +254,7 @@ def decode_json(data: bytes | str) -> AnyMessage:
     Raises:
         ProtocolError: the data is not JSON, names no known tag, or a field has the wrong type.
     """
-    message: AnyMessage = _decode(data, _JSON_MESSAGE)
+    message: AnyMessage = _decode(data, _JSON_MESSAGE, _JSON_VERSION)
     return message
 
 
@@ -235,7 +264,7 @@ def decode_msgpack(data: bytes) -> AnyMessage:
     Raises:
         ProtocolError: the data is not msgpack, names no known tag, or a field has the wrong type.
     """
-    message: AnyMessage = _decode(data, _MSGPACK_MESSAGE)
+    message: AnyMessage = _decode(data, _MSGPACK_MESSAGE, _MSGPACK_VERSION)
     return message
 
 
@@ -245,7 +274,7 @@ def decode_envelope_json(data: bytes | str) -> Envelope:
     Raises:
         ProtocolError: as :func:`decode_json`, with paths under ``$.message``.
     """
-    envelope: Envelope = _decode(data, _JSON_ENVELOPE)
+    envelope: Envelope = _decode(data, _JSON_ENVELOPE, _JSON_ENVELOPE_VERSION, "$.message")
     return envelope
 
 
@@ -255,7 +284,7 @@ def decode_envelope_msgpack(data: bytes) -> Envelope:
     Raises:
         ProtocolError: as :func:`decode_msgpack`, with paths under ``$.message``.
     """
-    envelope: Envelope = _decode(data, _MSGPACK_ENVELOPE)
+    envelope: Envelope = _decode(data, _MSGPACK_ENVELOPE, _MSGPACK_ENVELOPE_VERSION, "$.message")
     return envelope
 
 

@@ -13,7 +13,7 @@ import pytest
 import journaled
 from journaled import AgentContext, AgentResult, Plan, Step
 from journaled.events.errors import ProtocolError
-from journaled.events.protocol import decode_envelope_json
+from journaled.events.protocol import decode_envelope_json, decode_json, encode_json
 
 WAIT = 10.0
 
@@ -154,13 +154,18 @@ def test_as_of_now_judges_validity_now(sqlite_url: str) -> None:
         assert rt.memory.as_of().search("deploy") == []
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="A4: a message's schema version is a class attribute only, never on the wire, so a "
-    "decoder cannot tell a later version from this one (ADR 0028 update); needs a wire decision",
-)
 def test_a_message_of_another_version_is_not_taken_for_this_one() -> None:
     """A4: every message type has a schema version (1 now); a message that says it is version 2
     is refused, not decoded as version 1 with its version ignored."""
-    with pytest.raises(ProtocolError):
+    with pytest.raises(ProtocolError) as raised:
         decode_envelope_json(b'{"to": "runs", "message": {"type": "run.begin", "version": 2}}')
+    assert "run.begin version 2 is not one this release reads" in str(raised.value)
+    assert "at `$.message.version`" in str(raised.value)
+    with pytest.raises(ProtocolError, match=r"at `\$\.version`"):
+        decode_json(b'{"type": "run.begin", "version": "1"}')
+    for said in (b"", b', "version": 1'):
+        envelope = decode_envelope_json(
+            b'{"to": "runs", "message": {"type": "run.begin"%s}}' % said
+        )
+        assert envelope.message == decode_json(b'{"type": "run.begin"%s}' % said)
+    assert b"version" not in encode_json(envelope)  # version 1 is the one a message omits

@@ -191,6 +191,11 @@ def _envelope(foreign: Foreign, message: dict[str, Any]) -> bytes:
         ({"type": "gateway.search", "query": 5}, "query", "Expected `str`, got `int`"),
         ({"type": "gateway.journal-read", "limit": "ten"}, "limit", "Expected `int`"),
         (
+            {"type": "gateway.search", "query": "x", "version": 2},
+            "version",
+            "gateway.search version 2 is not one this release reads",
+        ),
+        (
             {"type": "gateway.run-start", "plan": {"goal": "g", "steps": [{"id": 3}]}},
             "plan.steps[0].id",
             "Expected `str`",
