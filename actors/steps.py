@@ -334,6 +334,11 @@ class AgentContext:
             raise RuntimeError("this agent context cannot start child runs")
         if _in_event_loop():
             return cast(ExecuteResult, _ChildRunAwaited(self, plan, options))
+        call, child = self._reserve()
+        return self._run_child(plan, call, child, options)
+
+    def _reserve(self) -> tuple[int, str]:
+        """Take the next call ordinal of this step and the id of the child it names."""
         with self._calls_lock:
             # The ordinal is taken when the call starts, so calls from several threads of the
             # step get distinct children (R5); a call that fails still uses its ordinal.
@@ -341,8 +346,15 @@ class AgentContext:
             call = self._calls
             child = child_run_id(self.run_id, self.step_id, call)
             self._in_flight.append(child)
+        return call, child
+
+    def _run_child(
+        self, plan: Plan, call: int, child: str, options: dict[str, Any]
+    ) -> ExecuteResult:
+        runner = self._runner
+        assert runner is not None  # checked by execute and execute_async
         try:
-            result = self._runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
+            result = runner(plan, parent=(self.run_id, self.step_id), call=call, **options)
         except RuntimeClosed:
             self.interrupted = True
             raise
@@ -368,11 +380,16 @@ class AgentContext:
         return self.child_runs[-1] if self.child_runs else None
 
     async def execute_async(self, plan: Plan, **options: Any) -> ExecuteResult:
-        """Run a child plan like :meth:`execute`, from an async agent, without blocking its loop."""
-        return await asyncio.to_thread(self._execute_in_thread, plan, options)
+        """Run a child plan like :meth:`execute`, from an async agent, without blocking its loop.
 
-    def _execute_in_thread(self, plan: Plan, options: dict[str, Any]) -> ExecuteResult:
-        return self.execute(plan, **options)
+        The call's ordinal is taken on the loop, in the order the agent's calls start (for
+        ``asyncio.gather`` of several, the order of its arguments), not by whichever worker
+        thread runs first: each call finds its own child again on a re-run (R5).
+        """
+        if self._runner is None:
+            raise RuntimeError("this agent context cannot start child runs")
+        call, child = self._reserve()
+        return await asyncio.to_thread(self._run_child, plan, call, child, options)
 
 
 class _ChildRunAwaited(Coroutine[Any, Any, ExecuteResult]):

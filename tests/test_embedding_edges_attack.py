@@ -12,6 +12,7 @@ import pytest
 
 import journaled
 from journaled import AgentContext, AgentResult, Plan, Step
+from journaled.actors.run_args import child_run_id
 from journaled.events.errors import ProtocolError
 from journaled.events.protocol import decode_envelope_json, decode_json, encode_json
 
@@ -169,3 +170,48 @@ def test_a_message_of_another_version_is_not_taken_for_this_one() -> None:
         )
         assert envelope.message == decode_json(b'{"type": "run.begin"%s}' % said)
     assert b"version" not in encode_json(envelope)  # version 1 is the one a message omits
+
+
+def test_gathered_child_runs_take_their_ordinals_in_the_agents_order(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """R5, E9, A1: ``asyncio.gather(ctx.execute(a), ctx.execute(b))`` gives a the step's first
+    child and b its second, however the worker threads are scheduled, so a re-run of the step
+    finds each call's own child. The ordinal used to be taken in the worker thread: one
+    scheduled late got the other's child, and a re-run could be handed the other plan's run."""
+    real = asyncio.to_thread
+    calls = 0
+
+    async def late_first(func: Any, /, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        calls += 1
+        if calls == 1:  # the first call's worker runs after the second's
+
+            def later() -> Any:
+                time.sleep(0.3)
+                return func(*args, **kwargs)
+
+            return await real(later)
+        return await real(func, *args, **kwargs)
+
+    monkeypatch.setattr("journaled.actors.steps.asyncio.to_thread", late_first)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("echo", lambda x: x)
+
+        async def agent(step: Step, ctx: AgentContext) -> AgentResult:
+            a: Any = ctx.execute(Plan(goal="a", steps=[Step("c", tool="echo", input="a")]))
+            b: Any = ctx.execute(Plan(goal="b", steps=[Step("c", tool="echo", input="b")]))
+            done = await asyncio.gather(a, b)
+            return AgentResult(output=[r.observations[0].output for r in done])
+
+        rt.register_agent("pair", agent)
+        result = rt.execute(one(Step("s", agent="pair", input=None)))
+        assert result.ok, result.observations
+        assert result.observations[0].output == ["a", "b"]
+        goals = {
+            call: rt.runs.at(
+                child_run_id(result.run_id, "s", call), rt.journal.position()
+            ).plan.goal
+            for call in (1, 2)
+        }
+    assert goals == {1: "a", 2: "b"}
