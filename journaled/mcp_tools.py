@@ -241,6 +241,10 @@ def _remember(rt: journaled.Runtime, a: RememberArgs) -> Answer:
 
 
 def _search(rt: journaled.Runtime, a: SearchArgs) -> Answer:
+    # The other tools read the journal; a search reads memory's projection, which folds other
+    # processes' appends only every `follow` seconds. Folded first, a search answers what the
+    # journal holds now, as memory_why does: a fact purged elsewhere is never found (R2).
+    rt.refresh()
     facts = rt.memory.search(
         a.query, scopes=a.scopes, domains=a.domains, min_confidence=a.min_confidence, limit=a.limit
     )

@@ -1,0 +1,117 @@
+"""The MCP server (SPEC X2) and the AutoGen memory (X1) driven as an attacker and an operator.
+
+Another process writing and purging the journal the server reads, a client that goes away
+mid-call, many calls at once, organizations (R1), PostgreSQL, and AutoGen's component configs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install -e '.[mcp]'")
+pytest.importorskip("autogen_core", reason="the AutoGen tests need: pip install -e '.[autogen]'")
+
+
+import journaled
+from journaled.mcp_tools import TOOLS, answer
+
+pytestmark = pytest.mark.slow
+
+SPECS = {spec.name: spec for spec in TOOLS}
+
+INITIALIZE = {
+    "jsonrpc": "2.0",
+    "id": 0,
+    "method": "initialize",
+    "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "raw", "version": "0"},
+    },
+}
+INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+
+
+def tool(rt: journaled.Runtime, name: str, **arguments: Any) -> Any:
+    """Answer one call as the server does (in this thread); return the CLI's JSON value."""
+    shown, _structured = answer(rt, SPECS[name], arguments)
+    return json.loads(json.dumps(shown, default=_builtins))
+
+
+def _builtins(value: object) -> object:
+    import msgspec
+
+    return msgspec.to_builtins(value)
+
+
+def request(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
+    message = {
+        "jsonrpc": "2.0",
+        "id": request_id,
+        "method": "tools/call",
+        "params": {"name": name, "arguments": arguments},
+    }
+    return json.dumps(message).encode() + b"\n"
+
+
+@pytest.fixture
+def servers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    started: list[subprocess.Popen[bytes]] = []
+    yield started
+    for proc in started:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(30)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def start(
+    url: str, started: list[subprocess.Popen[bytes]], env: dict[str, str] | None = None
+) -> subprocess.Popen[bytes]:
+    with tempfile.TemporaryFile() as errlog:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "journaled.cli", "mcp", "--url", url],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=errlog,
+            env=env,
+        )
+    started.append(proc)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+    proc.stdin.flush()
+    assert json.loads(proc.stdout.readline())["id"] == 0
+    proc.stdin.write(json.dumps(INITIALIZED).encode() + b"\n")
+    proc.stdin.flush()
+    return proc
+
+
+# -- X2: the journal another process writes ----------------------------------------------------
+
+
+def test_a_search_never_finds_a_fact_another_process_purged(sqlite_url: str) -> None:
+    """memory_why read the purge from the journal while memory_search, served from memory's
+    projection between two polls of the follower, still returned the purged text (R2)."""
+    with (
+        journaled.open(sqlite_url, follow=None) as server,  # between two polls, for good
+        journaled.open(sqlite_url) as other,
+    ):
+        fact = other.memory.remember("the vault code is 4711 zebra")
+        server.refresh()  # the follower's last poll saw the fact
+        other.memory.purge(fact.id)
+        assert "purged" in tool(server, "memory_why", fact_id=fact.id)["why"]
+        assert tool(server, "memory_search", query="zebra") == []
+        assert "4711" not in json.dumps(tool(server, "memory_search", query="vault code"))
+        later = other.memory.remember("a later zebra")  # and another process's new fact
+        found = tool(server, "memory_search", query="zebra")
+        assert [f["id"] for f in found] == [later.id]
