@@ -342,8 +342,14 @@ def claimed_stdio() -> Iterator[tuple[BinaryIO, BinaryIO]]:
         sys.stdout = sys.stderr
         # Never closed here: the daemon reader may still be blocked on it.
         source = os.fdopen(wire_in, "rb", buffering=1 << 16, closefd=False)
-        with os.fdopen(wire_out, "wb", closefd=False) as sink:
+        sink = os.fdopen(wire_out, "wb", closefd=False)
+        try:
             yield source, sink
+        finally:
+            # A client gone mid-answer leaves bytes in the buffer that its closed pipe cannot
+            # take: the close's flush would raise EPIPE, and the command exit 1 (click's rule).
+            with suppress(OSError):
+                sink.close()
     finally:
         sys.stdout = saved_stdout
         os.dup2(wire_out, 1)

@@ -115,3 +115,27 @@ def test_a_search_never_finds_a_fact_another_process_purged(sqlite_url: str) -> 
         later = other.memory.remember("a later zebra")  # and another process's new fact
         found = tool(server, "memory_search", query="zebra")
         assert [f["id"] for f in found] == [later.id]
+
+
+# -- X2: the client goes away ------------------------------------------------------------------
+
+
+def test_a_client_gone_mid_call_leaves_exit_status_0(
+    sqlite_url: str, servers: list[subprocess.Popen[bytes]]
+) -> None:
+    """The answers the closed pipe could not take stayed in the sink's buffer; closing it raised
+    EPIPE out of the command, which click turns into exit status 1."""
+    proc = start(sqlite_url, servers)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(
+        b"".join(request(i, "memory_remember", {"text": f"fact {i}"}) for i in range(1, 60))
+    )
+    proc.stdin.flush()
+    proc.stdout.close()
+    proc.stdin.close()
+    assert proc.wait(60) == 0
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.verify().ok
+        texts = [f.text for f in rt.memory.all()]
+        assert len(texts) == len(set(texts))  # nothing stored twice
