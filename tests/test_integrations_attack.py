@@ -6,6 +6,7 @@ mid-call, many calls at once, organizations (R1), PostgreSQL, and AutoGen's comp
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -18,8 +19,10 @@ import pytest
 pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install -e '.[mcp]'")
 pytest.importorskip("autogen_core", reason="the AutoGen tests need: pip install -e '.[autogen]'")
 
+from autogen_core.memory import MemoryContent
 
 import journaled
+from journaled.integrations.autogen import JournaledMemory
 from journaled.mcp_tools import TOOLS, answer
 
 pytestmark = pytest.mark.slow
@@ -139,3 +142,37 @@ def test_a_client_gone_mid_call_leaves_exit_status_0(
         assert rt.journal.verify().ok
         texts = [f.text for f in rt.memory.all()]
         assert len(texts) == len(set(texts))  # nothing stored twice
+
+
+# -- X1: component configs and organizations ---------------------------------------------------
+
+
+def test_a_dumped_organization_memory_loads_into_its_own_organization(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The config left the organization out: loaded where JOURNALED_ORGANIZATION names another,
+    acme's memory of scope 'organization' read (and would write) that organization's facts."""
+
+    async def main() -> None:
+        with (
+            journaled.open(sqlite_url, organization="acme") as acme,
+            journaled.open(sqlite_url, organization="globex") as globex,
+        ):
+            mine = JournaledMemory(acme, "organization")
+            await mine.add(MemoryContent(content="acme's zebra plan", mime_type="text/plain"))
+            theirs = JournaledMemory(globex, "organization")
+            await theirs.add(MemoryContent(content="globex's zebra plan", mime_type="text/plain"))
+            config = mine.dump_component()
+            for env in (None, "globex"):
+                if env is None:
+                    monkeypatch.delenv("JOURNALED_ORGANIZATION", raising=False)
+                else:
+                    monkeypatch.setenv("JOURNALED_ORGANIZATION", env)
+                loaded = JournaledMemory.load_component(config)
+                try:
+                    found = await loaded.query("zebra")
+                    assert [r.content for r in found.results] == ["acme's zebra plan"]
+                finally:
+                    await loaded.close()
+
+    asyncio.run(main())

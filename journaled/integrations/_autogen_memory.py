@@ -73,6 +73,8 @@ class JournaledMemoryConfig(BaseModel):
 
     url: str | None = None
     """The journal URL; None: ``$JOURNALED_URL``, then the embedded journal (J4)."""
+    organization: str | None = None
+    """The organization the memory acts for (R1); None: ``$JOURNALED_ORGANIZATION``, if set."""
     scope: str = "project"
     name: str | None = None
     domain: str | None = None
@@ -341,6 +343,7 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
             )
         return JournaledMemoryConfig(
             url=url,
+            organization=self._rt.organization,
             scope=self._scope,
             name=self._name,
             domain=self._domain,
@@ -370,7 +373,9 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         if problem is not None:  # refused before a journal is opened (or a file made)
             arg, why = problem
             raise ConfigurationError(f"the JournaledMemory config's {arg} {why}")
-        rt = open_runtime(config.url)
+        # The organization dumped with the memory, not the loading process's: a memory of
+        # acme's organization scope must never read another organization's facts (R1).
+        rt = open_runtime(config.url, organization=config.organization)
         try:
             memory = cls(
                 rt,
