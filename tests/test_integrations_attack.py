@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -54,7 +55,7 @@ def _builtins(value: object) -> object:
     return msgspec.to_builtins(value)
 
 
-def request(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
+def call_line(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
     message = {
         "jsonrpc": "2.0",
         "id": request_id,
@@ -132,7 +133,7 @@ def test_a_client_gone_mid_call_leaves_exit_status_0(
     assert proc.stdin is not None
     assert proc.stdout is not None
     proc.stdin.write(
-        b"".join(request(i, "memory_remember", {"text": f"fact {i}"}) for i in range(1, 60))
+        b"".join(call_line(i, "memory_remember", {"text": f"fact {i}"}) for i in range(1, 60))
     )
     proc.stdin.flush()
     proc.stdout.close()
@@ -176,3 +177,88 @@ def test_a_dumped_organization_memory_loads_into_its_own_organization(
                     await loaded.close()
 
     asyncio.run(main())
+
+
+# -- X2: many calls at once, organizations, PostgreSQL ------------------------------------------
+
+
+def _answers(proc: subprocess.Popen[bytes], count: int) -> dict[int, dict[str, Any]]:
+    assert proc.stdout is not None
+    found: dict[int, dict[str, Any]] = {}
+    while len(found) < count:
+        message = json.loads(proc.stdout.readline())
+        found[message["id"]] = message
+    return found
+
+
+def _structured(reply: dict[str, Any]) -> Any:
+    result = reply["result"]
+    assert not result["isError"], result
+    return result["structuredContent"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_many_keyed_remembers_at_once_leave_one_active_in_their_organization(
+    backend: str,
+    request: pytest.FixtureRequest,
+    servers: list[subprocess.Popen[bytes]],
+) -> None:
+    """Held: 40 keyed remembers and 40 searches at once, one active; secrets redacted, NUL kept;
+    another organization's server sees none of it (R1), on SQLite and PostgreSQL."""
+    url: str = request.getfixturevalue("pg_url" if backend == "postgresql" else "sqlite_url")
+    env = {k: v for k, v in os.environ.items() if k != "JOURNALED_URL"}
+    acme = start(url, servers, {**env, "JOURNALED_ORGANIZATION": "acme"})
+    globex = start(url, servers, {**env, "JOURNALED_ORGANIZATION": "globex"})
+    assert acme.stdin is not None
+    secret = "sk-" + "a1B2" * 10
+    calls = [
+        request_line
+        for i in range(1, 41)
+        for request_line in (
+            call_line(
+                i,
+                "memory_remember",
+                {
+                    "text": f"plan {i} of acme\x00 key {secret}",
+                    "scope": "organization",
+                    "conflict_key": "acme-plan",
+                    "source": f"token={secret}",
+                },
+            ),
+            call_line(100 + i, "memory_search", {"query": "acme plan", "limit": 1000}),
+        )
+    ]
+    acme.stdin.write(b"".join(calls))
+    acme.stdin.flush()
+    replies = _answers(acme, 80)
+    stored = [_structured(replies[i]) for i in range(1, 41)]
+    assert all(secret not in json.dumps(fact) for fact in stored)  # M9, text and source
+    assert all("\x00" in fact["text"] for fact in stored)  # NUL kept, on every backend
+    for i in range(101, 141):
+        assert len(_structured(replies[i])["facts"]) <= 1  # never two active under one key
+    acme.stdin.write(call_line(200, "memory_search", {"query": "acme plan"}))
+    acme.stdin.flush()
+    active = _structured(_answers(acme, 1)[200])["facts"]
+    assert len(active) == 1
+    assert globex.stdin is not None  # another organization's server: nothing of acme's
+    ids = [fact["id"] for fact in stored]
+    globex.stdin.write(
+        call_line(1, "memory_search", {"query": "acme plan"})
+        + call_line(2, "memory_why", {"fact_id": ids[0]})
+        + call_line(3, "memory_as_of", {"position": 0, "query": "acme"})
+    )
+    globex.stdin.flush()
+    theirs = _answers(globex, 3)
+    assert _structured(theirs[1]) == {"facts": []}
+    assert theirs[2]["result"]["isError"]
+    for proc in (acme, globex):
+        assert proc.stdin is not None
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    with journaled.open(url, organization="acme") as rt:
+        assert rt.journal.verify().ok
+        assert len(rt.memory.all()) == 40
+        raw = json.dumps(
+            [e.data for f in rt.memory.all() for e in rt.memory.history(f.id)], default=str
+        )
+        assert secret not in raw
