@@ -96,7 +96,15 @@ class AsOfArgs(_Args, frozen=True, kw_only=True):
         NonEmpty | None,
         msgspec.Meta(description="Search as the store would have then; omit for every fact."),
     ] = None
-    limit: Limit = 10
+    limit: Annotated[
+        int,
+        msgspec.Meta(
+            ge=1,
+            le=1000,
+            description="Most search results to return, with query; without one, every fact "
+            "stored then is returned (as `journaled memory as-of --json`).",
+        ),
+    ] = 10
 
 
 class RunsListArgs(_Args, frozen=True, kw_only=True):

@@ -24,7 +24,7 @@ from autogen_core.memory import MemoryContent
 
 import journaled
 from journaled.integrations.autogen import JournaledMemory
-from journaled.mcp_tools import TOOLS, answer
+from journaled.mcp_tools import TOOLS, answer, object_schema
 
 pytestmark = pytest.mark.slow
 
@@ -262,3 +262,15 @@ def test_many_keyed_remembers_at_once_leave_one_active_in_their_organization(
             [e.data for f in rt.memory.all() for e in rt.memory.history(f.id)], default=str
         )
         assert secret not in raw
+
+
+def test_memory_as_of_says_its_limit_bounds_a_search_only(sqlite_url: str) -> None:
+    """Without a query the tool answers every fact stored then, whatever ``limit`` says; its
+    schema told a client ``limit`` was the most results to return."""
+    with journaled.open(sqlite_url) as rt:
+        for i in range(3):
+            rt.memory.remember(f"fact {i}")
+        shown = tool(rt, "memory_as_of", position=rt.journal.position(), limit=1)
+        assert len(shown["facts"]) == 3  # as `journaled memory as-of --limit 1 --json`
+    schema = object_schema(SPECS["memory_as_of"].args)
+    assert "query" in schema["properties"]["limit"]["description"]
