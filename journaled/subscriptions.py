@@ -26,6 +26,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import msgspec
+from eventsourcing.persistence import InterfaceError, OperationalError
 
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
@@ -56,6 +57,8 @@ MAX_NAME_BYTES = 200
 """Longest subscription name, in UTF-8 bytes."""
 _SLICE = 1.0
 """Longest single wait: appends whose wake-up was lost are found by reading again after it."""
+_GONE = 0.2
+"""Wait before reading again when the database could not be reached (a server restart)."""
 
 
 class StoredSubscription(msgspec.Struct, frozen=True, kw_only=True):
@@ -306,7 +309,16 @@ class Subscription:
                 if self._buffer:
                     return True
                 mark = self._journal.append_mark()  # before reading: no append slips between
-                if self._fill():
+                try:
+                    if self._fill():
+                        continue
+                except (InterfaceError, OperationalError):
+                    # The database went away (a server restart, a dropped connection): the
+                    # journal is still there, so wait on as for an append, and read again.
+                    left = _GONE if deadline is None else min(_GONE, deadline - time.monotonic())
+                    if left <= 0:
+                        return False
+                    self._journal.wait_for_appends(left, since=mark)
                     continue
                 left = _SLICE if deadline is None else min(_SLICE, deadline - time.monotonic())
                 if left <= 0:

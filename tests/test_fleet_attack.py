@@ -9,6 +9,7 @@ with ``O_APPEND``) for each side effect a step made.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -16,7 +17,9 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import pg
 import pytest
+from required import unavailable
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra (psycopg)")
 
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[1]
 WAIT = 60.0
 """Longest any wait lasts (never reached when things work)."""
 
-CHILD = r'''
+CHILD = r"""
 import os, sys, time
 from pathlib import Path
 import journaled
@@ -73,6 +76,28 @@ with journaled.open(url, organization=org, follow=None) as rt:
         handle = rt.start(plan)
         log.write(f"run {handle.run_id}\n")
         log.write(f"ok {handle.result().ok}\n")
+    elif command == "loop":
+        i = 0
+        while not (workdir / "stop").exists() and not (workdir / "stop-writers").exists():
+            i += 1
+            try:
+                fact = rt.memory.remember(f"{name} value {i}", domain=name)
+            except Exception as exc:
+                first = str(exc).splitlines()[0][:200] if str(exc) else ""
+                log.write(f"error {type(exc).__name__} {first}\n")
+                time.sleep(0.05)
+            else:
+                log.write(f"fact {fact.id}\n")
+    elif command == "follow":
+        with rt.journal.subscribe(topics="memory.fact-remembered") as sub:
+            while not (workdir / "stop").exists():
+                try:
+                    event = sub.poll(timeout=0.2)
+                    if event is not None:
+                        log.write(f"seen {event.stream} {event.position}\n")
+                except Exception as exc:
+                    log.write(f"error {type(exc).__name__} {exc}\n".replace("\n", " ") + "\n")
+                    time.sleep(0.2)
     elif command == "resume":
         try:
             result = rt.resume(args[0])
@@ -85,7 +110,7 @@ with journaled.open(url, organization=org, follow=None) as rt:
             report = rt.journal.verify()
             log.write(f"verify {report.ok} {report.events} {report.problem!r}\n")
 log.write("done\n")
-'''
+"""
 
 
 class Fleet:
@@ -253,3 +278,113 @@ def test_a_second_organization_on_the_same_database_keeps_its_own_conflict_keys(
             assert {f.id for f in facts} == mine, f"{org}: {texts} {len(mine)}"
             assert len([f for f in facts if f.superseded_by is None]) == 1
             assert all(set(f.supersedes) <= mine for f in facts)
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[pg.PostgresServer]:
+    """A server of this module's own, which its tests restart."""
+    try:
+        started = pg.PostgresServer()
+    except pg.PostgresUnavailable as exc:
+        unavailable("POSTGRES", str(exc))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+def _restart(server: pg.PostgresServer, **settings: str) -> None:
+    """``pg_ctl restart`` (a fast shutdown: sessions are cut off), with changed settings."""
+    server._run("pg_ctl", "-D", str(server.data), "-m", "fast", "-w", "stop")
+    for key, value in settings.items():
+        server._options = re.sub(rf"-c {key}=\S+", f"-c {key}={value}", server._options)
+    server._pg_ctl_start()
+
+
+def _stored(url: str) -> set[str]:
+    with journaled.open(url, agents=False, follow=None) as rt:
+        return {f.id for f in rt.memory.all()}
+
+
+def test_runtimes_live_through_a_server_restart_and_lose_nothing_they_acknowledged(
+    server: pg.PostgresServer, tmp_path: Path
+) -> None:
+    """J3, S3: three processes remember in a loop while the server restarts: each remembers
+    again afterwards (it reconnects), and every fact it was told was stored is there, once."""
+    url = pg.create_database(server.url("postgres"))
+    journaled.open(url, agents=False).close()
+    fleet = Fleet(url, tmp_path)
+    try:
+        names = ["w0", "w1", "w2"]
+        for name in names:
+            fleet.start("loop", name)
+        fleet.ready(*names)
+        fleet.go()
+        wait_for(lambda: all(len(fleet.log(n)) >= 5 for n in names), WAIT)
+        _restart(server)
+        before = {n: len(fleet.log(n)) for n in names}
+        wait_for(
+            lambda: all(
+                any(line.startswith("fact") for line in fleet.log(n)[before[n] :]) for n in names
+            ),
+            20,
+        )
+        (tmp_path / "stop").touch()
+        fleet.finished(*names, timeout=30)
+        acknowledged = [
+            line.split()[1] for n in names for line in fleet.log(n) if line.startswith("fact")
+        ]
+        assert len(acknowledged) == len(set(acknowledged))
+        assert set(acknowledged) <= _stored(url)
+    finally:
+        fleet.close()
+
+
+def test_a_follower_in_another_process_is_delivered_what_is_appended_after_a_restart(
+    server: pg.PostgresServer, tmp_path: Path
+) -> None:
+    """A3, S3: a subscription follows writers of other processes; the server restarts under
+    them: the follower is delivered every fact acknowledged, before and after, once, in order."""
+    url = pg.create_database(server.url("postgres"))
+    journaled.open(url, agents=False).close()
+    fleet = Fleet(url, tmp_path)
+    try:
+        fleet.start("follow", "f")
+        fleet.start("loop", "w0")
+        fleet.start("loop", "w1")
+        fleet.ready("f", "w0", "w1")
+        fleet.go()
+        wait_for(lambda: len(fleet.log("f")) >= 5, WAIT)
+        _restart(server)
+        before = {n: len(fleet.log(n)) for n in ("w0", "w1")}
+        wait_for(
+            lambda: all(
+                sum(line.startswith("fact") for line in fleet.log(n)[before[n] :]) >= 3
+                for n in ("w0", "w1")
+            ),
+            20,
+        )
+        (tmp_path / "stop-writers").touch()
+        acknowledged = {
+            line.split()[1]
+            for n in ("w0", "w1")
+            for line in fleet.log(n)
+            if line.startswith("fact")
+        }
+
+        def delivered() -> list[str]:
+            return [line.split()[1] for line in fleet.log("f") if line.startswith("seen")]
+
+        deadline = time.monotonic() + 10
+        while not acknowledged <= set(delivered()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        missing = acknowledged - set(delivered())
+        assert not missing, (len(missing), len(acknowledged), fleet.log("f")[-3:], fleet.err("f"))
+        seen = fleet.log("f")
+        assert not [line for line in seen if line.startswith("error")], seen
+        positions = [int(line.split()[2]) for line in seen if line.startswith("seen")]
+        assert positions == sorted(set(positions))
+    finally:
+        (tmp_path / "stop").touch()
+        fleet.close()
