@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import difflib
+import logging
 import threading
 import time
 from collections import deque
@@ -57,6 +58,8 @@ MAX_NAME_BYTES = 200
 """Longest subscription name, in UTF-8 bytes."""
 _SLICE = 1.0
 """Longest single wait: appends whose wake-up was lost are found by reading again after it."""
+log = logging.getLogger(__name__)
+
 _GONE = 0.2
 """Wait before reading again when the database could not be reached (a server restart)."""
 
@@ -202,6 +205,8 @@ class Subscription:
         self._buffer: deque[Event] = deque()
         self._lock = threading.Lock()
         self._closed = False
+        self._unreachable = False
+        """Set while page reads fail on a dropped connection (said once an outage)."""
         self._generation = 0
 
     @property
@@ -310,11 +315,17 @@ class Subscription:
                     return True
                 mark = self._journal.append_mark()  # before reading: no append slips between
                 try:
-                    if self._fill():
+                    filled = self._fill()
+                    self._unreachable = False
+                    if filled:
                         continue
-                except (InterfaceError, OperationalError):
+                except (InterfaceError, OperationalError) as exc:
                     # The database went away (a server restart, a dropped connection): the
-                    # journal is still there, so wait on as for an append, and read again.
+                    # journal is still there, so wait on as for an append, and read again. Said
+                    # once an outage, so one that lasts is not mistaken for a quiet journal.
+                    if not self._unreachable:
+                        self._unreachable = True
+                        log.warning("journal unreachable while following (%s): reading again", exc)
                     left = _GONE if deadline is None else min(_GONE, deadline - time.monotonic())
                     if left <= 0:
                         return False

@@ -190,3 +190,34 @@ def test_a_handle_refuses_a_timeout_that_is_no_number() -> None:
         finally:
             release.set()
             handle.result(WAIT)
+
+
+def test_a_follower_whose_page_reads_fail_reads_again_and_says_so_once(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A3, ADR 0026 update: page reads that fail on a dropped connection (a server restart)
+    are read again from the same cursor, nothing skipped, and the outage is logged once (not
+    taken silently for a quiet journal), however many reads it fails."""
+    from eventsourcing.persistence import OperationalError
+
+    from journaled.subscriptions import Subscription
+
+    with journaled.open(sqlite_url) as rt:
+        first = rt.memory.remember("first fact")
+        sub = rt.journal.subscribe(topics=["memory.fact-remembered"])
+        real = Subscription._fill
+        failures = iter(range(3))
+
+        def flaky(self: Subscription) -> bool:
+            if next(failures, None) is not None:
+                raise OperationalError("terminating connection due to administrator command")
+            return real(self)
+
+        monkeypatch.setattr(Subscription, "_fill", flaky)
+        with caplog.at_level("WARNING", logger="journaled.subscriptions"):
+            got = sub.poll(timeout=5.0)
+        assert got is not None
+        assert getattr(got.data, "fact_id", None) == first.id
+        unreachable = [r for r in caplog.records if "journal unreachable" in r.getMessage()]
+        assert len(unreachable) == 1, caplog.records
+        sub.close()
