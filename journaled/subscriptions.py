@@ -27,13 +27,13 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Self
 
 import msgspec
-from eventsourcing.persistence import InterfaceError, OperationalError
 
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import STORED_EVENTS
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.inputs import int_problem, text_problem, timeout_problem
+from journaled.events.journal import CONNECTION_LOST
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
@@ -319,7 +319,7 @@ class Subscription:
                     self._unreachable = False
                     if filled:
                         continue
-                except (InterfaceError, OperationalError) as exc:
+                except CONNECTION_LOST as exc:
                     # The database went away (a server restart, a dropped connection): the
                     # journal is still there, so wait on as for an append, and read again. Said
                     # once an outage, so one that lasts is not mistaken for a quiet journal.

@@ -56,7 +56,9 @@ from eventsourcing.application import Application
 from eventsourcing.persistence import (
     ConnectionPoolClosedError,
     IntegrityError,
+    InterfaceError,
     Mapper,
+    OperationalError,
     PersistenceError,
     StoredEvent,
 )
@@ -1355,8 +1357,13 @@ def _guard(refuse_after: tuple[int, Sequence[str]]) -> tuple[int, tuple[str, ...
     return position, tuple(prefixes)
 
 
+CONNECTION_LOST: tuple[type[Exception], ...] = (InterfaceError, OperationalError)
+"""What a read raises when the database went away under it (a server restart, a dropped
+connection): a follower reads again rather than fail (ADR 0026)."""
+
 __all__ = [
     "APP_NAME",
+    "CONNECTION_LOST",
     "DIGEST_TABLE",
     "EVENTS_TABLE_POSTGRES",
     "PAYLOAD_TABLE",
