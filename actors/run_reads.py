@@ -295,7 +295,10 @@ class RunReads:
     def position_at(self, run_id: str, at: int) -> int:
         """Return the journal position of a run's last event recorded by an epoch-ms time.
 
-        For an orchestration, the events of its passes count too.
+        That is the last of the run's first events (in journal order) recorded at or before
+        ``at``: an event after one recorded later is not counted, whatever time it carries (two
+        processes whose clocks disagree). For an orchestration, the events of its passes count
+        too.
 
         Raises:
             ValueError: ``at`` is not an epoch-ms int.
@@ -311,7 +314,15 @@ class RunReads:
         for e in events:
             if isinstance(e.data, PassStarted):
                 with_passes += self._journal.stream(e.data.run)
-        return max(e.position for e in with_passes if e.data.at <= at)
+        # The events of its longest prefix all recorded by then: with clocks that disagree (two
+        # processes), a later event may carry an earlier time, and the run was not yet past an
+        # event recorded after ``at`` whatever follows it.
+        found = events[0].position
+        for e in sorted(with_passes, key=_position):
+            if e.data.at > at:
+                break
+            found = e.position
+        return found
 
     def at_time(self, run_id: str, at: int) -> ExecuteResult:
         """Return the run as it was at an epoch-ms time: after its last event recorded by then."""
@@ -408,6 +419,10 @@ class RunReads:
         firsts = [e for e in self._journal.read(topics=topics) if e.version == 1]
         boundary = self.boundary
         return [e.stream for e in firsts if boundary is None or not boundary.learn_run(e)]
+
+
+def _position(event: Event) -> int:
+    return event.position
 
 
 def check_position(position: object, name: str = "position") -> None:
