@@ -21,7 +21,7 @@ from journaled.errors import InvalidArgument
 from journaled.events.base import Event
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
-from journaled.events.memory import Fact, FactRemembered
+from journaled.events.memory import FACT_EVENTS, Fact, FactRemembered
 from journaled.events.memory_audit import explain
 from journaled.events.memory_past import past_memory
 from journaled.events.memory_state import (
@@ -588,10 +588,13 @@ class Memory:
     def as_of(self, position: int | None = None, at: int | None = None) -> MemoryView:
         """View the store as it was at a journal position or a time (M12).
 
-        ``position`` is a journal position; ``at`` an epoch-ms time (the view holds every event
-        recorded at or before it). The view's searches default ``now`` to that time. A position
-        inside one append (a remember that supersedes is several events) is taken at the end of
-        that append, which readers saw whole or not at all (J2): the view's ``position`` says so.
+        ``position`` is a journal position; ``at`` an epoch-ms time (the view holds memory's
+        events recorded at or before it, up to the first recorded after it: a later event
+        stamped earlier by another process's clock came after that one). Other events (runs,
+        another organization's facts) do not end it. The view's searches default ``now`` to
+        that time. A position inside one append (a remember that supersedes is several events)
+        is taken at the end of that append, which readers saw whole or not at all (J2): the
+        view's ``position`` says so.
         With neither (SPEC section 5's defaults), the view is of the journal as it is now: its
         last position, its searches' ``now`` the clock's (a fact whose ``valid_until`` passed
         since the last event is not found, as :meth:`search` does not find it).
@@ -633,7 +636,17 @@ class Memory:
         batch: list[Event] = []
         for event in self._journal.read(upto=position):
             if at is not None and event.data.at > at:
-                break
+                # Memory's own events say when memory was so: an event of a run or of another
+                # organization, which the fold passes by, does not end it, whatever its clock
+                # said (two processes' clocks disagree). One of this memory ends it, even if a
+                # later one carries an earlier time: memory was never past it by then.
+                if not isinstance(event.data, FACT_EVENTS):
+                    continue
+                self._fold_into(state, batch)
+                batch = []
+                if state.scope_of(event.data) is not None:
+                    break
+                continue
             if at is None:
                 now = event.data.at
             batch.append(event)

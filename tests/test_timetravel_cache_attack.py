@@ -195,3 +195,22 @@ def test_at_time_never_shows_an_event_recorded_after_that_time(sqlite_url: str) 
         )
         assert then == rt.runs.at(run_id, first_end)
         assert then.waiting == ["p"]
+
+
+def test_as_of_a_time_is_not_cut_short_by_another_organizations_clock(sqlite_url: str) -> None:
+    """M12/R1: organization a remembers at 1,000 and 1,100; between them a process of
+    organization b, whose clock runs ahead (9,000), remembers and runs a plan. As of 2,000, a's
+    memory holds both of its facts: b's events neither show nor cut a's view short."""
+    with journaled.open(sqlite_url, organization="a", clock=ManualClock(start=1_000)) as ra:
+        first = ra.memory.remember("the first plan of a", scope="organization")
+    with journaled.open(sqlite_url, organization="b", clock=ManualClock(start=9_000)) as rb:
+        rb.register_tool("fetch", lambda x: x)
+        rb.memory.remember("a plan of b", scope="organization")
+        rb.execute(Plan(goal="b's own", steps=[Step("x", tool="fetch", input=1)]))
+    with journaled.open(sqlite_url, organization="a", clock=ManualClock(start=1_100)) as ra:
+        second = ra.memory.remember("the second plan of a", scope="organization")
+        view = ra.memory.as_of(at=2_000)
+        assert {f.id for f in view.all()} == {first.id, second.id}
+        assert view.get(second.id) is not None
+        assert {f.id for f in view.search("plan")} == {first.id, second.id}
+        assert view.all() == ra.memory.as_of(position=ra.journal.position()).all()
