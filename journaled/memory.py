@@ -19,6 +19,7 @@ from journaled.actors.scope import UNSETTLED, FoldMark, ScopeShelf, Unsettled, r
 from journaled.actors.scrubber import Scrubber
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
+from journaled.events.catalog import NOT_MEMORY
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import FACT_EVENTS, Fact, FactRemembered
@@ -634,7 +635,10 @@ class Memory:
         state = past_memory(list(self._scopes), self._organization)
         now = at if at is not None else 0
         batch: list[Event] = []
-        for event in self._journal.read(upto=position):
+        # At a time, runs' events are not even read: they change no fact, and say no time of
+        # memory's (below).
+        skipped = NOT_MEMORY if at is not None else ()
+        for event in self._journal.read(upto=position, skip_prefixes=skipped):
             if at is not None and event.data.at > at:
                 # Memory's own events say when memory was so: an event of a run or of another
                 # organization, which the fold passes by, does not end it, whatever its clock
