@@ -523,8 +523,10 @@ class Executor(pykka.ThreadingActor):
 
     def _on_done(self, msg: StepDone) -> None:
         flight = self._in_flight.get(msg.step_id)
-        if flight is None or flight[0] != msg.attempt:
-            return  # an attempt that already timed out: its late answer is not journaled
+        if flight is None or flight[0] != msg.attempt or flight[1] is None:
+            # An attempt that already timed out: its late answer is not journaled, nor is it
+            # taken for the attempt waiting out its backoff (no worker) when it was retried.
+            return
         _, worker, timer = self._in_flight.pop(msg.step_id)
         if timer is not None:
             timer.cancel()

@@ -20,7 +20,7 @@ from journaled.testing import ManualClock
 BACKENDS = ["memory", "sqlite", "postgresql"]
 
 
-RAY_MODULES = ("test_ray.py", "test_ray_attack.py")
+RAY_MODULES = ("test_ray.py", "test_ray_attack.py", "test_ray_tracing_attack.py")
 """The modules whose tests share the session's Ray cluster (the ``ray_address`` fixture)."""
 
 

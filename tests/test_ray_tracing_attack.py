@@ -1,0 +1,324 @@
+"""Steps on Ray and spans of runs under faults (SPEC S1, S2, T3): workers lost at each point of
+a step, cancel, timeouts and close with steps on Ray, odd resources, retried attempts' charges;
+spans on resume, fork, cancel, orchestration, asyncio, child runs, a provider set late, failing
+exporters, and no span left open.
+
+The Ray cluster is the session's (the ``ray_address`` fixture of conftest).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+import journaled
+from journaled import Plan, Retry, Step
+from journaled.events.runs import StepRetrying
+from journaled.ray import RaySteps
+from journaled.testing import wait_for
+
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # type: ignore[no-untyped-call]
+
+WAIT = 60.0
+
+
+@pytest.fixture
+def steps(ray_address: str) -> RaySteps:
+    """A placement on the session's cluster (already connected: it never shuts it down)."""
+    return RaySteps()
+
+
+def echo(value: Any) -> Any:
+    """Return the input."""
+    return value
+
+
+def pid_then_sleep(value: dict[str, Any]) -> str:
+    """Write this process's pid to ``value['pid_file']``, then sleep; with ``value['second']``
+    set, an attempt finding that file answers at once."""
+    second = value.get("second")
+    if second is not None and Path(second).exists():
+        return "second attempt"
+    if second is not None:
+        Path(second).write_text("x")
+    Path(value["pid_file"]).write_text(str(os.getpid()))
+    time.sleep(value.get("sleep", 60))
+    return "slept"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _pid(path: Path) -> int:
+    wait_for(lambda: path.exists() and path.read_text() != "", WAIT)
+    return int(path.read_text())
+
+
+def _die_now() -> Any:
+    os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(10)
+
+
+class _KillsWhereLoaded:
+    """A step function that kills the process unpickling it: a worker lost loading the step."""
+
+    def __reduce__(self) -> Any:
+        return (_die_now, ())
+
+    def __call__(self, value: Any) -> Any:
+        return value
+
+
+def exits(value: Any) -> Any:
+    """Leave the worker process at once, as a library calling os._exit would."""
+    os._exit(int(value))
+
+
+# -- Ray: a worker lost at each point of a step ---------------------------------------------------
+
+
+def test_a_worker_lost_while_loading_the_step_fails_it_naming_the_loss(
+    steps: RaySteps, sqlite_url: str
+) -> None:
+    """S2: a worker that dies while it loads the step's function fails that step, lost."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("dies", _KillsWhereLoaded())
+        rt.register_tool("echo", echo)
+        result = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="dies"), Step("b", tool="echo", input=1)])
+        )
+        after = rt.execute(Plan(goal="g", steps=[Step("c", tool="echo", input=2)]))
+    errors = {o.step_id: o.error or "" for o in result.observations}
+    assert errors["a"].startswith("lost: the Ray worker running step 'a' died"), errors
+    assert errors["b"] == ""
+    assert after.ok
+
+
+def test_a_worker_leaving_by_os_exit_fails_its_step_naming_the_loss(
+    steps: RaySteps, sqlite_url: str
+) -> None:
+    """S2: user code ending its worker process (os._exit) fails the step, lost."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("exits", exits)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="exits", input=0)]))
+    error = result.observations[0].error or ""
+    assert error.startswith("lost: the Ray worker running step 'a' died"), error
+
+
+def test_a_worker_killed_under_an_agent_is_charged_as_a_local_attempt_that_failed(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """S2, E8: a lost agent attempt retried is charged as an agent attempt that failed
+    without reporting is locally; the retry's report is charged on top."""
+    pid_file = tmp_path / "pid"
+    second = tmp_path / "tried"
+
+    def agent(step: Step, ctx: Any) -> journaled.AgentResult:
+        if second.exists():
+            return journaled.AgentResult(ok=True, output="again", calls_used=1)
+        second.write_text("x")
+        if step.input == "local":
+            raise RuntimeError("first attempt fails")
+        pid_file.write_text(str(os.getpid()))
+        time.sleep(60)
+        return journaled.AgentResult(ok=True, output="slept", calls_used=1)
+
+    def charges(rt: journaled.Runtime, run_id: str) -> list[int]:
+        return [e.data.charged for e in rt.runs.history(run_id) if hasattr(e.data, "charged")]
+
+    plan = Plan(goal="g", steps=[Step("s", agent="a")])
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_agent("a", agent, retry=Retry(attempts=2, backoff=0.1))
+        handle = rt.start(plan, call_budget=10)
+        os.kill(_pid(pid_file), signal.SIGKILL)
+        on_ray = handle.result(timeout=WAIT)
+        ray_charges = charges(rt, on_ray.run_id)
+    second.unlink()
+    with journaled.open(f"sqlite:///{tmp_path / 'local.sqlite'}") as rt:
+        rt.register_agent("a", agent, retry=Retry(attempts=2, backoff=0.1))
+        local = rt.execute(
+            Plan(goal="g", steps=[Step("s", agent="a", input="local")]), call_budget=10
+        )
+        local_charges = charges(rt, local.run_id)
+    assert on_ray.ok, on_ray.observations
+    assert local.ok, local.observations
+    assert ray_charges == local_charges
+    assert on_ray.calls_used == local.calls_used
+
+
+# -- Ray: cancel, timeout, close ----------------------------------------------------------------
+
+
+def test_a_cancel_of_a_step_queued_on_ray_ends_the_run_at_once(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """S1, E5: a step Ray has queued (its resource held by another) is cancelled with the run."""
+    pid_file = tmp_path / "pid"
+    special = {"resources": {"special": 1}}
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("sleep", pid_then_sleep, resources=special)
+        rt.register_tool("queued", echo, resources=special)
+        handle = rt.start(
+            Plan(
+                goal="g",
+                steps=[
+                    Step("a", tool="sleep", input={"pid_file": str(pid_file)}),
+                    Step("b", tool="queued", input=1),
+                ],
+            ),
+            max_parallel_steps=2,
+        )
+        pid = _pid(pid_file)
+        time.sleep(0.5)
+        began = time.monotonic()
+        rt.cancel(handle.run_id)
+        result = handle.result(timeout=WAIT)
+        took = time.monotonic() - began
+    codes = {o.step_id: o.code for o in result.observations}
+    assert codes == {"a": "cancelled", "b": "cancelled"}, result.observations
+    assert took < 15
+    wait_for(lambda: not _alive(pid), 30)
+
+
+def test_a_timed_out_ray_step_is_retried_and_its_second_attempt_counts(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """S1, S2, E*: a step past its timeout on Ray is retried per its policy; the late end of
+    the first task (force-cancelled) does not disturb the second attempt."""
+    pid_file = tmp_path / "pid"
+    value = {"pid_file": str(pid_file), "second": str(tmp_path / "tried")}
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("sleep", pid_then_sleep, retry=Retry(attempts=2, backoff=0.1))
+        result = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="sleep", input=value)]), step_timeout=3
+        )
+        events = [e.data for e in rt.runs.history(result.run_id)]
+    assert result.ok, result.observations
+    assert result.observations[0].output == "second attempt"
+    retrying = [e for e in events if isinstance(e, StepRetrying)]
+    assert [r.observation.error for r in retrying] == ["timed out after 3.0s"]
+    wait_for(lambda: not _alive(int(pid_file.read_text())), 30)
+
+
+def test_close_with_a_step_on_ray_suspends_the_run_stops_the_task_and_resume_finishes_it(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """S1, R3: closing the runtime while a step runs on Ray suspends the run; the task does not
+    run on for nothing, and a new runtime resumes the run to its end."""
+    pid_file = tmp_path / "pid"
+    value = {"pid_file": str(pid_file), "second": str(tmp_path / "tried")}
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("sleep", pid_then_sleep)
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="sleep", input=value)]))
+        pid = _pid(pid_file)
+        began = time.monotonic()
+    closing = time.monotonic() - began
+    assert closing < 20
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        assert [r.status for r in rt.runs.list() if r.run_id == handle.run_id] == ["suspended"]
+        rt.register_tool("sleep", pid_then_sleep)
+        result = rt.resume(handle.run_id)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok, result.observations
+    assert result.observations[0].output == "second attempt"
+    wait_for(lambda: not _alive(pid), 30)
+
+
+# -- Ray: resources of odd shapes ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [
+        {"num_cpus": 1e300},
+        {"num_cpus": 10**30},
+        {"memory": 10**30},
+        {"num_gpus": 1.5},
+        {"num_cpus": 0.00001},
+        {"resources": {"": 1}},
+        {"resources": {"no such thing": 2**70}},
+        {"resources": {"special": 0.5, "CPU": 1}},
+    ],
+)
+def test_odd_resources_end_the_step_never_hang_it(
+    steps: RaySteps, sqlite_url: str, resources: dict[str, Any]
+) -> None:
+    """S1, E11: odd amounts or names end the step (run or fail, named) in bounded time."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("odd", echo, resources=resources)
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="odd", input=1)]))
+        result = handle.result(timeout=30)
+    obs = result.observations[0]
+    assert obs.ok or "step 'a'" in (obs.error or ""), obs
+
+
+@pytest.mark.parametrize(
+    "resources",
+    [{"num_cpus": -1}, {"resources": {"x": -1}}, {"num_gpus": float("nan")}, {"memory": True}],
+)
+def test_negative_or_non_numbers_are_refused_at_registration(
+    steps: RaySteps, sqlite_url: str, resources: dict[str, Any]
+) -> None:
+    """S1: a registration asking a negative or non-number amount is refused, named."""
+    with journaled.open(sqlite_url, steps=steps) as rt, pytest.raises(ValueError, match="odd"):
+        rt.register_tool("odd", echo, resources=resources)
+
+
+def test_budget_charges_each_retried_skill_attempt_on_ray_as_locally(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """E8, S2: a skill failing then succeeding under Retry is charged per attempt, the same on
+    Ray as locally, and the budget stops what does not fit."""
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def flaky(value: Any) -> Any:
+        mark = marks / str(value)
+        if not mark.exists():
+            mark.write_text("x")
+            raise RuntimeError("first attempt fails")
+        return value
+
+    plan = Plan(goal="g", steps=[Step("a", skill="s", input="ray")])
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_skill("s", flaky, retry=Retry(attempts=2, backoff=0.05))
+        on_ray = rt.execute(plan, call_budget=5)
+    with journaled.open(f"sqlite:///{tmp_path / 'local.sqlite'}") as rt:
+        rt.register_skill("s", flaky, retry=Retry(attempts=2, backoff=0.05))
+        local = rt.execute(
+            Plan(goal="g", steps=[Step("a", skill="s", input="local")]), call_budget=5
+        )
+    assert on_ray.ok
+    assert local.ok
+    assert on_ray.calls_used == local.calls_used == 2
+
+
+def test_a_timed_out_step_answering_late_is_still_retried_locally(sqlite_url: str) -> None:
+    """S2, E*: a step past its timeout whose code answers the cancel before the backoff ends
+    is retried per its policy; that late answer of the first attempt is not its result."""
+    attempts: list[int] = []
+
+    def slow_first(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        attempts.append(1)
+        if len(attempts) == 1:
+            wait_for(ctx.cancelled, WAIT)
+            return journaled.AgentResult(ok=False, code="cancelled", error="late", calls_used=0)
+        return journaled.AgentResult(output="second attempt", calls_used=0)
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("t", slow_first, retry=Retry(attempts=2, backoff=0.5))
+        result = rt.execute(Plan(goal="g", steps=[Step("a", agent="t")]), step_timeout=0.3)
+    assert result.ok, result.observations
+    assert result.observations[0].output == "second attempt"
