@@ -532,6 +532,9 @@ class OtelTracing(Tracing):
         elif isinstance(event, StepSucceeded):
             attributes["journaled.step.outcome"] = "succeeded"
             span.set_status(trace.StatusCode.OK)
+        elif not isinstance(event, StepRetrying) and _failure(state, obs) == "cancelled":
+            # Cancelled with its run: not an error (ADR 0038), the outcome says it.
+            attributes["journaled.step.outcome"] = "cancelled"
         else:  # failed, or failed and tried again (S2)
             attributes["journaled.step.outcome"] = (
                 "retrying" if isinstance(event, StepRetrying) else _failure(state, obs)

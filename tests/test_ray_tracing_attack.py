@@ -8,18 +8,27 @@ The Ray cluster is the session's (the ``ray_address`` fixture of conftest).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 import ray
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
 import journaled
-from journaled import Plan, Retry, Step
+import journaled.aio
+import journaled.otel
+from journaled import Limits, Plan, Retry, Step
 from journaled.events.runs import StepRetrying
 from journaled.ray import RaySteps
 from journaled.testing import wait_for
@@ -322,3 +331,356 @@ def test_a_timed_out_step_answering_late_is_still_retried_locally(sqlite_url: st
         result = rt.execute(Plan(goal="g", steps=[Step("a", agent="t")]), step_timeout=0.3)
     assert result.ok, result.observations
     assert result.observations[0].output == "second attempt"
+
+
+# -- tracing (T3) -------------------------------------------------------------------------------
+
+
+class _Open(SpanProcessor):
+    """Count the spans started and not yet ended."""
+
+    def __init__(self) -> None:
+        self.open: dict[int, str] = {}
+        self._lock = threading.Lock()
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        with self._lock:
+            self.open[span.context.span_id] = span.name
+
+    def on_end(self, span: ReadableSpan) -> None:
+        with self._lock:
+            assert span.context is not None
+            self.open.pop(span.context.span_id, None)
+
+
+class _Raising(SpanExporter):
+    """An exporter that fails every export with an exception."""
+
+    def export(self, spans: Any) -> SpanExportResult:
+        raise RuntimeError("the collector is down")
+
+    def shutdown(self) -> None:
+        return None
+
+
+class _RaisingProcessor(SpanProcessor):
+    """A span processor failing where it is told to."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def on_start(self, span: Any, parent_context: Any = None) -> None:
+        if self.where == "start":
+            raise RuntimeError("on_start failed")
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.where == "end":
+            raise RuntimeError("on_end failed")
+
+
+class Traced:
+    """An SDK provider with an in-memory exporter and a count of open spans."""
+
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        self.opened = _Open()
+        self.provider = TracerProvider()
+        self.provider.add_span_processor(self.opened)
+        self.provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+
+    def spans(self, name: str | None = None) -> list[ReadableSpan]:
+        return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+    def no_span_left_open(self) -> None:
+        try:
+            wait_for(lambda: not self.opened.open, 5)
+        except TimeoutError:
+            raise AssertionError(f"spans left open: {self.opened.open}") from None
+
+
+def _a(span: ReadableSpan) -> dict[str, Any]:
+    return dict(span.attributes or {})
+
+
+def _sid(span: ReadableSpan) -> int:
+    assert span.context is not None
+    return int(span.context.span_id)
+
+
+def test_a_cancelled_step_span_is_not_an_error(sqlite_url: str) -> None:
+    """T3, ADR 0038: "waiting, cancelled, budget stop and suspended are not errors": a step
+    cancelled with its run has outcome ``cancelled`` and no ERROR status."""
+    t = Traced()
+    started = threading.Event()
+
+    def hold(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        started.set()
+        wait_for(ctx.cancelled, WAIT)
+        return journaled.AgentResult(ok=False, code="cancelled", error="cancelled: aborted")
+
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_agent("hold", hold)
+        handle = rt.start(Plan(goal="g", steps=[Step("h", agent="hold")]))
+        assert started.wait(WAIT)
+        rt.cancel(handle.run_id)
+        handle.result(WAIT)
+    t.no_span_left_open()
+    (step,) = t.spans(journaled.otel.STEP_SPAN)
+    assert _a(step)["journaled.step.outcome"] == "cancelled"
+    assert step.status.status_code is not StatusCode.ERROR
+
+
+def test_a_run_cancelled_mid_wave_on_ray_ends_every_span(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """T3, S1, E5: a run cancelled while one step runs on Ray and another waits for its cap
+    ends its run, wave and step spans; the step's span says cancelled."""
+    t = Traced()
+    pid_file = tmp_path / "pid"
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("sleep", pid_then_sleep)
+        handle = rt.start(
+            Plan(
+                goal="g",
+                steps=[
+                    Step("a", tool="sleep", input={"pid_file": str(pid_file)}),
+                    Step("b", tool="sleep", input={"pid_file": str(tmp_path / "b")}),
+                ],
+            ),
+            limits=Limits(per_tool={"sleep": 1}),
+        )
+        _pid(pid_file)
+        rt.cancel(handle.run_id)
+        result = handle.result(WAIT)
+    assert not result.ok
+    t.no_span_left_open()
+    (run,) = t.spans(journaled.otel.RUN_SPAN)
+    assert _a(run)["journaled.run.status"] == "cancelled"
+    steps_ = t.spans(journaled.otel.STEP_SPAN)
+    assert [_a(s)["journaled.step.outcome"] for s in steps_] == ["cancelled"]
+    assert [s.status.status_code for s in steps_] == [StatusCode.UNSET]
+    assert all(s.parent is not None and s.parent.span_id == _sid(run) for s in steps_)
+
+
+def test_a_lost_ray_worker_makes_a_failed_step_span_and_a_retried_one(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """T3, S2: the attempt whose worker was killed ends its span ERROR naming the loss, outcome
+    retrying; the second attempt's span succeeds; both are children of the run span."""
+    t = Traced()
+    pid_file = tmp_path / "pid"
+    value = {"pid_file": str(pid_file), "second": str(tmp_path / "tried")}
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("sleep", pid_then_sleep, retry=Retry(attempts=2, backoff=0.1))
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="sleep", input=value)]))
+        os.kill(_pid(pid_file), signal.SIGKILL)
+        assert handle.result(WAIT).ok
+    t.no_span_left_open()
+    (run,) = t.spans(journaled.otel.RUN_SPAN)
+    first, second = sorted(
+        t.spans(journaled.otel.STEP_SPAN), key=lambda s: _a(s)["journaled.step.attempt"]
+    )
+    assert _a(first)["journaled.step.outcome"] == "retrying"
+    assert first.status.status_code is StatusCode.ERROR
+    assert "lost: the Ray worker" in (first.status.description or "")
+    assert _a(second)["journaled.step.outcome"] == "succeeded"
+    assert {s.parent.span_id for s in (first, second) if s.parent} == {_sid(run)}
+
+
+def test_a_step_timing_out_then_retried_ends_both_attempt_spans(sqlite_url: str) -> None:
+    """T3, S2: a timed-out attempt's span ends (retrying) and the next one's succeeds."""
+    t = Traced()
+    calls: list[int] = []
+
+    def slow_first(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        calls.append(1)
+        if len(calls) == 1:
+            wait_for(ctx.cancelled, WAIT)
+        return journaled.AgentResult(output=len(calls), calls_used=0)
+
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_agent("t", slow_first, retry=Retry(attempts=2, backoff=0.3))
+        result = rt.execute(Plan(goal="g", steps=[Step("a", agent="t")]), step_timeout=0.2)
+    assert result.ok, result.observations
+    t.no_span_left_open()
+    outcomes = sorted(
+        (_a(s)["journaled.step.attempt"], _a(s)["journaled.step.outcome"])
+        for s in t.spans(journaled.otel.STEP_SPAN)
+    )
+    assert outcomes == [(1, "retrying"), (2, "succeeded")]
+
+
+def test_a_fork_resumed_is_a_new_run_span_with_every_span_ended(sqlite_url: str) -> None:
+    """T3, F1: a fork's pass is a run span of the fork's id; no span is left open."""
+    t = Traced()
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("echo", echo)
+        source = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="echo", input=1), Step("b", tool="echo")])
+        )
+        fork = rt.runs.fork(source.run_id, replace={"b": Step("b", tool="echo", input=2)})
+        forked = rt.resume(fork)
+    assert isinstance(forked, journaled.ExecuteResult)
+    assert forked.ok
+    t.no_span_left_open()
+    runs = {_a(s)["journaled.run.id"]: s for s in t.spans(journaled.otel.RUN_SPAN)}
+    assert set(runs) == {source.run_id, fork}
+    fork_steps = [
+        _a(s)["journaled.step.id"]
+        for s in t.spans(journaled.otel.STEP_SPAN)
+        if _a(s)["journaled.run.id"] == fork
+    ]
+    assert fork_steps == ["b"]
+
+
+def test_an_asyncio_runtime_nests_child_runs_and_leaves_no_span_open(sqlite_url: str) -> None:
+    """T3, A1, E9: on the asyncio runtime a child run's span is a child of its agent step's."""
+    t = Traced()
+
+    async def parent(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        child = await ctx.execute_async(Plan(goal="sub", steps=[Step("x", tool="echo", input=5)]))
+        return journaled.AgentResult(output=child.observations[0].output, calls_used=0)
+
+    async def main() -> journaled.ExecuteResult:
+        async with journaled.aio.open(sqlite_url) as rt:
+            journaled.otel.instrument(rt, tracer_provider=t.provider)
+            rt.register_tool("echo", echo)
+            rt.register_agent("parent", parent)
+            return await rt.execute(Plan(goal="g", steps=[Step("p", agent="parent")]))
+
+    result = asyncio.run(main())
+    assert result.ok, result.observations
+    t.no_span_left_open()
+    child_id = result.observations[0].agent_task_id
+    (step,) = [s for s in t.spans(journaled.otel.STEP_SPAN) if _a(s)["journaled.step.id"] == "p"]
+    (child,) = [
+        s for s in t.spans(journaled.otel.RUN_SPAN) if _a(s)["journaled.run.id"] == child_id
+    ]
+    assert child.parent is not None
+    assert child.parent.span_id == _sid(step)
+
+
+def test_an_orchestration_leaves_no_span_open(sqlite_url: str) -> None:
+    """T3, O*: every pass of an orchestration ends its spans."""
+    t = Traced()
+    calls: list[int] = []
+
+    def flaky(_: object) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the first pass fails")
+        return "ok"
+
+    def planner(goal: str, observations: object, clarifications: object) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", tool="flaky")])
+
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("flaky", flaky)
+        out = rt.orchestrate("g", planner, mode="orchestrate")
+    assert out.status == "completed"
+    t.no_span_left_open()
+    assert len(t.spans(journaled.otel.RUN_SPAN)) == 2
+
+
+@pytest.mark.parametrize("where", ["start", "end", "export"])
+def test_a_failing_span_processor_or_exporter_never_fails_a_run(
+    sqlite_url: str, where: str
+) -> None:
+    """T3, ADR 0070: a processor raising in on_start or on_end, or an exporter raising, changes
+    nothing of the run: same result, same events."""
+    provider = TracerProvider()
+    if where == "export":
+        provider.add_span_processor(SimpleSpanProcessor(_Raising()))
+    else:
+        provider.add_span_processor(_RaisingProcessor(where))
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=provider)
+        rt.register_tool("echo", echo)
+        rt.register_skill("think", echo)
+        plan = Plan(
+            goal="g",
+            steps=[Step("a", tool="echo", input=1), Step("b", skill="think", depends_on=["a"])],
+        )
+        result = rt.execute(plan, call_budget=5)
+        again = rt.execute(plan, call_budget=5)
+    assert result.ok, result.observations
+    assert again.ok
+    assert result.calls_used == 1
+
+
+PROVIDER_LATE = """
+import journaled, journaled.otel
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from journaled import Plan, Step
+
+with journaled.open("memory://") as rt:
+    journaled.otel.instrument(rt)  # no provider yet: the global proxy
+    rt.register_tool("echo", lambda x: x)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    assert rt.execute(Plan(goal="g", steps=[Step("a", tool="echo", input=1)])).ok
+print(sorted(s.name for s in exporter.get_finished_spans()))
+"""
+
+
+def test_a_global_provider_set_after_instrument_gets_the_spans() -> None:
+    """T3: instrument(rt) before the application sets its global provider still traces."""
+    done = subprocess.run(
+        [sys.executable, "-c", PROVIDER_LATE],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == str(
+        ["journaled.run", "journaled.step", "journaled.wave"]
+    )
+
+
+def test_a_run_resumed_in_a_new_runtime_after_close_ends_every_span(sqlite_url: str) -> None:
+    """T3, R3: a run suspended by close and resumed by another runtime: two run spans, the
+    interrupted attempt's and the re-run's step spans, none left open."""
+    t = Traced()
+    started = threading.Event()
+    release = threading.Event()
+
+    def hold(x: Any) -> Any:
+        started.set()
+        release.wait(WAIT)
+        return x
+
+    rt = journaled.open(sqlite_url)
+    try:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("hold", hold)
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="hold", input=1)]))
+        assert started.wait(WAIT)
+        rt.close(drain=0)
+    finally:
+        release.set()
+        rt.close()
+    with journaled.open(sqlite_url) as rt:
+        journaled.otel.instrument(rt, tracer_provider=t.provider)
+        rt.register_tool("hold", hold)
+        result = rt.resume(handle.run_id)
+    assert isinstance(result, journaled.ExecuteResult)
+    assert result.ok, result.observations
+    t.no_span_left_open()
+    runs = t.spans(journaled.otel.RUN_SPAN)
+    assert [_a(s)["journaled.run.resumed"] for s in runs] == [False, True]
+    assert [_a(s).get("journaled.run.status") for s in runs] == ["suspended", "completed"]
+    for s in t.spans(journaled.otel.STEP_SPAN):
+        assert s.parent is not None
+        assert s.parent.span_id in {_sid(r) for r in runs}
