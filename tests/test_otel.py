@@ -7,7 +7,7 @@ import subprocess
 import sys
 import threading
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,31 @@ class Traced:
 def traced(sqlite_url: str) -> Iterator[Traced]:
     with journaled.open(sqlite_url) as rt:
         yield Traced(rt)
+
+
+def suspend_by_close(
+    rt: journaled.Runtime, step_id: str, wait: float = WAIT
+) -> tuple[journaled.RunHandle[journaled.ExecuteResult], Callable[[Any], Any]]:
+    """Start a run of one step ``step_id`` of a tool ``hold`` registered here, and close ``rt``
+    with ``drain=0`` while that step holds; ``rt`` is closed in all cases and the step let go.
+    Return the run's handle and the tool (which no longer holds), to register again."""
+    started = threading.Event()
+    release = threading.Event()
+
+    def hold(x: Any) -> Any:
+        started.set()
+        release.wait(wait)
+        return x
+
+    try:
+        rt.register_tool("hold", hold)
+        handle = rt.start(Plan(goal="g", steps=[Step(step_id, tool="hold", input=1)]))
+        assert started.wait(wait)
+        rt.close(drain=0)
+    finally:
+        release.set()
+        rt.close()
+    return handle, hold
 
 
 def _parent(span: ReadableSpan) -> int | None:
@@ -533,24 +558,9 @@ def test_a_run_suspended_by_close_ends_its_span_with_the_step_interrupted(
     sqlite_url: str,
 ) -> None:
     """T3, R3: closing under a running step ends the pass span ``suspended``, step interrupted."""
-    started = threading.Event()
-    release = threading.Event()
-
-    def hold(x: Any) -> Any:
-        started.set()
-        release.wait(WAIT)
-        return x
-
     rt = journaled.open(sqlite_url)
-    try:
-        t = Traced(rt)
-        rt.register_tool("hold", hold)
-        handle = rt.start(Plan(goal="g", steps=[Step("h", tool="hold", input=1)]))
-        assert started.wait(WAIT)
-        rt.close(drain=0)
-    finally:
-        release.set()
-        rt.close()
+    t = Traced(rt)
+    handle, _ = suspend_by_close(rt, "h")
     assert handle.result(WAIT).suspended
     run = t.one("journaled.run")
     assert _attrs(run)["journaled.run.status"] == "suspended"

@@ -24,6 +24,9 @@ from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
+from test_otel import suspend_by_close
+from test_ray import _alive, _pid, pid_then_sleep
+from test_tracing_edges import first_pass_fails
 
 import journaled
 import journaled.aio
@@ -47,32 +50,6 @@ def steps(ray_address: str) -> RaySteps:
 def echo(value: Any) -> Any:
     """Return the input."""
     return value
-
-
-def pid_then_sleep(value: dict[str, Any]) -> str:
-    """Write this process's pid to ``value['pid_file']``, then sleep; with ``value['second']``
-    set, an attempt finding that file answers at once."""
-    second = value.get("second")
-    if second is not None and Path(second).exists():
-        return "second attempt"
-    if second is not None:
-        Path(second).write_text("x")
-    Path(value["pid_file"]).write_text(str(os.getpid()))
-    time.sleep(value.get("sleep", 60))
-    return "slept"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def _pid(path: Path) -> int:
-    wait_for(lambda: path.exists() and path.read_text() != "", WAIT)
-    return int(path.read_text())
 
 
 def _die_now() -> Any:
@@ -568,17 +545,7 @@ def test_an_asyncio_runtime_nests_child_runs_and_leaves_no_span_open(sqlite_url:
 def test_an_orchestration_leaves_no_span_open(sqlite_url: str) -> None:
     """T3, O*: every pass of an orchestration ends its spans."""
     t = Traced()
-    calls: list[int] = []
-
-    def flaky(_: object) -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("the first pass fails")
-        return "ok"
-
-    def planner(goal: str, observations: object, clarifications: object) -> Plan:
-        return Plan(goal=goal, steps=[Step("a", tool="flaky")])
-
+    flaky, planner = first_pass_fails()
     with journaled.open(sqlite_url) as rt:
         journaled.otel.instrument(rt, tracer_provider=t.provider)
         rt.register_tool("flaky", flaky)
@@ -653,24 +620,9 @@ def test_a_run_resumed_in_a_new_runtime_after_close_ends_every_span(sqlite_url: 
     """T3, R3: a run suspended by close and resumed by another runtime: two run spans, the
     interrupted attempt's and the re-run's step spans, none left open."""
     t = Traced()
-    started = threading.Event()
-    release = threading.Event()
-
-    def hold(x: Any) -> Any:
-        started.set()
-        release.wait(WAIT)
-        return x
-
     rt = journaled.open(sqlite_url)
-    try:
-        journaled.otel.instrument(rt, tracer_provider=t.provider)
-        rt.register_tool("hold", hold)
-        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="hold", input=1)]))
-        assert started.wait(WAIT)
-        rt.close(drain=0)
-    finally:
-        release.set()
-        rt.close()
+    journaled.otel.instrument(rt, tracer_provider=t.provider)
+    handle, hold = suspend_by_close(rt, "a", WAIT)
     with journaled.open(sqlite_url) as rt:
         journaled.otel.instrument(rt, tracer_provider=t.provider)
         rt.register_tool("hold", hold)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
@@ -39,6 +39,23 @@ class Traced:
 
     def spans(self, name: str | None = None) -> list[ReadableSpan]:
         return [s for s in self.exporter.get_finished_spans() if name is None or s.name == name]
+
+
+def first_pass_fails() -> tuple[Callable[[object], str], Callable[..., Plan]]:
+    """A tool ``flaky`` failing its first call only, and a planner of one step of it: an
+    orchestration of two passes."""
+    calls: list[int] = []
+
+    def flaky(_: object) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("the first pass fails")
+        return "ok"
+
+    def planner(goal: str, observations: object, clarifications: object) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", tool="flaky")])
+
+    return flaky, planner
 
 
 def _attrs(span: ReadableSpan) -> dict[str, Any]:
@@ -302,17 +319,7 @@ def test_an_orchestration_started_inside_a_span_nests_every_pass_under_it() -> N
     span, and each pass's run span was the root of a trace of its own. The caller's context is
     now copied where the orchestration is started (or resumed), and its passes start in it.
     """
-    calls: list[int] = []
-
-    def flaky(_: object) -> str:
-        calls.append(1)
-        if len(calls) == 1:
-            raise RuntimeError("the first pass fails")
-        return "ok"
-
-    def planner(goal: str, observations: object, clarifications: object) -> Plan:
-        return Plan(goal=goal, steps=[Step("a", tool="flaky")])
-
+    flaky, planner = first_pass_fails()
     with journaled.open("memory://") as rt:
         t = Traced(rt)
         rt.register_tool("flaky", flaky)
