@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_summary_spec import CHILD, ROOT
+from test_summary_spec import ROOT, _child_in_flight
 
 import journaled
 from journaled import Plan, Step
@@ -83,17 +83,8 @@ def test_a_killed_owner_not_reaped_yet_is_interrupted_and_taken_over(
     and start time in /proc, but executes nothing. The listing called it running for as long
     as it stayed unreaped (`runs follow` never settled) and a resume was refused with
     RunOwnedElsewhere."""
-    marker = tmp_path / "b.inflight"
-    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, cfg],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: marker.exists() or _state_of(proc.pid) == "Z", WAIT)
-        assert marker.exists(), "the child stopped before its step was in flight"
+    with _child_in_flight(tmp_path, sqlite_url) as proc:
+        assert (tmp_path / "b.inflight").exists(), "the child stopped before its step was in flight"
         os.kill(proc.pid, signal.SIGKILL)  # not proc.kill(): nothing may reap it yet
         wait_for(lambda: _state_of(proc.pid) == "Z", WAIT)
         with journaled.open(sqlite_url) as rt:
@@ -106,9 +97,6 @@ def test_a_killed_owner_not_reaped_yet_is_interrupted_and_taken_over(
             assert isinstance(result, journaled.ExecuteResult)
             assert result.ok
         assert _state_of(proc.pid) == "Z", "the owner was reaped during the test"
-    finally:
-        os.kill(proc.pid, signal.SIGKILL)
-        proc.wait(WAIT)
 
 
 def test_runs_show_of_a_suspended_run_says_suspended(sqlite_url: str) -> None:
@@ -177,16 +165,7 @@ def test_an_owner_hidden_from_this_reader_by_proc_is_not_judged_gone(
     another user's live process has no /proc entry for this reader. It was judged gone: a run
     executing there listed interrupted (and a resume took it over without take_over). The
     kernel still knows it (kill 0): running while it lives, interrupted once it is gone."""
-    marker = tmp_path / "b.inflight"
-    cfg = json.dumps({"url": sqlite_url, "marker": str(marker)})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, cfg],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+    with _child_in_flight(tmp_path, sqlite_url) as proc:
         assert proc.poll() is None, "the child stopped before its step was in flight"
         hidden = f"/proc/{proc.pid}/stat"
         read_text = Path.read_text
@@ -205,10 +184,6 @@ def test_an_owner_hidden_from_this_reader_by_proc_is_not_judged_gone(
             proc.kill()
             proc.wait(WAIT)
             assert rt.runs.summary(run_id).status == "interrupted"
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(WAIT)
 
 
 # A child that executes a -> b, where b (marker written) waits for a release file, then the run
@@ -246,16 +221,8 @@ def test_a_run_that_ends_as_its_owner_exits_between_fold_and_judgement_is_not_in
     the journal says completed (and `runs follow` would exit 8 for a run that completed). What
     an owner appended before it stopped is in the journal by the time it is judged gone: the
     read folds it and judges again."""
-    marker, release = tmp_path / "b.inflight", tmp_path / "b.release"
-    cfg = json.dumps({"url": sqlite_url, "marker": str(marker), "release": str(release)})
-    proc = subprocess.Popen(
-        [sys.executable, "-c", ENDS_WHEN_RELEASED, cfg],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_for(lambda: marker.exists() or proc.poll() is not None, WAIT)
+    release = tmp_path / "b.release"
+    with _child_in_flight(tmp_path, sqlite_url, ENDS_WHEN_RELEASED, release=str(release)) as proc:
         assert proc.poll() is None, "the child stopped before its step was in flight"
         with journaled.open(sqlite_url) as rt:
             [run_id] = rt.runs.ids()
@@ -273,7 +240,3 @@ def test_a_run_that_ends_as_its_owner_exits_between_fold_and_judgement_is_not_in
             rt.runs.summaries.owner_gone = owner_ends_then_exits
             assert rt.runs.summary(run_id).status == "completed"
             assert raced == [run_id]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(WAIT)

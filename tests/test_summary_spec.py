@@ -93,14 +93,14 @@ def _kill_mid_step(tmp_path: Path, url: str, **extra: object) -> str:
 
 @contextmanager
 def _child_in_flight(
-    tmp_path: Path, url: str, **extra: object
+    tmp_path: Path, url: str, script: str = CHILD, **extra: object
 ) -> Iterator[subprocess.Popen[bytes]]:
-    """A child process executing the blocking plan, once its step b is in flight (or it exited
-    first); killed at the end."""
+    """A child process executing the blocking plan (or ``script``, given the same config), once
+    its step b is in flight (or it exited first); killed at the end."""
     marker = tmp_path / "b.inflight"
     cfg = json.dumps({"url": url, "marker": str(marker), **extra})
     proc = subprocess.Popen(
-        [sys.executable, "-c", CHILD, cfg],
+        [sys.executable, "-c", script, cfg],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
