@@ -89,6 +89,20 @@ def _purge_elsewhere(tmp_path: Path, url: str, fact_id: str, search: bool) -> No
 # -- in-memory caches: PostgreSQL journals, embedders without a model name -------------------------
 
 
+def _journal_and_embedder(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> tuple[str, KeywordEmbedder]:
+    """A journal of ``backend`` and an embedder whose vectors are cached in memory only: one
+    without a model name on SQLite, any on PostgreSQL."""
+    url = (
+        str(request.getfixturevalue("pg_url"))
+        if backend == "postgresql"
+        else f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    )
+    embedder = NamedEmbedder(WORDS) if backend == "postgresql" else KeywordEmbedder(WORDS)
+    return url, embedder
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
 def test_an_in_memory_cache_never_embeds_a_fact_another_process_purged(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path, clock: ManualClock
@@ -96,12 +110,7 @@ def test_an_in_memory_cache_never_embeds_a_fact_another_process_purged(
     """R2, ADR 0065 update: a runtime whose memory has not folded another process's purge
     (``follow=None``) never sends the purged text to its embedder, whatever its cache: the
     in-memory one (an embedder without a model name, a PostgreSQL journal) as the file."""
-    url = (
-        str(request.getfixturevalue("pg_url"))
-        if backend == "postgresql"
-        else f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    )
-    embedder = NamedEmbedder(WORDS) if backend == "postgresql" else KeywordEmbedder(WORDS)
+    url, embedder = _journal_and_embedder(backend, request, tmp_path)
     with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
         gone = rt.memory.remember(SECRET)
         kept = rt.memory.remember("cat dog")
@@ -118,12 +127,7 @@ def test_an_in_memory_memo_never_serves_a_vector_another_process_purged(
 ) -> None:
     """R2: a vector the in-memory memo holds for a fact another process then purged is not
     ranked: the semantic ranking treats the fact as memory will once it folds the purge."""
-    url = (
-        str(request.getfixturevalue("pg_url"))
-        if backend == "postgresql"
-        else f"sqlite:///{tmp_path / 'journal.sqlite'}"
-    )
-    embedder = NamedEmbedder(WORDS) if backend == "postgresql" else KeywordEmbedder(WORDS)
+    url, embedder = _journal_and_embedder(backend, request, tmp_path)
     with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
         gone = rt.memory.remember(SECRET)
         kept = rt.memory.remember("cat dog")
