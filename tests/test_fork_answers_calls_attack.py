@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from test_fork_spec import _result
 
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Retry, Step
@@ -28,12 +29,6 @@ def url(request: pytest.FixtureRequest, sqlite_url: str) -> str:
 def rt(url: str) -> Iterator[journaled.Runtime]:
     with journaled.open(url, clock=ManualClock(step=1)) as runtime:
         yield runtime
-
-
-def _result(rt: journaled.Runtime, run_id: str, **kwargs: Any) -> journaled.ExecuteResult:
-    result = rt.resume(run_id, **kwargs)
-    assert isinstance(result, journaled.ExecuteResult)
-    return result
 
 
 def _asker(rt: journaled.Runtime, asked: list[str | None]) -> None:
