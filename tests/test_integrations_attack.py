@@ -21,6 +21,7 @@ pytest.importorskip("mcp", reason="the MCP tests need the mcp extra: pip install
 pytest.importorskip("autogen_core", reason="the AutoGen tests need: pip install -e '.[autogen]'")
 
 from autogen_core.memory import MemoryContent
+from test_mcp_attack import INITIALIZE, INITIALIZED, call, line
 
 import journaled
 from journaled.integrations.autogen import JournaledMemory
@@ -29,18 +30,6 @@ from journaled.mcp_tools import TOOLS, answer, object_schema
 pytestmark = pytest.mark.slow
 
 SPECS = {spec.name: spec for spec in TOOLS}
-
-INITIALIZE = {
-    "jsonrpc": "2.0",
-    "id": 0,
-    "method": "initialize",
-    "params": {
-        "protocolVersion": "2025-06-18",
-        "capabilities": {},
-        "clientInfo": {"name": "raw", "version": "0"},
-    },
-}
-INITIALIZED = {"jsonrpc": "2.0", "method": "notifications/initialized"}
 
 
 def tool(rt: journaled.Runtime, name: str, **arguments: Any) -> Any:
@@ -53,16 +42,6 @@ def _builtins(value: object) -> object:
     import msgspec
 
     return msgspec.to_builtins(value)
-
-
-def call_line(request_id: int, name: str, arguments: dict[str, Any]) -> bytes:
-    message = {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "method": "tools/call",
-        "params": {"name": name, "arguments": arguments},
-    }
-    return json.dumps(message).encode() + b"\n"
 
 
 @pytest.fixture
@@ -92,10 +71,10 @@ def start(
     started.append(proc)
     assert proc.stdin is not None
     assert proc.stdout is not None
-    proc.stdin.write(json.dumps(INITIALIZE).encode() + b"\n")
+    proc.stdin.write(line(INITIALIZE))
     proc.stdin.flush()
     assert json.loads(proc.stdout.readline())["id"] == 0
-    proc.stdin.write(json.dumps(INITIALIZED).encode() + b"\n")
+    proc.stdin.write(line(INITIALIZED))
     proc.stdin.flush()
     return proc
 
@@ -133,7 +112,7 @@ def test_a_client_gone_mid_call_leaves_exit_status_0(
     assert proc.stdin is not None
     assert proc.stdout is not None
     proc.stdin.write(
-        b"".join(call_line(i, "memory_remember", {"text": f"fact {i}"}) for i in range(1, 60))
+        b"".join(line(call(i, "memory_remember", {"text": f"fact {i}"})) for i in range(1, 60))
     )
     proc.stdin.flush()
     proc.stdout.close()
@@ -215,17 +194,19 @@ def test_many_keyed_remembers_at_once_leave_one_active_in_their_organization(
         request_line
         for i in range(1, 41)
         for request_line in (
-            call_line(
-                i,
-                "memory_remember",
-                {
-                    "text": f"plan {i} of acme\x00 key {secret}",
-                    "scope": "organization",
-                    "conflict_key": "acme-plan",
-                    "source": f"token={secret}",
-                },
+            line(
+                call(
+                    i,
+                    "memory_remember",
+                    {
+                        "text": f"plan {i} of acme\x00 key {secret}",
+                        "scope": "organization",
+                        "conflict_key": "acme-plan",
+                        "source": f"token={secret}",
+                    },
+                )
             ),
-            call_line(100 + i, "memory_search", {"query": "acme plan", "limit": 1000}),
+            line(call(100 + i, "memory_search", {"query": "acme plan", "limit": 1000})),
         )
     ]
     acme.stdin.write(b"".join(calls))
@@ -236,16 +217,16 @@ def test_many_keyed_remembers_at_once_leave_one_active_in_their_organization(
     assert all("\x00" in fact["text"] for fact in stored)  # NUL kept, on every backend
     for i in range(101, 141):
         assert len(_structured(replies[i])["facts"]) <= 1  # never two active under one key
-    acme.stdin.write(call_line(200, "memory_search", {"query": "acme plan"}))
+    acme.stdin.write(line(call(200, "memory_search", {"query": "acme plan"})))
     acme.stdin.flush()
     active = _structured(_answers(acme, 1)[200])["facts"]
     assert len(active) == 1
     assert globex.stdin is not None  # another organization's server: nothing of acme's
     ids = [fact["id"] for fact in stored]
     globex.stdin.write(
-        call_line(1, "memory_search", {"query": "acme plan"})
-        + call_line(2, "memory_why", {"fact_id": ids[0]})
-        + call_line(3, "memory_as_of", {"position": 0, "query": "acme"})
+        line(call(1, "memory_search", {"query": "acme plan"}))
+        + line(call(2, "memory_why", {"fact_id": ids[0]}))
+        + line(call(3, "memory_as_of", {"position": 0, "query": "acme"}))
     )
     globex.stdin.flush()
     theirs = _answers(globex, 3)
