@@ -13,12 +13,15 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import journaled
+from journaled.events.memory import Fact
 from journaled.testing import KeywordEmbedder, ManualClock
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -86,6 +89,20 @@ def _purge_elsewhere(tmp_path: Path, url: str, fact_id: str, search: bool) -> No
     assert done.returncode == 0, done.stderr.decode()
 
 
+@contextmanager
+def _embedded_then_secret(
+    url: str, clock: ManualClock
+) -> Iterator[tuple[journaled.Runtime, NamedEmbedder, Fact, Fact]]:
+    """A runtime on ``url`` that does not follow other processes, its memory holding "cat dog",
+    embedded by a search, then SECRET, not embedded yet; yield it, its embedder and both facts."""
+    embedder = NamedEmbedder(WORDS)
+    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
+        kept = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        gone = rt.memory.remember(SECRET)
+        yield rt, embedder, kept, gone
+
+
 # -- in-memory caches: PostgreSQL journals, embedders without a model name -------------------------
 
 
@@ -149,11 +166,7 @@ def test_a_cache_file_unreadable_now_still_learns_purges_from_the_journal(
     memory has not folded the purge of is not sent to the embedder, and the search answers."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     cache = tmp_path / "journal.sqlite.vectors"
-    embedder = NamedEmbedder(WORDS)
-    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
-        kept = rt.memory.remember("cat dog")
-        rt.memory.search_semantic("cat")
-        gone = rt.memory.remember(SECRET)
+    with _embedded_then_secret(url, clock) as (rt, embedder, kept, gone):
         for extra in ("-wal", "-shm"):
             Path(str(cache) + extra).unlink(missing_ok=True)
         cache.write_bytes(b"this is not a database" * 200)
@@ -211,11 +224,7 @@ def test_a_purge_between_the_catch_ups_two_reads_is_never_embedded(
     up to the journal's it read: the purged text is neither embedded nor written to the file."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     cache = tmp_path / "journal.sqlite.vectors"
-    embedder = NamedEmbedder(WORDS)
-    with journaled.open(url, clock=clock, embedder=embedder, follow=None) as rt:
-        kept = rt.memory.remember("cat dog")
-        rt.memory.search_semantic("cat")
-        gone = rt.memory.remember(SECRET)
+    with _embedded_then_secret(url, clock) as (rt, embedder, kept, gone):
         semantic = rt.memory._semantic
         journal, vectors = semantic._journal, semantic.cache
         real_position, real_connect = journal.position, vectors._connect
