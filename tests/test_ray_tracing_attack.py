@@ -150,24 +150,26 @@ def test_a_worker_killed_under_an_agent_is_charged_as_a_local_attempt_that_faile
 def test_a_cancel_of_a_step_queued_on_ray_ends_the_run_at_once(
     steps: RaySteps, sqlite_url: str, tmp_path: Path
 ) -> None:
-    """S1, E5: a step Ray has queued (its resource held by another) is cancelled with the run."""
-    pid_file = tmp_path / "pid"
+    """S1, E5: of two steps that each need the one unit of a resource, Ray runs one and queues
+    the other (whichever it picks); a cancel ends both, the queued one included, at once."""
+    pid_files = {i: tmp_path / f"pid-{i}" for i in ("a", "b")}
     special = {"resources": {"special": 1}}
     with journaled.open(sqlite_url, steps=steps) as rt:
         rt.register_tool("sleep", pid_then_sleep, resources=special)
-        rt.register_tool("queued", echo, resources=special)
         handle = rt.start(
             Plan(
                 goal="g",
                 steps=[
-                    Step("a", tool="sleep", input={"pid_file": str(pid_file)}),
-                    Step("b", tool="queued", input=1),
+                    Step(i, tool="sleep", input={"pid_file": str(pid_files[i])}) for i in pid_files
                 ],
             ),
             max_parallel_steps=2,
         )
-        pid = _pid(pid_file)
+        wait_for(lambda: any(f.exists() for f in pid_files.values()), 60)
         time.sleep(0.5)
+        running = [i for i, f in pid_files.items() if f.exists()]
+        assert len(running) == 1, running  # the other waits for the resource
+        pid = _pid(pid_files[running[0]])
         began = time.monotonic()
         rt.cancel(handle.run_id)
         result = handle.result(timeout=WAIT)
