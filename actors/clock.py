@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable
@@ -19,7 +20,13 @@ def system_clock() -> int:
 
 def new_fact_id(now: int) -> str:
     """Make a collision-safe, time-ordered fact id: 64 random bits per millisecond."""
-    return f"mem_{_base36(now):>09}_{os.urandom(8).hex()}"
+    return f"{_prefix(now)}{os.urandom(8).hex()}"
+
+
+@functools.lru_cache(maxsize=8)
+def _prefix(now: int) -> str:
+    # Remembers that follow each other mostly fall in the same millisecond, or the next.
+    return f"mem_{_base36(now):>09}_"
 
 
 def _base36(n: int) -> str:

@@ -67,6 +67,10 @@ class Sent(Generic[H]):
         self.handle = handle
 
 
+_LEADING = threading.Event()
+_LEADING.set()  # the turn of a caller that led at once: a wake-up of it (a set) changes nothing
+
+
 class _Seat:
     """One caller's place in line: its remember, how to send it, then its outcome."""
 
@@ -95,8 +99,11 @@ class _Seat:
         self.sent: Sent[Any] | None = None
         self.group: list[_Seat] | None = None
         """The group this caller took to store, once it leads."""
-        self.turn = threading.Event()
-        """Set when the caller leads or is answered (setting it twice is harmless)."""
+        self.turn = _LEADING
+        """Set when the caller leads or is answered (setting it twice is harmless). A caller
+        that finds the line empty leads at once and never waits on it: it gets its own event
+        only when it lines up behind others (made under the desk's mutex, before any other
+        thread can see the seat)."""
 
     def settle(self, fact: Fact | None, error: Exception | None) -> None:
         self.fact, self.error = fact, error
@@ -155,6 +162,8 @@ class WriterDesk:
                     return UNSETTLED
                 self._line.append(seat)
                 leads = self._line[0] is seat
+                if not leads:
+                    seat.turn = threading.Event()
                 self._grown.notify()
             if not leads:
                 seat.turn.wait()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from journaled.actors.errors import InvalidFact, OrganizationNotConfigured
@@ -24,6 +25,19 @@ class Validated:
     def __init__(self, physical: str, confidence: float) -> None:
         self.physical = physical
         self.confidence = confidence
+
+
+@functools.lru_cache(maxsize=1024)
+def _short_name_a_secret(value: str) -> bool:
+    return bool(find_secrets(value))
+
+
+def _names_a_secret(value: str) -> bool:
+    """Whether a scope, domain, key or step id holds a secret; the few names a memory sees
+    over and over (its scopes, its domains) are scanned once."""
+    if type(value) is str and len(value) <= 128:  # a str subclass could compare equal to any
+        return _short_name_a_secret(value)
+    return bool(find_secrets(value))
 
 
 def validate_remember(msg: Remember, organization: str | None) -> Validated:
@@ -56,7 +70,7 @@ def validate_remember(msg: Remember, organization: str | None) -> Validated:
             raise InvalidFact(name, f"holds a NUL character at index {value.index(chr(0))}")
     for name in ("scope", "domain", "conflict_key", "step_id"):
         value = getattr(msg, name)
-        if value is not None and find_secrets(value):
+        if value is not None and _names_a_secret(value):
             # Scopes, keys, domains and step ids name streams, filters and steps: they cannot
             # be redacted, only refused (M9).
             raise InvalidFact(
