@@ -276,11 +276,13 @@ class MemoryWriter(pykka.ThreadingActor):
                 return self._save_snapshot(min_events)
             case SaveSnapshot(auto=True):
                 self._auto_snapshot_queued = False
-                if any(shelf.state.pending for shelf in self.shelves.values()):
-                    # The export would build the index the open deferred to the first search,
-                    # holding every scope meanwhile (ADR 0056): that search, or the close, first.
-                    # Asked again after some more folds, not after each.
-                    due = self._auto_snapshot_due()
+                due = self._auto_snapshot_due()
+                if sum(shelf.state.pending_count for shelf in self.shelves.values()) > due:
+                    # The export would first index more facts than the snapshot is due for
+                    # (the whole log a cold open deferred to the first search, ADR 0056),
+                    # holding every scope meanwhile: that search, or the close, first. Asked
+                    # again after some more folds, not after each. The facts remembered since
+                    # the last search (ADR 0091) are fewer: the export indexes them.
                     self._auto_snapshot_backoff = max(0, self._since_snapshot - due) + _RETRY_FOLDS
                     return None
                 try:
@@ -779,11 +781,6 @@ class MemoryWriter(pykka.ThreadingActor):
             self._replay(from_snapshot=False)
             self._snapshot_owed = True  # the next snapshot (the close's at the latest) replaces it
             return
-        with self.send_lock:
-            # What the open folded is indexed by the first search (ADR 0056); what comes next,
-            # as it comes. A fold still queued at a scope may go either way: both are exact.
-            for shelf in self.shelves.values():
-                shelf.state.index_now()
         lost = {k: v for k, v in missing.items() if k not in self.purged}
         if lost:
             fact_id, position = min(lost.items(), key=lambda kv: kv[1])

@@ -78,8 +78,8 @@ class ScopeShelf:
 
     def __init__(self, physical: str, lock: threading.Condition | None = None) -> None:
         self.state = ScopeState(physical)
-        # Memory opened without a snapshot folds the whole log first: what it folds is indexed by
-        # the first search instead (ADR 0056), so the open costs a dict update per event.
+        # What the scope folds is indexed by the next search, not as it comes: the open's fold
+        # of the whole log (ADR 0056) and each remember after it (ADR 0091).
         self.state.defer_index()
         self.lock = lock if lock is not None else threading.Condition()
         self.done = 0
@@ -253,7 +253,9 @@ class ScopeActor(pykka.ThreadingActor):
             case ExportScope():
                 return _ENCODER.encode(state.export())
             case RestoreScope(state=snapshot):
-                self.shelf.state = ScopeState.restore(snapshot)
+                restored = ScopeState.restore(snapshot)  # with its index: nothing pending
+                restored.defer_index()  # what comes after it, as after any open (ADR 0091)
+                self.shelf.state = restored
                 self.shelf.broken = False  # a whole state again, whatever a fold left before
                 return None
         raise TypeError(f"scope actor got an unknown message {type(message).__name__}")

@@ -263,12 +263,14 @@ class ScopeState:
     # -- deferred indexing (ADR 0056) ------------------------------------------------------------
 
     def defer_index(self) -> None:
-        """Classify and index facts only when a search or an export first needs them.
+        """Classify and index facts only when a search or an export next needs them.
 
-        Folding a long log is then a dict update per event instead of tokenising every text;
-        :meth:`settle` later classifies each fact the fold touched, which gives the same index
-        and totals as classifying them as the events came (a fact's class depends on the fact
-        as it is now, and BM25 scores do not depend on the order documents entered the index).
+        Folding is then a dict update per event instead of tokenising every text; :meth:`settle`
+        later classifies each fact the folds touched, which gives the same index and totals as
+        classifying them as the events came (a fact's class depends on the fact as it is now,
+        and BM25 scores do not depend on the order documents entered the index). It lasts until
+        :meth:`index_now`: a live scope defers for good (ADR 0091), each search settling what
+        the folds since the last one touched.
         """
         self._deferred = True
 
@@ -282,15 +284,19 @@ class ScopeState:
         """Whether some facts wait for :meth:`settle` to be classified and indexed."""
         return bool(self._touched)
 
+    @property
+    def pending_count(self) -> int:
+        """How many facts wait for :meth:`settle`: what the next search or export indexes."""
+        return len(self._touched)
+
     def settle(self) -> None:
-        """Classify and index every fact whose indexing was deferred; later folds index at once.
+        """Classify and index every fact whose indexing was deferred (folds go on deferring).
 
         Interrupted part way through a fact, the state is marked :attr:`torn` (its index may hold
         part of that fact) and must be rebuilt; interrupted between facts, the next call goes on
         where this one stopped.
         """
         if not self._touched:
-            self._deferred = False
             return
         with self._settling:
             if self.torn:
@@ -312,7 +318,6 @@ class ScopeState:
                     self._classify_now(fact)
                     self.torn = False
                 del touched[fact_id]
-            self._deferred = False
 
     def _classify(self, fact: Fact) -> None:
         if self._deferred:

@@ -250,13 +250,17 @@ def test_a_rebuild_while_facts_are_pending_answers_exactly(
     cold: tuple[Path, str, ManualClock],
 ) -> None:
     """A scope marked broken before any search: the writer rebuilds every scope from the
-    journal (indexing at once), and searches then answer as the eager fold."""
+    journal (deferring the index to the next search, ADR 0091), and searches then answer as
+    the eager fold."""
     _, url, clock = cold
     with journaled.open(url, clock=clock, follow=None) as rt:
         with _shelves(rt)[0].lock:
             _shelves(rt)[0].broken = True
         rt.memory.remember("zeta during the rebuild")
-        assert not any(s.pending for s in scope_states(rt))
+        assert not any(s.broken for s in _shelves(rt))
+        assert sum(len(s.index) for s in scope_states(rt)) == 0
+        # every fact waits (and the ones deleted or purged since, which settling skips)
+        assert sum(s.pending_count for s in scope_states(rt)) >= len(rt.memory.all())
         assert searches(rt.memory) == searches(eager_view(rt))
 
 

@@ -38,10 +38,13 @@ def _path(url: str) -> Path:
     return Path(url.removeprefix("sqlite:///").partition("?")[0])
 
 
-def _answers(rt: journaled.Runtime, now: int) -> object:
+def _answers(rt: journaled.Runtime, now: int, *, search: bool = True) -> object:
+    facts = sorted(rt.memory.all(), key=lambda f: f.id)
+    if not search:
+        return msgspec.to_builtins({"all": facts})
     return msgspec.to_builtins(
         {
-            "all": sorted(rt.memory.all(), key=lambda f: f.id),
+            "all": facts,
             "search": [f.id for f in rt.memory.search("deploy api port", now=now)],
             "scoped": [f.id for f in rt.memory.search("api", scopes=["user"], now=now)],
         }
@@ -612,18 +615,24 @@ def test_an_unreadable_posting_is_healed_from_the_journal(
     assert verify(url).ok
 
 
-def test_an_unreadable_posting_met_by_the_opens_fold_folds_from_the_start(
+def test_an_unreadable_posting_met_indexing_a_fact_folded_after_the_snapshot_is_healed(
     made: tuple[str, ManualClock, int, object],
 ) -> None:
-    """A fact remembered after the snapshot is folded on open into the restored index: when
-    that meets the unreadable posting, the open folds the journal from its start instead of
-    failing, and the close replaces the snapshot."""
+    """A fact remembered after the snapshot is folded on open, and indexed by the first search
+    (ADR 0091): indexing it meets the unreadable postings, that search fails with IndexTorn,
+    memory is rebuilt from the journal and answers as before, and the close replaces the
+    snapshot."""
     url, clock, now, _ = made
     with journaled.open(url, clock=clock) as rt:
         rt.memory.remember("deploy api number 99 on port 9999", scope="project")
         now = clock.now
         expected = _answers(rt, now)
     _edit(_path(url), "memory:", _poison_every_posting)
+    with journaled.open(url, clock=clock) as rt:
+        assert _answers(rt, now, search=False) == {"all": expected["all"]}  # type: ignore[index]
+        with pytest.raises(journaled.IndexTorn, match="cannot be read"):
+            _answers(rt, now)
+        assert _answers(rt, now) == expected
     with journaled.open(url, clock=clock) as rt:
         assert _answers(rt, now) == expected
     assert verify(url).ok
