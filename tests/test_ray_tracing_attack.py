@@ -190,13 +190,16 @@ def test_a_timed_out_ray_step_is_retried_and_its_second_attempt_counts(
     with journaled.open(sqlite_url, steps=steps) as rt:
         rt.register_tool("sleep", pid_then_sleep, retry=Retry(attempts=2, backoff=0.1))
         result = rt.execute(
-            Plan(goal="g", steps=[Step("a", tool="sleep", input=value)]), step_timeout=3
+            # Long enough for a new Ray worker to start the second attempt on a loaded machine
+            # (the first attempt's was killed by the cancel); the first sleeps for a minute.
+            Plan(goal="g", steps=[Step("a", tool="sleep", input=value)]),
+            step_timeout=10,
         )
         events = [e.data for e in rt.runs.history(result.run_id)]
     assert result.ok, result.observations
     assert result.observations[0].output == "second attempt"
     retrying = [e for e in events if isinstance(e, StepRetrying)]
-    assert [r.observation.error for r in retrying] == ["timed out after 3.0s"]
+    assert [r.observation.error for r in retrying] == ["timed out after 10.0s"]
     wait_for(lambda: not _alive(int(pid_file.read_text())), 30)
 
 
