@@ -1,9 +1,11 @@
 """The ``journaled`` command line: the demo, memory, runs, the journal and the schema.
 
-Every command takes the global ``--url`` and ``--json``, before its name or after it. Reading
-commands never create a journal; only ``memory remember``, ``runs purge``, ``memory scrub`` (and
-``demo``) write. Bad input is one line on stderr and exit code 1, with nothing written. JSON
-shapes are documented in each command's ``--help`` and defined in :mod:`journaled.cli_render`.
+Every command takes the global ``--url`` and ``--json``, before its name or after it, and after
+its group's name (``journaled runs --json list``); a command's own ``--url`` wins over its
+group's. Reading commands never create a journal; only ``memory remember``, ``runs purge``,
+``memory scrub`` (and ``demo``) write. Bad input is one line on stderr and exit code 1, with
+nothing written. JSON shapes are documented in each command's ``--help`` and defined in
+:mod:`journaled.cli_render`.
 """
 
 from __future__ import annotations
@@ -385,27 +387,40 @@ def _follow(
             sub.ack(event.position)
 
 
-def _after_the_command_too(group: click.Group) -> None:
-    """Give every command ``--url`` and ``--json`` after its name too (``journaled journal
-    migrate --url ...``), as before it; a command that declares its own keeps that one."""
+GROUP_URL_HELP = "Journal URL for the subcommand (its own --url wins when both are given)."
+GROUP_JSON_HELP = "Print machine-readable JSON, as the subcommand's own --json does."
+
+
+def _url_and_json_everywhere(group: click.Group) -> None:
+    """Give every group and command ``--url`` and ``--json``, so both go after a group's name
+    (``journaled runs --json list``) and after a command's (``journaled journal migrate --url
+    ...``) as well as before them; a command that declares its own keeps that one. A later
+    ``--url`` wins: a command's own over its group's, its group's over ``journaled --url``."""
     for command in group.commands.values():
         if isinstance(command, click.Group):
-            _after_the_command_too(command)
-            continue
-        names = {opt for param in command.params for opt in getattr(param, "opts", ())}
-        if "--url" not in names:
-            command.params.append(
-                click.Option(["--url"], expose_value=False, callback=_set_url, help=URL_HELP)
-            )
-        if "--json" not in names:
-            command.params.append(
-                click.Option(
-                    ["--json"], is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP
-                )
-            )
+            _add_url_and_json(command, GROUP_URL_HELP, GROUP_JSON_HELP)
+            _url_and_json_everywhere(command)
+        else:
+            _add_url_and_json(command, URL_HELP, JSON_HELP)
 
 
-_after_the_command_too(main)
+def _add_url_and_json(command: click.Command, url_help: str, json_help: str) -> None:
+    # Each callback writes ctx.obj, the one dict every context shares; the commands' parameters
+    # are processed after their group's, so the value nearest the end of the line is kept.
+    names = {opt for param in command.params for opt in getattr(param, "opts", ())}
+    if "--url" not in names:
+        command.params.append(
+            click.Option(["--url"], expose_value=False, callback=_set_url, help=url_help)
+        )
+    if "--json" not in names:
+        command.params.append(
+            click.Option(
+                ["--json"], is_flag=True, expose_value=False, callback=set_json, help=json_help
+            )
+        )
+
+
+_url_and_json_everywhere(main)
 
 
 if __name__ == "__main__":  # pragma: no cover
