@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 import os
 import sqlite3
 import sys
@@ -34,6 +35,59 @@ def json_option(command: F) -> F:
     return click.option(
         "--json", is_flag=True, expose_value=False, callback=set_json, help=JSON_HELP
     )(command)
+
+
+class NegativeArguments(click.Command):
+    """A command whose arguments may be negative numbers (``runs diff RUN -1 2``).
+
+    Click reads ``-1`` as an unknown option; here a word of a dash and a digit goes to the
+    arguments, whose own check then names it (``A -1 is negative: ...``). Any other word that
+    looks like an option and is none of the command's is still refused by name, with click's
+    suggestion, instead of landing in an argument (``'--jsn' is not a valid integer``).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.context_settings.setdefault("ignore_unknown_options", True)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        unknown = [] if ctx.resilient_parsing else self._unknown_options(ctx, args)
+        if unknown:
+            name = unknown[0].partition("=")[0]
+            raise click.NoSuchOption(
+                name,
+                possibilities=difflib.get_close_matches(name, self._long_options(ctx)),
+                ctx=ctx,
+            )
+        return super().parse_args(ctx, args)
+
+    def _unknown_options(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """Return the words before any ``--`` that look like options, are none of the command's
+        and are not negative numbers (a dry run of the parser, which calls no callback)."""
+        before = args[: args.index("--")] if "--" in args else args
+        try:
+            opts, rest, _ = self.make_parser(ctx).parse_args(args=list(before))
+        except click.UsageError:  # e.g. an option missing its value: click's own parse says so
+            return []
+        words = list(rest)
+        for param in self.get_params(ctx):
+            if isinstance(param, click.Argument) and param.name in opts:
+                value = opts[param.name]
+                words += value if isinstance(value, (list, tuple)) else [value]
+        return [
+            word
+            for word in words
+            if isinstance(word, str) and len(word) > 1 and word[0] == "-" and not word[1].isdigit()
+        ]
+
+    def _long_options(self, ctx: click.Context) -> list[str]:
+        return [
+            opt
+            for param in self.get_params(ctx)
+            if isinstance(param, click.Option)
+            for opt in (*param.opts, *param.secondary_opts)
+            if opt.startswith("--")
+        ]
 
 
 def fail(message: str) -> NoReturn:

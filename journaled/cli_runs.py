@@ -11,6 +11,7 @@ import click
 import journaled
 from journaled import cli_render as render
 from journaled.cli_common import (
+    NegativeArguments,
     call,
     check_position,
     emit,
@@ -219,7 +220,7 @@ def runs_show(ctx: click.Context, run_id: str, position: int | None, at_time: st
 
 
 # A and B as given: a negative position reaches check_position's error, not "no such option".
-@runs.command("diff", context_settings={"ignore_unknown_options": True})
+@runs.command("diff", cls=NegativeArguments)
 @click.argument("run_id")
 @click.argument("a", type=int)
 @click.argument("b", type=int)

@@ -151,3 +151,30 @@ def test_runs_diff_reads_a_negative_position_after_group_options(
     assert result.exit_code == 1, result.output
     assert f"{named} is negative: give a journal position, 0 or more" in result.stderr
     assert "No such option" not in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "refused"),
+    [
+        (["1", "2", "--bogus"], "No such option '--bogus'."),
+        (["--jsn", "1", "2"], "No such option '--jsn'. Did you mean '--json'?"),
+        (["1", "2", "--jsn=1"], "No such option '--jsn'. Did you mean '--json'?"),
+        (["--at", "1", "2"], "No such option '--at'."),
+    ],
+)
+def test_runs_diff_still_refuses_an_unknown_option_by_name(
+    made: Made, args: list[str], refused: str
+) -> None:
+    """O7: taking negative numbers as A and B, ``runs diff`` still names an option it does not
+    have, instead of reading it as a position (``'--jsn' is not a valid integer``)."""
+    result = cli(made, "--url", made.url, "runs", "diff", made.run_id, *args)
+    assert result.exit_code == 2, result.output
+    assert refused in result.stderr
+    assert "valid integer" not in result.stderr
+
+
+def test_runs_diff_takes_words_after_a_double_dash_as_arguments(made: Made) -> None:
+    """O7: after ``--`` every word is an argument, as click reads it: ``-1`` is A and says so."""
+    result = cli(made, "--url", made.url, "runs", "diff", made.run_id, "--", "-1", "2")
+    assert result.exit_code == 1, result.output
+    assert "A -1 is negative: give a journal position, 0 or more" in result.stderr
