@@ -236,6 +236,11 @@ class AsyncMemory:
         self._memory = memory
         self._pool = pool
 
+    @property
+    def embedder(self) -> Embedder | None:
+        """Return the embedder semantic and hybrid searches rank with (None: BM25 only, M7)."""
+        return self._memory.embedder
+
     async def remember(
         self,
         text: str,

@@ -210,6 +210,11 @@ class Memory:
         """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first, journal.firsts)
 
+    @property
+    def embedder(self) -> Embedder | None:
+        """Return the embedder semantic and hybrid searches rank with (None: BM25 only, M7)."""
+        return self._semantic.embedder
+
     def remember(
         self,
         text: str,

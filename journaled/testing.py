@@ -59,6 +59,10 @@ class KeywordEmbedder:
         self.vocabulary = [w.lower() for w in vocabulary]
         self.calls: list[list[str]] = []
 
+    def embedder_config(self) -> dict[str, object]:
+        """Return the arguments that rebuild this embedder from a config (ADR 0092)."""
+        return {"vocabulary": list(self.vocabulary)}
+
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Return one count vector per text."""
         self.calls.append(list(texts))

@@ -60,12 +60,34 @@ class OpenAIEmbeddings:
         self.timeout = timeout
         self.dimensions = dimensions
         self._api_key = api_key if api_key is not None else os.environ.get("OPENAI_API_KEY")
+        self._key_given = api_key is not None and api_key != os.environ.get("OPENAI_API_KEY")
+        """Whether the key came from the caller rather than ``$OPENAI_API_KEY``."""
         self.requests = 0
         """How many requests were sent (batching is visible here)."""
 
     def __repr__(self) -> str:
         """Name the model and the endpoint, never the key."""
         return f"OpenAIEmbeddings(model={self.model!r}, base_url={self.base_url!r})"
+
+    def embedder_config(self) -> dict[str, object]:
+        """Return the arguments that rebuild this embedder from a config (ADR 0092); never the key.
+
+        Raises:
+            ValueError: the key was passed as ``api_key``: a config would lose it, so the
+                rebuilt embedder would be refused by the server and searches fall back to BM25.
+        """
+        if self._key_given:
+            raise ValueError(
+                "OpenAIEmbeddings was given api_key=, which a config never holds: build it "
+                "without api_key= and set OPENAI_API_KEY wherever the config is loaded"
+            )
+        return {
+            "model": self.model,
+            "base_url": self.base_url,
+            "batch_size": self.batch_size,
+            "timeout": self.timeout,
+            "dimensions": self.dimensions,
+        }
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Return one vector per text, asking at most ``batch_size`` texts per request.

@@ -42,6 +42,9 @@ class SentenceTransformerEmbeddings:
     ) -> None:
         if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size must be an int >= 1, got {batch_size!r}")
+        self._built_from = None if instance is not None else str(model)
+        """The directory or name the model was loaded from (None: an instance was given)."""
+        self._name = name
         if instance is None:
             if not str(model):
                 raise ValueError("model must name a model directory or a model (or pass instance=)")
@@ -52,6 +55,7 @@ class SentenceTransformerEmbeddings:
         """The vector cache's key (ADR 0048). Empty for an instance given without ``name``:
         nothing tells two such models apart, so their vectors last as long as the runtime."""
         self.batch_size = batch_size
+        self._device = device
         self.normalize = normalize
         self.batches = 0
         """How many batches were encoded (batching is visible here)."""
@@ -59,6 +63,25 @@ class SentenceTransformerEmbeddings:
     def __repr__(self) -> str:
         """Name the model."""
         return f"SentenceTransformerEmbeddings(model={self.model or type(self._model).__name__!r})"
+
+    def embedder_config(self) -> dict[str, object]:
+        """Return the arguments that rebuild this embedder from a config (ADR 0092).
+
+        Raises:
+            ValueError: it was built with ``instance=``, an object a config cannot hold.
+        """
+        if self._built_from is None:
+            raise ValueError(
+                "SentenceTransformerEmbeddings was built with instance=, which a config cannot "
+                "hold: build it from the model's directory or name instead"
+            )
+        return {
+            "model": self._built_from,
+            "name": self._name,
+            "batch_size": self.batch_size,
+            "device": self._device,
+            "normalize": self.normalize,
+        }
 
     def embed(self, texts: list[str]) -> list[list[float]]:
         """Return one vector per text, encoding ``batch_size`` texts at a time."""
