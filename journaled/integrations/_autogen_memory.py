@@ -1,4 +1,4 @@
-"""JournaledMemory: an AutoGen Core memory over journaled facts (SPEC X1, ADR 0041).
+"""JournaledMemory: an AutoGen Core memory over journaled facts (SPEC X1, ADRs 0041, 0092).
 
 Imported through :mod:`journaled.integrations.autogen`, which says which extra to install.
 """
@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import warnings
 from collections.abc import Mapping
 from typing import Any, ClassVar, Self
 
@@ -24,6 +25,7 @@ from autogen_core.models import SystemMessage
 from pydantic import BaseModel, ConfigDict
 
 from journaled.aio import AsyncRuntime
+from journaled.embedders.config import build, describe
 from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.events.inputs import MAX_TEXT_BYTES, int_problem, short, text_problem
 from journaled.events.memory import Fact, physical_scope
@@ -34,6 +36,7 @@ __all__ = [
     "FACT_FIELDS",
     "HELD_MIME_TYPES",
     "RESULT_FIELDS",
+    "JournaledEmbedderConfig",
     "JournaledMemory",
     "JournaledMemoryConfig",
 ]
@@ -62,6 +65,21 @@ _ENVELOPE = "journaled.autogen"
 """Marks a fact source that also keeps a content's mime type and other metadata."""
 
 
+class JournaledEmbedderConfig(BaseModel):
+    """The runtime's embedder in a :class:`JournaledMemoryConfig` (ADR 0092).
+
+    ``provider(**config)`` rebuilds it: an embedder class written as ``module.Class`` that
+    defines ``embedder_config()``, and the JSON keyword arguments that method returned.
+    """
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+    provider: str
+    """The import path of the embedder's class, e.g. ``journaled.embedders.OpenAIEmbeddings``."""
+    config: dict[str, Any]
+    """The keyword arguments the class is called with (never a secret such as an API key)."""
+
+
 class JournaledMemoryConfig(BaseModel):
     """The component configuration of a :class:`JournaledMemory` (``dump_component``).
 
@@ -82,6 +100,8 @@ class JournaledMemoryConfig(BaseModel):
     limit: int = 5
     min_confidence: float = 0.0
     semantic: bool = True
+    embedder: JournaledEmbedderConfig | None = None
+    """The runtime's embedder (M7); None: the runtime ranks by BM25 alone (M6)."""
 
 
 class _MemoryCalls:
@@ -131,6 +151,8 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
     """
 
     component_type = "memory"
+    component_version: ClassVar[int] = 2
+    """2 records the runtime's embedder (ADR 0092); a config of 1 was written without it."""
     component_config_schema = JournaledMemoryConfig
     component_provider_override = "journaled.integrations.autogen.JournaledMemory"
     component_description: ClassVar[str | None] = "Journaled facts of one scope as AutoGen memory."
@@ -341,6 +363,12 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
                 "an in-memory journal (memory://) lives in one process and cannot be written "
                 "into a component config: open the runtime on a SQLite or PostgreSQL URL"
             )
+        embedder = self._rt.memory.embedder
+        described = None
+        if embedder is not None:
+            # A config without the embedder would load as a memory ranking by BM25 (ADR 0092).
+            provider, arguments = describe(embedder)
+            described = JournaledEmbedderConfig(provider=provider, config=arguments)
         return JournaledMemoryConfig(
             url=url,
             organization=self._rt.organization,
@@ -351,7 +379,32 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
             limit=self._limit,
             min_confidence=self._min_confidence,
             semantic=self._semantic,
+            embedder=described,
         )
+
+    @classmethod
+    def _from_config_past_version(cls, config: dict[str, Any], version: int) -> Self:
+        """Load a config of component version 1, written before the embedder was recorded.
+
+        It cannot say whether the memory it came from ranked by meaning: loaded without an
+        embedder, with a warning when it asks for semantic ranking (ADR 0092).
+        """
+        loaded = JournaledMemoryConfig.model_validate(config)
+        if loaded.embedder is not None:
+            raise ConfigurationError(
+                f"the JournaledMemory config of component_version {version} holds an embedder, "
+                f"which only version {cls.component_version} records: set component_version "
+                f"to {cls.component_version}"
+            )
+        if loaded.semantic:
+            warnings.warn(
+                f"this JournaledMemory config (component_version {version}) was written "
+                "without the runtime's embedder, so the memory it loads ranks by BM25 (M6); "
+                "if the memory it was dumped from had an embedder, dump that memory again",
+                UserWarning,
+                stacklevel=3,
+            )
+        return cls._from_config(loaded)
 
     @classmethod
     def _from_config(cls, config: JournaledMemoryConfig) -> Self:
@@ -373,9 +426,15 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         if problem is not None:  # refused before a journal is opened (or a file made)
             arg, why = problem
             raise ConfigurationError(f"the JournaledMemory config's {arg} {why}")
+        embedder = None
+        if config.embedder is not None:
+            try:
+                embedder = build(config.embedder.provider, config.embedder.config)
+            except ConfigurationError as exc:
+                raise ConfigurationError(f"the JournaledMemory config's {exc}") from None
         # The organization dumped with the memory, not the loading process's: a memory of
         # acme's organization scope must never read another organization's facts (R1).
-        rt = open_runtime(config.url, organization=config.organization)
+        rt = open_runtime(config.url, organization=config.organization, embedder=embedder)
         try:
             memory = cls(
                 rt,

@@ -34,6 +34,7 @@ from journaled.integrations._autogen_memory import (
     FACT_FIELDS,
     HELD_MIME_TYPES,
     RESULT_FIELDS,
+    JournaledEmbedderConfig,
     JournaledMemory,
     JournaledMemoryConfig,
 )
@@ -44,6 +45,7 @@ __all__ = [
     "LOOP_POLL",
     "RESULT_FIELDS",
     "AutoGenStopped",
+    "JournaledEmbedderConfig",
     "JournaledMemory",
     "JournaledMemoryConfig",
     "StepMessage",
