@@ -15,6 +15,7 @@ what its steps read from the organization's scope (ADR 0074).
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
 
 import msgspec
@@ -32,6 +33,7 @@ from journaled.events.orchestration import ORCHESTRATION_EVENTS, OrchestrationSt
 from journaled.events.runs import RUN_EVENTS, MemoryRead, RunForked, RunStarted
 
 __all__ = [
+    "RUN_OWNERS_KEPT",
     "Boundary",
     "belongs_elsewhere",
     "home_scope",
@@ -42,6 +44,13 @@ __all__ = [
 _RUN_KINDS = (*RUN_EVENTS, *ORCHESTRATION_EVENTS)
 """The events of a run's or an orchestration's stream."""
 _NOT_A_RUN = object()
+
+RUN_OWNERS_KEPT = 10_000
+"""How many runs' owners a :class:`Boundary` keeps in memory, the runs last used (ADR 0093).
+
+A long-lived runtime sees runs without end; a run left out is read again, with one
+``first()``, when next checked, so the bound costs reads, never a wrong answer. Ten thousand
+entries are one or two MB, and exceed a subscription's page (500 events) twenty times over."""
 
 
 def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> bool:
@@ -83,11 +92,43 @@ def run_belongs_elsewhere(owner: object, organization: str | None) -> bool:
     return owner is not UNSET and owner is not _NOT_A_RUN and owner != organization
 
 
+class _Recent:
+    """The ``size`` entries of a mapping last read or written; its owner holds the lock."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[str, object] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __contains__(self, key: str) -> bool:
+        return key in self._items
+
+    def get(self, key: str, default: object) -> object:
+        """Return the entry of ``key``, now the last used, or ``default`` when not kept."""
+        try:
+            value = self._items[key]
+        except KeyError:
+            return default
+        self._items.move_to_end(key)
+        return value
+
+    def put(self, key: str, value: object) -> None:
+        """Keep ``value`` for ``key`` as the last used, leaving out the least recently used."""
+        self._items[key] = value
+        self._items.move_to_end(key)
+        if len(self._items) > self.size:
+            self._items.popitem(last=False)
+
+
 class Boundary:
     """Sort journal events into this organization's view and what it must not see (R1).
 
     A fact's owner is read from the event that remembered it, the first of its stream, and
-    remembered for the life of the object (it never changes). Thread-safe.
+    remembered for the life of the object (it never changes). A run's owner is kept for the
+    :data:`RUN_OWNERS_KEPT` runs last used, and read from the journal again when not kept
+    (ADR 0093). Thread-safe.
     """
 
     def __init__(
@@ -101,8 +142,9 @@ class Boundary:
         self._firsts = firsts
         """The first events of many streams in one read, to sort many fact ids at once."""
         self._elsewhere: dict[str, bool] = {}
-        self._runs: dict[str, object] = {}
-        """Run id -> its owner (:func:`run_organization`; a run's owner never changes)."""
+        self._runs = _Recent(RUN_OWNERS_KEPT)
+        """Run id -> its owner (:func:`run_organization`; a run's owner never changes), for the
+        runs last used: one not kept is read from its first event again (ADR 0093)."""
         self._lock = threading.Lock()
 
     def fact_elsewhere(self, fact_id: str) -> bool:
@@ -134,23 +176,26 @@ class Boundary:
         if owner is not _NOT_A_RUN:
             return owner
         first = self._first(run_id)
-        if first is not None:
-            self.learn_run(first)
-            with self._lock:
-                owner = self._runs.get(run_id, _NOT_A_RUN)
-        return owner
+        return self._learn_owner(first) if first is not None else _NOT_A_RUN
 
     def note_run(self, run_id: str, owner: object) -> bool:
         """Learn whose a run is from its opening, folded elsewhere (no first event read);
         return whether it is elsewhere."""
         with self._lock:
-            self._runs[run_id] = owner
+            self._runs.put(run_id, owner)
         return run_belongs_elsewhere(owner, self.organization)
 
     def learn_run(self, first: Event) -> bool:
         """Learn whose a run is from its first event, just read; return whether it is elsewhere."""
+        return run_belongs_elsewhere(self._learn_owner(first), self.organization)
+
+    def _learn_owner(self, first: Event) -> object:
+        """Return whose a run is from its first event, just read, and keep it."""
         owner = run_organization(first.data)
-        return owner is not _NOT_A_RUN and self.note_run(first.stream, owner)
+        if owner is not _NOT_A_RUN:
+            with self._lock:
+                self._runs.put(first.stream, owner)
+        return owner
 
     def hides(self, event: Event) -> bool:
         """Tell whether an event is about another organization's fact (a key claim included)
@@ -175,8 +220,17 @@ class Boundary:
         steps naming none of another organization's facts (:meth:`scrub_reads`) and the links
         to them saying nothing but their ids (:meth:`scrub_links`)."""
         events = list(events)
-        self._sort_runs(events)
-        return self.scrub_links(self.scrub_reads([e for e in events if not self.hides(e)]))
+        owners = self._run_owners(events)
+        shown = [
+            e
+            for e in events
+            if not (
+                run_belongs_elsewhere(owners[e.stream], self.organization)
+                if isinstance(e.data, _RUN_KINDS)
+                else self.hides(e)
+            )
+        ]
+        return self.scrub_links(self.scrub_reads(shown))
 
     def scrub_links(self, events: list[Event]) -> list[Event]:
         """Return ``events`` with the expiry of another organization's fact left out where a
@@ -205,21 +259,26 @@ class Boundary:
             out.append(event if data is event.data else msgspec.structs.replace(event, data=data))
         return out
 
-    def _sort_runs(self, events: list[Event]) -> None:
-        """Learn, in one read, whose each run is whose events are here without their first."""
-        if self._firsts is None:
-            return
+    def _run_owners(self, events: list[Event]) -> dict[str, object]:
+        """Return whose each run with events here is: from its first event when here, else
+        as kept, else read, all in one ``firsts()`` when the journal offers it. The answer
+        holds for the whole batch, however many runs it has beyond those kept (ADR 0093)."""
+        streams = {e.stream for e in events if isinstance(e.data, _RUN_KINDS)}
+        owners = {e.stream: self._learn_owner(e) for e in events if e.version == 1}
+        missing = []
         with self._lock:
-            known = self._runs
-            unknown = {
-                e.stream
-                for e in events
-                if isinstance(e.data, _RUN_KINDS) and e.version > 1 and e.stream not in known
-            }
-        unknown -= {e.stream for e in events if e.version == 1}
-        if unknown:
-            for first in self._firsts(sorted(unknown)).values():
-                self.learn_run(first)
+            for stream in streams - owners.keys():
+                owner = self._runs.get(stream, _NOT_A_RUN)
+                if owner is _NOT_A_RUN:
+                    missing.append(stream)
+                else:
+                    owners[stream] = owner
+        if missing and self._firsts is not None:
+            firsts = self._firsts(sorted(missing))
+            owners.update((run_id, self._learn_owner(first)) for run_id, first in firsts.items())
+        elif missing:
+            owners.update((run_id, self.run_owner(run_id)) for run_id in missing)
+        return {stream: owners.get(stream, _NOT_A_RUN) for stream in streams}
 
     def scrub_reads(self, events: list[Event]) -> list[Event]:
         """Return ``events`` with another organization's fact ids left out of every
