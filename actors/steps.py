@@ -324,7 +324,8 @@ class AgentContext:
 
         In an ``async def`` agent (on an event loop) it cannot block the loop: it returns at
         once an awaitable, and ``await ctx.execute(plan)`` gives the result (as
-        :meth:`execute_async` does).
+        :meth:`execute_async` does). The return type is a sync agent's: annotate an async
+        agent's ``ctx`` as :class:`AsyncAgentContext` to type that awaitable.
 
         Raises:
             RuntimeClosed: the runtime is closing; the child (if any) was suspended and this step
@@ -390,6 +391,54 @@ class AgentContext:
             raise RuntimeError("this agent context cannot start child runs")
         call, child = self._reserve()
         return await asyncio.to_thread(self._run_child, plan, call, child, options)
+
+
+class AsyncAgentContext(Protocol):
+    """The type of ``ctx`` for an ``async def`` agent: an :class:`AgentContext` as its loop sees it.
+
+    The object is the same :class:`AgentContext` a sync agent gets; what differs is what
+    :meth:`execute` returns. Called on an event loop, it cannot block the loop, so it returns an
+    awaitable of the result (A1, E9), which a sync agent's call never is. Which of the two a call
+    gets depends on whether a loop runs in the calling thread, which no static type can see, so
+    ``AgentContext.execute`` is typed for sync agents (``-> ExecuteResult``), and an async agent
+    annotates ``ctx: journaled.AsyncAgentContext`` to have ``result = await ctx.execute(plan)``
+    check as an :class:`ExecuteResult`, and a forgotten ``await`` reported. (From a thread the
+    agent starts itself, where no loop runs, ``ctx.execute`` blocks and returns the result:
+    call ``ctx.execute_async`` on the loop instead.)
+    """
+
+    @property
+    def memory(self) -> StepMemory | None:
+        """The runtime's memory; each read's fact ids are journaled with the step (P1)."""
+
+    @property
+    def run_id(self) -> str:
+        """The run the step belongs to."""
+
+    @property
+    def step_id(self) -> str:
+        """The step."""
+
+    @property
+    def attempt(self) -> int:
+        """1 for the first execution; higher when the step runs again."""
+
+    @property
+    def reservation(self) -> int | None:
+        """Model calls reserved for this agent (E6); None when unbounded."""
+
+    @property
+    def answer(self) -> str | None:
+        """The human answer given on resume, or None (E10)."""
+
+    def cancelled(self) -> bool:
+        """Tell whether the run was asked to stop (E5)."""
+
+    def execute(self, plan: Plan, **options: Any) -> Coroutine[Any, Any, ExecuteResult]:
+        """Return an awaitable that runs a child plan as a journaled run linked to this step."""
+
+    async def execute_async(self, plan: Plan, **options: Any) -> ExecuteResult:
+        """Run a child plan without blocking the agent's loop (as ``await execute``)."""
 
 
 class _ChildRunAwaited(Coroutine[Any, Any, ExecuteResult]):

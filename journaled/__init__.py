@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     )
     from journaled.actors.steps import (
         AgentContext,
+        AsyncAgentContext,
         NeedsInput,
     )
     from journaled.errors import (
@@ -113,6 +114,7 @@ _HOMES: dict[str, str] = {
     "ActorsError": "journaled.errors",
     "AgentContext": "journaled.actors.steps",
     "AgentResult": "journaled.events.plans",
+    "AsyncAgentContext": "journaled.actors.steps",
     "Budget": "journaled.events.orchestration",
     "Clarify": "journaled.events.orchestration",
     "ConcurrencyConflict": "journaled.errors",
@@ -200,6 +202,7 @@ __all__ = [
     "ActorsError",
     "AgentContext",
     "AgentResult",
+    "AsyncAgentContext",
     "Budget",
     "Clarify",
     "ConcurrencyConflict",

@@ -25,7 +25,7 @@ from journaled.actors.placement import Placement
 from journaled.actors.run_recorder import Progress, refuse_close_from_progress
 from journaled.actors.runs import RunHandle, Runs, executing_in_process
 from journaled.actors.runtime import MemoryActors
-from journaled.actors.steps import AgentContext, Registry, Services
+from journaled.actors.steps import AgentContext, AsyncAgentContext, Registry, Services
 from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import codec
@@ -48,8 +48,12 @@ from journaled.subscriptions import (
     stored_name,
 )
 
-AgentFunction = Callable[[Step, AgentContext], AgentResult | Awaitable[AgentResult]]
-"""An agent: ``fn(step, ctx) -> AgentResult``, or an ``async def`` returning one (A1)."""
+AgentFunction = (
+    Callable[[Step, AgentContext], AgentResult | Awaitable[AgentResult]]
+    | Callable[[Step, AsyncAgentContext], Awaitable[AgentResult]]
+)
+"""An agent: ``fn(step, ctx) -> AgentResult``, or an ``async def`` returning one (A1), whose
+``ctx`` may be typed :class:`AsyncAgentContext` (what ``ctx.execute`` returns on its loop)."""
 ENV_URL = "JOURNALED_URL"
 DRAIN = 10.0
 """Default seconds close() waits for steps in flight before suspending their runs (R3)."""

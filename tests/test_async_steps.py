@@ -17,7 +17,7 @@ import pytest
 from aio_facade import FLAVOURS, open_runtime
 
 import journaled
-from journaled import AgentContext, AgentResult, NeedsInput, Plan, Step
+from journaled import AgentContext, AgentResult, AsyncAgentContext, NeedsInput, Plan, Step
 
 WAIT = 10.0
 
@@ -162,9 +162,9 @@ def test_an_async_agent_awaits_ctx_execute_for_its_child(runtime: journaled.Runt
     ``ctx.execute(plan)`` does; it used to fail the step, naming execute_async."""
     runtime.register_tool("echo", lambda x: x)
 
-    async def agent(step: Step, ctx: AgentContext) -> AgentResult:
-        first = await ctx.execute(one(Step("c", tool="echo", input="hi")))  # type: ignore[misc]
-        second = await ctx.execute(one(Step("d", tool="echo", input="there")))  # type: ignore[misc]
+    async def agent(step: Step, ctx: AsyncAgentContext) -> AgentResult:
+        first = await ctx.execute(one(Step("c", tool="echo", input="hi")))
+        second = await ctx.execute(one(Step("d", tool="echo", input="there")))
         outputs = [first.observations[0].output, second.observations[0].output]
         return AgentResult(output=" ".join(outputs))
 

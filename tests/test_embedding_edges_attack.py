@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import journaled
-from journaled import AgentContext, AgentResult, Plan, Step
+from journaled import AgentContext, AgentResult, AsyncAgentContext, Plan, Step
 from journaled.actors.run_args import child_run_id
 from journaled.events.errors import ProtocolError
 from journaled.events.protocol import decode_envelope_json, decode_json, encode_json
@@ -127,8 +127,8 @@ def test_an_async_agent_cancelled_while_awaiting_its_child_names_it(sqlite_url: 
     with journaled.open(sqlite_url) as rt:
         rt.register_tool("slow", slow)
 
-        async def agent(step: Step, ctx: AgentContext) -> AgentResult:
-            child = await ctx.execute(child_plan)  # type: ignore[misc]
+        async def agent(step: Step, ctx: AsyncAgentContext) -> AgentResult:
+            child = await ctx.execute(child_plan)
             return AgentResult(output=child.run_id)
 
         rt.register_agent("waiter", agent)

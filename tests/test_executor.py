@@ -632,7 +632,7 @@ def test_errors_become_failed_observations(runtime: journaled.Runtime) -> None:
     runtime.register_tool("raises", raises)
     runtime.register_tool("socket", lambda x: threading.Lock())
     runtime.register_tool("huge", lambda x: "x" * (2 << 20))
-    runtime.register_agent("garbage", lambda step, ctx: 42)  # type: ignore[arg-type,return-value]
+    runtime.register_agent("garbage", lambda step, ctx: 42)  # type: ignore[arg-type]
     plan = Plan(
         goal="g",
         steps=[
