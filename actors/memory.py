@@ -185,6 +185,9 @@ class MemoryWriter(pykka.ThreadingActor):
         """The stored snapshot failed to fold on (ADR 0060): the next save writes one anyway."""
         self._auto_snapshot_queued = False
         self._auto_snapshot_backoff = 0
+        self._backlog: list[tuple[ScopeState, int]] = []
+        """The scopes an open's (or a rebuild's) fold left facts pending in, each with its count
+        of settles then: that backlog is pending until the scope next settles (ADR 0056)."""
         self._group: list[Remember] = []
         self._group_keys: set[str] = set()
         self._stale = False
@@ -277,12 +280,13 @@ class MemoryWriter(pykka.ThreadingActor):
             case SaveSnapshot(auto=True):
                 self._auto_snapshot_queued = False
                 due = self._auto_snapshot_due()
-                if sum(shelf.state.pending_count for shelf in self.shelves.values()) > due:
+                if self._backlog_pending() > due:
                     # The export would first index more facts than the snapshot is due for
                     # (the whole log a cold open deferred to the first search, ADR 0056),
                     # holding every scope meanwhile: that search, or the close, first. Asked
                     # again after some more folds, not after each. The facts remembered since
-                    # the last search (ADR 0091) are fewer: the export indexes them.
+                    # the last search or snapshot (ADR 0091) are no backlog: each export
+                    # indexes them, however many a burst folded before it was asked.
                     self._auto_snapshot_backoff = max(0, self._since_snapshot - due) + _RETRY_FOLDS
                     return None
                 try:
@@ -697,6 +701,12 @@ class MemoryWriter(pykka.ThreadingActor):
         self._snapshot_owed = False
         return True
 
+    def _backlog_pending(self) -> int:
+        """Return how many facts wait in the scopes an open's fold left pending, until each
+        settles (a search or an export indexes everything pending in it)."""
+        self._backlog = [(s, n) for s, n in self._backlog if s.settles == n and s.pending]
+        return sum(s.pending_count for s, _ in self._backlog)
+
     def _auto_snapshot_due(self) -> int:
         """Return how many folded events call for a snapshot without anyone asking.
 
@@ -781,6 +791,11 @@ class MemoryWriter(pykka.ThreadingActor):
             self._replay(from_snapshot=False)
             self._snapshot_owed = True  # the next snapshot (the close's at the latest) replaces it
             return
+        self._backlog = [
+            (shelf.state, shelf.state.settles)
+            for shelf in self.shelves.values()
+            if shelf.state.pending
+        ]
         lost = {k: v for k, v in missing.items() if k not in self.purged}
         if lost:
             fact_id, position = min(lost.items(), key=lambda kv: kv[1])

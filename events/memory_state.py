@@ -134,6 +134,9 @@ class ScopeState:
         of it, and the state must be rebuilt, not read (a live scope's shelf reads as broken)."""
         self._settling = threading.Lock()
         """Held while settling: a second reader waits for the whole index, not a part of it."""
+        self.settles = 0
+        """How many times :meth:`settle` indexed every fact that was pending: a backlog noted
+        before it changed is no longer pending (ADR 0091)."""
         self._superseder_until: dict[str, int | None] = {}
         self._listed_by: dict[str, set[str]] = {}
         self._conditional: set[str] = set()
@@ -318,6 +321,7 @@ class ScopeState:
                     self._classify_now(fact)
                     self.torn = False
                 del touched[fact_id]
+            self.settles += 1
 
     def _classify(self, fact: Fact) -> None:
         if self._deferred:
