@@ -276,3 +276,81 @@ def test_remembers_in_groups_from_many_threads_still_snapshot_themselves(
     with journaled.open(url, clock=clock, follow=None) as rt:
         assert sum(len(s.index) for s in scope_states(rt)) > 0  # served a snapshot's index
         assert searches(rt.memory) == expected
+
+
+# -- the remember path's small caches (M2, M9) ----------------------------------------------------
+
+_TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+class _EqualToAll(str):
+    """A name that claims to equal (and hash as) any clean name a memory saw before."""
+
+    def __eq__(self, other: object) -> bool:
+        return True
+
+    def __hash__(self) -> int:
+        return hash("project")
+
+
+def test_a_secret_in_a_name_is_refused_every_time_whatever_was_scanned_before(
+    tmp_path: Path,
+) -> None:
+    """A scope, domain or conflict key holding a secret is refused each time it is given,
+    also after a clean name was scanned, as a str subclass equal to anything, or past the
+    cached length; nothing is written (M2, M9)."""
+    with journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}", follow=None) as rt:
+        rt.memory.remember("clean", scope="project", domain="ops", conflict_key="project")
+        before = rt._journal.position()
+        for _ in range(2):
+            for name in (_TOKEN, "k" * 200 + _TOKEN, _EqualToAll(_TOKEN)):
+                with pytest.raises(journaled.InvalidFact, match="domain"):
+                    rt.memory.remember("x", domain=name)
+                with pytest.raises(journaled.InvalidFact, match="conflict_key"):
+                    rt.memory.remember("x", conflict_key=name)
+            with pytest.raises(journaled.InvalidFact, match="scope"):
+                rt.memory.remember("x", scope=f"session-{_TOKEN}")
+        assert rt._journal.position() == before
+        assert _TOKEN.encode() not in (tmp_path / "j.sqlite").read_bytes()
+
+
+def test_fact_ids_keep_their_form_order_and_uniqueness_with_the_cached_prefix() -> None:
+    """A fact id is ``mem_`` + the time in base 36 (9 wide) + 64 random bits, whatever times
+    came before: a clock going back, 0 or below (read as 0), the same millisecond many times
+    (M2: collision-safe, time-ordered)."""
+    from journaled.actors.clock import _base36, new_fact_id
+
+    times = [5, 4, 0, -1, -(10**12), 36, 35, 1_700_000_000_000, 1_699_999_999_999, 5, *range(40)]
+    for now in times:
+        fact_id = new_fact_id(now)
+        assert fact_id.startswith(f"mem_{_base36(max(0, now)):>09}_"), (now, fact_id)
+        assert len(fact_id) == len("mem_") + 9 + 1 + 16
+    ids = [new_fact_id(1_700_000_000_000) for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    ordered = [new_fact_id(now) for now in range(1_700_000_000_000, 1_700_000_000_050)]
+    assert ordered == sorted(ordered)
+
+
+def test_the_desks_shared_leading_event_is_never_cleared_nor_waited_on(tmp_path: Path) -> None:
+    """Callers that lead at once share one pre-set event; callers in line get their own
+    (ADR 0055). After many threads remember at once, the shared one is still set, and every
+    remember was stored once."""
+    from journaled.actors import desk
+
+    with journaled.open(f"sqlite:///{tmp_path / 'j.sqlite'}", follow=None) as rt:
+        start = threading.Barrier(8)
+        stored: list[str] = []
+
+        def remember(k: int) -> None:
+            start.wait(10)
+            stored.extend(rt.memory.remember(f"alpha lead {k} {i}").id for i in range(40))
+
+        threads = [threading.Thread(target=remember, args=(k,)) for k in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert desk._LEADING.is_set()
+        assert len(stored) == len(set(stored)) == 320
+        assert {f.id for f in rt.memory.all()} == set(stored)
+        assert len(rt.memory.search("alpha lead", limit=1000)) == 320
