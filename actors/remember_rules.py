@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import math
 
 from journaled.actors.errors import InvalidFact, OrganizationNotConfigured
@@ -27,17 +27,27 @@ class Validated:
         self.confidence = confidence
 
 
-@functools.lru_cache(maxsize=1024)
-def _short_name_a_secret(value: str) -> bool:
-    return bool(find_secrets(value))
+_CLEAN_NAMES: dict[str, None] = {}
+"""Short names found clean, oldest first (at most :data:`_CLEAN_NAMES_KEPT`): a name refused
+for holding a secret is never kept, not even in this process's memory."""
+_CLEAN_NAMES_KEPT = 1024
 
 
 def _names_a_secret(value: str) -> bool:
     """Whether a scope, domain, key or step id holds a secret; the few names a memory sees
     over and over (its scopes, its domains) are scanned once."""
-    if type(value) is str and len(value) <= 128:  # a str subclass could compare equal to any
-        return _short_name_a_secret(value)
-    return bool(find_secrets(value))
+    cacheable = type(value) is str and len(value) <= 128  # a str subclass could equal any
+    if cacheable and value in _CLEAN_NAMES:
+        return False
+    if find_secrets(value):
+        return True
+    if cacheable:
+        if len(_CLEAN_NAMES) >= _CLEAN_NAMES_KEPT:
+            # Another thread may take the oldest first.
+            with contextlib.suppress(KeyError, StopIteration, RuntimeError):
+                del _CLEAN_NAMES[next(iter(_CLEAN_NAMES))]
+        _CLEAN_NAMES[value] = None
+    return False
 
 
 def validate_remember(msg: Remember, organization: str | None) -> Validated:

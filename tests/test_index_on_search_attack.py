@@ -314,6 +314,22 @@ def test_a_secret_in_a_name_is_refused_every_time_whatever_was_scanned_before(
         assert _TOKEN.encode() not in (tmp_path / "j.sqlite").read_bytes()
 
 
+def test_the_names_scanned_once_are_only_clean_ones_and_a_bounded_few() -> None:
+    """The names kept as scanned are the clean ones: a name refused for a secret is not kept,
+    even in memory; and they are at most ``_CLEAN_NAMES_KEPT``, the oldest going first (M9)."""
+    from journaled.actors import remember_rules
+
+    assert remember_rules._names_a_secret(_TOKEN)
+    assert _TOKEN not in remember_rules._CLEAN_NAMES
+    assert not remember_rules._names_a_secret("project")
+    assert "project" in remember_rules._CLEAN_NAMES
+    for i in range(remember_rules._CLEAN_NAMES_KEPT + 50):
+        assert not remember_rules._names_a_secret(f"domain-{i}")
+    assert len(remember_rules._CLEAN_NAMES) == remember_rules._CLEAN_NAMES_KEPT
+    assert "project" not in remember_rules._CLEAN_NAMES
+    assert f"domain-{remember_rules._CLEAN_NAMES_KEPT + 49}" in remember_rules._CLEAN_NAMES
+
+
 def test_fact_ids_keep_their_form_order_and_uniqueness_with_the_cached_prefix() -> None:
     """A fact id is ``mem_`` + the time in base 36 (9 wide) + 64 random bits, whatever times
     came before: a clock going back, 0 or below (read as 0), the same millisecond many times
