@@ -94,8 +94,9 @@ def build(provider: str, arguments: Mapping[str, Any]) -> Embedder:
     """
     try:
         cls = _resolve(provider)
-    except ImportError as exc:
-        raise ConfigurationError(f"embedder {provider!r} cannot be imported: {exc}") from None
+    except Exception as exc:  # importing runs the module, which may raise anything
+        why = exc if isinstance(exc, ImportError) else f"{type(exc).__name__}: {exc}"
+        raise ConfigurationError(f"embedder {provider!r} cannot be imported: {why}") from None
     if cls is None:
         raise ConfigurationError(
             f"embedder {provider!r} cannot be imported: write module.Class, as "
@@ -127,6 +128,8 @@ def _resolve(provider: str) -> object:
         ImportError: no module of that path can be imported.
     """
     parts = provider.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None  # "", ".x" (relative), "a..b": importlib would raise ValueError, TypeError
     for cut in range(len(parts) - 1, 0, -1):
         module_path = ".".join(parts[:cut])
         try:
@@ -136,8 +139,6 @@ def _resolve(provider: str) -> object:
                 continue  # a shorter module path may hold the rest as attributes
             raise
         for attribute in parts[cut:]:
-            if not attribute.isidentifier():
-                return None
             found = getattr(found, attribute, None)
             if found is None:
                 return None
