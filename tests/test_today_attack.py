@@ -18,6 +18,7 @@ from click.testing import CliRunner
 
 import journaled
 from journaled import Plan, Step
+from journaled.aio import AsyncRuntime
 from journaled.cli import main
 from journaled.embedders import OpenAIEmbeddings
 from journaled.errors import ConfigurationError
@@ -177,6 +178,38 @@ def test_a_key_written_into_a_hand_made_config_stays_out_of_errors(
             await loaded.close()
 
     asyncio.run(reload())
+
+
+class _Unimportable:
+    """An embedder class whose module no import can find (as a class made at run time)."""
+
+    vocabulary = ("cat",)
+
+    def embedder_config(self) -> dict[str, object]:
+        return {}
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        return [[1.0] for _ in texts]
+
+
+_Unimportable.__module__ = "attack_no_such_module_anywhere"
+
+
+def test_an_embedder_whose_module_cannot_be_imported_is_refused_at_dump(sqlite_url: str) -> None:
+    """ADR 0092: dump_component raises ConfigurationError naming an embedder whose class cannot
+    be imported by its path, also when no module of that path exists (not a bare ImportError)."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        with pytest.raises(ConfigurationError) as caught:
+            JournaledMemory(rt).dump_component()
+        assert "attack_no_such_module_anywhere._Unimportable" in str(caught.value)
+        assert "cannot be imported" in str(caught.value)
+
+    async def run() -> None:
+        async with journaled.aio.open(sqlite_url, embedder=_Unimportable()) as rt:
+            await body(rt)
+
+    asyncio.run(run())
 
 
 def test_a_dumped_openai_config_round_trips_through_component_model(

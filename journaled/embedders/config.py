@@ -56,7 +56,11 @@ def describe(embedder: object) -> tuple[str, dict[str, Any]]:
             f"{DESCRIBE}() method returning the JSON keyword arguments "
             f"{cls.__qualname__}(**arguments) rebuilds it from (ADR 0092)"
         )
-    if _resolve(provider) is not cls:
+    try:
+        found = _resolve(provider)
+    except Exception:  # no module of that path, or one failing to import: not this class
+        found = None
+    if found is not cls:
         raise ConfigurationError(
             f"embedder {name} cannot be written into a config: its class cannot be imported "
             f"as {provider!r}; define it at the top level of a module"
