@@ -17,6 +17,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Container, Iterable
+from typing import Generic, TypeVar
 
 import msgspec
 from msgspec import UNSET
@@ -33,6 +34,7 @@ from journaled.events.orchestration import ORCHESTRATION_EVENTS, OrchestrationSt
 from journaled.events.runs import RUN_EVENTS, MemoryRead, RunForked, RunStarted
 
 __all__ = [
+    "FACT_OWNERS_KEPT",
     "RUN_OWNERS_KEPT",
     "Boundary",
     "belongs_elsewhere",
@@ -44,6 +46,8 @@ __all__ = [
 _RUN_KINDS = (*RUN_EVENTS, *ORCHESTRATION_EVENTS)
 """The events of a run's or an orchestration's stream."""
 _NOT_A_RUN = object()
+_V = TypeVar("_V")
+_D = TypeVar("_D")
 
 RUN_OWNERS_KEPT = 10_000
 """How many runs' owners a :class:`Boundary` keeps in memory, the runs last used (ADR 0093).
@@ -51,6 +55,14 @@ RUN_OWNERS_KEPT = 10_000
 A long-lived runtime sees runs without end; a run left out is read again, with one
 ``first()``, when next checked, so the bound costs reads, never a wrong answer. Ten thousand
 entries are one or two MB, and exceed a subscription's page (500 events) twenty times over."""
+
+FACT_OWNERS_KEPT = 10_000
+"""How many facts' owners (another organization's or not) a :class:`Boundary` keeps in
+memory, the facts last used (ADR 0093).
+
+A fact left out is read again, with one ``first()`` (or in a page's one ``firsts()``), when
+next checked; a check decides from what it read itself, never from the cache after filling it,
+so the bound costs reads, never a wrong answer."""
 
 
 def belongs_elsewhere(remembered: FactRemembered, organization: str | None) -> bool:
@@ -92,12 +104,12 @@ def run_belongs_elsewhere(owner: object, organization: str | None) -> bool:
     return owner is not UNSET and owner is not _NOT_A_RUN and owner != organization
 
 
-class _Recent:
+class _Recent(Generic[_V]):
     """The ``size`` entries of a mapping last read or written; its owner holds the lock."""
 
     def __init__(self, size: int) -> None:
         self.size = size
-        self._items: OrderedDict[str, object] = OrderedDict()
+        self._items: OrderedDict[str, _V] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._items)
@@ -105,7 +117,7 @@ class _Recent:
     def __contains__(self, key: str) -> bool:
         return key in self._items
 
-    def get(self, key: str, default: object) -> object:
+    def get(self, key: str, default: _D) -> _V | _D:
         """Return the entry of ``key``, now the last used, or ``default`` when not kept."""
         try:
             value = self._items[key]
@@ -114,7 +126,7 @@ class _Recent:
         self._items.move_to_end(key)
         return value
 
-    def put(self, key: str, value: object) -> None:
+    def put(self, key: str, value: _V) -> None:
         """Keep ``value`` for ``key`` as the last used, leaving out the least recently used."""
         self._items[key] = value
         self._items.move_to_end(key)
@@ -125,10 +137,11 @@ class _Recent:
 class Boundary:
     """Sort journal events into this organization's view and what it must not see (R1).
 
-    A fact's owner is read from the event that remembered it, the first of its stream, and
-    remembered for the life of the object (it never changes). A run's owner is kept for the
-    :data:`RUN_OWNERS_KEPT` runs last used, and read from the journal again when not kept
-    (ADR 0093). Thread-safe.
+    A fact's owner is read from the event that remembered it, the first of its stream; a run's
+    from its first event. Neither ever changes, so each is kept for the facts
+    (:data:`FACT_OWNERS_KEPT`) and runs (:data:`RUN_OWNERS_KEPT`) last used, and read from the
+    journal again when not kept (ADR 0093). Every check decides from the answers it found or
+    read itself, so an entry let go in between by another thread changes nothing. Thread-safe.
     """
 
     def __init__(
@@ -141,8 +154,10 @@ class Boundary:
         self._first = first
         self._firsts = firsts
         """The first events of many streams in one read, to sort many fact ids at once."""
-        self._elsewhere: dict[str, bool] = {}
-        self._runs = _Recent(RUN_OWNERS_KEPT)
+        self._elsewhere: _Recent[bool] = _Recent(FACT_OWNERS_KEPT)
+        """Fact id -> whether it is another organization's, for the facts last used: one not
+        kept is read from its first event again (ADR 0093). Unknown ids are not kept."""
+        self._runs: _Recent[object] = _Recent(RUN_OWNERS_KEPT)
         """Run id -> its owner (:func:`run_organization`; a run's owner never changes), for the
         runs last used: one not kept is read from its first event again (ADR 0093)."""
         self._lock = threading.Lock()
@@ -150,15 +165,21 @@ class Boundary:
     def fact_elsewhere(self, fact_id: str) -> bool:
         """Tell whether a fact id names another organization's fact (unknown ids: False)."""
         with self._lock:
-            known = self._elsewhere.get(fact_id)
+            known = self._elsewhere.get(fact_id, None)
         if known is not None:
             return known
         first = self._first(fact_id)
-        data = first.data if first is not None else None
-        elsewhere = isinstance(data, FactRemembered) and belongs_elsewhere(data, self.organization)
-        if isinstance(data, FactRemembered):
-            with self._lock:
-                self._elsewhere[fact_id] = elsewhere
+        return first is not None and self._learn_fact(fact_id, first)
+
+    def _learn_fact(self, fact_id: str, first: Event) -> bool:
+        """Return whether a fact is elsewhere from its first event, just read, keeping the
+        answer for reuse; a stream that opens with no remembered fact is unknown: not kept."""
+        data = first.data
+        if not isinstance(data, FactRemembered):
+            return False
+        elsewhere = belongs_elsewhere(data, self.organization)
+        with self._lock:
+            self._elsewhere.put(fact_id, elsewhere)
         return elsewhere
 
     def run_elsewhere(self, run_id: str) -> bool:
@@ -208,7 +229,7 @@ class Boundary:
         if isinstance(data, FactRemembered):
             elsewhere = belongs_elsewhere(data, self.organization)
             with self._lock:
-                self._elsewhere[data.fact_id] = elsewhere
+                self._elsewhere.put(data.fact_id, elsewhere)
             return elsewhere
         if not isinstance(data, MEMORY_EVENTS):
             return False
@@ -244,9 +265,7 @@ class Boundary:
         }
         if not links:
             return events
-        self._sort(links)
-        with self._lock:
-            elsewhere = {i for i in links if self._elsewhere.get(i)}
+        elsewhere = self._elsewhere_among(links)
         if not elsewhere:
             return events
         out = []
@@ -288,10 +307,7 @@ class Boundary:
         if not reads:
             return events
         ids = {i for e in reads for i in e.data.fact_ids}  # type: ignore[attr-defined]
-        self._sort(ids)
-        with self._lock:
-            known = self._elsewhere
-            elsewhere = {i for i in ids if known.get(i)}
+        elsewhere = self._elsewhere_among(ids)
         if not elsewhere:
             return events
         out = []
@@ -305,18 +321,28 @@ class Boundary:
                 out.append(event)
         return out
 
-    def _sort(self, fact_ids: set[str]) -> None:
-        """Learn whose each of these fact ids is, reading the unknown ones' first events."""
+    def _elsewhere_among(self, fact_ids: set[str]) -> set[str]:
+        """Return which of these fact ids name another organization's fact: as kept, else
+        from their first events, read in one ``firsts()`` when the journal offers it.
+
+        The answer is built from what was found and read here, never by looking the cache up
+        again after filling it: with the cache bounded, another thread may have let an entry go
+        in between, and a missing entry must never read as "not elsewhere" (ADR 0093).
+        """
+        elsewhere: set[str] = set()
+        unknown = []
         with self._lock:
-            unknown = [i for i in fact_ids if i not in self._elsewhere]
+            for fact_id in fact_ids:
+                known = self._elsewhere.get(fact_id, None)
+                if known is None:
+                    unknown.append(fact_id)
+                elif known:
+                    elsewhere.add(fact_id)
         if not unknown:
-            return
+            return elsewhere
         if self._firsts is None:
-            for fact_id in unknown:
-                self.fact_elsewhere(fact_id)
-            return
+            elsewhere.update(i for i in unknown if self.fact_elsewhere(i))
+            return elsewhere
         found = self._firsts(unknown)
-        with self._lock:
-            for fact_id, first in found.items():
-                if isinstance(first.data, FactRemembered):
-                    self._elsewhere[fact_id] = belongs_elsewhere(first.data, self.organization)
+        elsewhere.update(i for i, first in found.items() if self._learn_fact(i, first))
+        return elsewhere

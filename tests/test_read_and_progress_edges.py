@@ -10,6 +10,7 @@ import contextlib
 import threading
 import time
 import warnings
+from collections import OrderedDict
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -116,7 +117,7 @@ def test_scrub_reads_looks_up_the_ids_it_is_given_not_every_id_ever_seen(
     """R1 (cost): scrubbing a read event looks up its own ids in what the boundary learnt; it
     never walks every fact id the boundary knows (one per fact a journal view showed)."""
 
-    class Unwalkable(dict[str, bool]):
+    class Unwalkable(OrderedDict[str, bool]):
         def items(self) -> Any:
             raise AssertionError("scrub_reads walked every id it knows")
 
@@ -134,7 +135,7 @@ def test_scrub_reads_looks_up_the_ids_it_is_given_not_every_id_ever_seen(
             boundary.hides(
                 Event(position=i + 10, stream=f"mem_other_{i}", version=1, data=remembered)
             )
-        boundary._elsewhere = Unwalkable(boundary._elsewhere)
+        boundary._elsewhere._items = Unwalkable(boundary._elsewhere._items)
         read = Event(
             position=400_000,
             stream="run_x",
