@@ -51,7 +51,9 @@ URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqli
 
 @click.group()
 @click.version_option(package_name="journaled")
-@click.option("--url", default=None, help=URL_HELP)
+@click.option(
+    "--url", default=None, callback=lambda _ctx, _param, value: _given_url(value), help=URL_HELP
+)
 @click.option("--json", "as_json", is_flag=True, help=JSON_HELP)
 @click.pass_context
 def main(ctx: click.Context, url: str | None, as_json: bool) -> None:
@@ -81,8 +83,19 @@ def demo(ctx: click.Context, human_delay: float) -> None:
         emit(render.DemoDone(run_id=run_id))
 
 
+def _given_url(value: str | None) -> str | None:
+    """Refuse an empty ``--url`` wherever it is given: it would otherwise mean the default
+    journal to some commands, an error to others, and hide a URL given earlier."""
+    if value is not None and not value.strip():
+        raise click.BadParameter(
+            "is empty: give a journal URL, or leave --url out to use $JOURNALED_URL, then "
+            "./.journaled/journal.sqlite"
+        )
+    return value
+
+
 def _set_url(ctx: click.Context, _: click.Parameter, value: str | None) -> None:
-    if value is not None:
+    if _given_url(value) is not None:
         ctx.obj["url"] = value
 
 

@@ -178,3 +178,26 @@ def test_runs_diff_takes_words_after_a_double_dash_as_arguments(made: Made) -> N
     result = cli(made, "--url", made.url, "runs", "diff", made.run_id, "--", "-1", "2")
     assert result.exit_code == 1, result.output
     assert "A -1 is negative: give a journal position, 0 or more" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--url=", "runs", "list"),
+        ("runs", "--url=", "list"),
+        ("runs", "list", "--url="),
+        ("memory", "search", "staging", "--url=  "),
+        ("journal", "--url=", "verify"),
+        ("--url", "{url}", "runs", "--url=", "list"),
+    ],
+)
+def test_an_empty_url_is_refused_wherever_it_is_given(
+    made: Made, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...]
+) -> None:
+    """An empty --url names no journal: refused by name (exit 2), never read as the default
+    journal nor allowed to hide a URL given before it; nothing is created."""
+    monkeypatch.chdir(tmp_path)
+    result = cli(made, *(a.replace("{url}", made.url) for a in args))
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--url': is empty" in result.output
+    assert not (tmp_path / ".journaled").exists()

@@ -376,3 +376,24 @@ def test_runs_diff_after_group_options_reads_negatives_and_refuses_the_rest(
     assert code != 0
     assert out == ""
     assert error in " ".join(err.split())
+
+
+def test_credentials_in_an_embedders_base_url_never_leave_it(tmp_path: Path) -> None:
+    """X1/M9 (ADR 0092): user:password@ in OpenAIEmbeddings' base_url is a secret: its repr and
+    its errors show ``***`` instead, and a config refuses to hold it, naming the endpoint
+    without it."""
+    from journaled.embedders.http import EmbeddingsError, OpenAIEmbeddings
+
+    embedder = OpenAIEmbeddings(
+        model="m", base_url="http://bob:s3cret-pw@127.0.0.1:9/v1", timeout=2
+    )
+    assert "s3cret-pw" not in repr(embedder)
+    assert "***@127.0.0.1:9" in repr(embedder)
+    with pytest.raises(ValueError, match="holds credentials") as refused:
+        embedder.embedder_config()
+    assert "s3cret-pw" not in str(refused.value)
+    with pytest.raises(EmbeddingsError) as failed:
+        embedder.embed(["hello"])
+    assert "s3cret-pw" not in str(failed.value)
+    plain = OpenAIEmbeddings(model="m", base_url="http://127.0.0.1:9/v1")
+    assert plain.embedder_config()["base_url"] == "http://127.0.0.1:9/v1"

@@ -13,6 +13,7 @@ import math
 import os
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -67,7 +68,7 @@ class OpenAIEmbeddings:
 
     def __repr__(self) -> str:
         """Name the model and the endpoint, never the key."""
-        return f"OpenAIEmbeddings(model={self.model!r}, base_url={self.base_url!r})"
+        return f"OpenAIEmbeddings(model={self.model!r}, base_url={_shown(self.base_url)!r})"
 
     def embedder_config(self) -> dict[str, object]:
         """Return the arguments that rebuild this embedder from a config (ADR 0092); never the key.
@@ -80,6 +81,12 @@ class OpenAIEmbeddings:
             raise ValueError(
                 "OpenAIEmbeddings was given api_key=, which a config never holds: build it "
                 "without api_key= and set OPENAI_API_KEY wherever the config is loaded"
+            )
+        if _shown(self.base_url) != self.base_url:
+            raise ValueError(
+                f"OpenAIEmbeddings' base_url {_shown(self.base_url)!r} holds credentials "
+                "(user:password@), which a config never holds: give the endpoint without "
+                "them, and the key through OPENAI_API_KEY"
             )
         return {
             "model": self.model,
@@ -122,18 +129,21 @@ class OpenAIEmbeddings:
         except urllib.error.HTTPError as exc:
             detail = self._hidden(exc.read()[:200].decode("utf-8", "replace"))
             raise EmbeddingsError(
-                f"{self.base_url}/embeddings answered HTTP {exc.code}: {detail}"
+                f"{_shown(self.base_url)}/embeddings answered HTTP {exc.code}: {detail}"
             ) from None
         except (OSError, ValueError, http.client.HTTPException) as exc:
             raise EmbeddingsError(
-                f"{self.base_url}/embeddings failed: {self._hidden(str(exc))}"
+                f"{_shown(self.base_url)}/embeddings failed: {self._hidden(str(exc))}"
             ) from None
-        return _vectors(answer, len(texts), self.base_url)
+        return _vectors(answer, len(texts), _shown(self.base_url))
 
     def _hidden(self, text: str) -> str:
         """Return ``text`` without the API key, and with any secret in it redacted (M9)."""
         if self._api_key:
             text = text.replace(self._api_key, "[api key]")
+        userinfo = urllib.parse.urlsplit(self.base_url).netloc.rpartition("@")[0]
+        if userinfo:  # an error naming the host may quote what stood before it
+            text = text.replace(userinfo, "***")
         return redact(text)
 
 
@@ -173,3 +183,11 @@ def _vectors(answer: object, expected: int, where: str) -> list[list[float]]:
             raise EmbeddingsError(f"{where}/embeddings: embedding {index} is not a list of numbers")
         vectors[index] = [float(x) for x in vector]
     return [v for v in vectors if v is not None]
+
+
+def _shown(url: str) -> str:
+    """Return ``url`` with any credentials in it (``user:password@``) replaced by ``***``."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc="***@" + parts.netloc.rpartition("@")[2]))
