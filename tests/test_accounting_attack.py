@@ -6,9 +6,11 @@ to the run's calls used, a step that never ran is charged nothing, and an overru
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import signal
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -278,6 +280,19 @@ with journaled.open(cfg["url"]) as rt:
 """
 
 
+def _succeeded_once(sqlite_url: str) -> bool:
+    """Whether a step-succeeded event is in the SQLite journal (read beside its writer)."""
+    path = sqlite_url.removeprefix("sqlite:///").partition("?")[0]
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        try:
+            row = conn.execute(
+                "SELECT 1 FROM stored_events WHERE topic LIKE 'run.step-succeeded%' LIMIT 1"
+            ).fetchone()
+        except sqlite3.OperationalError:  # not created yet, or busy for a moment
+            return False
+    return row is not None
+
+
 def test_a_wave_killed_mid_flight_is_costed_again_and_charged_once(
     sqlite_url: str, tmp_path: Path
 ) -> None:
@@ -298,6 +313,11 @@ def test_a_wave_killed_mid_flight_is_costed_again_and_charged_once(
             assert proc.poll() is None, log.read_text()
             assert time.monotonic() < deadline, "y never started"
             time.sleep(0.01)  # polling for the marker the step writes, not synchronisation
+        # x runs beside y: its success may still be on its way to the journal when y starts.
+        while not _succeeded_once(sqlite_url):
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "x never succeeded"
+            time.sleep(0.01)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=WAIT)
