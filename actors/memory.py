@@ -890,27 +890,38 @@ class MemoryWriter(pykka.ThreadingActor):
     def _fold_events(self, events: Sequence[Event], texts: dict[str, str]) -> None:
         per_scope: dict[str, list[Event]] = {}
         self._since_snapshot += len(events)
+        versions, route, scopes, organization = (
+            self.versions,
+            self.route,
+            self.scopes,
+            self.organization,
+        )
         for event in events:
-            self.position = event.position
             data = event.data
             if not isinstance(data, MEMORY_EVENTS):
                 continue  # runs and orchestrations are not memory's to track
-            self.versions[event.stream] = event.version
-            if isinstance(data, FactRemembered):
-                home = home_scope(data, self.scopes, self.organization)
-                self.route[data.fact_id] = home
+            versions[event.stream] = event.version
+            if isinstance(data, FactRemembered):  # most of a log: routed, and done
+                home = route[data.fact_id] = home_scope(data, scopes, organization)
                 if home is None:
                     self.hidden_valid_until[data.fact_id] = data.valid_until
-            elif isinstance(data, FactPurged):
+                else:
+                    per_scope.setdefault(home, []).append(event)
+                continue
+            if isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)
             fact_id = getattr(data, "fact_id", None)
             if isinstance(data, ConflictKeyClaimed) or not isinstance(fact_id, str):
                 continue
-            physical_or_none = self.route.get(fact_id)
+            physical_or_none = route.get(fact_id)
             if physical_or_none is not None:
                 per_scope.setdefault(physical_or_none, []).append(event)
-            elif fact_id in self.route:
+            elif fact_id in route:
                 self._track_hidden(data)
+        if events:
+            # Once, after the loop: whatever stops it part way leaves memory stale (see _fold),
+            # and a rebuild folds from the start.
+            self.position = events[-1].position
         applies = [
             (
                 physical,
