@@ -869,10 +869,11 @@ class MemoryWriter(pykka.ThreadingActor):
         at = {e.data.fact_id: e for e in events if isinstance(e.data, FactRemembered)}
         if not at:
             return {}
-        return {
-            k: decode_text(v, k, at[k].position, at[k].kind)
-            for k, v in self.journal.payloads(list(at)).items()
-        }
+        found = self.journal.payloads(list(at))
+        try:
+            return {k: v.decode("utf-8") for k, v in found.items()}
+        except UnicodeDecodeError:  # name the first event whose text is not UTF-8 (J5)
+            return {k: decode_text(v, k, at[k].position, at[k].kind) for k, v in found.items()}
 
     def _fold(self, events: Sequence[Event], texts: dict[str, str]) -> None:
         """Track versions and routes, and tell each scope actor the events about its facts.
@@ -888,7 +889,8 @@ class MemoryWriter(pykka.ThreadingActor):
             raise
 
     def _fold_events(self, events: Sequence[Event], texts: dict[str, str]) -> None:
-        per_scope: dict[str, list[Event]] = {}
+        # Each scope's part of the batch: its events, and the texts of the facts it remembers.
+        per_scope: dict[str, tuple[list[FactEvent], dict[str, str]]] = {}
         self._since_snapshot += len(events)
         versions, route, scopes, organization = (
             self.versions,
@@ -902,11 +904,18 @@ class MemoryWriter(pykka.ThreadingActor):
                 continue  # runs and orchestrations are not memory's to track
             versions[event.stream] = event.version
             if isinstance(data, FactRemembered):  # most of a log: routed, and done
-                home = route[data.fact_id] = home_scope(data, scopes, organization)
+                new_id = data.fact_id
+                home = route[new_id] = home_scope(data, scopes, organization)
                 if home is None:
-                    self.hidden_valid_until[data.fact_id] = data.valid_until
-                else:
-                    per_scope.setdefault(home, []).append(event)
+                    self.hidden_valid_until[new_id] = data.valid_until
+                    continue
+                part = per_scope.get(home)
+                if part is None:
+                    part = per_scope[home] = ([], {})
+                part[0].append(data)
+                text = texts.get(new_id)
+                if text is not None:
+                    part[1][new_id] = text
                 continue
             if isinstance(data, FactPurged):
                 self.purged.add(data.fact_id)
@@ -915,7 +924,10 @@ class MemoryWriter(pykka.ThreadingActor):
                 continue
             physical_or_none = route.get(fact_id)
             if physical_or_none is not None:
-                per_scope.setdefault(physical_or_none, []).append(event)
+                part = per_scope.get(physical_or_none)
+                if part is None:
+                    part = per_scope[physical_or_none] = ([], {})
+                part[0].append(cast(FactEvent, data))
             elif fact_id in route:
                 self._track_hidden(data)
         if events:
@@ -923,19 +935,8 @@ class MemoryWriter(pykka.ThreadingActor):
             # and a rebuild folds from the start.
             self.position = events[-1].position
         applies = [
-            (
-                physical,
-                self.scopes[physical],
-                Apply(
-                    events=tuple(cast(FactEvent, e.data) for e in scoped),
-                    texts={
-                        e.data.fact_id: texts[e.data.fact_id]
-                        for e in scoped
-                        if isinstance(e.data, FactRemembered) and e.data.fact_id in texts
-                    },
-                ),
-            )
-            for physical, scoped in per_scope.items()
+            (physical, scopes[physical], Apply(events=tuple(scoped), texts=scope_texts))
+            for physical, (scoped, scope_texts) in per_scope.items()
         ]
         with self.send_lock:  # every scope's part of the batch at once (ADR 0053)
             for physical, ref, apply in applies:
