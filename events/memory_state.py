@@ -223,7 +223,8 @@ class ScopeState:
                 raise TypeError(f"scope state cannot apply {type(event).__qualname__}")
 
     def _put(self, fact: Fact) -> None:
-        self._unclassify(fact.id)
+        if fact.id in self.facts:  # a fact not held was never classified, or was unclassified
+            self._unclassify(fact.id)
         self.facts[fact.id] = fact
         self._classify(fact)
 
