@@ -9,6 +9,7 @@ time (a ``ManualClock`` that only moves when a test advances it).
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -83,3 +84,20 @@ def cold_journal(tmp_path: Path, n: int = 40) -> tuple[Path, str, ManualClock]:
 def cold_fixture(tmp_path: Path) -> tuple[Path, str, ManualClock]:
     """A fixture named ``cold``: :func:`cold_journal` in the test's directory."""
     return cold_journal(tmp_path)
+
+
+def tear_indexing_at(monkeypatch: pytest.MonkeyPatch, n: int) -> Callable[[], None]:
+    """Make the ``n``-th fact a settle classifies stop part way, the index holding it and its
+    class not yet (``RuntimeError("stopped part way")``); return what puts the real one back."""
+    real = ScopeState._classify_now
+    calls = [0]
+
+    def tearing(state: ScopeState, fact: journaled.Fact) -> None:
+        calls[0] += 1
+        if calls[0] == n:
+            state.index.add(fact.id, fact.text)  # the index has it, its class not yet
+            raise RuntimeError("stopped part way")
+        real(state, fact)
+
+    monkeypatch.setattr(ScopeState, "_classify_now", tearing)
+    return lambda: monkeypatch.setattr(ScopeState, "_classify_now", real)

@@ -5,8 +5,9 @@ as an ExecuteResult, a forgotten ``await`` is reported, and both kinds of agent 
 from __future__ import annotations
 
 import subprocess
-import sys
 from pathlib import Path
+
+from typecheck import mypy_strict
 
 HEADER = [
     "import journaled",
@@ -19,24 +20,7 @@ HEADER = [
 
 
 def _mypy(tmp_path: Path, lines: list[str]) -> subprocess.CompletedProcess[str]:
-    probe = tmp_path / "probe.py"
-    probe.write_text("\n".join(HEADER + lines) + "\n")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--follow-imports=silent",
-            str(probe),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
+    return mypy_strict(tmp_path, HEADER + lines)
 
 
 def test_await_ctx_execute_in_an_async_agent_is_an_execute_result(tmp_path: Path) -> None:

@@ -13,12 +13,13 @@ from deferred import (
     cold_fixture,  # noqa: F401  (the cold fixture)
     scope_states,
     searches,
+    tear_indexing_at,
 )
 from in_place import eager_view, writer_of
 
 import journaled
 from journaled.actors.memory import MemoryWriter
-from journaled.events.memory_state import ScopeState, memory_snapshot_key
+from journaled.events.memory_state import memory_snapshot_key
 from journaled.testing import ManualClock
 
 
@@ -67,21 +68,11 @@ def test_a_search_stopped_part_way_through_a_fact_leaves_a_scope_that_is_rebuilt
 ) -> None:
     """An index holding part of a fact is never read: the scope is rebuilt from the journal."""
     _, url, clock = cold
-    real = ScopeState._classify_now
-    calls = [0]
-
-    def tearing(state: ScopeState, fact: journaled.Fact) -> None:
-        calls[0] += 1
-        if calls[0] == 5:
-            state.index.add(fact.id, fact.text)  # the index has it, its class not yet
-            raise RuntimeError("stopped part way")
-        real(state, fact)
-
     with journaled.open(url, clock=clock, follow=None) as rt:
-        monkeypatch.setattr(ScopeState, "_classify_now", tearing)
+        heal = tear_indexing_at(monkeypatch, 5)
         with pytest.raises(RuntimeError, match="stopped part way"):
             rt.memory.search("alpha")
-        monkeypatch.setattr(ScopeState, "_classify_now", real)
+        heal()
         assert searches(rt.memory) == searches(eager_view(rt))
         assert not any(s.torn for s in scope_states(rt))
 

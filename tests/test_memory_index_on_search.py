@@ -9,12 +9,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from deferred import fill, scope_states, searches
+from deferred import fill, scope_states, searches, tear_indexing_at
 from in_place import eager_view, writer_of
 
 import journaled
 from journaled.actors.memory import MemoryWriter
-from journaled.events.memory_state import ScopeState, memory_snapshot_key
+from journaled.events.memory_state import memory_snapshot_key
 from journaled.testing import ManualClock
 
 
@@ -120,19 +120,9 @@ def test_a_search_interrupted_while_it_indexes_remembers_is_healed(
         rt.memory.search("alpha")
         for i in range(5):
             rt.memory.remember(f"alpha late {i}")
-        real = ScopeState._classify_now
-        calls = [0]
-
-        def tearing(state: ScopeState, fact: journaled.Fact) -> None:
-            calls[0] += 1
-            if calls[0] == 3:
-                state.index.add(fact.id, fact.text)
-                raise RuntimeError("stopped part way")
-            real(state, fact)
-
-        monkeypatch.setattr(ScopeState, "_classify_now", tearing)
+        heal = tear_indexing_at(monkeypatch, 3)
         with pytest.raises(RuntimeError, match="stopped part way"):
             rt.memory.search("alpha")
-        monkeypatch.setattr(ScopeState, "_classify_now", real)
+        heal()
         assert searches(rt.memory) == searches(eager_view(rt))
         assert not any(s.torn for s in scope_states(rt))

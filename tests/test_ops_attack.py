@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from old_journals import copy_journal, register_tools
+from typecheck import mypy_strict
 
 import journaled
 import journaled.testing
@@ -544,27 +545,6 @@ def test_public_errors_pickle() -> None:
         assert str(again) == str(error)
 
 
-def _mypy(tmp_path: Path, lines: list[str]) -> subprocess.CompletedProcess[str]:
-    probe = tmp_path / "probe.py"
-    probe.write_text("\n".join(lines) + "\n")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "mypy",
-            "--strict",
-            "--no-incremental",
-            "--follow-imports=silent",
-            str(probe),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-        cwd=Path(__file__).resolve().parent.parent,
-    )
-
-
 def test_mypy_sees_every_public_name_typed(tmp_path: Path) -> None:
     """T4/§5: mypy types every name in __all__ through the lazy door (none of them is Any)."""
     lines = ["import journaled", ""]
@@ -575,7 +555,7 @@ def test_mypy_sees_every_public_name_typed(tmp_path: Path) -> None:
         "def summaries(rt: journaled.Runtime) -> list[journaled.RunSummary]:",
         "    return rt.runs.list(status='completed', limit=3)",
     ]
-    done = _mypy(tmp_path, lines)
+    done = mypy_strict(tmp_path, lines)
     revealed = [line for line in done.stdout.splitlines() if "Revealed type is" in line]
     assert len(revealed) == len(journaled.__all__), done.stdout + done.stderr
     untyped = [line for line in revealed if line.endswith('"Any"')]
@@ -585,7 +565,7 @@ def test_mypy_sees_every_public_name_typed(tmp_path: Path) -> None:
 
 def test_mypy_rejects_a_misspelt_public_name(tmp_path: Path) -> None:
     """T4/§5: mypy reports a name journaled does not export, as it would without lazy loading."""
-    done = _mypy(tmp_path, ["import journaled", "", "plan = journaled.Plna"])
+    done = mypy_strict(tmp_path, ["import journaled", "", "plan = journaled.Plna"])
     assert done.returncode == 1, done.stdout
     assert 'Module has no attribute "Plna"' in done.stdout, done.stdout
 
