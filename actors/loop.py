@@ -236,8 +236,28 @@ class LoopRunner:
         for future in running:
             future.cancel()
         if self._own and loop is not None and thread is not None:
-            loop.call_soon_threadsafe(loop.stop)
+            # Stopped only once the cancelled tasks have run their cleanup: ``run_forever`` runs
+            # the callbacks already queued after a stop and no later one, so a stop queued with
+            # the cancels would leave a task pending for ever, its CancelledError never thrown.
+            loop.call_soon_threadsafe(_stop_once_settled, loop, _SETTLE_WAIT)
             thread.join(5.0)
+
+
+_SETTLE_WAIT = 2.0
+"""Seconds a closing runner's loop waits for its cancelled step tasks to end before it stops."""
+
+
+def _stop_once_settled(loop: asyncio.AbstractEventLoop, wait: float) -> None:
+    """Cancel what still runs on ``loop`` (a runner's own: only step tasks run there), then stop
+    it once they have ended, or after ``wait`` seconds."""
+    tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
+    if not tasks:
+        loop.stop()
+        return
+    for task in tasks:
+        task.cancel()
+    settled = loop.create_task(asyncio.wait(tasks, timeout=wait))
+    settled.add_done_callback(lambda _: loop.stop())
 
 
 class _Escaped(Exception):
