@@ -51,7 +51,8 @@ def effect(step):
         os.close(fd)
         if (workdir / f"block-{step}").exists():
             (workdir / f"{name}.blocked").touch()
-            time.sleep(600)
+            while (workdir / f"block-{step}").exists():  # held until the test lets it go
+                time.sleep(0.01)
         return value
     return tool
 
@@ -224,13 +225,22 @@ def test_processes_resuming_one_crashed_run_execute_it_once(fleet: Fleet) -> Non
     fleet.blocked("owner")
     run_id = next(line.split()[1] for line in fleet.log("owner") if line.startswith("run "))
     fleet.kill("owner")
-    (fleet.workdir / "block-b").unlink()
     (fleet.workdir / "go").unlink()
     names = [f"r{n}" for n in range(4)]
     for name in names:
         fleet.start("resume", name, run_id)
     fleet.ready(*names)
     fleet.go()
+    # The one that executes is held in b until the three others have tried: a resume that came
+    # after the run completed would be told there is nothing to resume, which is no race here.
+    wait_for(
+        lambda: (
+            sum(fleet.log(n)[:1] == ["owned"] for n in names) == 3
+            and sum((fleet.workdir / f"{n}.blocked").exists() for n in names) == 1
+        ),
+        WAIT,
+    )
+    (fleet.workdir / "block-b").unlink()
     fleet.finished(*names)
     outcomes = sorted(fleet.log(n)[0] for n in names)
     assert outcomes == ["ok True", "owned", "owned", "owned"], outcomes
