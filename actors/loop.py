@@ -248,14 +248,17 @@ _SETTLE_WAIT = 2.0
 
 
 def _stop_once_settled(loop: asyncio.AbstractEventLoop, wait: float) -> None:
-    """Cancel what still runs on ``loop`` (a runner's own: only step tasks run there), then stop
-    it once they have ended, or after ``wait`` seconds."""
+    """Cancel what still runs on ``loop`` and no cancel reached (a runner's own: only step tasks
+    run there), then stop it once they have ended, or after ``wait`` seconds."""
     tasks = [task for task in asyncio.all_tasks(loop) if not task.done()]
     if not tasks:
         loop.stop()
         return
     for task in tasks:
-        task.cancel()
+        # Only a task no cancel reached yet: a second cancel of one already cancelled would
+        # throw into the cleanup it runs now, and cut it short.
+        if not task.cancelling():
+            task.cancel()
     settled = loop.create_task(asyncio.wait(tasks, timeout=wait))
     settled.add_done_callback(lambda _: loop.stop())
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 import journaled
-from journaled.actors.loop import LoopRunner, StepCancelled
+from journaled.actors.loop import LoopRunner, StepCancelled, StepToken
 
 WAIT = 10.0
 
@@ -58,6 +58,42 @@ def test_closing_the_loop_lets_each_cancelled_step_finish_its_cleanup(cleanup_aw
     assert all(s.cleaned.is_set() for s in steps), "a step was left pending when the loop stopped"
     assert len(outcomes) == 3
     assert all(isinstance(o, StepCancelled) for o in outcomes), outcomes
+
+
+def test_a_close_while_a_cancelled_step_cleans_up_does_not_cancel_it_again() -> None:
+    """A step cancelled by its token (a deadline, a cancel of its run) is still in its cleanup
+    when the runner closes: the close waits for that cleanup and does not cut it short."""
+    runner = LoopRunner()
+    started, in_cleanup, cleaned = threading.Event(), threading.Event(), threading.Event()
+
+    async def step() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            in_cleanup.set()
+            await asyncio.sleep(0.3)  # the close comes meanwhile
+            cleaned.set()
+            raise
+
+    token = StepToken()
+    outcome: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            runner.run(step(), token)
+        except StepCancelled as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    assert started.wait(WAIT)
+    token.set("deadline")
+    assert in_cleanup.wait(WAIT)
+    runner.close()
+    worker.join(WAIT)
+    assert cleaned.is_set(), "the close cancelled the step's cleanup a second time"
+    assert len(outcome) == 1
 
 
 def test_a_close_without_drain_lets_an_async_step_clean_up_and_suspends_its_run(
