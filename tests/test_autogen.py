@@ -249,6 +249,30 @@ def test_clear_deletes_the_scope_facts_and_why_explains_it(journal_url: str) -> 
     with_aio(journal_url, body)
 
 
+@pytest.mark.parametrize("attempt", range(6))
+def test_clear_deletes_superseded_facts_first_whatever_order_their_ids_give(
+    tmp_path: Path, attempt: int
+) -> None:
+    """X1/M8: facts remembered in one millisecond have ids in random order; clear deletes the
+    superseded one first, so no delete restores a fact (the record is the same every time)."""
+    from journaled.events.memory import FactRestored
+    from journaled.testing import ManualClock
+
+    async def body(rt: AsyncRuntime) -> None:
+        memory = JournaledMemory(rt, "session")
+        for region in ("us-east-1", "eu-west-1"):
+            await memory.add(text(f"staging runs in {region}", conflict_key="region"))
+        ids = [f.id for f in await rt.memory.all() if f.scope == "session"]
+        await memory.clear()
+        for fact_id in ids:
+            assert not any(
+                isinstance(e.data, FactRestored) for e in await rt.memory.history(fact_id)
+            )
+
+    clock = ManualClock(start=1_700_000_000_000, step=0)  # one millisecond for every fact
+    with_aio(f"sqlite:///{tmp_path / f'j{attempt}.sqlite'}", body, clock=clock)
+
+
 def test_close_stops_the_memory_but_leaves_the_callers_runtime_open(sqlite_url: str) -> None:
     """X1: after close the memory refuses calls; the runtime it was given still works."""
 

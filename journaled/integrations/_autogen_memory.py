@@ -340,9 +340,12 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         """Delete every fact of this scope through ``rt.memory.delete`` (M8): each is journaled."""
         self._check_open()
         facts: list[Fact] = await self._memory.call("all")
-        for fact in facts:
-            if fact.scope == self._scope:
-                await self._memory.call("delete", fact.id)
+        # Superseded facts first, oldest first: a delete then never restores a fact the next
+        # delete removes, and the journal records the same clear whatever order ``all`` gives
+        # facts remembered within one millisecond (their ids do not order them).
+        mine = [f for f in facts if f.scope == self._scope]
+        for fact in sorted(mine, key=lambda f: (f.superseded_by is None, f.created_at, f.id)):
+            await self._memory.call("delete", fact.id)
 
     async def close(self) -> None:
         """Stop using the runtime; it is closed too only when this memory opened it (config)."""
