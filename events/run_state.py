@@ -169,8 +169,10 @@ class RunState:
                 self.fold(event.data)
         finally:
             self._bulk = False
-            if self.started is not None:
-                self._rebuild_plan()
+        # Only after a whole fold: one cut short (an interrupt between two of a start's fields)
+        # leaves a state no plan can be made of, and its error must not hide the first.
+        if self.started is not None:
+            self._rebuild_plan()
         self.version = events[-1].version
         self.position = events[-1].position
 
