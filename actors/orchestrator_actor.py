@@ -152,6 +152,9 @@ class Orchestrator(pykka.ThreadingActor):
     heartbeat_seconds: float = HEARTBEAT_SECONDS
     """How long the orchestration may be quiet before the orchestrator appends a heartbeat."""
 
+    worker_stop_seconds: float = 5.0
+    """How long an answer waits for an idle planner worker to stop (never for a busy one)."""
+
     def __init__(
         self,
         *,
@@ -172,6 +175,9 @@ class Orchestrator(pykka.ThreadingActor):
         self._count = 0
         self._asked: str | None = None
         """Correlation of the planner call awaited, if any."""
+        self._thinking: str | None = None
+        """Correlation of the planner call the worker is still in, answered or not: a cancel or
+        a drain stops awaiting it (``_asked``), but the worker stays busy until it returns."""
         self._pass: str | None = None
         """Correlation of the pass awaited, if any."""
         self._worker: Any = None
@@ -208,10 +214,10 @@ class Orchestrator(pykka.ThreadingActor):
         self.directory.unregister(self.address, self.actor_ref)
         if self._worker is not None:
             stopping = self._worker.stop(block=False)
-            if self._asked is None:
+            if self._thinking is None:
                 # Idle: it stops at once, so whoever the answer wakes finds no actor left running.
                 with contextlib.suppress(pykka.Timeout, pykka.ActorDeadError):
-                    stopping.get(timeout=5.0)
+                    stopping.get(timeout=self.worker_stop_seconds)
             # Else a planner still thinking finishes, unheard; the worker stops after it.
         reply: object
         if self._result is not None:
@@ -234,6 +240,8 @@ class Orchestrator(pykka.ThreadingActor):
 
     def on_receive(self, message: object) -> object:
         """Dispatch one message."""
+        if isinstance(message, PlannerAnswered | Failure) and message.correlation == self._thinking:
+            self._thinking = None  # the worker is back, whether or not its answer still matters
         match message:
             case BeginOrchestration():
                 self._arm_heartbeat()
@@ -321,7 +329,7 @@ class Orchestrator(pykka.ThreadingActor):
                 directory=self.directory,
                 context=self.d.context,
             )
-        self._asked = self._next("plan")
+        self._asked = self._thinking = self._next("plan")
         self._worker.tell(
             AskPlanner(
                 goal=started.goal,

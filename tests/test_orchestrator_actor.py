@@ -98,6 +98,19 @@ def test_heartbeats_are_appended_during_a_long_planner_call(
     assert "heartbeat" not in runtime.runs.why(handle.run_id).splitlines()[0]
 
 
+@pytest.fixture
+def patient(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An orchestrator that would wait longer than the tests for a worker to stop.
+
+    The planners here block until the test releases them: an answer that waited for such a busy
+    worker to stop would come after the test gave up, not after a short timeout. Before the fix,
+    a cancel or a close while the planner thought waited the whole stop timeout (5 s), and the
+    close's own 5 s wait for the orchestration raced it: its handle was sometimes left pending.
+    """
+    monkeypatch.setattr(Orchestrator, "worker_stop_seconds", 2 * WAIT)
+
+
+@pytest.mark.usefixtures("patient")
 def test_a_cancel_while_the_planner_thinks_answers_at_once(runtime: journaled.Runtime) -> None:
     """E5/A4: a cancel during planning ends the orchestration before the planner returns."""
     planner = Thinking()
@@ -115,9 +128,13 @@ def test_a_cancel_while_the_planner_thinks_answers_at_once(runtime: journaled.Ru
     assert not handle.cancel()  # not driven any more
 
 
-def test_a_close_while_the_planner_thinks_leaves_it_resumable(sqlite_url: str) -> None:
+@pytest.mark.usefixtures("patient")
+def test_a_close_while_the_planner_thinks_leaves_it_resumable(
+    sqlite_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
     """R3/R5/A4: closing during planning answers RuntimeClosed and journals only the
-    orchestration's suspension (ADR 0087); a resume plans."""
+    orchestration's suspension (ADR 0087); a resume plans. The close does not wait for the
+    planner, and no orchestration is left driven."""
     planner = Thinking()
     with journaled.open(sqlite_url) as first:
         first.register_tool("fetch", lambda x: x)
@@ -125,6 +142,8 @@ def test_a_close_while_the_planner_thinks_leaves_it_resumable(sqlite_url: str) -
         assert planner.thinking.wait(WAIT)
         first.close()
         assert handle.done()
+        assert not planner.release.is_set()
+        assert "still driven" not in caplog.text
         with pytest.raises(journaled.RuntimeClosed):
             handle.result(0)
         planner.done()
