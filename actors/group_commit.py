@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from journaled.events.base import DomainEvent
-from journaled.events.errors import ConcurrencyConflict
+from journaled.events.errors import AppendOutcomeUnknown, ConcurrencyConflict
 from journaled.events.memory import Fact
 from journaled.events.messages import Remember
 
@@ -45,8 +45,9 @@ def commit_remembers(
     """Decide every remember of the group, append them in one transaction, answer each caller.
 
     Never raises: every caller gets its fact or its error through its reply. A failed append
-    fails every caller whose remember was decided, none of which was stored; a committed group
-    answers every caller with its fact.
+    fails every caller whose remember was decided, none of which was stored; an append whose
+    outcome the journal could not learn (the database unreachable) tells each caller its fact's
+    id; a committed group answers every caller with its fact.
     """
     pending = list(group)
     together = attempts if len(pending) == 1 else min(attempts, GROUP_ATTEMPTS)
@@ -77,6 +78,12 @@ def commit_remembers(
                 _fail(pending, exc, answer)
                 return
             continue
+        except AppendOutcomeUnknown as exc:
+            # Stored whole or not at all, unknown which: each caller is told its own fact's id,
+            # which a read names once the database is back (ADR 0095).
+            for message, fact in decided:
+                answer(message, None, unknown_remember(exc, fact))
+            return
         except Exception as exc:
             _fail(pending, exc, answer)
             return
@@ -98,6 +105,13 @@ def commit_remembers(
         return
     error = ConcurrencyConflict([], f"gave up after {attempts} conflicting attempts")
     _fail(pending, error, answer)
+
+
+def unknown_remember(exc: AppendOutcomeUnknown, fact: Fact) -> AppendOutcomeUnknown:
+    """Return the error for one remember of an append whose outcome is unknown: its fact's id
+    and events (ADR 0095)."""
+    own = [a for a in exc.appended if a.rpartition("@")[0] == fact.id]
+    return AppendOutcomeUnknown(exc.journal, exc.waited, exc.detail, own, fact_id=fact.id)
 
 
 def _fail(group: Sequence[Remember], error: Exception, answer: Answer) -> None:

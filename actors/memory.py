@@ -28,14 +28,19 @@ from journaled.actors.desk import GROUP_MAX as _GROUP_MAX
 from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import CountingInbox, Directory, failure
 from journaled.actors.errors import InvalidFact, MemoryBehind
-from journaled.actors.group_commit import Answer, commit_remembers
+from journaled.actors.group_commit import Answer, commit_remembers, unknown_remember
 from journaled.actors.remember_rules import validate_remember
 from journaled.actors.run_reads import opens_run
 from journaled.actors.scope import FoldMark, ScopeShelf, Unsettled, read_in_place
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import tag_of
-from journaled.events.errors import ConcurrencyConflict, CorruptEvent, JournalBusy
+from journaled.events.errors import (
+    AppendOutcomeUnknown,
+    ConcurrencyConflict,
+    CorruptEvent,
+    JournalBusy,
+)
 from journaled.events.inputs import decode_text
 from journaled.events.journal import Journal
 from journaled.events.memory import (
@@ -394,7 +399,10 @@ class MemoryWriter(pykka.ThreadingActor):
 
     def _remember(self, msg: Remember) -> Fact:
         pending, text, fact = self._decide_remember(msg)
-        self._append(pending, payloads={fact.id: text.encode("utf-8")})
+        try:
+            self._append(pending, payloads={fact.id: text.encode("utf-8")})
+        except AppendOutcomeUnknown as exc:
+            raise unknown_remember(exc, fact) from exc
         return fact
 
     def _decide_remember(self, msg: Remember) -> tuple[list[Staged], str, Fact]:

@@ -9,6 +9,8 @@ callers can catch either::
     ├── JournalClosed (RuntimeError)         the journal was used after close()
     ├── JournalBusy                          another connection held the write lock too long
     ├── JournalFull                          the disk holding the journal is full
+    ├── JournalUnavailable                   the database could not be reached; nothing stored
+    │   └── AppendOutcomeUnknown             ... after an append was sent: it may be stored
     ├── ConcurrencyConflict                  another writer appended to a stream first
     ├── CorruptEvent (ValueError)            an undecodable stored event, with its position
     │   └── UnknownEventType                 a stored topic this release does not know
@@ -76,6 +78,78 @@ class JournalFull(EventsError):
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
         return (type(self), (self.journal, self.detail))
+
+
+class JournalUnavailable(EventsError):
+    """The journal's database could not be reached for the whole wait: nothing was appended.
+
+    Everything stored before stays as it was; the same call can be made again once the database
+    is back.
+    """
+
+    def __init__(self, journal: str, waited: float, detail: str) -> None:
+        self.journal = journal
+        self.waited = waited
+        self.detail = detail
+        super().__init__(self._words())
+
+    def _words(self) -> str:
+        return (
+            f"journal {self.journal} could not be reached for {self.waited:.3g}s ({self.detail}), "
+            "so nothing was appended; try again once the database is back"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.journal, self.waited, self.detail))
+
+
+class AppendOutcomeUnknown(JournalUnavailable):
+    """An append reached the database, the connection was lost before its answer, and the
+    database stayed unreachable, so the journal could not look whether it was stored (ADR 0095).
+
+    It was stored whole or not at all. ``appended`` names its events as ``stream@version``; once
+    the database is back, a read of those streams tells which. Making the same change again
+    before that may store it twice.
+    """
+
+    def __init__(
+        self,
+        journal: str,
+        waited: float,
+        detail: str,
+        appended: list[str],
+        fact_id: str | None = None,
+    ) -> None:
+        self.appended = appended
+        self.fact_id = fact_id
+        """For a remember: the id the fact has if it was stored."""
+        super().__init__(journal, waited, detail)
+
+    def _words(self) -> str:
+        shown = ", ".join(self.appended[:3]) + (", ..." if len(self.appended) > 3 else "")
+        what = (
+            f"a remember (fact {self.fact_id})"
+            if self.fact_id is not None
+            else f"an append of {len(self.appended)} event(s) ({shown})"
+        )
+        check = (
+            f"rt.memory.get({self.fact_id!r}) tells which once the database is back; "
+            "remember it again only if it was not"
+            if self.fact_id is not None
+            else "read those streams once the database is back before making the same change again"
+        )
+        return (
+            f"journal {self.journal}: {what} was sent, then the connection was lost and the "
+            f"database stayed unreachable for {self.waited:.3g}s ({self.detail}), so it is not "
+            f"known whether it was stored (whole, or not at all): {check}"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.journal, self.waited, self.detail, self.appended, self.fact_id),
+        )
 
 
 class ConcurrencyConflict(EventsError):

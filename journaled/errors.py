@@ -11,6 +11,8 @@
     ├── JournalClosed (RuntimeError)
     ├── JournalBusy                            another writer held the lock past lock_wait
     ├── JournalFull                            the disk holding the journal is full
+    ├── JournalUnavailable                     the database was unreachable; nothing stored
+    │   └── AppendOutcomeUnknown               ... after an append was sent: it may be stored
     ├── ConcurrencyConflict
     ├── CorruptEvent (ValueError)
     │   └── UnknownEventType
@@ -43,6 +45,7 @@ from journaled.actors.errors import (
     ScrubPending,
 )
 from journaled.events.errors import (
+    AppendOutcomeUnknown,
     ConcurrencyConflict,
     CorruptEvent,
     EventsError,
@@ -50,6 +53,7 @@ from journaled.events.errors import (
     JournalBusy,
     JournalClosed,
     JournalFull,
+    JournalUnavailable,
     JournalUnreadable,
     JournalUrlError,
     PlanRejected,
@@ -82,6 +86,7 @@ class InvalidArgument(JournaledError, ValueError):
 __all__ = [
     "ActorTimeout",
     "ActorsError",
+    "AppendOutcomeUnknown",
     "ConcurrencyConflict",
     "ConfigurationError",
     "CorruptEvent",
@@ -92,6 +97,7 @@ __all__ = [
     "JournalBusy",
     "JournalClosed",
     "JournalFull",
+    "JournalUnavailable",
     "JournalUnreadable",
     "JournalUrlError",
     "JournaledError",

@@ -68,12 +68,14 @@ from journaled.events.base import DomainEvent, Event, Pending, hollow
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.codec import Codec, topic_of
 from journaled.events.errors import (
+    AppendOutcomeUnknown,
     AppendRefused,
     ConcurrencyConflict,
     CorruptEvent,
     JournalBusy,
     JournalClosed,
     JournalFull,
+    JournalUnavailable,
     JournalUnreadable,
     JournalUrlError,
     UnreadableEvent,
@@ -93,6 +95,7 @@ from journaled.events.journal._common import (
     LockWaitExpired,
     Row,
     SnapshotRefused,
+    Unreached,
     _MsgspecMapper,
     causes,
     content_key,
@@ -567,6 +570,13 @@ class Journal:
             )
         except LockWaitExpired as exc:
             raise JournalBusy(self.config.url, exc.waited) from exc
+        except Unreached as exc:
+            if exc.sent:
+                appended = [f"{e.originator_id}@{e.originator_version}" for e in stored]
+                raise AppendOutcomeUnknown(
+                    self.config.url, exc.waited, exc.detail, appended
+                ) from exc
+            raise JournalUnavailable(self.config.url, exc.waited, exc.detail) from exc
         except IntegrityError as exc:
             streams = sorted({str(e.originator_id) for e in stored})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc

@@ -79,6 +79,29 @@ class LockWaitExpired(Exception):
         super().__init__(f"waited {waited:.3g}s for the journal's write lock")
 
 
+class Unreached(Exception):
+    """Raised by a recorder when the database stayed unreachable through an append's retries.
+
+    ``sent``: a call may have reached the server with no answer since, and no look at the log
+    after it could be made: the append is stored whole or not at all, unknown which (ADR 0095).
+    :class:`~journaled.events.journal.Journal` raises
+    :class:`~journaled.events.errors.AppendOutcomeUnknown` or
+    :class:`~journaled.events.errors.JournalUnavailable` instead, naming the journal.
+    """
+
+    def __init__(self, waited: float, sent: bool, cause: BaseException) -> None:
+        self.waited = waited
+        self.sent = sent
+        lines = str(cause).strip().splitlines() or [type(cause).__name__]
+        self.detail = lines[0][:200]
+        super().__init__(f"unreachable for {waited:.3g}s (sent: {sent}): {self.detail}")
+
+
+OUTAGE_WAIT = 10.0
+"""Seconds an append keeps trying to reach the database after its first dropped connection,
+looking whether a call sent before the drop was stored (ADR 0095)."""
+
+
 class SnapshotRefused(Exception):
     """Raised inside a snapshot's transaction to roll it back: an erasure came after its state."""
 

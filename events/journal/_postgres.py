@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from eventsourcing.persistence import (
@@ -39,6 +41,7 @@ from journaled.events.journal._common import (
     _PG_MIGRATE_LOCK,
     APP_NAME,
     EVENTS_TABLE_POSTGRES,
+    OUTAGE_WAIT,
     PAYLOAD_TABLE,
     SCRUB_TABLE,
     SNAPSHOT_TABLE,
@@ -46,6 +49,7 @@ from journaled.events.journal._common import (
     LockWaitExpired,
     Row,
     SnapshotRefused,
+    Unreached,
     disk_full,
     erases,
     refused_after,
@@ -118,10 +122,6 @@ _CHAIN_BROKEN = "journaled: chain broken"
 _LOCK_SLACK = 0.05
 """Seconds by which an append's own ``lock_wait`` must undercut the session's before the append
 sets it for itself (a round trip more): callers pass what they have left, a hair below it."""
-_LIBRARY_ATTEMPTS = 10
-"""Attempts of the library's append on a dropped connection, as its own ``retry`` makes."""
-_APPEND_ATTEMPTS = 10
-"""Attempts of the append procedure's call on a dropped connection (as the library's)."""
 _PROVE_LOCK_WAIT = "200ms"
 """Longest wait of the flush made for an append whose call was cut off (ADR 0052)."""
 
@@ -692,21 +692,31 @@ if _POSTGRES_MISSING is None:
                 return appended
             # The library's append without its retry, which would also retry a lock timeout
             # (ten waits of ``lock_wait``): a dropped connection is retried here, a timeout not.
+            # A dropped connection may have come after the commit: before calling again, the
+            # log is looked at (the transaction held the events and all else, whole or not at
+            # all), lest the call meet the append's own events as another writer's (ADR 0095).
             library_append = PostgresApplicationRecorder.insert_events.__wrapped__
-            for attempt in range(_LIBRARY_ATTEMPTS):
+            started, sent = time.monotonic(), False
+            for attempt in itertools.count(1):
                 try:
+                    if sent and stored_events:
+                        left = OUTAGE_WAIT - (time.monotonic() - started)
+                        found = self._appended_already(stored_events, [], left)
+                        if found is not None:
+                            return found
+                        sent = False
                     positions: Sequence[int] | None = library_append(
                         self, stored_events, **kwargs, head=[]
                     )
                     break
                 except (InterfaceError, OperationalError) as exc:
-                    if (
-                        lock_timed_out(exc)
-                        or disk_full(exc) is not None  # rolled back, and would be again
-                        or attempt == _LIBRARY_ATTEMPTS - 1
-                    ):
-                        raise
-                    time.sleep(0.2)
+                    if lock_timed_out(exc) or disk_full(exc) is not None:
+                        raise  # rolled back, and would be again
+                    sent = True  # the call's or the look's: either way, still unknown
+                    waited = time.monotonic() - started
+                    if waited >= OUTAGE_WAIT:
+                        raise Unreached(waited, bool(stored_events), exc) from exc
+                    time.sleep(min(0.2 * attempt, 1.0))
             if positions:  # committed waiting for the disk, after every lower position
                 self._known_durable(positions[-1])
             return positions
@@ -730,14 +740,30 @@ if _POSTGRES_MISSING is None:
             A dropped connection is retried, but first the call's server process is waited
             for and the append looked up: its first transaction (the events) may have
             committed before the connection went, and calling again would then meet the
-            append's own events and report another writer's win (ADR 0052).
+            append's own events and report another writer's win (ADR 0052). Both go on for
+            :data:`OUTAGE_WAIT` seconds; then :class:`Unreached` says whether a call may have
+            been stored unseen (ADR 0095).
             """
             backend: list[int] = []
-            for attempt in range(1, _APPEND_ATTEMPTS + 1):
+            sent = False  # a call may have reached the server unanswered, and no look since
+            started = time.monotonic()
+            for attempt in itertools.count(1):
+                # After a drop, each wait for a connection is bounded by the time left.
+                left = None if attempt == 1 else OUTAGE_WAIT - (time.monotonic() - started)
                 try:
-                    return self._call_append(
-                        stored_events, payloads, note, lock_wait, backend, channel
-                    )
+                    if sent:
+                        found = self._appended_already(stored_events, backend, left)
+                        if found is not None:
+                            return found
+                        sent = False  # looked after its server process ended: not stored
+                    reached: list[int] = []
+                    try:
+                        return self._call_append(
+                            stored_events, payloads, note, lock_wait, reached, channel, left
+                        )
+                    finally:
+                        if reached:  # a connection was had: the call may have been sent
+                            backend[:], sent = reached, True
                 except (InterfaceError, OperationalError) as exc:
                     if disk_full(exc) is not None:
                         # The server answered, so the call is over and its connection lives:
@@ -748,23 +774,24 @@ if _POSTGRES_MISSING is None:
                         if found is not None:
                             return found
                         raise
-                    if attempt == _APPEND_ATTEMPTS:
-                        raise
-                    time.sleep(0.2)
-                    found = self._appended_already(stored_events, backend)
-                    if found is not None:
-                        return found
+                    waited = time.monotonic() - started
+                    if waited >= OUTAGE_WAIT:
+                        raise Unreached(waited, sent, exc) from exc
+                    time.sleep(min(0.2 * attempt, 1.0))
             raise AssertionError("unreachable")  # pragma: no cover
 
         def _appended_already(
-            self, stored_events: Sequence[StoredEvent], backend: list[int]
+            self,
+            stored_events: Sequence[StoredEvent],
+            backend: list[int],
+            timeout: float | None = None,
         ) -> list[int] | None:
             """Return the positions of an append found whole in the log once the server process
             that ran it has ended (and its commit is on disk); None when it is not there."""
             if backend:
                 deadline = time.monotonic() + max(self.lock_wait, 1.0)
                 while time.monotonic() < deadline and self._fetch(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]]
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]], timeout
                 ):
                     time.sleep(0.05)
             rows = self._fetch(
@@ -775,6 +802,7 @@ if _POSTGRES_MISSING is None:
                     [str(e.originator_id) for e in stored_events],
                     [e.originator_version for e in stored_events],
                 ],
+                timeout,
             )
             if len(rows) != len(stored_events) or any(
                 bytes(state) != e.state for (_, state), e in zip(rows, stored_events, strict=True)
@@ -785,14 +813,14 @@ if _POSTGRES_MISSING is None:
                 # The flush the call did not get to: its commit waits for the disk, which
                 # flushes the log past the append's commit, and records the proof. Should this
                 # process's row be locked, the durable check below waits for the log instead.
-                with self._store.get_connection() as conn:
+                with self._connection(timeout) as conn:
                     try:
                         with conn.transaction():
                             conn.execute(f"SET LOCAL lock_timeout = '{_PROVE_LOCK_WAIT}'")
                             conn.execute(_PROVE_IN_TRANSACTION, [positions[-1]])
                     except (psycopg.errors.LockNotAvailable, psycopg.errors.DiskFull):
                         pass  # the durable check below waits for the log instead
-            while int(self._fetch(self._durable_call, [])[0][0] or 0) < positions[-1]:
+            while int(self._fetch(self._durable_call, [], timeout)[0][0] or 0) < positions[-1]:
                 time.sleep(0.01)  # the check waits for the log's flush; it cannot fall short
             self._known_durable(positions[-1])
             return positions
@@ -805,6 +833,7 @@ if _POSTGRES_MISSING is None:
             lock_wait: float | None,
             backend: list[int],
             channel: str | None = None,
+            timeout: float | None = None,
         ) -> list[int]:
             events = [
                 (str(e.originator_id), e.originator_version, e.topic, e.state)
@@ -826,7 +855,7 @@ if _POSTGRES_MISSING is None:
                 note if isinstance(note, str) else "",
             ]
             with (
-                self._store.get_connection() as conn,
+                self._connection(timeout) as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
             ):
                 backend[:] = [conn.info.backend_pid]
@@ -961,18 +990,41 @@ if _POSTGRES_MISSING is None:
                         hashes[str(key)] = payload_hash(str(key), bytes(payload))
                 return upto, hashes
 
-        def _fetch(self, query: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
-            """Run one read on a pooled connection, retried if the connection was dropped."""
-            for attempt in range(1, _PG_ATTEMPTS + 1):
+        @contextlib.contextmanager
+        def _connection(self, timeout: float | None) -> Iterator[Any]:
+            """A pooled connection, as the library's ``get_connection`` gives it; with
+            ``timeout``, waiting that long at most for one (an outage's retries, ADR 0095)."""
+            if timeout is None:
+                with self._store.get_connection() as conn:
+                    yield conn
+                return
+            try:
+                with self._store.pool.connection(timeout=max(0.05, timeout)) as conn:
+                    yield conn
+            except psycopg.InterfaceError as exc:
+                raise InterfaceError(str(exc)) from exc
+            except psycopg.OperationalError as exc:
+                raise OperationalError(str(exc)) from exc
+
+        def _fetch(
+            self, query: str, params: Sequence[Any], timeout: float | None = None
+        ) -> list[tuple[Any, ...]]:
+            """Run one read on a pooled connection, retried if the connection was dropped.
+
+            With ``timeout``: one attempt, waiting that long at most for a connection.
+            """
+            attempts = 1 if timeout is not None else _PG_ATTEMPTS
+            for attempt in range(1, attempts + 1):
                 try:
                     with (
-                        self._store.get_connection() as conn,
+                        self._connection(timeout) as conn,
                         conn.cursor(row_factory=tuple_row) as curs,
                     ):
                         curs.execute(query, params)
-                        return curs.fetchall()
+                        rows: list[tuple[Any, ...]] = curs.fetchall()
+                        return rows
                 except (InterfaceError, OperationalError):
-                    if attempt == _PG_ATTEMPTS:
+                    if attempt == attempts:
                         raise
                     time.sleep(0.2 * attempt)
             raise AssertionError("unreachable")  # pragma: no cover

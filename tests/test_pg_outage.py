@@ -1,0 +1,235 @@
+"""An append the database never answered, then could not be asked about (R5, J1, ADR 0095).
+
+A remember is sent; its connection is lost before the answer; and the database then refuses
+every connection for longer than the journal keeps trying. Before, the caller got an
+``ActorsError`` saying ``OperationalError: couldn't get a connection``, and nothing told it that
+the fact might be stored: a retry stored it twice. Now it gets :class:`AppendOutcomeUnknown`
+naming the fact's id, and once the database is back the runtime agrees with the journal, whichever
+way the append went. Real PostgreSQL: the database's connections are refused with ``ALLOW_CONNECTIONS
+false`` and the append's own server process is terminated while it waits.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pg
+import pytest
+from required import unavailable
+
+pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra (psycopg)")
+
+import psycopg  # noqa: E402
+
+import journaled  # noqa: E402
+from journaled.events.journal import EVENTS_TABLE_POSTGRES  # noqa: E402
+from journaled.events.journal import _postgres  # noqa: E402
+from journaled.events.journal._postgres import FLUSH_TABLE  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+WAIT = 30.0
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[pg.PostgresServer]:
+    try:
+        started = pg.PostgresServer()
+    except pg.PostgresUnavailable as exc:
+        unavailable("POSTGRES", str(exc))
+    started.start()
+    try:
+        yield started
+    finally:
+        started.stop()
+
+
+@pytest.fixture
+def url(server: pg.PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A fresh database; the journal stops trying to reach it after half a second."""
+    monkeypatch.setattr(_postgres, "OUTAGE_WAIT", 0.5)
+    return pg.create_database(server.url("postgres"))
+
+
+def _admin(url: str) -> psycopg.Connection[Any]:
+    """A connection to the server's maintenance database, which stays open to connections."""
+    head, _, _ = url.rpartition("/")
+    return psycopg.connect(f"{head}/postgres", autocommit=True)
+
+
+def _dbname(url: str) -> str:
+    return url.rpartition("/")[2].partition("?")[0]
+
+
+@contextlib.contextmanager
+def _refused(url: str) -> Iterator[None]:
+    """Refuse every new connection to the database until the block ends."""
+    with _admin(url) as admin:
+        admin.execute(f'ALTER DATABASE "{_dbname(url)}" ALLOW_CONNECTIONS false')
+        try:
+            yield
+        finally:
+            admin.execute(f'ALTER DATABASE "{_dbname(url)}" ALLOW_CONNECTIONS true')
+
+
+def _waiting_appends(url: str) -> list[int]:
+    with _admin(url) as admin:
+        rows = admin.execute(
+            "SELECT pid FROM pg_stat_activity WHERE datname = %s AND wait_event_type = 'Lock' "
+            "AND query LIKE 'CALL public.journaled_append%%'",
+            [_dbname(url)],
+        ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _wait_for(check: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + WAIT
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+class _Remember:
+    """A remember on a thread: its fact or its error."""
+
+    def __init__(self, rt: journaled.Runtime, text: str) -> None:
+        self.fact: journaled.Fact | None = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.fact = rt.memory.remember(text)
+            except BaseException as exc:  # reported by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+    def join(self) -> None:
+        self.thread.join(WAIT * 2)
+        assert not self.thread.is_alive(), "the remember never answered"
+
+
+def _cut_off_while_it_waits(url: str, rt: journaled.Runtime, hold: str, text: str) -> _Remember:
+    """Start a remember that waits on a lock ``hold`` takes, refuse connections, and terminate
+    every server process of the runtime (the remember's too): the caller's answer comes while
+    the database is refused, and no connection is left to look with."""
+    with psycopg.connect(url) as holder:
+        holder.execute(hold)
+        remember = _Remember(rt, text)
+        _wait_for(lambda: bool(_waiting_appends(url)), "the remember to wait for the lock")
+        assert len(_waiting_appends(url)) == 1
+        with _refused(url):
+            with _admin(url) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                    "WHERE datname = %s AND pid <> %s",
+                    [_dbname(url), holder.info.backend_pid],
+                )
+            holder.rollback()
+            remember.join()
+    return remember
+
+
+def _texts(url: str) -> list[str]:
+    with journaled.open(url) as fresh:
+        assert fresh.journal.verify().ok
+        return sorted(f.text for f in fresh.memory.all())
+
+
+def test_a_remember_stored_unseen_is_told_unknown_and_found_once_the_database_is_back(
+    url: str,
+) -> None:
+    """The remember's events committed before its flush, then its process was terminated and
+    the database refused connections: the caller is told the outcome is unknown, with the
+    fact's id, and once the database is back ``memory.get`` of that id finds the one fact."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        rt.memory.remember("warm-up")  # the pooled connection exists, so the lock below holds it
+        remember = _cut_off_while_it_waits(
+            url,
+            rt,
+            # the flush rows of every process connected now: the append stops after its commit
+            f"INSERT INTO public.{FLUSH_TABLE} (pid, appends) SELECT pid, 0 FROM "  # noqa: S608
+            "pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            f"ON CONFLICT (pid) DO NOTHING; SELECT pid FROM public.{FLUSH_TABLE} FOR UPDATE",
+            "the deploy key rotates on Mondays",
+        )
+        error = remember.error
+        assert isinstance(error, journaled.AppendOutcomeUnknown), repr(error)
+        assert isinstance(error, journaled.JournalUnavailable)
+        assert error.fact_id is not None
+        assert error.appended == [f"{error.fact_id}@1"]
+        assert f"rt.memory.get({error.fact_id!r})" in str(error)
+        with psycopg.connect(url) as conn:
+            stored = conn.execute(
+                f"SELECT count(*) FROM public.{EVENTS_TABLE_POSTGRES} "  # noqa: S608
+                "WHERE originator_id = %s",
+                [error.fact_id],
+            ).fetchone()
+        assert stored == (1,), "the premise: its events committed before the process ended"
+        fact_id = error.fact_id
+
+        def found() -> bool:
+            rt.refresh()
+            fact = rt.memory.get(fact_id)
+            return fact is not None and fact.text == "the deploy key rotates on Mondays"
+
+        _wait_for(found, "the runtime to see the fact the journal holds")
+        rt.memory.remember("after the outage")
+    assert _texts(url) == [
+        "after the outage",
+        "the deploy key rotates on Mondays",
+        "warm-up",
+    ]
+
+
+def test_a_remember_never_stored_is_told_unknown_and_is_absent_once_the_database_is_back(
+    url: str,
+) -> None:
+    """The remember waited for the events table's lock when its process was terminated, so
+    nothing committed: told unknown, the id is then not found, and remembering again stores
+    the fact once."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        rt.memory.remember("warm-up")
+        remember = _cut_off_while_it_waits(
+            url,
+            rt,
+            f"LOCK TABLE public.{EVENTS_TABLE_POSTGRES} IN EXCLUSIVE MODE",
+            "the staging database is read-only",
+        )
+        error = remember.error
+        assert isinstance(error, journaled.AppendOutcomeUnknown), repr(error)
+        assert error.fact_id is not None
+        rt.refresh()
+        assert rt.memory.get(error.fact_id) is None
+        again = rt.memory.remember("the staging database is read-only")
+        assert again.id != error.fact_id
+    assert _texts(url) == ["the staging database is read-only", "warm-up"]
+
+
+def test_an_append_with_no_connection_to_be_had_stores_nothing_and_says_so(url: str) -> None:
+    """During an outage, the first remember goes out on the pooled connection, whose server
+    process is gone (unknown: it may have been sent); the next finds no connection at all, so
+    its call never left: JournalUnavailable, which says nothing was appended."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        rt.memory.remember("warm-up")
+        with _refused(url):
+            with _admin(url) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    [_dbname(url)],
+                )
+            with pytest.raises(journaled.JournalUnavailable) as first:
+                rt.memory.remember("sent into the outage")
+            with pytest.raises(journaled.JournalUnavailable) as second:
+                rt.memory.remember("never sent")
+        assert isinstance(first.value, journaled.AppendOutcomeUnknown)
+        assert not isinstance(second.value, journaled.AppendOutcomeUnknown)
+        assert "nothing was appended" in str(second.value)
+        rt.memory.remember("after the outage")
+    assert _texts(url) == ["after the outage", "warm-up"]
