@@ -84,7 +84,8 @@ def run(sqlite_url: str) -> Iterator[tuple[journaled.Runtime, str]]:
         waiting = rt.execute(plan)
         assert waiting.waiting == ["q"]
         done = rt.resume(waiting.run_id, answers={"q": "left"})
-        assert isinstance(done, journaled.ExecuteResult) and done.ok
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
         yield rt, waiting.run_id
 
 

@@ -2,11 +2,12 @@
 
 A remember is sent; its connection is lost before the answer; and the database then refuses
 every connection for longer than the journal keeps trying. Before, the caller got an
-``ActorsError`` saying ``OperationalError: couldn't get a connection``, and nothing told it that
-the fact might be stored: a retry stored it twice. Now it gets :class:`AppendOutcomeUnknown`
-naming the fact's id, and once the database is back the runtime agrees with the journal, whichever
-way the append went. Real PostgreSQL: the database's connections are refused with ``ALLOW_CONNECTIONS
-false`` and the append's own server process is terminated while it waits.
+``ActorsError`` saying ``OperationalError: couldn't get a connection``, and nothing told it
+that the fact might be stored: a retry stored it twice. Now it gets
+:class:`AppendOutcomeUnknown` naming the fact's id, and once the database is back the runtime
+agrees with the journal, whichever way the append went. Real PostgreSQL: the database refuses
+connections (``ALLOW_CONNECTIONS false``) and the append's own server process is terminated
+while it waits.
 """
 
 from __future__ import annotations
@@ -17,42 +18,29 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import pg
 import pytest
-from required import unavailable
 
 pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra (psycopg)")
 
-import psycopg  # noqa: E402
+import psycopg
 
-import journaled  # noqa: E402
-from journaled.events.journal import EVENTS_TABLE_POSTGRES  # noqa: E402
-from journaled.events.journal import _postgres  # noqa: E402
-from journaled.events.journal._postgres import FLUSH_TABLE  # noqa: E402
+import journaled
+from journaled.events.journal import (
+    EVENTS_TABLE_POSTGRES,
+    _postgres,
+)
+from journaled.events.journal._postgres import FLUSH_TABLE
 
 pytestmark = pytest.mark.slow
 
 WAIT = 30.0
 
 
-@pytest.fixture(scope="module")
-def server() -> Iterator[pg.PostgresServer]:
-    try:
-        started = pg.PostgresServer()
-    except pg.PostgresUnavailable as exc:
-        unavailable("POSTGRES", str(exc))
-    started.start()
-    try:
-        yield started
-    finally:
-        started.stop()
-
-
 @pytest.fixture
-def url(server: pg.PostgresServer, monkeypatch: pytest.MonkeyPatch) -> str:
+def url(pg_url: str, monkeypatch: pytest.MonkeyPatch) -> str:
     """A fresh database; the journal stops trying to reach it after half a second."""
     monkeypatch.setattr(_postgres, "OUTAGE_WAIT", 0.5)
-    return pg.create_database(server.url("postgres"))
+    return pg_url
 
 
 def _admin(url: str) -> psycopg.Connection[Any]:
