@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -221,3 +222,35 @@ def test_an_append_with_no_connection_to_be_had_stores_nothing_and_says_so(url: 
         assert "nothing was appended" in str(second.value)
         rt.memory.remember("after the outage")
     assert _texts(url) == ["after the outage", "warm-up"]
+
+
+def test_a_connection_limit_below_what_a_runtime_needs_is_named_with_what_to_change(
+    url: str,
+) -> None:
+    """A role allowed fewer connections than a runtime holds: the open says so, with the count
+    it needs and the two ways out, instead of "check the host, port, user, password", and
+    keeps none of the connections it had opened."""
+    role = f"small_{uuid.uuid4().hex[:8]}"
+    with _admin(url) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN CONNECTION LIMIT 3")
+        admin.execute(f'GRANT ALL ON DATABASE "{_dbname(url)}" TO {role}')
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+    limited = url.replace("://postgres@", f"://{role}@", 1)
+    with pytest.raises(journaled.JournalUrlError) as caught:
+        journaled.open(limited)
+    words = str(caught.value)
+    assert f'too many connections for role "{role}"' in words
+    assert "a runtime needs pool_size + 4 connections at most (here 9)" in words
+    assert "smaller ?pool_size=" in words
+    assert "check the host" not in words
+    # The failed open closed the connections its pool had opened: before, they stayed open
+    # until the process ended, and every retry met the limit again.
+    with _admin(url) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", [role]
+        ).fetchone()
+    assert row == (0,)
+    with journaled.open(limited + "?pool_size=1") as rt:  # within the limit: it works
+        rt.memory.remember("fits in three connections")
+        assert [f.text for f in rt.memory.all()] == ["fits in three connections"]

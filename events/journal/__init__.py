@@ -420,19 +420,14 @@ class Journal:
         self._recorder: _SQLiteRecorder | _POPORecorder | _PostgresRecorder = self._app.recorder  # type: ignore[assignment]
         self._content_topics = frozenset(topic_of(c) for c in codec.types if c.has_content)
         self._content_tags = frozenset(t.rpartition("@")[0] for t in self._content_topics)
-        if config.backend == "postgresql":
-            pg_recorder = self._recorder
-            assert isinstance(pg_recorder, _pg()._PostgresRecorder)
-            pg_recorder.use_procedures(_pg()._pg_append_version(config))
-        if config.backend == "postgresql" and not create:
-            # Reading creates nothing (ADR 0012): a journal of an older release without the
-            # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
-            self._recorder.chained = _pg()._pg_chained(config)
-            # Opened for reading without migrating: a journal of an older release has no scrub
-            # table, and creating one here would break the promise that reading creates nothing.
-            recorder = self._recorder
-            assert isinstance(recorder, _pg()._PostgresRecorder)
-            recorder.track_scrub = recorder.has_scrub_table()
+        try:
+            self._check_schema(config, create)
+        except BaseException:
+            # The pool's connections are open by now: an open that fails must not keep them
+            # (a server's connection limit met here would be met again by every retry).
+            with contextlib.suppress(Exception):
+                self._app.close()
+            raise
         self._token = os.urandom(6).hex()
         """Names this journal's appends in its notifications, so that its own followers can
         tell them from other processes' (ADR 0044)."""
@@ -460,6 +455,22 @@ class Journal:
             # first acknowledgement of a named subscription does then, ADR 0026).
             with contextlib.suppress(sqlite3.Error, PersistenceError):
                 self._create_subscription_table()
+
+    def _check_schema(self, config: JournalConfig, create: bool) -> None:
+        """Learn what a PostgreSQL journal's schema offers: the append procedure's version and,
+        opened for reading, whether it is chained and keeps scrub marks."""
+        if config.backend != "postgresql":
+            return
+        recorder = self._recorder
+        assert isinstance(recorder, _pg()._PostgresRecorder)
+        recorder.use_procedures(_pg()._pg_append_version(config))
+        if not create:
+            # Reading creates nothing (ADR 0012): a journal of an older release without the
+            # digest table is appended to unchained until `journal migrate` adds it (ADR 0021).
+            recorder.chained = _pg()._pg_chained(config)
+            # Opened for reading without migrating: a journal of an older release has no scrub
+            # table, and creating one here would break the promise that reading creates nothing.
+            recorder.track_scrub = recorder.has_scrub_table()
 
     # -- writing ---------------------------------------------------------------------------------
 

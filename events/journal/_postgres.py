@@ -38,6 +38,7 @@ from journaled.events.journal._common import (
     _PG_ATTEMPTS,
     _PG_CONNECT_TIMEOUT,
     _PG_EVENT_TYPE,
+    _PG_MAX_OVERFLOW,
     _PG_MIGRATE_LOCK,
     APP_NAME,
     EVENTS_TABLE_POSTGRES,
@@ -383,10 +384,30 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
         )
     except psycopg.Error as exc:
         reason = _hide(str(exc).strip(), config)
+        if any(words in reason for words in _NO_SLOT):
+            raise JournalUrlError(
+                f"cannot connect to the PostgreSQL journal {config.url}: {reason}. The server "
+                "has no connection left for it: a runtime needs pool_size + "
+                f"{_PG_MAX_OVERFLOW + _PG_OWN_CONNECTIONS} connections at most (here "
+                f"{config.pool_size + _PG_MAX_OVERFLOW + _PG_OWN_CONNECTIONS}), so give the URL "
+                "a smaller ?pool_size= or raise the server's, the role's or the database's "
+                "connection limit"
+            ) from None
         raise JournalUrlError(
             f"cannot connect to the PostgreSQL journal {config.url}: {reason} (check the host, "
             "port, user, password and database name, and that the server accepts connections)"
         ) from None
+
+
+_NO_SLOT = (
+    "too many connections",
+    "too many clients",
+    "remaining connection slots are reserved",
+)
+"""What the server says when a connection limit (the server's, a role's, a database's) is met."""
+_PG_OWN_CONNECTIONS = 2
+"""Connections a runtime holds beside its pool: the follower's listener and one for schema
+checks and migration at open."""
 
 
 def migrate(config: JournalConfig) -> None:
