@@ -254,3 +254,61 @@ def test_a_connection_limit_below_what_a_runtime_needs_is_named_with_what_to_cha
     with journaled.open(limited + "?pool_size=1") as rt:  # within the limit: it works
         rt.memory.remember("fits in three connections")
         assert [f.text for f in rt.memory.all()] == ["fits in three connections"]
+
+
+@pytest.mark.parametrize("stored", [True, False], ids=["stored", "not-stored"])
+def test_a_run_whose_step_result_was_cut_off_resumes_from_what_the_journal_holds(
+    url: str, stored: bool
+) -> None:
+    """A step's success is sent, its connection lost, and the database refused: the run's
+    caller is told the outcome is unknown; once the database is back, a resume runs the step
+    again only if its success was not stored, and the run completes, the journal whole."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        calls: list[str] = []
+        release = threading.Event()
+
+        def slow(x: str) -> str:
+            calls.append(x)
+            if x == "a":
+                assert release.wait(WAIT)
+            return x.upper()
+
+        rt.register_tool("slow", slow)
+        plan = journaled.Plan(
+            goal="cut off",
+            steps=[
+                journaled.Step("a", tool="slow", input="a"),
+                journaled.Step("b", tool="slow", input="b", depends_on=["a"]),
+            ],
+        )
+        handle = rt.start(plan)
+        _wait_for(lambda: calls == ["a"], "step a to start")
+        hold = (
+            f"INSERT INTO public.{FLUSH_TABLE} (pid, appends) SELECT pid, 0 FROM "  # noqa: S608
+            "pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            f"ON CONFLICT (pid) DO NOTHING; SELECT pid FROM public.{FLUSH_TABLE} FOR UPDATE"
+            if stored
+            else f"LOCK TABLE public.{EVENTS_TABLE_POSTGRES} IN EXCLUSIVE MODE"
+        )
+        with psycopg.connect(url) as holder:
+            holder.execute(hold)
+            release.set()
+            _wait_for(lambda: bool(_waiting_appends(url)), "a's success to wait for the lock")
+            with _refused(url):
+                with _admin(url) as admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                        "WHERE datname = %s AND pid <> %s",
+                        [_dbname(url), holder.info.backend_pid],
+                    )
+                holder.rollback()
+                with pytest.raises(journaled.AppendOutcomeUnknown) as caught:
+                    handle.result(WAIT * 2)
+        assert f"{handle.run_id}@" in caught.value.appended[0]
+        calls.clear()
+        done = rt.resume(handle.run_id)
+        assert isinstance(done, journaled.ExecuteResult)
+        assert done.ok
+        assert calls == (["b"] if stored else ["a", "b"])
+        assert [o.output for o in done.observations if o.ok] == ["A", "B"]
+        assert rt.journal.verify().ok
