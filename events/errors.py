@@ -21,6 +21,8 @@ callers can catch either::
 
 from __future__ import annotations
 
+import functools
+
 
 class EventsError(Exception):
     """Root of every error the log layer raises."""
@@ -81,27 +83,34 @@ class JournalFull(EventsError):
 
 
 class JournalUnavailable(EventsError):
-    """The journal's database could not be reached for the whole wait: nothing was appended.
+    """The journal's database could not be reached for the whole wait: nothing was appended
+    (``read``: the call was a read).
 
     Everything stored before stays as it was; the same call can be made again once the database
     is back.
     """
 
-    def __init__(self, journal: str, waited: float, detail: str) -> None:
+    def __init__(self, journal: str, waited: float, detail: str, *, read: bool = False) -> None:
         self.journal = journal
         self.waited = waited
         self.detail = detail
+        self.read = read
+        """A read failed (nothing was to be appended)."""
         super().__init__(self._words())
 
     def _words(self) -> str:
+        outcome = "" if self.read else ", so nothing was appended"
         return (
-            f"journal {self.journal} could not be reached for {self.waited:.3g}s ({self.detail}), "
-            "so nothing was appended; try again once the database is back"
+            f"journal {self.journal} could not be reached for {self.waited:.3g}s ({self.detail})"
+            f"{outcome}; try again once the database is back"
         )
 
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
-        return (type(self), (self.journal, self.waited, self.detail))
+        return (
+            functools.partial(type(self), read=self.read),
+            (self.journal, self.waited, self.detail),
+        )
 
 
 class AppendOutcomeUnknown(JournalUnavailable):

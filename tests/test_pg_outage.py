@@ -312,3 +312,38 @@ def test_a_run_whose_step_result_was_cut_off_resumes_from_what_the_journal_holds
         assert calls == (["b"] if stored else ["a", "b"])
         assert [o.output for o in done.observations if o.ok] == ["A", "B"]
         assert rt.journal.verify().ok
+
+
+def test_reads_during_an_outage_say_the_journal_is_unavailable_and_work_once_it_is_back(
+    url: str,
+) -> None:
+    """Before, a read during an outage raised the library's bare OperationalError, after up to
+    three waits of 10 s for a connection; now JournalUnavailable, marked a read (it says nothing
+    of appends), and the same reads answer once the database is back."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        rt.register_tool("echo", lambda x: x)
+        run = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="echo")]))
+        before = (rt.journal.read(), rt.runs.current(run.run_id))
+        with _refused(url):
+            with _admin(url) as admin:
+                admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s",
+                    [_dbname(url)],
+                )
+            for read in (
+                rt.journal.read,
+                lambda: rt.runs.at(run.run_id, before[0][-1].position),
+                lambda: rt.runs.history(run.run_id),
+            ):
+                with pytest.raises(journaled.JournalUnavailable) as caught:
+                    read()
+                assert caught.value.read
+                assert "could not be reached" in str(caught.value)
+                assert "appended" not in str(caught.value)
+
+        def back() -> bool:  # once the pool has connected again (it backs off while refused)
+            with contextlib.suppress(journaled.JournalUnavailable):
+                return (rt.journal.read(), rt.runs.current(run.run_id)) == before
+            return False
+
+        _wait_for(back, "reads to answer once the database is back")

@@ -340,6 +340,10 @@ class _Use:
                 journal._wake_close()
         finally:
             self._defer.__exit__(kind, error, trace)
+        if isinstance(error, Unreached):  # a read the database stayed away from (ADR 0095)
+            raise JournalUnavailable(
+                journal.config.url, error.waited, error.detail, read=True
+            ) from error
         if not isinstance(error, _CUT_BY_CLOSE):
             return
         full = disk_full(error)
@@ -1378,9 +1382,14 @@ def _guard(refuse_after: tuple[int, Sequence[str]]) -> tuple[int, tuple[str, ...
     return position, tuple(prefixes)
 
 
-CONNECTION_LOST: tuple[type[Exception], ...] = (InterfaceError, OperationalError)
+CONNECTION_LOST: tuple[type[Exception], ...] = (
+    InterfaceError,
+    OperationalError,
+    JournalUnavailable,
+)
 """What a read raises when the database went away under it (a server restart, a dropped
-connection): a follower reads again rather than fail (ADR 0026)."""
+connection; past the journal's own retries, JournalUnavailable, ADR 0095): a follower reads
+again rather than fail (ADR 0026)."""
 
 __all__ = [
     "APP_NAME",

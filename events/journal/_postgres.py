@@ -9,9 +9,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from eventsourcing.persistence import (
+    DatabaseError,
+    DataError,
+    IntegrityError,
     InterfaceError,
+    InternalError,
+    NotSupportedError,
     OperationalError,
     PersistenceError,
+    ProgrammingError,
     StoredEvent,
 )
 
@@ -24,6 +30,7 @@ try:
     )
     from psycopg import sql
     from psycopg.rows import DictRow, tuple_row
+    from psycopg.types.composite import register_composite
 
     from journaled.events.journal import _pg_arrays
 except ImportError as _exc:  # the "postgres" extra is not installed
@@ -399,6 +406,28 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
         ) from None
 
 
+class _StillRunning(Exception):
+    """A look after a dropped append could not tell yet: the call's server process still runs,
+    or the commit it found is not on disk yet (ADR 0095)."""
+
+
+_LIBRARY_ERRORS: tuple[tuple[type[Exception], type[PersistenceError]], ...] = (
+    ()
+    if _POSTGRES_MISSING is not None
+    else (
+        (psycopg.InterfaceError, InterfaceError),
+        (psycopg.OperationalError, OperationalError),
+        (psycopg.DataError, DataError),
+        (psycopg.IntegrityError, IntegrityError),
+        (psycopg.InternalError, InternalError),
+        (psycopg.ProgrammingError, ProgrammingError),
+        (psycopg.NotSupportedError, NotSupportedError),
+        (psycopg.DatabaseError, DatabaseError),
+    )
+)
+"""psycopg's errors and what eventsourcing's ``PostgresDatastore.get_connection`` raises for
+each, in its order (the first that matches)."""
+
 _NO_SLOT = (
     "too many connections",
     "too many clients",
@@ -523,6 +552,8 @@ if _POSTGRES_MISSING is None:
         def _insert_events(
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> None:
+            if "backend" in kwargs:  # whose end a look after a drop must wait for (ADR 0095)
+                kwargs["backend"][:] = [curs.connection.info.backend_pid]
             payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
             forget: Sequence[str] = kwargs.get("forget") or ()
             dropped: str | None = kwargs.get("drop_snapshots")
@@ -718,20 +749,32 @@ if _POSTGRES_MISSING is None:
             # all), lest the call meet the append's own events as another writer's (ADR 0095).
             library_append = PostgresApplicationRecorder.insert_events.__wrapped__
             started, sent = time.monotonic(), False
+            backend: list[int] = []
+            given: float | None = kwargs.get("lock_wait")
+            budget = self.lock_wait if given is None else given
             for attempt in itertools.count(1):
                 try:
                     if sent and stored_events:
-                        left = OUTAGE_WAIT - (time.monotonic() - started)
-                        found = self._appended_already(stored_events, [], left)
+                        # After the call's server process ended: a commit still under way
+                        # there would not be seen yet.
+                        found = self._appended_already(stored_events, backend, *self._left(started))
                         if found is not None:
                             return found
                         sent = False
+                    options = kwargs
+                    if attempt > 1:  # only what the caller has left of its lock_wait
+                        wait = budget - (time.monotonic() - started)
+                        if wait <= 0:
+                            raise LockWaitExpired(budget)  # looked: nothing of it is stored
+                        options = {**kwargs, "lock_wait": wait}
                     positions: Sequence[int] | None = library_append(
-                        self, stored_events, **kwargs, head=[]
+                        self, stored_events, **options, head=[], backend=backend
                     )
                     break
-                except (InterfaceError, OperationalError) as exc:
-                    if lock_timed_out(exc) or disk_full(exc) is not None:
+                except (InterfaceError, OperationalError, _StillRunning, Unreached) as exc:
+                    if not isinstance(exc, _StillRunning | Unreached) and (
+                        lock_timed_out(exc) or disk_full(exc) is not None
+                    ):
                         raise  # rolled back, and would be again
                     sent = True  # the call's or the look's: either way, still unknown
                     waited = time.monotonic() - started
@@ -768,30 +811,45 @@ if _POSTGRES_MISSING is None:
             backend: list[int] = []
             sent = False  # a call may have reached the server unanswered, and no look since
             started = time.monotonic()
+            budget = self.lock_wait if lock_wait is None else lock_wait
             for attempt in itertools.count(1):
-                # After a drop, each wait for a connection is bounded by the time left.
-                left = None if attempt == 1 else OUTAGE_WAIT - (time.monotonic() - started)
                 try:
                     if sent:
-                        found = self._appended_already(stored_events, backend, left)
+                        found = self._appended_already(stored_events, backend, *self._left(started))
                         if found is not None:
                             return found
                         sent = False  # looked after its server process ended: not stored
+                    wait, timeout = lock_wait, None
+                    if attempt > 1:
+                        # A retry waits for the lock only what the caller has left of its
+                        # lock_wait (nothing is stored after the caller was told it failed),
+                        # and for a connection only what is left of the window.
+                        wait = budget - (time.monotonic() - started)
+                        if wait <= 0:
+                            raise LockWaitExpired(budget)  # looked: nothing of it is stored
+                        timeout = self._left(started)[0]
                     reached: list[int] = []
                     try:
                         return self._call_append(
-                            stored_events, payloads, note, lock_wait, reached, channel, left
+                            stored_events, payloads, note, wait, reached, channel, timeout
                         )
                     finally:
                         if reached:  # a connection was had: the call may have been sent
                             backend[:], sent = reached, True
-                except (InterfaceError, OperationalError) as exc:
-                    if disk_full(exc) is not None:
+                except LockWaitExpired as exc:
+                    if attempt == 1:
+                        raise
+                    raise LockWaitExpired(time.monotonic() - started) from exc  # in all
+                except (InterfaceError, OperationalError, _StillRunning, Unreached) as exc:
+                    if isinstance(exc, InterfaceError | OperationalError) and disk_full(exc):
                         # The server answered, so the call is over and its connection lives:
                         # no process to wait for, and a call again would meet the full disk
                         # again (ADR 0081). The events' transaction may have committed before
-                        # the failure: look once.
-                        found = self._appended_already(stored_events, [])
+                        # the failure: look once, and if the look fails, it is not known.
+                        try:
+                            found = self._appended_already(stored_events, [], *self._left(started))
+                        except (InterfaceError, OperationalError, _StillRunning, Unreached) as e:
+                            raise Unreached(time.monotonic() - started, True, e) from exc
                         if found is not None:
                             return found
                         raise
@@ -801,19 +859,38 @@ if _POSTGRES_MISSING is None:
                     time.sleep(min(0.2 * attempt, 1.0))
             raise AssertionError("unreachable")  # pragma: no cover
 
+        @staticmethod
+        def _left(started: float) -> tuple[float, float]:
+            """Return the seconds left of an append's outage window (begun at ``started``) and
+            its end, on the monotonic clock."""
+            until = started + OUTAGE_WAIT
+            return max(0.05, until - time.monotonic()), until
+
         def _appended_already(
             self,
             stored_events: Sequence[StoredEvent],
             backend: list[int],
             timeout: float | None = None,
+            until: float | None = None,
         ) -> list[int] | None:
             """Return the positions of an append found whole in the log once the server process
-            that ran it has ended (and its commit is on disk); None when it is not there."""
+            that ran it has ended (and its commit is on disk); None when it is not there.
+
+            ``timeout`` bounds each wait for a connection; ``until`` (monotonic) bounds the
+            whole look, past which :class:`_StillRunning` says the outcome is not known yet:
+            the process has not ended, or the commit seen is not on disk yet (ADR 0095).
+            """
+            deadline = until if until is not None else time.monotonic() + max(self.lock_wait, 1.0)
+
+            def bound() -> float | None:
+                return timeout if until is None else max(0.05, until - time.monotonic())
+
             if backend:
-                deadline = time.monotonic() + max(self.lock_wait, 1.0)
-                while time.monotonic() < deadline and self._fetch(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]], timeout
+                while self._fetch(
+                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]], bound()
                 ):
+                    if time.monotonic() >= deadline:
+                        raise _StillRunning(f"the call's server process {backend[0]} still runs")
                     time.sleep(0.05)
             rows = self._fetch(
                 f"SELECT e.notification_id, e.state FROM unnest(%s::text[], %s::bigint[]) "  # noqa: S608
@@ -823,7 +900,7 @@ if _POSTGRES_MISSING is None:
                     [str(e.originator_id) for e in stored_events],
                     [e.originator_version for e in stored_events],
                 ],
-                timeout,
+                bound(),
             )
             if len(rows) != len(stored_events) or any(
                 bytes(state) != e.state for (_, state), e in zip(rows, stored_events, strict=True)
@@ -834,14 +911,16 @@ if _POSTGRES_MISSING is None:
                 # The flush the call did not get to: its commit waits for the disk, which
                 # flushes the log past the append's commit, and records the proof. Should this
                 # process's row be locked, the durable check below waits for the log instead.
-                with self._connection(timeout) as conn:
+                with self._connection(bound()) as conn:
                     try:
                         with conn.transaction():
                             conn.execute(f"SET LOCAL lock_timeout = '{_PROVE_LOCK_WAIT}'")
                             conn.execute(_PROVE_IN_TRANSACTION, [positions[-1]])
                     except (psycopg.errors.LockNotAvailable, psycopg.errors.DiskFull):
                         pass  # the durable check below waits for the log instead
-            while int(self._fetch(self._durable_call, [], timeout)[0][0] or 0) < positions[-1]:
+            while int(self._fetch(self._durable_call, [], bound())[0][0] or 0) < positions[-1]:
+                if until is not None and time.monotonic() >= until:
+                    raise _StillRunning(f"position {positions[-1]} is not on disk yet")
                 time.sleep(0.01)  # the check waits for the log's flush; it cannot fall short
             self._known_durable(positions[-1])
             return positions
@@ -1019,36 +1098,54 @@ if _POSTGRES_MISSING is None:
                 with self._store.get_connection() as conn:
                     yield conn
                 return
+            store = self._store
             try:
-                with self._store.pool.connection(timeout=max(0.05, timeout)) as conn:
+                store.pool.open(wait=False)  # as get_connection does: a no-op once open
+                with store.pool.connection(timeout=max(0.05, timeout)) as conn:
+                    for info in store.psycopg_type_adapters.values():
+                        if not conn.adapters.types.get(info.oid):
+                            register_composite(info, conn)
                     yield conn
-            except psycopg.InterfaceError as exc:
-                raise InterfaceError(str(exc)) from exc
-            except psycopg.OperationalError as exc:
-                raise OperationalError(str(exc)) from exc
+            except psycopg.Error as exc:
+                # The library's own mapping, class for class, so callers see the same errors.
+                for theirs, ours in _LIBRARY_ERRORS:
+                    if isinstance(exc, theirs):
+                        raise ours(str(exc)) from exc
+                raise PersistenceError(str(exc)) from exc
 
         def _fetch(
             self, query: str, params: Sequence[Any], timeout: float | None = None
         ) -> list[tuple[Any, ...]]:
             """Run one read on a pooled connection, retried if the connection was dropped.
 
-            With ``timeout``: one attempt, waiting that long at most for a connection.
+            With ``timeout``: one attempt, waiting that long at most for a connection. Without:
+            tried again for :data:`OUTAGE_WAIT` seconds, every wait for a connection bounded by
+            the time left; then :class:`Unreached` (the journal's ``JournalUnavailable``).
             """
-            attempts = 1 if timeout is not None else _PG_ATTEMPTS
-            for attempt in range(1, attempts + 1):
+            if timeout is not None:
+                return self._fetch_once(query, params, timeout)
+            started = time.monotonic()
+            for attempt in itertools.count(1):
+                left = OUTAGE_WAIT - (time.monotonic() - started)
                 try:
-                    with (
-                        self._connection(timeout) as conn,
-                        conn.cursor(row_factory=tuple_row) as curs,
-                    ):
-                        curs.execute(query, params)
-                        rows: list[tuple[Any, ...]] = curs.fetchall()
-                        return rows
-                except (InterfaceError, OperationalError):
-                    if attempt == attempts:
-                        raise
-                    time.sleep(0.2 * attempt)
+                    return self._fetch_once(query, params, left)
+                except (InterfaceError, OperationalError) as exc:
+                    waited = time.monotonic() - started
+                    if attempt >= _PG_ATTEMPTS and waited >= OUTAGE_WAIT:
+                        raise Unreached(waited, False, exc) from exc
+                    time.sleep(min(0.2 * attempt, 1.0))
             raise AssertionError("unreachable")  # pragma: no cover
+
+        def _fetch_once(
+            self, query: str, params: Sequence[Any], timeout: float | None
+        ) -> list[tuple[Any, ...]]:
+            with (
+                self._connection(timeout) as conn,
+                conn.cursor(row_factory=tuple_row) as curs,
+            ):
+                curs.execute(query, params)
+                rows: list[tuple[Any, ...]] = curs.fetchall()
+                return rows
 
         def select_snapshots(self) -> list[tuple[str, int, bytes]]:
             """Return every snapshot as (key, version, state), in key order (R7 checks them)."""
