@@ -1,0 +1,244 @@
+"""A dropped append's look, as a cold review attacked it (R5, ADR 0095 update).
+
+The call's server process runs on after the client lost its connection: its commit is slowed
+by a trigger (a large append, a slow disk, synchronous replication), and the client side of the
+socket is shut. A look made before that process ends sees nothing yet; before the fix, the
+append was then called again and the caller was told ``JournalBusy`` or ``ConcurrencyConflict``
+for an append that was stored. Real PostgreSQL, real sockets.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("psycopg", reason="PostgreSQL tests need the postgres extra (psycopg)")
+
+import msgspec
+import psycopg
+
+from journaled.events.base import Pending
+from journaled.events.codec import Codec
+from journaled.events.errors import ConcurrencyConflict, JournalBusy
+from journaled.events.journal import EVENTS_TABLE_POSTGRES, Journal
+from journaled.events.memory import MEMORY_EVENTS, FactRemembered
+from journaled.events.url import parse_url
+
+pytestmark = pytest.mark.slow
+
+EVENTS = EVENTS_TABLE_POSTGRES
+WAIT = 30.0
+
+
+def _pending(stream: str, at: int = 1) -> list[Pending]:
+    return [
+        Pending(
+            stream=stream, version=1, data=FactRemembered(at=at, fact_id=stream, scope="project")
+        )
+    ]
+
+
+def _journal(url: str, lock_wait: float | None = None) -> Journal:
+    config = parse_url(url)
+    if lock_wait is not None:
+        config = msgspec.structs.replace(config, lock_wait=lock_wait)
+    return Journal(config, Codec(MEMORY_EVENTS))
+
+
+@pytest.fixture
+def journal(pg_url: str) -> Iterator[Journal]:
+    opened = _journal(pg_url, lock_wait=0.5)
+    opened.append(_pending("warm"))
+    yield opened
+    opened.close()
+
+
+def _admin(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+def _slow_commit(url: str, seconds: float, *, deferred: bool) -> None:
+    """Make the next insert into the events table sleep: in the statement, or at its COMMIT."""
+    with _admin(url) as conn:
+        conn.execute("CREATE TABLE slow (x int)")
+        conn.execute(
+            "CREATE FUNCTION slow_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "  # noqa: S608
+            "IF EXISTS (SELECT 1 FROM slow) THEN DELETE FROM slow; "
+            f"PERFORM pg_sleep({float(seconds)}); END IF; RETURN NULL; END $$"
+        )
+        if deferred:
+            conn.execute(
+                f"CREATE CONSTRAINT TRIGGER slow_t AFTER INSERT ON public.{EVENTS} "
+                "DEFERRABLE INITIALLY DEFERRED FOR EACH ROW EXECUTE FUNCTION slow_f()"
+            )
+        else:
+            conn.execute(
+                f"CREATE TRIGGER slow_t BEFORE INSERT ON public.{EVENTS} "
+                "FOR EACH STATEMENT EXECUTE FUNCTION slow_f()"
+            )
+        conn.execute("INSERT INTO slow VALUES (1)")
+
+
+def _wait_for(check: Callable[[], Any], what: str) -> Any:
+    deadline = time.monotonic() + WAIT
+    while not (found := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+    return found
+
+
+def _cut_client_side(url: str, pid: int) -> None:
+    """Shut this process's socket to server process ``pid`` (a cut the client sees first)."""
+    for held in gc.get_objects():
+        if (
+            isinstance(held, psycopg.Connection)
+            and not held.closed
+            and held.info.backend_pid == pid
+        ):
+            cut = socket.socket(fileno=os.dup(held.fileno()))
+            cut.shutdown(socket.SHUT_RDWR)
+            cut.close()
+            return
+    raise AssertionError(f"no connection of this process to server process {pid}")
+
+
+class _Append:
+    def __init__(self, call: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.result = call()
+            except BaseException as exc:  # reported by the test
+                self.error = exc
+
+        self.thread = threading.Thread(target=run, daemon=True)
+        self.thread.start()
+
+
+def _count(url: str, stream: str) -> int:
+    with _admin(url) as conn:
+        row = conn.execute(
+            f"SELECT count(*) FROM public.{EVENTS} WHERE originator_id = %s",  # noqa: S608
+            [stream],
+        ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+@pytest.mark.parametrize("path", ["procedure", "library"])
+def test_a_stored_append_whose_process_outlived_the_cut_is_reported_stored(
+    pg_url: str, journal: Journal, path: str
+) -> None:
+    """The call's process sleeps 2 s (in the insert on the procedure's path, in the COMMIT on
+    the library's, an append with a snapshot); the client's socket is shut at once. The append
+    returns the positions it was stored at, once."""
+    _slow_commit(pg_url, 2.0, deferred=path == "library")
+    snapshots = {"snap-victim": (1, b"state")} if path == "library" else None
+    append = _Append(lambda: journal.append(_pending("victim"), snapshots=snapshots))
+    with _admin(pg_url) as admin:
+        pid = _wait_for(
+            lambda: (
+                admin.execute(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event = 'PgSleep'"
+                ).fetchone()
+                or (None,)
+            )[0],
+            "the call to sleep on the server",
+        )
+    time.sleep(0.2)
+    _cut_client_side(pg_url, pid)
+    append.thread.join(WAIT)
+    assert append.error is None, repr(append.error)
+    assert _count(pg_url, "victim") == 1
+    assert [e.position for e in journal.read() if e.stream == "victim"] == append.result
+
+
+def test_a_conflict_met_on_a_retry_is_still_a_concurrency_conflict(
+    pg_url: str, journal: Journal
+) -> None:
+    """The call is dropped while it waits for the table's lock; another writer then takes the
+    stream's version: the retry says ConcurrencyConflict, as a first call would, not the
+    driver's UniqueViolation."""
+    other = _journal(pg_url)
+    try:
+        with psycopg.connect(pg_url) as holder:
+            holder.execute(f"LOCK TABLE public.{EVENTS} IN EXCLUSIVE MODE")
+            append = _Append(lambda: journal.append(_pending("contested")))
+            with _admin(pg_url) as admin:
+                pid = _wait_for(
+                    lambda: (
+                        admin.execute(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND wait_event_type = 'Lock' AND query LIKE 'CALL%%'"
+                        ).fetchone()
+                        or (None,)
+                    )[0],
+                    "the call to wait for the lock",
+                )
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+            holder.rollback()
+        other.append(_pending("contested", at=99))
+        append.thread.join(WAIT)
+        assert isinstance(append.error, ConcurrencyConflict), repr(append.error)
+    finally:
+        other.close()
+
+
+def test_a_retry_waits_for_the_lock_only_what_the_caller_had_left(
+    pg_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """lock_wait=1: the call is dropped while it waits for a lock held throughout. The retry is
+    given only what is left of the second (before, a whole second again: an append could be
+    stored after its caller's wait had run out), and JournalBusy gives the whole wait."""
+    journal = _journal(pg_url, lock_wait=1.0)
+    recorder: Any = journal._recorder
+    calls: list[tuple[float, float | None]] = []
+    real = recorder._call_append
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        calls.append((time.monotonic(), args[3]))  # (when, the lock_wait it was given)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(recorder, "_call_append", recording)
+    try:
+        journal.append(_pending("warm"))
+        calls.clear()
+        with psycopg.connect(pg_url) as holder:
+            holder.execute(f"LOCK TABLE public.{EVENTS} IN EXCLUSIVE MODE")
+            started = time.monotonic()
+            append = _Append(lambda: journal.append(_pending("late")))
+            with _admin(pg_url) as admin:
+                pid = _wait_for(
+                    lambda: (
+                        admin.execute(
+                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                            "AND wait_event_type = 'Lock' AND query LIKE 'CALL%%'"
+                        ).fetchone()
+                        or (None,)
+                    )[0],
+                    "the call to wait for the lock",
+                )
+                admin.execute("SELECT pg_terminate_backend(%s)", [pid])
+            append.thread.join(WAIT)
+            told = append.error
+            holder.rollback()
+        assert isinstance(told, JournalBusy), repr(told)
+        assert told.waited >= 1.0
+        assert len(calls) >= 2
+        for when, given in calls[1:]:
+            assert given is not None
+            assert given <= 1.0 - (when - started) + 0.01, calls
+        assert _count(pg_url, "late") == 0
+    finally:
+        journal.close()
