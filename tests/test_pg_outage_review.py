@@ -242,3 +242,37 @@ def test_a_retry_waits_for_the_lock_only_what_the_caller_had_left(
         assert _count(pg_url, "late") == 0
     finally:
         journal.close()
+
+
+@pytest.mark.parametrize("path", ["procedure", "library"])
+def test_an_error_the_server_answered_is_retried_at_once(
+    pg_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A serialization failure (SQLSTATE 40001, as a deadlock with a scrub's VACUUM FULL gives):
+    the server rolled the call back and its connection sits idle, so the look is sure at once
+    and the append is made again. Before, the look waited for that live process to end, for
+    the whole window, and reported the append's outcome unknown (seen in CI: two processes
+    purging one fact)."""
+    from journaled.events.journal import _postgres
+
+    monkeypatch.setattr(_postgres, "OUTAGE_WAIT", 5.0)
+    journal = _journal(pg_url)  # the default lock_wait; its tables made
+    with _admin(pg_url) as conn:
+        conn.execute("CREATE SEQUENCE fail_once")  # not rolled back with the failed call
+        conn.execute(
+            "CREATE FUNCTION fail_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "IF nextval('fail_once') = 1 THEN "
+            "RAISE EXCEPTION 'serialization failure' USING ERRCODE = '40001'; END IF; "
+            "RETURN NULL; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER fail_t BEFORE INSERT ON public.{EVENTS} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION fail_f()"
+        )
+    snapshots = {"snap-victim": (1, b"state")} if path == "library" else None
+    try:
+        positions = journal.append(_pending("victim"), snapshots=snapshots)
+        assert _count(pg_url, "victim") == 1
+        assert [e.position for e in journal.read() if e.stream == "victim"] == positions
+    finally:
+        journal.close()

@@ -406,6 +406,15 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
         ) from None
 
 
+_BUSY_BACKEND = (
+    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND pid <> pg_backend_pid() "
+    "AND coalesce(state, '') NOT IN ('idle', 'idle in transaction (aborted)')"
+)
+"""Whether a server process still runs a call, or holds a transaction that may yet commit. The
+look may be made on that very process, back in the pool after an error it answered: then it
+runs the look, not the call."""
+
+
 class _StillRunning(Exception):
     """A look after a dropped append could not tell yet: the call's server process still runs,
     or the commit it found is not on disk yet (ADR 0095)."""
@@ -874,7 +883,8 @@ if _POSTGRES_MISSING is None:
             until: float | None = None,
         ) -> list[int] | None:
             """Return the positions of an append found whole in the log once the server process
-            that ran it has ended (and its commit is on disk); None when it is not there.
+            that ran it has ended or gone idle (and its commit is on disk); None when it is not
+            there.
 
             ``timeout`` bounds each wait for a connection; ``until`` (monotonic) bounds the
             whole look, past which :class:`_StillRunning` says the outcome is not known yet:
@@ -886,9 +896,9 @@ if _POSTGRES_MISSING is None:
                 return timeout if until is None else max(0.05, until - time.monotonic())
 
             if backend:
-                while self._fetch(
-                    "SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend[0]], bound()
-                ):
+                # Done once the process has ended or sits idle outside a live transaction: an
+                # error the server answered leaves its connection idle, a cut one ends it.
+                while self._fetch(_BUSY_BACKEND, [backend[0]], bound()):
                     if time.monotonic() >= deadline:
                         raise _StillRunning(f"the call's server process {backend[0]} still runs")
                     time.sleep(0.05)
