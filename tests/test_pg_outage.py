@@ -125,6 +125,18 @@ def _cut_off_while_it_waits(url: str, rt: journaled.Runtime, hold: str, text: st
     return remember
 
 
+def _until_back(rt: journaled.Runtime) -> None:
+    """Wait until the runtime reads the journal again: its pool backs off while refused."""
+
+    def back() -> bool:
+        with contextlib.suppress(journaled.JournalUnavailable):
+            rt.refresh()
+            return True
+        return False
+
+    _wait_for(back, "the runtime to reach the database again")
+
+
 def _texts(url: str) -> list[str]:
     with journaled.open(url) as fresh:
         assert fresh.journal.verify().ok
@@ -163,6 +175,8 @@ def test_a_remember_stored_unseen_is_told_unknown_and_found_once_the_database_is
         assert stored == (1,), "the premise: its events committed before the process ended"
         fact_id = error.fact_id
 
+        _until_back(rt)
+
         def found() -> bool:
             rt.refresh()
             fact = rt.memory.get(fact_id)
@@ -194,7 +208,7 @@ def test_a_remember_never_stored_is_told_unknown_and_is_absent_once_the_database
         error = remember.error
         assert isinstance(error, journaled.AppendOutcomeUnknown), repr(error)
         assert error.fact_id is not None
-        rt.refresh()
+        _until_back(rt)
         assert rt.memory.get(error.fact_id) is None
         again = rt.memory.remember("the staging database is read-only")
         assert again.id != error.fact_id
@@ -220,6 +234,7 @@ def test_an_append_with_no_connection_to_be_had_stores_nothing_and_says_so(url: 
         assert isinstance(first.value, journaled.AppendOutcomeUnknown)
         assert not isinstance(second.value, journaled.AppendOutcomeUnknown)
         assert "nothing was appended" in str(second.value)
+        _until_back(rt)
         rt.memory.remember("after the outage")
     assert _texts(url) == ["after the outage", "warm-up"]
 
@@ -306,6 +321,7 @@ def test_a_run_whose_step_result_was_cut_off_resumes_from_what_the_journal_holds
                     handle.result(WAIT * 2)
         assert f"{handle.run_id}@" in caught.value.appended[0]
         calls.clear()
+        _until_back(rt)
         done = rt.resume(handle.run_id)
         assert isinstance(done, journaled.ExecuteResult)
         assert done.ok

@@ -276,3 +276,99 @@ def test_an_error_the_server_answered_is_retried_at_once(
         assert [e.position for e in journal.read() if e.stream == "victim"] == positions
     finally:
         journal.close()
+
+
+@pytest.mark.parametrize("path", ["procedure", "library"])
+def test_a_look_held_off_by_a_lock_leaves_a_stored_append_unknown_never_busy(
+    pg_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The call is cut while its COMMIT runs (the commit completes); a maintenance session then
+    holds ACCESS EXCLUSIVE on the events table, so every look meets a lock timeout. Before, the
+    look's timeout was taken for the call's: JournalBusy ("nothing was appended") for a stored
+    append. Now: the positions once a look gets through, else AppendOutcomeUnknown."""
+    from journaled.errors import AppendOutcomeUnknown
+    from journaled.events.journal import _postgres
+
+    monkeypatch.setattr(_postgres, "OUTAGE_WAIT", 4.0)
+    journal = _journal(pg_url, lock_wait=1.0)
+    try:
+        journal.append(_pending("warm"))
+        _slow_commit(pg_url, 1.0, deferred=True)
+        snapshots = {"snap-x": (1, b"state")} if path == "library" else None
+        append = _Append(lambda: journal.append(_pending("x"), snapshots=snapshots))
+        with _admin(pg_url) as admin:
+            pid = _wait_for(
+                lambda: (
+                    admin.execute(
+                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                        "AND wait_event = 'PgSleep'"
+                    ).fetchone()
+                    or (None,)
+                )[0],
+                "the commit to sleep",
+            )
+            release = threading.Event()
+
+            def maintenance() -> None:
+                with _admin(pg_url) as held, held.transaction():
+                    held.execute(f"LOCK TABLE public.{EVENTS} IN ACCESS EXCLUSIVE MODE")
+                    release.wait(WAIT)
+
+            holder = threading.Thread(target=maintenance, daemon=True)
+            holder.start()
+            _wait_for(
+                lambda: admin.execute(
+                    "SELECT 1 FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event_type = 'Lock'"
+                ).fetchone(),
+                "the maintenance session to queue for its lock",
+            )
+            _cut_client_side(pg_url, pid)
+            append.thread.join(WAIT)
+            release.set()
+            holder.join(WAIT)
+        assert _count(pg_url, "x") == 1  # the premise: the cut call's commit completed
+        if append.error is not None:
+            assert isinstance(append.error, AppendOutcomeUnknown), repr(append.error)
+        else:
+            assert append.result == [e.position for e in journal.read() if e.stream == "x"]
+    finally:
+        journal.close()
+
+
+@pytest.mark.parametrize("path", ["procedure", "library"])
+def test_a_statement_timeout_the_server_answers_is_the_callers_error(
+    pg_url: str, path: str
+) -> None:
+    """Every call is answered with a statement timeout (57014) and rolled back: the caller
+    gets that error after a few calls, nothing stored. Before, it was retried for the whole
+    window and reported as an outage whose outcome was unknown."""
+    from psycopg import errors as pg_errors
+
+    from journaled.errors import JournalUnavailable
+
+    _journal(pg_url).close()  # the tables
+    with _admin(pg_url) as conn:
+        conn.execute(
+            "CREATE FUNCTION slow_f() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
+            "PERFORM pg_sleep(2); RETURN NULL; END $$"
+        )
+        conn.execute(
+            f"CREATE TRIGGER slow_t BEFORE INSERT ON public.{EVENTS} "
+            "FOR EACH STATEMENT EXECUTE FUNCTION slow_f()"
+        )
+        name = pg_url.rpartition("/")[2]
+        conn.execute(f"ALTER DATABASE \"{name}\" SET statement_timeout = '300ms'")
+    journal = _journal(pg_url)
+    try:
+        snapshots = {"snap-y": (1, b"state")} if path == "library" else None
+        with pytest.raises(Exception, match="statement timeout") as caught:
+            journal.append(_pending("y"), snapshots=snapshots)
+        assert not isinstance(caught.value, JournalUnavailable), repr(caught.value)
+        seen: BaseException | None = caught.value
+        while seen is not None and not isinstance(seen, pg_errors.QueryCanceled):
+            seen = seen.__cause__ or seen.__context__
+        assert seen is not None, repr(caught.value)
+        assert _count(pg_url, "y") == 0
+    finally:
+        journal.close()

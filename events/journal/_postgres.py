@@ -406,18 +406,53 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
         ) from None
 
 
-_BUSY_BACKEND = (
-    "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND pid <> pg_backend_pid() "
-    "AND coalesce(state, '') NOT IN ('idle', 'idle in transaction (aborted)')"
-)
-"""Whether a server process still runs a call, or holds a transaction that may yet commit. The
-look may be made on that very process, back in the pool after an error it answered: then it
-runs the look, not the call."""
+_LIVE_BACKEND = "SELECT 1 FROM pg_stat_activity WHERE pid = %s"
+"""Whether a server process lives. One whose client went away may still run the call, or not
+even have read it yet (its state is then ``idle``): only its end makes a look sure."""
+
+
+def went_away(exc: BaseException) -> bool:
+    """Tell whether an error means the connection or the server went away, rather than an
+    answer from the server: no SQLSTATE at all (a closed socket, a pool with no connection to
+    give), class 08, or the server shutting the session down (57P01-57P03)."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            break
+        state = getattr(seen, "sqlstate", None)
+        if state is not None:
+            return state.startswith("08") or state in ("57P01", "57P02", "57P03")
+        seen = seen.__cause__ or seen.__context__
+    return True
+
+
+def _gone(reached: Sequence[Any]) -> bool:
+    """Tell whether a call's connection went away: none was had, or it broke. Else the server
+    answered the call with its error, and the connection is alive and idle again."""
+    return not reached or bool(reached[1].broken)
+
+
+def _retryable(exc: BaseException) -> bool:
+    """Tell whether the server answered with an error a call made again may not meet: a
+    serialization failure or a deadlock (class 40), the transaction rolled back whole."""
+    seen: BaseException | None = exc
+    for _ in range(4):
+        if seen is None:
+            return False
+        state = getattr(seen, "sqlstate", None)
+        if state is not None:
+            return bool(state.startswith("40"))
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _StillRunning(Exception):
     """A look after a dropped append could not tell yet: the call's server process still runs,
     or the commit it found is not on disk yet (ADR 0095)."""
+
+
+_LOOK_FAILED = (InterfaceError, OperationalError, _StillRunning, Unreached)
+"""What a look after a failed append may raise: the outcome stays unknown."""
 
 
 _LIBRARY_ERRORS: tuple[tuple[type[Exception], type[PersistenceError]], ...] = (
@@ -562,7 +597,7 @@ if _POSTGRES_MISSING is None:
             self, curs: psycopg.Cursor[DictRow], stored_events: Sequence[StoredEvent], **kwargs: Any
         ) -> None:
             if "backend" in kwargs:  # whose end a look after a drop must wait for (ADR 0095)
-                kwargs["backend"][:] = [curs.connection.info.backend_pid]
+                kwargs["backend"][:] = [curs.connection.info.backend_pid, curs.connection]
             payloads: Mapping[str, bytes] = kwargs.get("payloads") or {}
             forget: Sequence[str] = kwargs.get("forget") or ()
             dropped: str | None = kwargs.get("drop_snapshots")
@@ -725,8 +760,8 @@ if _POSTGRES_MISSING is None:
             started = time.monotonic()
             try:
                 return self._insert(stored_events, **kwargs)
-            except LockWaitExpired:
-                raise
+            except (LockWaitExpired, Unreached):
+                raise  # an Unreached may have come from a look's lock timeout: not the call's
             except Exception as exc:
                 if lock_timed_out(exc):
                     raise LockWaitExpired(time.monotonic() - started) from exc
@@ -759,37 +794,47 @@ if _POSTGRES_MISSING is None:
             library_append = PostgresApplicationRecorder.insert_events.__wrapped__
             started, sent = time.monotonic(), False
             backend: list[int] = []
+            gone = False  # the last call's connection went away (else the server answered)
+            answered = 0  # calls the server answered with an error
             given: float | None = kwargs.get("lock_wait")
             budget = self.lock_wait if given is None else given
             for attempt in itertools.count(1):
+                if sent and stored_events:
+                    try:
+                        found = self._appended_already(
+                            stored_events, backend if gone else [], *self._left(started)
+                        )
+                    except _LOOK_FAILED as exc:
+                        self._outage(started, True, exc)  # raises once the window is over
+                        continue
+                    if found is not None:
+                        return found
+                    sent = False
+                options = kwargs
+                if attempt > 1:  # only what the caller has left of its lock_wait
+                    wait = budget - (time.monotonic() - started)
+                    if wait <= 0:
+                        raise LockWaitExpired(budget)  # looked: nothing of it is stored
+                    options = {**kwargs, "lock_wait": wait}
+                reached: list[Any] = []
                 try:
-                    if sent and stored_events:
-                        # After the call's server process ended: a commit still under way
-                        # there would not be seen yet.
-                        found = self._appended_already(stored_events, backend, *self._left(started))
-                        if found is not None:
-                            return found
-                        sent = False
-                    options = kwargs
-                    if attempt > 1:  # only what the caller has left of its lock_wait
-                        wait = budget - (time.monotonic() - started)
-                        if wait <= 0:
-                            raise LockWaitExpired(budget)  # looked: nothing of it is stored
-                        options = {**kwargs, "lock_wait": wait}
                     positions: Sequence[int] | None = library_append(
-                        self, stored_events, **options, head=[], backend=backend
+                        self, stored_events, **options, head=[], backend=reached
                     )
                     break
-                except (InterfaceError, OperationalError, _StillRunning, Unreached) as exc:
-                    if not isinstance(exc, _StillRunning | Unreached) and (
-                        lock_timed_out(exc) or disk_full(exc) is not None
-                    ):
+                except (InterfaceError, OperationalError) as exc:
+                    if lock_timed_out(exc) or disk_full(exc) is not None:
                         raise  # rolled back, and would be again
-                    sent = True  # the call's or the look's: either way, still unknown
-                    waited = time.monotonic() - started
-                    if waited >= OUTAGE_WAIT:
-                        raise Unreached(waited, bool(stored_events), exc) from exc
-                    time.sleep(min(0.2 * attempt, 1.0))
+                    gone = _gone(reached)
+                    if reached:  # a transaction was begun: it may have committed unseen
+                        backend[:], sent = reached[:1], True
+                    if gone:
+                        self._outage(started, sent, exc)
+                        continue
+                    answered += 1
+                    if answered >= _PG_ATTEMPTS and not _retryable(exc):
+                        raise  # answered, and rolled back whole: the caller's error
+                    time.sleep(min(0.05, 0.001 * 2**attempt))
             if positions:  # committed waiting for the disk, after every lower position
                 self._known_durable(positions[-1])
             return positions
@@ -819,54 +864,79 @@ if _POSTGRES_MISSING is None:
             """
             backend: list[int] = []
             sent = False  # a call may have reached the server unanswered, and no look since
+            gone = False  # the last call's connection went away (else the server answered)
+            failed: Exception | None = None  # the last call's error
+            answered = 0  # calls the server answered with an error
             started = time.monotonic()
             budget = self.lock_wait if lock_wait is None else lock_wait
             for attempt in itertools.count(1):
-                try:
-                    if sent:
-                        found = self._appended_already(stored_events, backend, *self._left(started))
-                        if found is not None:
-                            return found
-                        sent = False  # looked after its server process ended: not stored
-                    wait, timeout = lock_wait, None
-                    if attempt > 1:
-                        # A retry waits for the lock only what the caller has left of its
-                        # lock_wait (nothing is stored after the caller was told it failed),
-                        # and for a connection only what is left of the window.
-                        wait = budget - (time.monotonic() - started)
-                        if wait <= 0:
-                            raise LockWaitExpired(budget)  # looked: nothing of it is stored
-                        timeout = self._left(started)[0]
-                    reached: list[int] = []
+                if sent:
+                    # Answered, the call is over: the look is sure at once. Gone, the call's
+                    # server process may not even have read it yet: the look waits for that
+                    # process to end (its state says nothing of bytes it has not read).
                     try:
-                        return self._call_append(
-                            stored_events, payloads, note, wait, reached, channel, timeout
+                        found = self._appended_already(
+                            stored_events, backend if gone else [], *self._left(started)
                         )
-                    finally:
-                        if reached:  # a connection was had: the call may have been sent
-                            backend[:], sent = reached, True
+                    except _LOOK_FAILED as exc:
+                        self._outage(started, True, exc)  # raises once the window is over
+                        continue
+                    if found is not None:
+                        return found
+                    sent = False  # not stored
+                    if failed is not None and not gone:
+                        if answered >= _PG_ATTEMPTS and not _retryable(failed):
+                            raise failed  # answered and rolled back: the caller's error
+                        time.sleep(min(0.05, 0.001 * 2**attempt))
+                wait, timeout = lock_wait, None
+                if attempt > 1:
+                    # A retry waits for the lock only what the caller has left of its
+                    # lock_wait (nothing is stored after the caller was told it failed),
+                    # and for a connection only what is left of the window.
+                    wait = budget - (time.monotonic() - started)
+                    if wait <= 0:
+                        raise LockWaitExpired(budget)  # looked: nothing of it is stored
+                    timeout = self._left(started)[0]
+                reached: list[Any] = []
+                try:
+                    return self._call_append(
+                        stored_events, payloads, note, wait, reached, channel, timeout
+                    )
                 except LockWaitExpired as exc:
                     if attempt == 1:
                         raise
                     raise LockWaitExpired(time.monotonic() - started) from exc  # in all
-                except (InterfaceError, OperationalError, _StillRunning, Unreached) as exc:
-                    if isinstance(exc, InterfaceError | OperationalError) and disk_full(exc):
-                        # The server answered, so the call is over and its connection lives:
-                        # no process to wait for, and a call again would meet the full disk
+                except (InterfaceError, OperationalError) as exc:
+                    failed = exc
+                    gone = _gone(reached)
+                    answered += not gone
+                    if reached:  # a connection was had: the call may have been sent
+                        backend[:], sent = reached[:1], True
+                    if disk_full(exc) is not None:
+                        # The server answered, and a call again would meet the full disk
                         # again (ADR 0081). The events' transaction may have committed before
                         # the failure: look once, and if the look fails, it is not known.
                         try:
                             found = self._appended_already(stored_events, [], *self._left(started))
-                        except (InterfaceError, OperationalError, _StillRunning, Unreached) as e:
+                        except _LOOK_FAILED as e:
                             raise Unreached(time.monotonic() - started, True, e) from exc
                         if found is not None:
                             return found
                         raise
-                    waited = time.monotonic() - started
-                    if waited >= OUTAGE_WAIT:
-                        raise Unreached(waited, sent, exc) from exc
-                    time.sleep(min(0.2 * attempt, 1.0))
+                    if not sent and not gone:
+                        raise  # answered before any call was sent
+                    if gone:
+                        self._outage(started, sent, exc)
             raise AssertionError("unreachable")  # pragma: no cover
+
+        @staticmethod
+        def _outage(started: float, sent: bool, exc: BaseException) -> None:
+            """Wait a little before trying again; raise :class:`Unreached` once the window of
+            an append begun at ``started`` is over."""
+            waited = time.monotonic() - started
+            if waited >= OUTAGE_WAIT:
+                raise Unreached(waited, sent, exc) from exc
+            time.sleep(min(0.2, max(0.0, OUTAGE_WAIT - waited)))
 
         @staticmethod
         def _left(started: float) -> tuple[float, float]:
@@ -896,9 +966,8 @@ if _POSTGRES_MISSING is None:
                 return timeout if until is None else max(0.05, until - time.monotonic())
 
             if backend:
-                # Done once the process has ended or sits idle outside a live transaction: an
-                # error the server answered leaves its connection idle, a cut one ends it.
-                while self._fetch(_BUSY_BACKEND, [backend[0]], bound()):
+                # The call's connection went away: sure once its server process has ended.
+                while self._fetch(_LIVE_BACKEND, [backend[0]], bound()):
                     if time.monotonic() >= deadline:
                         raise _StillRunning(f"the call's server process {backend[0]} still runs")
                     time.sleep(0.05)
@@ -941,7 +1010,7 @@ if _POSTGRES_MISSING is None:
             payloads: Mapping[str, bytes],
             note: Any,
             lock_wait: float | None,
-            backend: list[int],
+            backend: list[Any],
             channel: str | None = None,
             timeout: float | None = None,
         ) -> list[int]:
@@ -968,7 +1037,7 @@ if _POSTGRES_MISSING is None:
                 self._connection(timeout) as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
             ):
-                backend[:] = [conn.info.backend_pid]
+                backend[:] = [conn.info.backend_pid, conn]
                 own = lock_wait is not None and lock_wait < self.lock_wait - _LOCK_SLACK
                 try:
                     if own:
@@ -1129,8 +1198,9 @@ if _POSTGRES_MISSING is None:
             """Run one read on a pooled connection, retried if the connection was dropped.
 
             With ``timeout``: one attempt, waiting that long at most for a connection. Without:
-            tried again for :data:`OUTAGE_WAIT` seconds, every wait for a connection bounded by
-            the time left; then :class:`Unreached` (the journal's ``JournalUnavailable``).
+            a connection that went away is tried again for :data:`OUTAGE_WAIT` seconds, every
+            wait for a connection bounded by the time left, then :class:`Unreached` (the
+            journal's ``JournalUnavailable``); an error the server answered is raised at once.
             """
             if timeout is not None:
                 return self._fetch_once(query, params, timeout)
@@ -1140,8 +1210,14 @@ if _POSTGRES_MISSING is None:
                 try:
                     return self._fetch_once(query, params, left)
                 except (InterfaceError, OperationalError) as exc:
+                    if not went_away(exc):
+                        # The server answered (a lock or statement timeout, a query error):
+                        # the caller's error at once; a serialization failure, a few times.
+                        if not _retryable(exc) or attempt >= _PG_ATTEMPTS:
+                            raise
+                        continue
                     waited = time.monotonic() - started
-                    if attempt >= _PG_ATTEMPTS and waited >= OUTAGE_WAIT:
+                    if waited >= OUTAGE_WAIT:
                         raise Unreached(waited, False, exc) from exc
                     time.sleep(min(0.2 * attempt, 1.0))
             raise AssertionError("unreachable")  # pragma: no cover
