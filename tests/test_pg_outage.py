@@ -65,6 +65,16 @@ def _refused(url: str) -> Iterator[None]:
             admin.execute(f'ALTER DATABASE "{_dbname(url)}" ALLOW_CONNECTIONS true')
 
 
+def _terminate_all_but(url: str, holder: psycopg.Connection[Any]) -> None:
+    """Terminate every server process of the database but the holder's."""
+    with _admin(url) as admin:
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = %s AND pid <> %s",
+            [_dbname(url), holder.info.backend_pid],
+        )
+
+
 def _waiting_appends(url: str) -> list[int]:
     with _admin(url) as admin:
         rows = admin.execute(
@@ -114,12 +124,7 @@ def _cut_off_while_it_waits(url: str, rt: journaled.Runtime, hold: str, text: st
         _wait_for(lambda: bool(_waiting_appends(url)), "the remember to wait for the lock")
         assert len(_waiting_appends(url)) == 1
         with _refused(url):
-            with _admin(url) as admin:
-                admin.execute(
-                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                    "WHERE datname = %s AND pid <> %s",
-                    [_dbname(url), holder.info.backend_pid],
-                )
+            _terminate_all_but(url, holder)
             holder.rollback()
             remember.join()
     return remember
@@ -310,12 +315,7 @@ def test_a_run_whose_step_result_was_cut_off_resumes_from_what_the_journal_holds
             release.set()
             _wait_for(lambda: bool(_waiting_appends(url)), "a's success to wait for the lock")
             with _refused(url):
-                with _admin(url) as admin:
-                    admin.execute(
-                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                        "WHERE datname = %s AND pid <> %s",
-                        [_dbname(url), holder.info.backend_pid],
-                    )
+                _terminate_all_but(url, holder)
                 holder.rollback()
                 with pytest.raises(journaled.AppendOutcomeUnknown) as caught:
                     handle.result(WAIT * 2)

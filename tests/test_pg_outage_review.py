@@ -125,6 +125,26 @@ class _Append:
         self.thread.start()
 
 
+_CALL_WAITING_FOR_LOCK = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+    "AND wait_event_type = 'Lock' AND query LIKE 'CALL%%'"
+)
+_CALL_ASLEEP = (
+    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'PgSleep'"
+)
+
+
+def _waiting(admin: psycopg.Connection[Any], query: str) -> int:
+    """Return the server process a query finds, once it finds one."""
+
+    def found() -> int | None:
+        row = admin.execute(query).fetchone()
+        return None if row is None else int(row[0])
+
+    pid: int = _wait_for(found, query)
+    return pid
+
+
 def _count(url: str, stream: str) -> int:
     with _admin(url) as conn:
         row = conn.execute(
@@ -146,16 +166,7 @@ def test_a_stored_append_whose_process_outlived_the_cut_is_reported_stored(
     snapshots = {"snap-victim": (1, b"state")} if path == "library" else None
     append = _Append(lambda: journal.append(_pending("victim"), snapshots=snapshots))
     with _admin(pg_url) as admin:
-        pid = _wait_for(
-            lambda: (
-                admin.execute(
-                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                    "AND wait_event = 'PgSleep'"
-                ).fetchone()
-                or (None,)
-            )[0],
-            "the call to sleep on the server",
-        )
+        pid = _waiting(admin, _CALL_ASLEEP)
     time.sleep(0.2)
     _cut_client_side(pg_url, pid)
     append.thread.join(WAIT)
@@ -176,16 +187,7 @@ def test_a_conflict_met_on_a_retry_is_still_a_concurrency_conflict(
             holder.execute(f"LOCK TABLE public.{EVENTS} IN EXCLUSIVE MODE")
             append = _Append(lambda: journal.append(_pending("contested")))
             with _admin(pg_url) as admin:
-                pid = _wait_for(
-                    lambda: (
-                        admin.execute(
-                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND wait_event_type = 'Lock' AND query LIKE 'CALL%%'"
-                        ).fetchone()
-                        or (None,)
-                    )[0],
-                    "the call to wait for the lock",
-                )
+                pid = _waiting(admin, _CALL_WAITING_FOR_LOCK)
                 admin.execute("SELECT pg_terminate_backend(%s)", [pid])
             holder.rollback()
         other.append(_pending("contested", at=99))
@@ -219,16 +221,7 @@ def test_a_retry_waits_for_the_lock_only_what_the_caller_had_left(
             started = time.monotonic()
             append = _Append(lambda: journal.append(_pending("late")))
             with _admin(pg_url) as admin:
-                pid = _wait_for(
-                    lambda: (
-                        admin.execute(
-                            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                            "AND wait_event_type = 'Lock' AND query LIKE 'CALL%%'"
-                        ).fetchone()
-                        or (None,)
-                    )[0],
-                    "the call to wait for the lock",
-                )
+                pid = _waiting(admin, _CALL_WAITING_FOR_LOCK)
                 admin.execute("SELECT pg_terminate_backend(%s)", [pid])
             append.thread.join(WAIT)
             told = append.error
@@ -297,16 +290,7 @@ def test_a_look_held_off_by_a_lock_leaves_a_stored_append_unknown_never_busy(
         snapshots = {"snap-x": (1, b"state")} if path == "library" else None
         append = _Append(lambda: journal.append(_pending("x"), snapshots=snapshots))
         with _admin(pg_url) as admin:
-            pid = _wait_for(
-                lambda: (
-                    admin.execute(
-                        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
-                        "AND wait_event = 'PgSleep'"
-                    ).fetchone()
-                    or (None,)
-                )[0],
-                "the commit to sleep",
-            )
+            pid = _waiting(admin, _CALL_ASLEEP)
             release = threading.Event()
 
             def maintenance() -> None:

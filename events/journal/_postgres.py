@@ -800,12 +800,8 @@ if _POSTGRES_MISSING is None:
             budget = self.lock_wait if given is None else given
             for attempt in itertools.count(1):
                 if sent and stored_events:
-                    try:
-                        found = self._appended_already(
-                            stored_events, backend if gone else [], *self._left(started)
-                        )
-                    except _LOOK_FAILED as exc:
-                        self._outage(started, True, exc)  # raises once the window is over
+                    sure, found = self._look_again(stored_events, backend if gone else [], started)
+                    if not sure:
                         continue
                     if found is not None:
                         return found
@@ -874,12 +870,8 @@ if _POSTGRES_MISSING is None:
                     # Answered, the call is over: the look is sure at once. Gone, the call's
                     # server process may not even have read it yet: the look waits for that
                     # process to end (its state says nothing of bytes it has not read).
-                    try:
-                        found = self._appended_already(
-                            stored_events, backend if gone else [], *self._left(started)
-                        )
-                    except _LOOK_FAILED as exc:
-                        self._outage(started, True, exc)  # raises once the window is over
+                    sure, found = self._look_again(stored_events, backend if gone else [], started)
+                    if not sure:
                         continue
                     if found is not None:
                         return found
@@ -928,6 +920,18 @@ if _POSTGRES_MISSING is None:
                     if gone:
                         self._outage(started, sent, exc)
             raise AssertionError("unreachable")  # pragma: no cover
+
+        def _look_again(
+            self, stored_events: Sequence[StoredEvent], backend: list[int], started: float
+        ) -> tuple[bool, list[int] | None]:
+            """Look whether a failed call of an append begun at ``started`` was stored: (True,
+            its positions or None when it was not), or (False, None) when the look failed,
+            after a pause (:class:`Unreached` once the window is over)."""
+            try:
+                return True, self._appended_already(stored_events, backend, *self._left(started))
+            except _LOOK_FAILED as exc:
+                self._outage(started, True, exc)
+                return False, None
 
         @staticmethod
         def _outage(started: float, sent: bool, exc: BaseException) -> None:
