@@ -271,19 +271,22 @@ def test_an_error_the_server_answered_is_retried_at_once(
         journal.close()
 
 
+@pytest.mark.parametrize("lock_wait", [1.0, 2 * WAIT], ids=["short-lock-wait", "long-lock-wait"])
 @pytest.mark.parametrize("path", ["procedure", "library"])
 def test_a_look_held_off_by_a_lock_leaves_a_stored_append_unknown_never_busy(
-    pg_url: str, path: str, monkeypatch: pytest.MonkeyPatch
+    pg_url: str, path: str, lock_wait: float, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The call is cut while its COMMIT runs (the commit completes); a maintenance session then
     holds ACCESS EXCLUSIVE on the events table, so every look meets a lock timeout. Before, the
     look's timeout was taken for the call's: JournalBusy ("nothing was appended") for a stored
-    append. Now: the positions once a look gets through, else AppendOutcomeUnknown."""
+    append. Now: the positions once a look gets through, else AppendOutcomeUnknown. A look
+    waits for the lock only what is left of the window: with a lock_wait longer than the test
+    waits, one that waited lock_wait would leave the append unanswered."""
     from journaled.errors import AppendOutcomeUnknown
     from journaled.events.journal import _postgres
 
     monkeypatch.setattr(_postgres, "OUTAGE_WAIT", 4.0)
-    journal = _journal(pg_url, lock_wait=1.0)
+    journal = _journal(pg_url, lock_wait=lock_wait)
     try:
         journal.append(_pending("warm"))
         _slow_commit(pg_url, 1.0, deferred=True)
@@ -309,6 +312,7 @@ def test_a_look_held_off_by_a_lock_leaves_a_stored_append_unknown_never_busy(
             )
             _cut_client_side(pg_url, pid)
             append.thread.join(WAIT)
+            assert not append.thread.is_alive(), "the append waited past the window"
             release.set()
             holder.join(WAIT)
         assert _count(pg_url, "x") == 1  # the premise: the cut call's commit completed

@@ -1201,13 +1201,13 @@ if _POSTGRES_MISSING is None:
         ) -> list[tuple[Any, ...]]:
             """Run one read on a pooled connection, retried if the connection was dropped.
 
-            With ``timeout``: one attempt, waiting that long at most for a connection. Without:
+            With ``timeout`` (a look): one attempt, waiting that long at most for anything. Without:
             a connection that went away is tried again for :data:`OUTAGE_WAIT` seconds, every
             wait for a connection bounded by the time left, then :class:`Unreached` (the
             journal's ``JournalUnavailable``); an error the server answered is raised at once.
             """
             if timeout is not None:
-                return self._fetch_once(query, params, timeout)
+                return self._fetch_once(query, params, timeout, look=True)
             started = time.monotonic()
             for attempt in itertools.count(1):
                 left = OUTAGE_WAIT - (time.monotonic() - started)
@@ -1227,12 +1227,22 @@ if _POSTGRES_MISSING is None:
             raise AssertionError("unreachable")  # pragma: no cover
 
         def _fetch_once(
-            self, query: str, params: Sequence[Any], timeout: float | None
+            self, query: str, params: Sequence[Any], timeout: float | None, *, look: bool = False
         ) -> list[tuple[Any, ...]]:
+            """Run one read; a ``look`` (after a failed append) waits for locks and runs for
+            ``timeout`` seconds at most, as it waits for a connection (ADR 0095)."""
             with (
                 self._connection(timeout) as conn,
                 conn.cursor(row_factory=tuple_row) as curs,
             ):
+                if look and timeout is not None:
+                    ms = max(1, int(timeout * 1000))
+                    with conn.transaction():
+                        curs.execute(f"SET LOCAL lock_timeout = '{ms}ms'")
+                        curs.execute(f"SET LOCAL statement_timeout = '{ms}ms'")
+                        curs.execute(query, params)
+                        looked: list[tuple[Any, ...]] = curs.fetchall()
+                        return looked
                 curs.execute(query, params)
                 rows: list[tuple[Any, ...]] = curs.fetchall()
                 return rows
