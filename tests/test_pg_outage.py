@@ -363,3 +363,25 @@ def test_reads_during_an_outage_say_the_journal_is_unavailable_and_work_once_it_
             return False
 
         _wait_for(back, "reads to answer once the database is back")
+
+
+def test_every_connection_finds_a_silent_drop_within_seconds(url: str) -> None:
+    """A connection the network drops without a word (a NAT or firewall forgetting it) must be
+    found dead in seconds, not the kernel's minutes, for the window's retries to matter: the
+    pooled connections and the follower's listener carry TCP keepalives and a user timeout,
+    read back from libpq."""
+    from journaled.events.journal._postgres import KEEPALIVES
+
+    with journaled.open(url) as rt:
+        recorder: Any = rt._journal._recorder
+        with recorder._store.get_connection() as conn:
+            pooled = conn.info.get_parameters()
+        listener = rt._journal._listen(quiet=True).info.get_parameters()
+    for held in (pooled, listener):
+        for name, value in KEEPALIVES.items():
+            assert held.get(name) == str(value), (name, held)
+    assert KEEPALIVES["keepalives"] == 1
+    idle, every, count = (
+        KEEPALIVES[k] for k in ("keepalives_idle", "keepalives_interval", "keepalives_count")
+    )
+    assert idle + every * count <= 30

@@ -388,6 +388,7 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
             dbname=config.dbname,
             connect_timeout=_PG_CONNECT_TIMEOUT,
             application_name=APP_NAME,
+            **KEEPALIVES,
         )
     except psycopg.Error as exc:
         reason = _hide(str(exc).strip(), config)
@@ -471,6 +472,18 @@ _LIBRARY_ERRORS: tuple[tuple[type[Exception], type[PersistenceError]], ...] = (
 )
 """psycopg's errors and what eventsourcing's ``PostgresDatastore.get_connection`` raises for
 each, in its order (the first that matches)."""
+
+KEEPALIVES: dict[str, Any] = {
+    "keepalives": 1,
+    "keepalives_idle": 10,
+    "keepalives_interval": 5,
+    "keepalives_count": 3,
+    "tcp_user_timeout": 30_000,
+}
+"""TCP settings of every connection (libpq's): a connection the network drops without a word (a
+NAT or a firewall forgetting it, a server host gone) is found dead within about 25 s idle, or
+30 s with data unacknowledged, instead of the kernel's minutes; the append's retries and looks
+then take over (ADR 0095)."""
 
 _NO_SLOT = (
     "too many connections",
@@ -1492,6 +1505,7 @@ if _POSTGRES_MISSING is None:
             # The append's text arrays are packed in UTF-8 (ADR 0051): the server must read them
             # so, whatever the database's encoding or a PGCLIENTENCODING in the environment.
             options["client_encoding"] = "UTF8"
+            options.update(KEEPALIVES)
 
         def application_recorder(self) -> Any:
             """Return the recorder, bounding its appends' lock waits by ``lock_wait``."""
