@@ -28,6 +28,7 @@ import psycopg
 import journaled
 from journaled.events.journal import (
     EVENTS_TABLE_POSTGRES,
+    _JournalApp,
     _postgres,
 )
 from journaled.events.journal._postgres import FLUSH_TABLE
@@ -274,6 +275,36 @@ def test_a_connection_limit_below_what_a_runtime_needs_is_named_with_what_to_cha
     with journaled.open(limited + "?pool_size=1") as rt:  # within the limit: it works
         rt.memory.remember("fits in three connections")
         assert [f.text for f in rt.memory.all()] == ["fits in three connections"]
+
+
+def test_an_open_that_fails_after_its_pool_connected_keeps_no_connection(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The journal's application fails to construct after its factory's pool connected and
+    made the tables: the factory is closed, so the failed open leaves no connection behind."""
+    role = f"late_{uuid.uuid4().hex[:8]}"
+    with _admin(url) as admin:
+        admin.execute(f"CREATE ROLE {role} LOGIN")
+        admin.execute(f'GRANT ALL ON DATABASE "{_dbname(url)}" TO {role}')
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"GRANT ALL ON SCHEMA public TO {role}")
+    own = url.replace("://postgres@", f"://{role}@", 1)
+    journaled.open(own).close()  # the schema exists: the next open only connects
+
+    def broken(self: Any) -> Any:
+        raise RuntimeError("the event store could not be made")
+
+    monkeypatch.setattr(_JournalApp, "construct_event_store", broken)
+    with pytest.raises(RuntimeError, match="could not be made") as caught:
+        journaled.open(own)
+    # The caller still holds the error, and with it the frames of the failed construction
+    # (a retry loop that logs it does): the connections must be closed, not left to the GC.
+    assert caught.traceback
+    with _admin(url) as admin:
+        row = admin.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = %s", [role]
+        ).fetchone()
+    assert row == (0,)
 
 
 @pytest.mark.parametrize("stored", [True, False], ids=["stored", "not-stored"])

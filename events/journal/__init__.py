@@ -166,7 +166,16 @@ class _JournalApp(Application[str]):
 
     def __init__(self, env: dict[str, str], codec: Codec) -> None:
         self._codec = codec
-        super().__init__(env)
+        try:
+            super().__init__(env)
+        except BaseException:
+            # The factory may have opened its pool before a later part failed: a failed open
+            # keeps no connection (a server's connection limit met here would be met again).
+            factory = getattr(self, "factory", None)
+            if factory is not None:
+                with contextlib.suppress(Exception):
+                    factory.close()
+            raise
 
     def construct_env(self, name: str, env: Any = None) -> Environment:
         """Seal the configuration: ignore ``os.environ`` so a stray variable cannot redirect it."""

@@ -134,16 +134,22 @@ _PROVE_LOCK_WAIT = "200ms"
 """Longest wait of the flush made for an append whose call was cut off (ADR 0052)."""
 
 
-def lock_timed_out(exc: BaseException) -> bool:
-    """Tell whether an error, or what caused it, is PostgreSQL's lock timeout (55P03)."""
+def _sqlstates(exc: BaseException) -> Iterator[str]:
+    """Yield the SQLSTATEs of an error and of the errors it was raised from or while, four deep,
+    outermost first: none when no server answered it."""
     seen: BaseException | None = exc
     for _ in range(4):
         if seen is None:
-            return False
-        if getattr(seen, "sqlstate", None) == "55P03":
-            return True
+            return
+        state = getattr(seen, "sqlstate", None)
+        if state is not None:
+            yield str(state)
         seen = seen.__cause__ or seen.__context__
-    return False
+
+
+def lock_timed_out(exc: BaseException) -> bool:
+    """Tell whether an error, or what caused it, is PostgreSQL's lock timeout (55P03)."""
+    return "55P03" in _sqlstates(exc)
 
 
 def _append_ddl(*, proofs: bool = True) -> list[str]:
@@ -416,15 +422,8 @@ def went_away(exc: BaseException) -> bool:
     """Tell whether an error means the connection or the server went away, rather than an
     answer from the server: no SQLSTATE at all (a closed socket, a pool with no connection to
     give), class 08, or the server shutting the session down (57P01-57P03)."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            break
-        state = getattr(seen, "sqlstate", None)
-        if state is not None:
-            return state.startswith("08") or state in ("57P01", "57P02", "57P03")
-        seen = seen.__cause__ or seen.__context__
-    return True
+    state = next(_sqlstates(exc), None)
+    return state is None or state.startswith("08") or state in ("57P01", "57P02", "57P03")
 
 
 def _gone(reached: Sequence[Any]) -> bool:
@@ -436,15 +435,7 @@ def _gone(reached: Sequence[Any]) -> bool:
 def _retryable(exc: BaseException) -> bool:
     """Tell whether the server answered with an error a call made again may not meet: a
     serialization failure or a deadlock (class 40), the transaction rolled back whole."""
-    seen: BaseException | None = exc
-    for _ in range(4):
-        if seen is None:
-            return False
-        state = getattr(seen, "sqlstate", None)
-        if state is not None:
-            return bool(state.startswith("40"))
-        seen = seen.__cause__ or seen.__context__
-    return False
+    return next(_sqlstates(exc), "").startswith("40")
 
 
 class _StillRunning(Exception):
