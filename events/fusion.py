@@ -4,7 +4,8 @@
 normalised by its theoretical range (Bruch, Gai and Ingber, "An Analysis of Fusion Functions for
 Hybrid Retrieval", ACM TOIS 2023, "TM2C2"). BM25 is bounded below by 0 and is divided by the best
 BM25 score of the query; cosine is used as is, since hits of cosine <= 0 are dropped (M7) and
-what is left lies in (0, 1]. A fact missing from one ranking scores 0 there.
+what is left lies in (0, 1]. Every fact with a score in either ranking is fused, however far
+down the other it sits (ADR 0047's update); a fact with none in one ranking scores 0 there.
 
 :func:`reciprocal_rank_fusion` (Cormack, Clarke and Büttcher, SIGIR 2009) is the alternative ADR
 0047 measured and did not choose: it throws the scores away and keeps only ranks, so a weak
@@ -16,7 +17,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 __all__ = [
-    "FUSION_WINDOW",
     "LEXICAL_WEIGHT",
     "RRF_K",
     "convex_fusion",
@@ -28,10 +28,6 @@ LEXICAL_WEIGHT: float = 0.5
 
 RRF_K: int = 60
 """The rank constant k of reciprocal rank fusion (the published default)."""
-
-FUSION_WINDOW: int = 100
-"""How deep each ranking is read before fusing: ``max(limit, FUSION_WINDOW)`` places."""
-
 
 def _best_first(scores: dict[str, float]) -> list[tuple[float, str]]:
     return sorted(((s, d) for d, s in scores.items()), key=lambda h: (-h[0], h[1]))

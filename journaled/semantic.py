@@ -21,7 +21,7 @@ from concurrent.futures import Future
 from typing import Any, Protocol
 
 from journaled.embedders.cache import VectorCache, digest
-from journaled.events.fusion import FUSION_WINDOW, convex_fusion
+from journaled.events.fusion import convex_fusion
 from journaled.events.journal import Journal
 from journaled.events.memory import Fact, physical_scope
 from journaled.events.memory_state import Query, usable
@@ -354,21 +354,23 @@ class Semantic:
         candidates: Sequence[Fact],
         bm25: Callable[[int], list[tuple[float, Fact]]],
     ) -> list[Fact]:
-        """Fuse BM25's and cosine's top ``max(limit, FUSION_WINDOW)`` by their scores.
+        """Fuse the BM25 and cosine scores of every candidate, and return the best ``limit``.
 
-        ``0.5 * bm25 / max(bm25) + 0.5 * cosine`` (:func:`convex_fusion`), ties by id. Falls
-        back to BM25's answer exactly when semantic ranking would (M7).
+        ``0.5 * bm25 / max(bm25) + 0.5 * cosine`` (:func:`convex_fusion`), ties by id, over
+        every candidate with a query term or a positive cosine: a fact far down one ranking
+        keeps its score there. Falls back to BM25's answer exactly when semantic ranking would
+        (M7).
         """
         if query.limit == 0:
             return []
         scored = self.scores(text, candidates)
         if scored is None:
             return [f for _, f in bm25(query.limit)]
-        window = max(query.limit, FUSION_WINDOW)
-        lexical = bm25(window)
-        semantic = by_cosine(scored)[:window]
+        lexical = bm25(max(query.limit, len(candidates)))
         by_id = {f.id: f for f in candidates} | {f.id: f for _, f in lexical}
-        fused = convex_fusion([(s, f.id) for s, f in lexical], [(s, f.id) for s, f in semantic])
+        fused = convex_fusion(
+            [(s, f.id) for s, f in lexical], [(s, f.id) for s, f in scored if s > 0]
+        )
         return [by_id[i] for _, i in fused[: query.limit]]
 
     def forget(self, fact_id: str) -> None:

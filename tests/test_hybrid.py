@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import journaled
@@ -87,6 +87,63 @@ def test_hybrid_fuses_bm25_and_cosine_ranks(journal_url: str, clock: ManualClock
         assert rt.memory.search_hybrid("alpha", limit=0) == []
         view = rt.memory.as_of(position=rt.journal.position())
         assert [f.id for f in view.search_hybrid("alpha")] == expected
+
+
+def test_hybrid_keeps_the_bm25_score_of_a_fact_far_down_its_ranking(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """ADR 0047 (update): every candidate is fused with both of its scores. A fact 121st by
+    BM25 but second by cosine wins; read to a depth of 100 places, it lost its BM25 part
+    (fused 0.45) and fell below 120 facts that only BM25 finds (0.5) and one that only
+    cosine finds (0.475).
+
+    "alpha" x 3 facts all have two tokens; the target has tf 1 in three tokens, so its BM25 is
+    idf * 2.2 / (1 + 1.2 * 1.5 / avgdl) > 0.35 of the best, and its fused score > 0.6.
+    """
+    vectors = {"alpha": [1.0, 0.0], "alpha beta gamma": [0.9, math.sqrt(0.19)]}
+    vectors["zeta"] = [0.95, math.sqrt(1 - 0.95**2)]
+    embedder = ScriptedEmbedder(vectors, default=[0.0, 1.0])  # cosine 0 for the rest
+    with journaled.open(sqlite_url, clock=clock, embedder=embedder) as rt:
+        for i in range(120):
+            rt.memory.remember("alpha alpha", domain=f"d{i}")
+        target = rt.memory.remember("alpha beta gamma")
+        zeta = rt.memory.remember("zeta")
+        by_bm25 = [f.id for f in rt.memory.search("alpha", limit=200)]
+        assert by_bm25.index(target.id) == 120  # 121st: below a depth of 100
+        assert [f.id for f in rt.memory.search_semantic("alpha", limit=2)] == [zeta.id, target.id]
+        found = rt.memory.search_hybrid("alpha", limit=3)
+        assert found[0].id == target.id
+        assert zeta.id not in [f.id for f in found]  # 0.475 < 0.5 of the "alpha alpha" facts
+
+
+@given(
+    st.lists(
+        st.tuples(
+            st.lists(
+                st.sampled_from(["tea", "cup", "pot", "leaf", "milk"]), min_size=1, max_size=4
+            ),
+            st.floats(-1.0, 1.0),
+        ),
+        min_size=1,
+        max_size=40,
+    ),
+    st.integers(0, 45),
+)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+def test_hybrid_equals_fusion_over_every_candidate_rescored(
+    docs: list[tuple[list[str], float]], limit: int
+) -> None:
+    """ADR 0047: hybrid's answer is the best ``limit`` of the convex fusion of a from-scratch
+    BM25 rescore and M7's cosine over every candidate, at any limit and store size."""
+    texts = [f"{' '.join(words)} n{i}" for i, (words, _) in enumerate(docs)]
+    vectors = {t: [x, math.sqrt(1 - x * x)] for t, (_, x) in zip(texts, docs, strict=True)}
+    vectors["tea pot"] = [1.0, 0.0]
+    with journaled.open("memory://", clock=ManualClock(), embedder=ScriptedEmbedder(vectors)) as rt:
+        facts = [rt.memory.remember(t) for t in texts]
+        lexical = bm25_rescore("tea pot", [(f.id, f.text) for f in facts], len(facts))
+        semantic = [(s, f.id) for f in facts if (s := cosine([1.0, 0.0], vectors[f.text])) > 0]
+        expected = [i for _, i in convex_fusion(lexical, semantic)[:limit]]
+        assert [f.id for f in rt.memory.search_hybrid("tea pot", limit=limit)] == expected
 
 
 def test_hybrid_applies_the_search_filters(sqlite_url: str, clock: ManualClock) -> None:
