@@ -18,6 +18,10 @@ def system_clock() -> int:
     return time.time_ns() // 1_000_000
 
 
+FACT_ID_PREFIX = "mem_"
+"""How every fact id begins."""
+
+
 def new_fact_id(now: int) -> str:
     """Make a collision-safe, time-ordered fact id: 64 random bits per millisecond."""
     return f"{_prefix(now)}{os.urandom(8).hex()}"
@@ -26,7 +30,7 @@ def new_fact_id(now: int) -> str:
 @functools.lru_cache(maxsize=8)
 def _prefix(now: int) -> str:
     # Remembers that follow each other mostly fall in the same millisecond, or the next.
-    return f"mem_{_base36(now):>09}_"
+    return f"{FACT_ID_PREFIX}{_base36(now):>09}_"
 
 
 def _base36(n: int) -> str:

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Set
 
-from journaled.actors.errors import RunNotFound, RunNotPurgeable
+from journaled.actors.errors import RunNotPurgeable
+from journaled.actors.run_reads import check_run
 from journaled.events.base import Pending
 from journaled.events.codec import topics_of
 from journaled.events.errors import AppendRefused, ConcurrencyConflict
@@ -69,8 +70,7 @@ def purge_run(
             events; nothing was appended.
         ValueError: the reason is not a non-empty string.
     """
-    if not isinstance(reason, str) or not reason.strip():
-        raise ValueError("reason must be a non-empty string saying why the run is purged")
+    check_reason(reason)
     for _ in range(_ATTEMPTS):
         erased = _purge_once(journal, run_id, reason, now, executing, elsewhere)
         if erased is not None:
@@ -79,6 +79,13 @@ def purge_run(
         f"run {run_id}: runs were forked each time it was being purged; nothing was erased, "
         "try again"
     )
+
+
+def check_reason(reason: object) -> None:
+    """Raise ValueError unless a purge's reason is a non-empty string. A purge checks it before
+    it looks at the run, so the answer is the same for every id (ADR 0074)."""
+    if not isinstance(reason, str) or not reason.strip():
+        raise ValueError("reason must be a non-empty string saying why the run is purged")
 
 
 def _purge_once(
@@ -93,8 +100,8 @@ def _purge_once(
     family was read (it copies this run's content: the caller reads the family again)."""
     seen = journal.position()
     first = journal.first(run_id)
-    if first is None:
-        raise RunNotFound(f"no run {run_id!r} in this journal")
+    check_run(run_id, first)
+    assert first is not None
     if isinstance(first.data, RunStarted) and first.data.parent_run is not None:
         # A pass's plan is a copy of its orchestration's plan-proposed, and a child run feeds
         # its parent's observation: erasing the child alone would leave its content in storage.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from msgspec import UNSET
 
-from journaled.actors.clock import system_clock
+from journaled.actors.clock import FACT_ID_PREFIX, system_clock
 from journaled.actors.errors import RunNotFound, RunNotResumable
 from journaled.actors.ownership import owner_judge
 from journaled.events.base import Event
@@ -93,7 +93,7 @@ class RunReads:
         else:
             elsewhere = boundary.run_elsewhere(run_id)
         if elsewhere:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+            raise no_run(run_id)
 
     def _check_may_resume(self, run_id: str, owner: object | None = None) -> None:
         """Refuse, for a runtime of an organization, to carry on a run of an earlier release.
@@ -130,7 +130,7 @@ class RunReads:
             and boundary.note_run(run_id, started.organization)
         )
         if elsewhere:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+            raise no_run(run_id)
 
     def history(self, run_id: str) -> list[Event]:
         """Return every event of a run, oldest first."""
@@ -170,6 +170,7 @@ class RunReads:
         if position is not None:
             check_position(position)
             self._check_end([position])
+            self._check_here(run_id)  # before the run's first position is named (ADR 0074)
             if position < began[0]:
                 raise ValueError(
                     f"position {position} is before run {run_id} began "
@@ -404,7 +405,7 @@ class RunReads:
         """
         found = self.summaries.read(self._organization).get(run_id)
         if found is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+            raise no_run(run_id)
         return found
 
     def _save_summaries(self, min_events: int) -> None:
@@ -443,18 +444,24 @@ def opens_run(head: tuple[int, str] | None) -> bool:
     return head is not None and head[1] in _OPENING_TAGS
 
 
+def no_run(run_id: str) -> RunNotFound:
+    """The one answer for an id that opens no run here: never used, another organization's, or
+    a stream of another kind (a fact's), told apart by nothing the journal holds (R1, ADR 0017).
+    An id shaped as a fact's gets a hint from its shape alone."""
+    hint = ""
+    if isinstance(run_id, str) and run_id.startswith(FACT_ID_PREFIX):
+        hint = f" (ids starting {FACT_ID_PREFIX!r} name facts, not runs: see `memory why`)"
+    return RunNotFound(f"no run {run_id!r} in this journal{hint}")
+
+
 def check_head(run_id: str, head: tuple[int, str] | None) -> None:
     """Raise RunNotFound unless a stream's head (``Journal.head``) opens a run or an
     orchestration; as :func:`check_run`, without decoding the first event."""
-    if head is None:
-        raise RunNotFound(f"no run {run_id!r} in this journal")
-    if head[1] not in _OPENING_TAGS:
-        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {head[1]} events")
+    if head is None or head[1] not in _OPENING_TAGS:
+        raise no_run(run_id)
 
 
 def check_run(run_id: str, first: Event | None) -> None:
     """Raise RunNotFound unless ``first`` opens a run or an orchestration."""
-    if first is None:
-        raise RunNotFound(f"no run {run_id!r} in this journal")
-    if not isinstance(first.data, RunStarted | RunForked | OrchestrationStarted):
-        raise RunNotFound(f"{run_id!r} is not a run: its stream holds {first.kind} events")
+    if first is None or not isinstance(first.data, RunStarted | RunForked | OrchestrationStarted):
+        raise no_run(run_id)

@@ -36,7 +36,7 @@ from journaled.actors.run_args import (
     new_run_id,
     policy_name,
 )
-from journaled.actors.run_erasure import purge_run
+from journaled.actors.run_erasure import check_reason, purge_run
 from journaled.actors.run_forks import RunForks
 from journaled.actors.run_recorder import (
     REPORTING_TASK,
@@ -885,6 +885,7 @@ class Runs(RunForks):
 
         See :func:`journaled.actors.run_erasure.purge_run`; a purged run cannot be resumed.
         """
+        check_reason(reason)  # the same answer for every id, before the run is looked at
         self._check_here(run_id)  # another organization's run is unknown (ADR 0074)
         with self._lock:
             executing = set(self._active)

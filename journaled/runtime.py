@@ -17,11 +17,12 @@ import msgspec
 from journaled.actors import asking
 from journaled.actors.clock import Clock, system_clock
 from journaled.actors.directory import Directory, Inbox
-from journaled.actors.errors import RunNotFound, RunNotResumable, RuntimeClosed
+from journaled.actors.errors import RunNotResumable, RuntimeClosed
 from journaled.actors.gateway import ProtocolDoor
 from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator import Orchestrations, Planner, driven_in_process
 from journaled.actors.placement import Placement
+from journaled.actors.run_reads import check_head
 from journaled.actors.run_recorder import Progress, refuse_close_from_progress
 from journaled.actors.runs import RunHandle, Runs, executing_in_process
 from journaled.actors.runtime import MemoryActors
@@ -554,8 +555,7 @@ class Runtime:
                     raise RunNotResumable(
                         f"run {run_id}: the answer for step {step_id!r} {problem}"
                     )
-        if self._journal.head(run_id) is None:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+        check_head(run_id, self._journal.head(run_id))
         if self._orchestrations.is_orchestration(run_id):
             orchestration: RunHandle[Any] = self._orchestrations.resume_start(
                 run_id,

@@ -187,8 +187,8 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
     ("answers-list", lambda r: r.resume("run_x", answers=["y"]), RunNotResumable, "answers"),  # type: ignore[arg-type]
     ("resume-run-id-int", lambda r: r.resume(42), InvalidArgument, "run_id"),  # type: ignore[arg-type]
     ("cancel-run-id-None", lambda r: r.cancel(None), InvalidArgument, "run_id"),  # type: ignore[arg-type]
-    ("runs-why-fact-id", lambda r: r.runs.why(r.memory.all()[0].id), RunNotFound, "not a run"),
-    ("runs-at-fact-id", lambda r: r.runs.at(r.memory.all()[0].id, 1), RunNotFound, "not a run"),
+    ("runs-why-fact-id", lambda r: r.runs.why(r.memory.all()[0].id), RunNotFound, "not runs"),
+    ("runs-at-fact-id", lambda r: r.runs.at(r.memory.all()[0].id, 1), RunNotFound, "not runs"),
     ("open-url-int", lambda r: journaled.open(42), JournalUrlError, "URL must be a string"),  # type: ignore[arg-type]
     (
         "open-url-bytes",
@@ -353,12 +353,13 @@ RUN_COMMANDS = [["why"], ["show"], ["history"], ["diff", "0", "1"]]
 def test_run_commands_refuse_a_fact_id_in_one_line(
     hostile: tuple[str, str, str], command: list[str]
 ) -> None:
-    """O6: a run command given a fact id says it is not a run, in one line, exit 1."""
+    """O6, R1: a run command given a fact id finds no run (the fact id hinted at from its shape
+    alone, so a hidden fact answers alike), in one line, exit 1."""
     url, fact_id, _ = hostile
     result = _cli(url, "runs", command[0], fact_id, *command[1:])
     assert result.exit_code == 1, result.output
     assert "Traceback" not in result.output
-    assert "not a run" in result.stderr
+    assert "name facts, not runs" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
 
 
@@ -384,7 +385,7 @@ def test_timeline_refuses_a_fact_id_in_one_line(
     page = tmp_path / "page.html"
     result = _cli(url, "timeline", fact_id, "-o", str(page))
     assert result.exit_code == 1
-    assert "not a run" in result.stderr
+    assert "name facts, not runs" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not page.exists()
 

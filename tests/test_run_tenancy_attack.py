@@ -728,3 +728,111 @@ def test_acme_keeps_its_subscription_events(sqlite_url: str, clock: ManualClock)
         while (event := sub.poll(0.5)) is not None:
             streams.add(event.stream)
         assert {acme.done, acme.child, acme.parent} <= streams
+
+
+# -- answers that told a hidden id from an unused one ----------------------------------------------
+
+NEVER_FACT = "mem_0mjuohs00_0000000000000000"
+"""A fact-shaped id never used: the run doors answer a hidden fact's id exactly as this one."""
+
+FACT_DOORS: dict[str, Any] = {
+    "history": lambda rt, i: rt.runs.history(i),
+    "why": lambda rt, i: rt.runs.why(i),
+    "fork": lambda rt, i: rt.runs.fork(i),
+    "resume": lambda rt, i: rt.resume(i),
+    "resume-approve": lambda rt, i: rt.resume(i, approve=True),
+    "at": lambda rt, i: rt.runs.at(i, 1),
+    "state": lambda rt, i: rt.runs.state(i),
+    "stale": lambda rt, i: rt.runs.stale(i),
+    "lineage": lambda rt, i: rt.runs.lineage(i),
+    "position-at": lambda rt, i: rt.runs.position_at(i, 0),
+    "purge": lambda rt, i: rt.runs.purge(i, "erase"),
+}
+
+
+def _outcome(call: Any, rt: journaled.Runtime, some_id: str) -> tuple[str, str]:
+    try:
+        result = call(rt, some_id)
+    except Exception as exc:  # the answer itself is what is compared
+        return type(exc).__name__, str(exc).replace(some_id, "<id>")
+    return "returned", repr(result).replace(some_id, "<id>")
+
+
+@pytest.mark.parametrize("door", sorted(FACT_DOORS))
+@pytest.mark.parametrize("organization", ORGS)
+def test_run_doors_answer_for_a_hidden_fact_id_as_for_an_id_never_used(
+    tmp_path: Path, clock: ManualClock, organization: str | None, door: str
+) -> None:
+    """R1, ADR 0017: acme's organization fact id, given to a run door, behaves exactly as an
+    unknown id. Before, every door said "'<id>' is not a run: its stream holds
+    memory.fact-remembered events" (purge: a TypeError), telling the fact exists."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, organization="acme", clock=clock) as acme:
+        hidden = acme.memory.remember(ORG_SECRET, scope="organization").id
+    with journaled.open(url, organization=organization, clock=clock) as b:
+        _register(b)
+        before = b.journal.position()
+        call = FACT_DOORS[door]
+        assert _outcome(call, b, hidden) == _outcome(call, b, NEVER_FACT)
+        assert _outcome(call, b, hidden)[0] == "RunNotFound"
+        assert b.journal.position() == before
+
+
+def test_a_run_door_given_an_own_fact_id_names_no_run_and_hints_at_memory(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """R2: purging a fact's id as a run is RunNotFound, nothing appended (before: a bare
+    TypeError from the fold); the hint comes from the id's shape alone."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=clock) as rt:
+        fact = rt.memory.remember("a shared fact")
+        before = rt.journal.position()
+        with pytest.raises(RunNotFound, match="name facts, not runs") as caught:
+            rt.runs.purge(fact.id, "erase it")
+        assert "no run" in str(caught.value)
+        assert rt.journal.position() == before
+        kept = rt.memory.get(fact.id)
+        assert kept is not None
+        assert kept.text == "a shared fact"
+
+
+@pytest.mark.parametrize("organization", ORGS)
+def test_state_at_a_position_before_a_hidden_run_began_is_unknown(
+    tmp_path: Path, clock: ManualClock, organization: str | None
+) -> None:
+    """ADR 0074: ``runs.state(run, position)`` checked the position against the run's first
+    event before the organization, answering "position 1 is before run … began (its first
+    event is at 3)": the run exists, and where it begins. Now as for an id never used."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, organization="acme", clock=clock) as acme:
+        _register(acme)
+        acme.memory.remember("a filler fact so the run does not begin at position 1")
+        done = acme.execute(Plan(goal=SECRET_GOAL, steps=[Step("r", tool="read", input="x")]))
+    with journaled.open(url, organization=organization, clock=clock) as b:
+        same_unknown(lambda i: b.runs.state(i, 1), done.run_id)
+
+    async def attack() -> None:
+        async with journaled.aio.open(url, organization="other", clock=clock) as b:
+            with pytest.raises(RunNotFound, match="no run"):
+                await b.runs.state(done.run_id, 0)
+
+    asyncio.run(attack())
+
+
+@pytest.mark.parametrize("organization", ORGS)
+def test_purge_with_a_bad_reason_answers_alike_for_a_hidden_run_and_an_unused_id(
+    tmp_path: Path, clock: ManualClock, organization: str | None
+) -> None:
+    """ADR 0074: the reason is checked before the run is looked at. Before, an empty reason got
+    ValueError for an unused id and RunNotFound for acme's run: an oracle for guessed ids."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, organization="acme", clock=clock) as acme:
+        _register(acme)
+        done = acme.execute(Plan(goal=SECRET_GOAL, steps=[Step("r", tool="read", input="x")]))
+    with journaled.open(url, organization=organization, clock=clock) as b:
+        answers = []
+        for run_id in (NEVER, done.run_id):
+            with pytest.raises(ValueError, match="reason must be a non-empty string") as caught:
+                b.runs.purge(run_id, "")
+            answers.append(str(caught.value))
+        assert answers[0] == answers[1]
