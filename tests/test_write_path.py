@@ -15,6 +15,7 @@ import journaled
 from journaled.events.base import PURGED, DomainEvent
 from journaled.events.codec import Codec, tag_of
 from journaled.events.errors import CorruptEvent
+from journaled.events.journal._digest import SEALED, unsealed
 from journaled.events.plans import Observation
 from journaled.events.run_state import fold_run
 from journaled.events.runs import StepStarted, WavePartitioned, implied_partitions
@@ -315,8 +316,9 @@ def test_a_side_row_holds_only_the_content(sqlite_url: str) -> None:
     try:
         rows = dict(conn.execute("SELECT stream, payload FROM journaled_payloads"))
         [key] = [k for k in rows if k == f"{result.run_id}@{history[-2].version}"]
-        assert msgspec.msgpack.decode(rows[key]) == [{"out": "in"}, None, None]
-        assert msgspec.msgpack.decode(rows[f"{result.run_id}@1"]) == [
+        assert rows[key][:1] == SEALED  # salted (ADR 0096)
+        assert msgspec.msgpack.decode(unsealed(rows[key])) == [{"out": "in"}, None, None]
+        assert msgspec.msgpack.decode(unsealed(rows[f"{result.run_id}@1"])) == [
             "in",
             "the goal",
         ]  # steps' inputs, then the goal

@@ -107,6 +107,8 @@ from journaled.events.journal._digest import (
     DigestRow,
     Problem,
     VerifyReport,
+    sealed,
+    unsealed,
 )
 from journaled.events.journal._digest import verify as _verify
 from journaled.events.journal._popo import _POPOFactory, _POPORecorder
@@ -556,6 +558,7 @@ class Journal:
         # The transaction and the wake-up take locks on the calling thread: Ctrl-C waits for
         # them to be released (ADR 0076).
         guard = None if refuse_after is None else _guard(refuse_after)
+        side = sealed(side)  # each row salted, so its hash in the chain tells nothing once erased
         with self._using():
             try:
                 positions = self._insert(
@@ -812,7 +815,8 @@ class Journal:
                 with self._using():
                     rows = self._recorder.select_raw(start, upto, 1000)
                     keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
-                    content.update(self._recorder.select_payloads(keys) if keys else {})
+                    found = self._recorder.select_payloads(keys) if keys else {}
+                content.update((k, unsealed(v)) for k, v in found.items())
                 pages.append(keys)
                 while len(pages) > 3:
                     for key in pages.popleft():
@@ -991,7 +995,8 @@ class Journal:
         """Return the forgettable payloads of the given streams (all when None)."""
         self._check_open()
         with self._using():
-            return self._recorder.select_payloads(streams)
+            found = self._recorder.select_payloads(streams)
+        return {key: unsealed(row) for key, row in found.items()}
 
     # -- named subscriptions (A3) -----------------------------------------------------------------
 
@@ -1296,13 +1301,14 @@ class Journal:
         if stream is None:
             keys = {content_key(r[1], r[2]): r[0] for r in rows if r[3] in topics}
             with self._using():
-                content = self._recorder.select_payloads(list(keys)) if keys else {}
+                found_rows = self._recorder.select_payloads(list(keys)) if keys else {}
+            content = {key: unsealed(row) for key, row in found_rows.items()}
             sided = {keys[key] for key in content}
         else:
             versions = [r[2] for r in rows if r[3] in topics]
             with self._using():
                 found = self._recorder.select_content(stream, versions) if versions else {}
-            content = {content_key(stream, v): side for v, side in found.items()}
+            content = {content_key(stream, v): unsealed(side) for v, side in found.items()}
             sided = {r[0] for r in rows if r[2] in found and r[3] in topics}
         decode = self.codec.decode
         # A row without a side row decodes straight from its stored shape: most events of a

@@ -25,6 +25,7 @@ chain starts. Snapshots are caches rebuilt from events and are not covered. See 
 from __future__ import annotations
 
 import hashlib
+import os
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -63,6 +64,37 @@ def event_hash(stream: str, version: int, topic: str, state: bytes) -> bytes:
 def payload_hash(key: str, payload: bytes) -> bytes:
     """Return the hash of a payload row; the key is inside, so rows cannot trade contents."""
     return _sha256(_encode((key, payload))).digest()[:HASH_SIZE]
+
+
+SEALED = b"\xc1"
+"""The first byte of a payload row stored with a salt (ADR 0096): 0xC1 is never the first byte of
+msgpack (it is the one byte msgpack leaves unused) nor of UTF-8 text, which every row of an
+earlier release, and every payload a caller gives, begins with."""
+SALT_SIZE = 16
+_SEAL_SIZE = 1 + SALT_SIZE
+
+
+def sealed(payloads: Mapping[str, bytes]) -> dict[str, bytes]:
+    """Return payloads as rows are stored: each after the mark and 16 random bytes of its own.
+
+    A row's hash stays in the digest chain after a purge erased the row (R7), and the chain's
+    readers may be anyone holding the file. Unsalted, that hash would let them test guesses of
+    an erased text offline (a PIN, a name, a yes or no): the salt, erased with the row, makes
+    the hash that stays say nothing of the text (M10, R2).
+    """
+    if not payloads:
+        return {}
+    salts = os.urandom(SALT_SIZE * len(payloads))
+    return {
+        key: b"".join((SEALED, salts[i * SALT_SIZE : (i + 1) * SALT_SIZE], value))
+        for i, (key, value) in enumerate(payloads.items())
+    }
+
+
+def unsealed(row: bytes) -> bytes:
+    """Return a stored payload row's value: without its mark and salt, or as an earlier release
+    stored it."""
+    return row[_SEAL_SIZE:] if row[:1] == SEALED else row
 
 
 def commit_digest(
