@@ -32,7 +32,8 @@ def describe(event: Event) -> str:
         case FactRemembered():
             parts = [f"remembered at {at} in scope {data.scope!r}"]
             if data.run_id is not None:
-                parts.append(f"by step {data.step_id!r} of run {data.run_id}")
+                step = "a step" if data.step_id is None else f"step {data.step_id!r}"
+                parts.append(f"by {step} of run {data.run_id}")
             if data.source:
                 parts.append(f"from {data.source!r}")
             if data.conflict_key:

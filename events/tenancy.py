@@ -256,7 +256,11 @@ class Boundary:
     def scrub_links(self, events: list[Event]) -> list[Event]:
         """Return ``events`` with the expiry of another organization's fact left out where a
         fact of this one's view is superseded by it or re-linked to it: the audit names such a
-        superseder by its id alone (R1, ADR 0017). Every other event is returned as it is."""
+        superseder by its id alone (R1, ADR 0017); and with the step left out of a fact's
+        provenance where another organization's run remembered it: the run is named by its id
+        alone, its step being a name from that organization's plan (ADR 0074). Every other event
+        is returned as it is."""
+        events = self._scrub_provenance(events)
         links = {
             e.data.by if isinstance(e.data, FactSuperseded) else e.data.to
             for e in events
@@ -277,6 +281,32 @@ class Boundary:
                 data = msgspec.structs.replace(data, to_valid_until=None)
             out.append(event if data is event.data else msgspec.structs.replace(event, data=data))
         return out
+
+    def _scrub_provenance(self, events: list[Event]) -> list[Event]:
+        """Return ``events`` with ``step_id`` left out of each fact remembered by a step of
+        another organization's run (a shared fact: its text is everyone's, its plan is not)."""
+        runs = {
+            e.data.run_id
+            for e in events
+            if isinstance(e.data, FactRemembered)
+            and e.data.run_id is not None
+            and e.data.step_id is not None
+        }
+        if not runs:
+            return events
+        elsewhere = {
+            run_id
+            for run_id in runs
+            if run_belongs_elsewhere(self.run_owner(run_id), self.organization)
+        }
+        if not elsewhere:
+            return events
+        return [
+            msgspec.structs.replace(e, data=msgspec.structs.replace(e.data, step_id=None))
+            if isinstance(e.data, FactRemembered) and e.data.run_id in elsewhere
+            else e
+            for e in events
+        ]
 
     def _run_owners(self, events: list[Event]) -> dict[str, object]:
         """Return whose each run with events here is: from its first event when here, else

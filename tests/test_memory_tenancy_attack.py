@@ -558,3 +558,34 @@ def test_snapshots_of_each_tenant_serve_none_of_the_others_facts(
         assert healed is not None
         assert healed.superseded_by is None
         assert [f.id for f in acme.memory.search("globex")] == [private.id]
+
+
+STEP = "negotiate_globex_takeover_price"
+"""A step name from acme's plan: what it plans is acme's, even where the fact it wrote is shared."""
+
+
+@pytest.mark.parametrize("organization", ORGS)
+def test_a_shared_facts_provenance_names_acmes_run_but_not_its_step(
+    tmp_path: Path, clock: ManualClock, organization: str | None
+) -> None:
+    """ADR 0074 (update): a shared fact remembered by a step of acme's run names the run by id
+    (an id tells nothing but a time) and no step, in ``why``, ``history`` and ``journal.read``.
+    Before, the step's name, chosen in acme's plan, was printed to every organization. Acme
+    still sees its own step."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, organization="acme", clock=clock) as acme:
+        acme.register_tool("note", lambda q, ctx: ctx.memory.remember(f"shared note {q}").id)
+        run = acme.execute(Plan(goal="acme plan", steps=[Step(STEP, tool="note", input="x")]))
+        fact_id = run.observations[0].output
+        assert f"by step {STEP!r} of run {run.run_id}" in acme.memory.why(fact_id)
+    with journaled.open(url, organization=organization, clock=clock) as b:
+        assert b.memory.get(fact_id) is not None  # the shared fact itself is everyone's
+        told = b.memory.why(fact_id)
+        assert STEP not in told
+        assert f"by a step of run {run.run_id}" in told
+        assert all(STEP not in repr(e.data) for e in b.memory.history(fact_id))
+        shown = [e for e in b.journal.read() if e.stream == fact_id]
+        assert shown
+        assert all(getattr(e.data, "step_id", None) is None for e in shown)
+    with journaled.open(url, organization="acme", clock=clock) as acme:
+        assert [e.data.step_id for e in acme.memory.history(fact_id)[:1]] == [STEP]  # type: ignore[attr-defined]
