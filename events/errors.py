@@ -90,16 +90,27 @@ class JournalUnavailable(EventsError):
     is back.
     """
 
-    def __init__(self, journal: str, waited: float, detail: str, *, read: bool = False) -> None:
+    def __init__(
+        self, journal: str, waited: float, detail: str, *, read: bool = False, busy: int = 0
+    ) -> None:
         self.journal = journal
         self.waited = waited
         self.detail = detail
         self.read = read
         """A read failed (nothing was to be appended)."""
+        self.busy = busy
+        """The size of this process's connection pool, when every connection in it stayed in
+        use for the whole wait (0 otherwise): the database may be there, connections were short."""
         super().__init__(self._words())
 
     def _words(self) -> str:
         outcome = "" if self.read else ", so nothing was appended"
+        if self.busy:
+            return (
+                f"journal {self.journal} had no free connection for {self.waited:.3g}s: each of "
+                f"this process's {self.busy} pooled connections stayed in use by its other calls"
+                f"{outcome}; try again, or give the URL a larger ?pool_size="
+            )
         return (
             f"journal {self.journal} could not be reached for {self.waited:.3g}s ({self.detail})"
             f"{outcome}; try again once the database is back"
@@ -108,7 +119,7 @@ class JournalUnavailable(EventsError):
     def __reduce__(self) -> tuple[object, ...]:
         # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
         return (
-            functools.partial(type(self), read=self.read),
+            functools.partial(type(self), read=self.read, busy=self.busy),
             (self.journal, self.waited, self.detail),
         )
 

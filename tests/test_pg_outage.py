@@ -277,6 +277,50 @@ def test_a_connection_limit_below_what_a_runtime_needs_is_named_with_what_to_cha
         assert [f.text for f in rt.memory.all()] == ["fits in three connections"]
 
 
+def test_a_pool_whose_every_connection_stays_in_use_is_not_called_unreachable(url: str) -> None:
+    """ADR 0095 (update): every pooled connection is held by other calls of this process for
+    the whole wait. The database is there: the error says connections were short, how many the
+    pool holds and how to have more, not "could not be reached ... once the database is back".
+    Nothing was appended, and the next remember, once connections are free, is stored."""
+    with journaled.open(url + "?pool_size=1") as rt:
+        rt.memory.remember("warm-up")
+        recorder: Any = rt._journal._recorder
+        store = recorder._store
+        held: list[object] = []
+        release = threading.Event()
+
+        def hold() -> None:
+            with store.get_connection() as conn:
+                held.append(conn)
+                release.wait(WAIT)
+
+        holders = [threading.Thread(target=hold) for _ in range(3)]  # pool_size + overflow
+        for holder in holders:
+            holder.start()
+        try:
+            _wait_for(lambda: len(held) == 3, "every pooled connection to be held")
+            with pytest.raises(journaled.JournalUnavailable) as append:
+                rt.memory.remember("while every connection is in use")
+            with pytest.raises(journaled.JournalUnavailable) as read:
+                rt.journal.position()
+        finally:
+            release.set()
+            for holder in holders:
+                holder.join()
+        for caught, outcome in ((append, ", so nothing was appended;"), (read, "; try again")):
+            assert not isinstance(caught.value, journaled.AppendOutcomeUnknown)
+            assert caught.value.busy == 3
+            words = str(caught.value)
+            assert "had no free connection" in words
+            assert "each of this process's 3 pooled connections stayed in use" in words
+            assert outcome in words
+            assert "larger ?pool_size=" in words
+            assert "could not be reached" not in words
+        assert read.value.read
+        rt.memory.remember("once connections are free")
+    assert _texts(url) == ["once connections are free", "warm-up"]
+
+
 def test_an_open_that_fails_after_its_pool_connected_keeps_no_connection(
     url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

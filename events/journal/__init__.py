@@ -353,7 +353,7 @@ class _Use:
             self._defer.__exit__(kind, error, trace)
         if isinstance(error, Unreached):  # a read the database stayed away from (ADR 0095)
             raise JournalUnavailable(
-                journal.config.url, error.waited, error.detail, read=True
+                journal.config.url, error.waited, error.detail, read=True, busy=error.busy
             ) from error
         if not isinstance(error, _CUT_BY_CLOSE):
             return
@@ -603,7 +603,9 @@ class Journal:
                 raise AppendOutcomeUnknown(
                     self.config.url, exc.waited, exc.detail, appended
                 ) from exc
-            raise JournalUnavailable(self.config.url, exc.waited, exc.detail) from exc
+            raise JournalUnavailable(
+                self.config.url, exc.waited, exc.detail, busy=exc.busy
+            ) from exc
         except IntegrityError as exc:
             streams = sorted({str(e.originator_id) for e in stored})
             raise ConcurrencyConflict(streams, str(exc)[:200]) from exc

@@ -89,9 +89,12 @@ class Unreached(Exception):
     :class:`~journaled.events.errors.JournalUnavailable` instead, naming the journal.
     """
 
-    def __init__(self, waited: float, sent: bool, cause: BaseException) -> None:
+    def __init__(self, waited: float, sent: bool, cause: BaseException, *, busy: int = 0) -> None:
         self.waited = waited
         self.sent = sent
+        self.busy = busy
+        """The pool's size when each of its connections stayed in use: the database may be
+        reachable, but this process had no connection free (0: not so)."""
         lines = str(cause).strip().splitlines() or [type(cause).__name__]
         self.detail = lines[0][:200]
         super().__init__(f"unreachable for {waited:.3g}s (sent: {sent}): {self.detail}")

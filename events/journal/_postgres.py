@@ -31,6 +31,7 @@ try:
     from psycopg import sql
     from psycopg.rows import DictRow, tuple_row
     from psycopg.types.composite import register_composite
+    from psycopg_pool import PoolTimeout
 
     from journaled.events.journal import _pg_arrays
 except ImportError as _exc:  # the "postgres" extra is not installed
@@ -58,6 +59,7 @@ from journaled.events.journal._common import (
     Row,
     SnapshotRefused,
     Unreached,
+    causes,
     disk_full,
     erases,
     refused_after,
@@ -937,14 +939,37 @@ if _POSTGRES_MISSING is None:
                 self._outage(started, True, exc)
                 return False, None
 
-        @staticmethod
-        def _outage(started: float, sent: bool, exc: BaseException) -> None:
+        def _outage(self, started: float, sent: bool, exc: BaseException) -> None:
             """Wait a little before trying again; raise :class:`Unreached` once the window of
             an append begun at ``started`` is over."""
             waited = time.monotonic() - started
             if waited >= OUTAGE_WAIT:
-                raise Unreached(waited, sent, exc) from exc
+                raise Unreached(waited, sent, exc, busy=self._all_in_use(exc)) from exc
             time.sleep(min(0.2, max(0.0, OUTAGE_WAIT - waited)))
+
+        def _all_in_use(self, exc: BaseException) -> int:
+            """Return the pool's size when ``exc`` is a wait for a connection that timed out with
+            none of them free while the database answers a connection of its own, else 0: the
+            database is there, and what is short is this process's connections.
+
+            The pool's counts alone cannot tell: in an outage its connections being made again
+            count as held too. So a fresh connection, outside the pool, is tried once (at most
+            libpq's 2 s), on this failure's path alone.
+            """
+            if not any(isinstance(e, PoolTimeout) for e in causes(exc)):
+                return 0
+            pool = self._store.pool
+            try:
+                stats = pool.get_stats()
+                if stats.get("pool_available", 1) or stats.get("pool_max", 0) <= 0:
+                    return 0
+                info = pool.conninfo() if callable(pool.conninfo) else pool.conninfo
+                given = pool.kwargs() if callable(pool.kwargs) else pool.kwargs
+                with psycopg.connect(info, **{**(given or {}), "connect_timeout": 2}):
+                    pass
+            except Exception:  # the database did not answer either: an outage after all
+                return 0
+            return int(stats["pool_max"])
 
         @staticmethod
         def _left(started: float) -> tuple[float, float]:
@@ -1226,7 +1251,7 @@ if _POSTGRES_MISSING is None:
                         continue
                     waited = time.monotonic() - started
                     if waited >= OUTAGE_WAIT:
-                        raise Unreached(waited, False, exc) from exc
+                        raise Unreached(waited, False, exc, busy=self._all_in_use(exc)) from exc
                     time.sleep(min(0.2 * attempt, 1.0))
             raise AssertionError("unreachable")  # pragma: no cover
 
