@@ -100,6 +100,7 @@ from journaled.events.journal._common import (
     causes,
     content_key,
     disk_full,
+    truncate_wal,
 )
 from journaled.events.journal._digest import (
     DIGEST_TABLE,
@@ -742,31 +743,16 @@ class Journal:
         return max(0, erased - scrubbed)
 
     def _truncate_wal(self, path: str, wait: float) -> None:
-        deadline = time.monotonic() + wait
-        # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
-        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
         try:
-            conn.execute("PRAGMA secure_delete=ON")
-            while True:
-                try:
-                    row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                except sqlite3.OperationalError as exc:
-                    full = disk_full(exc)
-                    if full is not None:  # no reader to wait for: the file cannot grow
-                        raise JournalFull(self.config.url, full) from exc
-                    row = (1, 0, 0)  # a writer holds the lock right now
-                if not row[0]:
-                    return
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
+            done = truncate_wal(path, wait)
+        except sqlite3.OperationalError as exc:  # no reader to wait for: the file cannot grow
+            raise JournalFull(self.config.url, disk_full(exc) or "disk full") from exc
+        if not done:
             raise PersistenceError(
                 f"could not truncate the write-ahead log of {path}: another "
                 "connection keeps reading; erased bytes remain until it closes and the "
                 "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
             )
-        finally:
-            conn.close()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -1418,4 +1404,5 @@ __all__ = [
     "content_key",
     "disk_full",
     "migrate",
+    "truncate_wal",
 ]
