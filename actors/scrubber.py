@@ -11,6 +11,9 @@ What is owed lives in the journal, not here: each erasure counts itself in its o
 and a successful scrub records how far it reached (``Journal.scrub_debt``). A process killed
 between a purge's commit and its scrub therefore leaves a debt that the next runtime to open the
 journal — in any process — finds and scrubs in the background (:meth:`Scrubber.resume`).
+
+Files beside the journal that erasures reach (the vector cache, ADR 0048) join with
+:meth:`Scrubber.include`: every attempt scrubs them too, and what they owe counts as pending.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Protocol
 
 from journaled.actors.errors import ScrubPending
 from journaled.events.errors import JournalFull
 from journaled.events.journal import Journal
 
-__all__ = ["Scrubber"]
+__all__ = ["Scrubbable", "Scrubber"]
 
 log = logging.getLogger("journaled.memory")
 
@@ -34,11 +38,26 @@ _FIRST_PAUSE = 0.05
 _LONGEST_PAUSE = 5.0
 
 
+class Scrubbable(Protocol):
+    """A file beside the journal whose erased bytes a scrub removes as well (M10)."""
+
+    @property
+    def scrub_pending(self) -> bool:
+        """Tell whether erased bytes may still be in the file."""
+        ...
+
+    def scrub(self, wait: float) -> bool:
+        """Remove them, giving readers up to ``wait`` seconds; False when one held on."""
+        ...
+
+
 class Scrubber:
     """Pay a journal's scrub debt: at once, in the background, on demand and on close."""
 
     def __init__(self, journal: Journal) -> None:
         self._journal = journal
+        self._beside: list[Scrubbable] = []
+        """Files beside the journal that every attempt scrubs too (:meth:`include`)."""
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stopped = threading.Event()
@@ -51,9 +70,14 @@ class Scrubber:
         """Tell whether erased bytes may still be in the files (an erasure is not scrubbed yet).
 
         Read from the journal: it includes erasures of other processes, and of processes that
-        were killed before their scrub.
+        were killed before their scrub; and from the files beside it, what this process owes them.
         """
-        return self._journal.scrub_debt() > 0
+        return any(f.scrub_pending for f in self._beside) or self._journal.scrub_debt() > 0
+
+    def include(self, beside: Scrubbable) -> None:
+        """Scrub ``beside`` with the journal from now on, and count what it owes as pending."""
+        with self._lock:
+            self._beside.append(beside)
 
     def resume(self) -> None:
         """Scrub in the background what earlier processes erased but never scrubbed.
@@ -121,12 +145,25 @@ class Scrubber:
             debt = self._journal.scrub_debt()
         except Exception:
             return "the scrub debt could not be read"
-        if not debt:
-            return "no purge is recorded as unscrubbed"
-        return f"{debt} purge{'s' if debt != 1 else ''} not yet scrubbed"
+        owed = "no purge is recorded as unscrubbed"
+        if debt:
+            owed = f"{debt} purge{'s' if debt != 1 else ''} not yet scrubbed"
+        if any(f.scrub_pending for f in self._beside):
+            owed += "; the vector cache's write-ahead log still holds deleted rows"
+        return owed
 
     def _attempt(self, wait: float, *, loud: bool = False) -> bool:
         """Scrub once; False when it could not be done yet. ``loud``: a full disk is raised."""
+        beside = True
+        for file in list(self._beside):
+            try:
+                done = file.scrub(wait)
+            except Exception as exc:  # a full disk: the journal's own attempt tells it apart
+                log.debug("scrub of a file beside the journal not done yet: %s", exc)
+                done = False
+            if not done:
+                self._why = "a reader holds old data of the vector cache"
+                beside = False
         try:
             self._journal.scrub(wait)
         except JournalFull:
@@ -139,7 +176,7 @@ class Scrubber:
             self._why = "a reader holds old data"
             log.debug("scrub not done yet: %s", exc)
             return False
-        return True
+        return beside
 
     def _start(self) -> None:
         with self._lock:

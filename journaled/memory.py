@@ -206,6 +206,8 @@ class Memory:
         self._clock = clock
         self._organization = organization
         self._semantic = Semantic(embedder, journal, embed_timeout, organization)
+        if self._semantic.cache.path is not None:  # a purge's rows leave its log as well
+            self._scrubber.include(self._semantic.cache)
         self._lone_scope = True
         """Whether the last BM25 search found all its candidates in one scope."""
         self._boundary = Boundary(organization, journal.first, journal.firsts)
@@ -515,6 +517,7 @@ class Memory:
         holds older data, else retried in the background until it succeeds; what is owed is kept
         in the journal, so a runtime opened after a process died before its scrub does it.
         Call this to make sure, e.g. after a backup that was reading during a purge has finished.
+        The vector cache file beside a SQLite journal (ADR 0048) has its log emptied with it.
 
         Raises:
             ScrubPending: another connection still holds older data after ``timeout`` seconds;
@@ -529,7 +532,8 @@ class Memory:
         """Tell whether bytes of an erased text may still be in the journal's files.
 
         Read from the journal: a purge by another process, or by one killed before its scrub,
-        counts until some scrub has removed it.
+        counts until some scrub has removed it; so does a purged vector still in the log of the
+        vector cache file, which a reader kept this process from emptying (ADR 0065).
         """
         return self._scrubber.pending
 

@@ -33,7 +33,7 @@ from journaled.events.base import Event
 from journaled.events.catalog import STORED_EVENTS
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.inputs import int_problem, text_problem, timeout_problem
-from journaled.events.journal import CONNECTION_LOST
+from journaled.events.journal import CONNECTION_LOST, erasures_here
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
@@ -62,6 +62,10 @@ log = logging.getLogger(__name__)
 
 _GONE = 0.2
 """Wait before reading again when the database could not be reached (a server restart)."""
+_FRESH = 0.005
+"""Longest a page is delivered from without asking the journal's database whether an erasure
+was committed since it was read: another process's purge reaches the rest of a page within it,
+this process's at once (R2, ADR 0026 update)."""
 
 
 class StoredSubscription(msgspec.Struct, frozen=True, kw_only=True):
@@ -203,6 +207,13 @@ class Subscription:
         self._position = start
         self._cursor = start
         self._buffer: deque[Event] = deque()
+        self._erased = (0, 0)
+        """The journal's erasure count and this process's erasure mark (:func:`erasures_here`)
+        when the buffered events were read, or last found unchanged since."""
+        self._checked = 0.0
+        """When the database's count was last read (monotonic seconds)."""
+        self._vouched = False
+        """Set by a wait that has just found the buffer current, for the take that follows it."""
         self._lock = threading.Lock()
         self._closed = False
         self._unreachable = False
@@ -311,10 +322,15 @@ class Subscription:
             while True:
                 if self._closed or self._generation != generation:
                     return False
-                if self._buffer:
+                if self._buffer and self._current():
+                    self._vouched = True
                     return True
                 mark = self._journal.append_mark()  # before reading: no append slips between
                 try:
+                    if self._buffer:
+                        self._refresh()
+                        self._unreachable = False
+                        continue
                     filled = self._fill()
                     self._unreachable = False
                     if filled:
@@ -338,6 +354,7 @@ class Subscription:
 
     def _fill(self) -> bool:
         """Read one page after the cursor; tell whether anything was read (even if hidden)."""
+        erased = self._erasures()  # before reading: an erasure between is seen as after it
         page = list(
             islice(
                 self._journal.read(after=self._cursor, page=PAGE, topics=self._topics or ()), PAGE
@@ -347,15 +364,49 @@ class Subscription:
             return False
         self._cursor = page[-1].position
         self._buffer.extend(self._boundary.visible(page))
+        self._erased, self._checked = erased, time.monotonic()
         return True
 
+    def _erasures(self) -> tuple[int, int]:
+        """Return the journal's erasure count and this process's erasure mark, the mark read
+        first: a purge of this process between the two reads is then in the count."""
+        here = erasures_here()
+        return self._journal.erasures(), here
+
+    def _current(self) -> bool:
+        """Tell, without reading the database, whether the buffered events may be delivered:
+        no erasure of this process since they were read, and the database's count read within
+        :data:`_FRESH` seconds (or by the wait that has just returned)."""
+        if erasures_here() != self._erased[1]:
+            return False
+        return self._vouched or time.monotonic() - self._checked < _FRESH
+
+    def _refresh(self) -> None:
+        """Read the journal's erasure count; if it moved since the buffered events were read,
+        read them again, so content erased meanwhile is delivered as the journal now holds it
+        (M10, R2: ``[purged]``, never the erased text)."""
+        erased = self._erasures()
+        if erased[0] != self._erased[0] and self._buffer:
+            first, last = self._buffer[0].position, self._buffer[-1].position
+            again = self._journal.read(after=first - 1, upto=last, topics=self._topics or ())
+            self._buffer = deque(self._boundary.visible(list(again)))
+        self._erased, self._checked = erased, time.monotonic()
+
     def _take(self) -> Event | None:
-        try:
-            event = self._buffer.popleft()
-        except IndexError:
+        """Take the next buffered event if it may be delivered now without reading the
+        database (the caller's loop then waits, which reads again); never blocks on the wait
+        of another thread (an asyncio task's, given up)."""
+        if not self._lock.acquire(blocking=False):
             return None
-        self._position = event.position
-        return event
+        try:
+            if not self._buffer or not self._current():
+                return None
+            self._vouched = False
+            event = self._buffer.popleft()
+            self._position = event.position
+            return event
+        finally:
+            self._lock.release()
 
     def _interrupt(self) -> None:
         """End the wait of a thread whose caller gave up (its task was cancelled)."""

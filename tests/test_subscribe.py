@@ -13,6 +13,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 
@@ -462,3 +463,127 @@ def test_tail_follow_with_a_name_resumes_where_it_stopped(journal_url: str) -> N
     refused = CliRunner().invoke(main, ["--url", journal_url, "journal", "tail", "--name", "x"])
     assert refused.exit_code == 1
     assert "--name needs --follow" in refused.output
+
+
+# -- erasure: a page read before a purge (M10, R2) ----------------------------------------------
+
+MARK = "quokkamark"
+"""In every goal, input, output and fact text an erasure below must take out of deliveries."""
+
+PURGE_ELSEWHERE = """
+import sys, journaled
+with journaled.open(sys.argv[1], follow=None) as rt:
+    assert rt.runs.purge(sys.argv[2], reason="erasure request") > 0
+    assert rt.memory.purge(sys.argv[3], reason="erasure request")
+"""
+
+
+def _with_content(rt: journaled.Runtime) -> tuple[str, str]:
+    """Store a run and a fact whose content holds MARK; return the run id and the fact id."""
+    rt.register_tool("echo", lambda x: f"out {MARK} {x}")
+    plan = journaled.Plan(
+        goal=f"goal {MARK}",
+        steps=[journaled.Step(f"s{i}", tool="echo", input=f"in {MARK} {i}") for i in range(5)],
+    )
+    run = rt.execute(plan)
+    fact = rt.memory.remember(f"the {MARK} fact")
+    rt.memory.remember("a fact read after it, so the page holds both")
+    return run.run_id, fact.id
+
+
+def _holding_mark(events: list[Event]) -> list[int]:
+    return [e.position for e in events if MARK.encode() in msgspec.json.encode(e)]
+
+
+def test_events_delivered_after_a_purge_returned_hold_no_erased_content(
+    journal_url: str,
+) -> None:
+    """M10, R2, ADR 0026 update: a subscription that has read a page before ``runs.purge`` and
+    ``memory.purge`` (of another thread) returned delivers the rest of it as the journal now
+    holds it: no goal, input, output or fact text the purges erased."""
+    with journaled.open(journal_url) as rt:
+        run_id, fact_id = _with_content(rt)
+        with rt.journal.subscribe() as sub:
+            first = sub.poll(WAIT)  # a page is read: everything so far, content and all
+            assert first is not None
+            assert len(sub._buffer) > 10
+
+            def purge() -> None:
+                assert rt.runs.purge(run_id, reason="erasure request") > 0
+                assert rt.memory.purge(fact_id, reason="erasure request")
+
+            purger = threading.Thread(target=purge)
+            purger.start()
+            purger.join(WAIT)
+            after = _take(sub, rt.journal.position() - first.position)
+    assert _holding_mark(after) == []
+    assert [e.position for e in after] == list(range(first.position + 1, after[-1].position + 1))
+
+
+@SHARED
+def test_a_purge_by_another_process_reaches_a_page_read_before_it(journal_url: str) -> None:
+    """M10, R2, ADR 0026 update: a page read before another process purged a run and a fact is
+    delivered, once the purge has returned there (and the subscription's 5 ms check has passed),
+    without the erased content."""
+    with journaled.open(journal_url, follow=None) as rt:
+        run_id, fact_id = _with_content(rt)
+        with rt.journal.subscribe() as sub:
+            first = sub.poll(WAIT)
+            assert first is not None
+            subprocess.run(
+                [sys.executable, "-c", PURGE_ELSEWHERE, journal_url, run_id, fact_id],
+                check=True,
+                timeout=WAIT,
+            )
+            time.sleep(0.05)
+            after = _take(sub, rt.journal.position() - first.position)
+    assert _holding_mark(after) == []
+
+
+def test_an_async_subscription_never_delivers_what_a_purge_erased(journal_url: str) -> None:
+    """M10, R2, A3: the asyncio subscription delivers a page read before a purge returned
+    without the erased content, as the sync one does (the check runs in its waiting thread)."""
+    with journaled.open(journal_url) as rt:
+        run_id, fact_id = _with_content(rt)
+        end = rt.journal.position()
+
+        async def story() -> list[Event]:
+            async with await AsyncSubscription.open(rt.journal) as sub:
+                first = await sub.poll(WAIT)
+                assert first is not None
+                await asyncio.to_thread(rt.runs.purge, run_id, reason="erasure request")
+                await asyncio.to_thread(rt.memory.purge, fact_id, reason="erasure request")
+                after: list[Event] = []
+                while not after or after[-1].position < end:
+                    event = await sub.poll(WAIT)
+                    assert event is not None
+                    after.append(event)
+                return after
+
+        after = asyncio.run(story())
+    assert _holding_mark(after) == []
+
+
+def test_without_an_erasure_each_page_is_read_once(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0026 update: the erasure check costs no read of the events when nothing was erased,
+    however slowly the consumer takes a page (one count is read per page and per 5 ms)."""
+    monkeypatch.setattr(subscriptions_module, "PAGE", 4)
+    with journaled.open(sqlite_url) as rt:
+        for i in range(10):
+            rt.memory.remember(f"fact {i}")
+        reads: list[int] = []
+        journal = rt._journal
+        real = journal.read
+
+        def counted(*args: object, **kwargs: object) -> Iterator[Event]:
+            reads.append(1)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(journal, "read", counted)
+        with rt.journal.subscribe() as sub:
+            for _ in range(10):
+                assert sub.poll(WAIT) is not None
+                time.sleep(0.01)  # past the 5 ms: every take asks for the count
+        assert len(reads) == 3  # pages of 4, 4 and 2 events

@@ -7,12 +7,14 @@ PostgreSQL fixture, real threads and subprocesses.
 
 from __future__ import annotations
 
+import hashlib
 import sqlite3
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from array import array
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -254,3 +256,132 @@ def test_a_purge_between_the_catch_ups_two_reads_is_never_embedded(
         assert gone.id not in _linked(cache)
         assert [f.id for f in rt.memory.search_semantic("cat")] == [kept.id]
     assert gone.id not in _linked(cache)
+
+
+# -- the cache file's write-ahead log (ADR 0065 update 2026-12-08) --------------------------------
+
+
+class Hashed(NamedEmbedder):
+    """A named embedder whose vectors are the text's SHA-256 bytes: each text's vector bytes
+    are its own, so a raw read of the files finds exactly that fact's vector."""
+
+    model = "hashed-v1"
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """Return one vector per text, from its digest."""
+        self.calls.append(list(texts))
+        return [[1.0 + b / 997 for b in hashlib.sha256(t.encode()).digest()[:8]] for t in texts]
+
+
+def _vector_bytes(text: str) -> bytes:
+    return array("d", Hashed(WORDS).embed([text])[0]).tobytes()
+
+
+def _files_holding(directory: Path, data: bytes) -> list[str]:
+    """Return the names of the files in ``directory`` whose raw bytes hold ``data``."""
+    return sorted(p.name for p in directory.iterdir() if p.is_file() and data in p.read_bytes())
+
+
+@contextmanager
+def _reading(path: Path) -> Iterator[threading.Event]:
+    """Hold a read transaction on ``path`` in another thread (a backup copying it) until the
+    yielded event is set or the block ends."""
+    started, done = threading.Event(), threading.Event()
+
+    def read() -> None:
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("BEGIN")
+            db.execute("SELECT count(*) FROM vectors").fetchone()
+            started.set()
+            done.wait(30)
+            db.execute("COMMIT")
+        finally:
+            db.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    assert started.wait(10)
+    try:
+        yield done
+    finally:
+        done.set()
+        reader.join(10)
+
+
+def test_a_purged_vector_leaves_the_cache_files_log_while_another_connection_keeps_it_open(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """M10, R2, ADR 0065 update: a purge empties the cache file's write-ahead log, as the
+    journal's (ADR 0005): a connection that keeps the file open (a monitoring tool) kept the log,
+    and the purged fact's vector in it, after the purge, the scrub and the close."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    vector = _vector_bytes(SECRET)
+    with journaled.open(url, clock=clock, embedder=Hashed(WORDS)) as rt:
+        rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        idle = sqlite3.connect(cache)
+        try:
+            idle.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            gone = rt.memory.remember(SECRET)
+            rt.memory.search_semantic("secret")
+            assert _files_holding(tmp_path, vector) != []
+            assert rt.memory.purge(gone.id, reason="asked to forget")
+            assert _files_holding(tmp_path, vector) == []
+            assert not rt.memory.scrub_pending
+        finally:
+            idle.close()
+
+
+def test_a_reader_holding_the_cache_file_keeps_the_scrub_pending_until_it_ends(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """M10, ADR 0065 update: a reader holding older data of the cache file (a backup) holds the
+    checkpoint back; the purge still returns, ``scrub_pending`` says so and ``scrub`` raises
+    ScrubPending naming the vector cache; once the reader ends a scrub empties the log."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    vector = _vector_bytes(SECRET)
+    with journaled.open(url, clock=clock, embedder=Hashed(WORDS)) as rt:
+        gone = rt.memory.remember(SECRET)
+        rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        with _reading(cache) as done:
+            assert rt.memory.purge(gone.id, reason="asked to forget")
+            assert rt.memory.scrub_pending
+            with pytest.raises(journaled.ScrubPending, match="vector cache"):
+                rt.memory.scrub(timeout=0.1)
+            assert _files_holding(tmp_path, vector) != []  # the file's pages, or its log's
+            done.set()
+        rt.memory.scrub(timeout=10)
+        assert not rt.memory.scrub_pending
+        assert _files_holding(tmp_path, vector) == []
+        assert gone.id not in _linked(cache)
+
+
+def test_a_purge_the_catch_up_applies_empties_the_cache_files_log(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """M10, ADR 0048, ADR 0065 update: a purge made by a runtime without the embedder reaches
+    the file at the next search's catch-up, and that catch-up empties the file's log too, while
+    another connection keeps the file (and so its log) open."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    cache = tmp_path / "journal.sqlite.vectors"
+    vector = _vector_bytes(SECRET)
+    with journaled.open(url, clock=clock, embedder=Hashed(WORDS)) as rt:
+        gone = rt.memory.remember(SECRET)
+        kept = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+    idle = sqlite3.connect(cache)
+    try:
+        idle.execute("SELECT count(*) FROM sqlite_master").fetchone()
+        with journaled.open(url, clock=clock) as rt:
+            assert rt.memory.purge(gone.id, reason="asked to forget")
+        assert _files_holding(tmp_path, vector) != []  # nobody with the cache saw it yet
+        with journaled.open(url, clock=clock, embedder=Hashed(WORDS)) as rt:
+            assert [f.id for f in rt.memory.search_semantic("cat")] == [kept.id]
+            assert _files_holding(tmp_path, vector) == []
+            assert not rt.memory.scrub_pending
+    finally:
+        idle.close()

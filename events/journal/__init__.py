@@ -100,6 +100,7 @@ from journaled.events.journal._common import (
     causes,
     content_key,
     disk_full,
+    truncate_wal,
 )
 from journaled.events.journal._digest import (
     DIGEST_TABLE,
@@ -569,6 +570,9 @@ class Journal:
                     f"an event of {', '.join(guard[1]) if guard else '?'} was appended after "
                     f"position {guard[0] if guard else '?'}; nothing was appended"
                 ) from exc
+            finally:
+                if forget or drop_snapshots:  # before the erasure's caller hears of it
+                    _ERASED_HERE.bump()
             if events:
                 self._bump()
         return list(positions or [])
@@ -734,6 +738,18 @@ class Journal:
             with self._using():
                 self._recorder.mark_scrubbed(erased)
 
+    def erasures(self) -> int:
+        """Return how many erasures (purges, dropped snapshots) the journal has committed.
+
+        Read from the journal's database, where each erasure counts itself in its own
+        transaction: a reader holding events it read before compares it to tell whether any of
+        their content may have been erased since (R2). See also :func:`erasures_here`.
+        """
+        self._check_open()
+        with self._using():
+            erased, _ = self._recorder.select_scrub_marks()
+        return erased
+
     def scrub_debt(self) -> int:
         """Return how many committed erasures no scrub has yet removed from the files.
 
@@ -747,31 +763,16 @@ class Journal:
         return max(0, erased - scrubbed)
 
     def _truncate_wal(self, path: str, wait: float) -> None:
-        deadline = time.monotonic() + wait
-        # No busy timeout: a checkpoint waiting for readers holds the write lock meanwhile.
-        conn = sqlite3.connect(path, timeout=0, isolation_level=None)
         try:
-            conn.execute("PRAGMA secure_delete=ON")
-            while True:
-                try:
-                    row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-                except sqlite3.OperationalError as exc:
-                    full = disk_full(exc)
-                    if full is not None:  # no reader to wait for: the file cannot grow
-                        raise JournalFull(self.config.url, full) from exc
-                    row = (1, 0, 0)  # a writer holds the lock right now
-                if not row[0]:
-                    return
-                if time.monotonic() >= deadline:
-                    break
-                time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
+            done = truncate_wal(path, wait)
+        except sqlite3.OperationalError as exc:  # no reader to wait for: the file cannot grow
+            raise JournalFull(self.config.url, disk_full(exc) or "disk full") from exc
+        if not done:
             raise PersistenceError(
                 f"could not truncate the write-ahead log of {path}: another "
                 "connection keeps reading; erased bytes remain until it closes and the "
                 "journal is scrubbed again (rt.memory.scrub(), retried in the background)"
             )
-        finally:
-            conn.close()
 
     # -- reading ---------------------------------------------------------------------------------
 
@@ -1348,6 +1349,32 @@ _WHOLE_EVENT = frozenset(bytes((b,)) for b in (*range(0x80, 0x90), 0xDE, 0xDF))
 side row of this release is a msgpack array of the content values."""
 
 
+class _Mark:
+    """A counter threads bump and read without a lock around the read (an int is replaced whole)."""
+
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def bump(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+_ERASED_HERE = _Mark()
+
+
+def erasures_here() -> int:
+    """Return a mark that every erasing append of this process (any journal) moves.
+
+    Moved once the erasure committed (or failed), before its caller returns: a reader holding
+    events read earlier compares it, at the cost of an attribute read, to tell whether a purge
+    of this process may have erased their content since; other processes' erasures are counted
+    in the database (:meth:`Journal.erasures`).
+    """
+    return _ERASED_HERE.value
+
+
 def content_of(event: DomainEvent) -> bytes:
     """Encode an event's content values, in ``map_content`` order: its side row (ADR 0035)."""
     values: list[Any] = []
@@ -1425,5 +1452,7 @@ __all__ = [
     "VerifyReport",
     "content_key",
     "disk_full",
+    "erasures_here",
     "migrate",
+    "truncate_wal",
 ]

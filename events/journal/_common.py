@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -65,6 +66,42 @@ def disk_full(error: object) -> str | None:
         ):
             return (str(cause).strip().splitlines() or ["disk full"])[0]
     return None
+
+
+def truncate_wal(path: str, wait: float) -> bool:
+    """Copy a SQLite file's write-ahead log into the file and empty the log (ADR 0005).
+
+    Run after an erasure with ``secure_delete`` on: the zeroed pages reach the file and the log
+    keeps no frame of the erased bytes. Each attempt gives way at once to a reader or a writer
+    (no busy timeout: a checkpoint waiting for readers would hold the write lock meanwhile);
+    attempts are repeated every 20 ms for up to ``wait`` seconds (0: one attempt).
+
+    Returns:
+        True once the log is empty; False when another connection kept reading older data, or
+        writing, for ``wait`` seconds.
+
+    Raises:
+        sqlite3.OperationalError: the disk is full (:func:`disk_full` names it): no reader is to
+            blame, and the log cannot be copied into the file.
+    """
+    deadline = time.monotonic() + wait
+    conn = sqlite3.connect(path, timeout=0, isolation_level=None)
+    try:
+        conn.execute("PRAGMA secure_delete=ON")
+        while True:
+            try:
+                row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            except sqlite3.OperationalError as exc:
+                if disk_full(exc) is not None:
+                    raise
+                row = (1, 0, 0)  # a writer holds the lock right now
+            if not row[0]:
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)  # a reader holds the log; its snapshot ends soon
+    finally:
+        conn.close()
 
 
 class LockWaitExpired(Exception):

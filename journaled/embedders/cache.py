@@ -9,12 +9,16 @@ was redacted before it reached the journal (M9), and query texts are never kept.
 Purge reaches the cache twice: ``forget_facts`` at once, from the purging runtime, and
 ``catch_up`` before every use, which reads the journal's ``memory.fact-purged`` events after the
 position the cache last saw, so purges by another process, or while no runtime was open, are
-applied before any vector is served. Deleted rows are overwritten on disk (``secure_delete``).
+applied before any vector is served. Deleted rows are overwritten on disk (``secure_delete``),
+and the file's write-ahead log is then emptied (:meth:`VectorCache.scrub`), as the journal's is
+after an erasure (ADR 0005): a checkpoint another connection holds back is owed, retried at the
+cache's next use and by every scrub of the runtime, which reports it pending meanwhile.
 """
 
 from __future__ import annotations
 
 import hashlib
+import os
 import sqlite3
 import threading
 from array import array
@@ -22,7 +26,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import closing, contextmanager, suppress
 
 from journaled.events.codec import topics_of
-from journaled.events.journal import Journal
+from journaled.events.journal import Journal, truncate_wal
 from journaled.events.memory import FactPurged
 
 __all__ = ["VectorCache", "digest"]
@@ -53,6 +57,14 @@ def _purged_ids(journal: Journal, after: int, upto: int) -> list[str]:
         for e in journal.read(after=after, upto=upto, topics=_PURGED_TOPICS)
         if isinstance(e.data, FactPurged)
     ]
+
+
+def _logged(path: str) -> bool:
+    """Tell whether a cache file has a write-ahead log that is not empty."""
+    try:
+        return os.path.getsize(path + "-wal") > 0
+    except OSError:
+        return False
 
 
 def digest(text: str, owner: str | None = None) -> bytes:
@@ -88,6 +100,10 @@ class VectorCache:
         self._unwritten: dict[tuple[str, str], tuple[bytes, list[float]]] = {}
         """File-cache rows by (model, fact id) that the memo holds and the file does not yet:
         a write failed (a full disk) or was held back (no catch-up vouched for it)."""
+        self._unscrubbed = path is not None and _logged(path)
+        """Whether the file's write-ahead log may still hold rows deleted from it: a checkpoint
+        after a delete was held back by another connection, or the log was left by a process
+        that may have stopped before its own (ADR 0065 update)."""
         if path is not None:
             with self._connect():
                 pass  # made (or checked) now: a file that cannot be is known at once
@@ -98,6 +114,8 @@ class VectorCache:
         use). WAL, so that a reader (a backup) never holds up a write; a writer waits for
         another at most :data:`_BUSY` seconds, and the caller goes on without the cache."""
         assert self.path is not None
+        if self._unscrubbed:  # owed since a reader held the log: tried again at each use
+            self._scrub_quietly()
         with closing(sqlite3.connect(self.path, timeout=_BUSY, isolation_level=None)) as db:
             db.execute("PRAGMA secure_delete = ON")
             if db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
@@ -232,7 +250,52 @@ class VectorCache:
             stale = {row[0] for row in linked}
             for key in [k for k in self._vectors if k[1] in stale]:
                 del self._vectors[key]
+            self._unscrubbed = True
+        self._scrub_quietly()
         return cursor.rowcount
+
+    @property
+    def scrub_pending(self) -> bool:
+        """Tell whether rows deleted from the file may still be in its write-ahead log."""
+        with self._lock:
+            return self._unscrubbed
+
+    def scrub(self, wait: float) -> bool:
+        """Empty the file's write-ahead log, so that no frame of it keeps a deleted vector (M10).
+
+        The journal's way (ADR 0005): the deletes zeroed the rows (``secure_delete``), and a
+        checkpoint that gives way to readers and writers, repeated for up to ``wait`` seconds,
+        copies the zeroed pages into the file and truncates the log. Runs whether or not this
+        process deleted anything, so a log another process left is emptied too.
+
+        Returns:
+            True once the log is empty (or there is no file); False when another connection kept
+            reading older data for ``wait`` seconds: the checkpoint stays owed.
+
+        Raises:
+            sqlite3.OperationalError: the disk is full; the checkpoint stays owed.
+        """
+        if self.path is None or not os.path.exists(self.path):
+            with self._lock:
+                self._unscrubbed = False
+            return True
+        with self._lock:  # a delete committed during the checkpoint sets it again after
+            self._unscrubbed = False
+        try:
+            done = truncate_wal(self.path, wait)
+        except BaseException:
+            with self._lock:
+                self._unscrubbed = True
+            raise
+        if not done:
+            with self._lock:
+                self._unscrubbed = True
+        return done
+
+    def _scrub_quietly(self) -> None:
+        """Try the owed checkpoint once, giving way at once: a failure leaves it owed."""
+        with suppress(sqlite3.Error, OSError):
+            self.scrub(0.0)
 
     def catch_up(self, journal: Journal) -> int:
         """Apply every purge the journal recorded after the position this cache last saw;
