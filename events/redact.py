@@ -53,7 +53,7 @@ Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are ke
 redacted text still says what was there: ``password=hunter2`` becomes ``password=[REDACTED]``.
 Redaction is idempotent, and text that was already redacted has no secrets left to find.
 :func:`redact_data` applies the same rules to structured data, and reads its shapes too: what
-is stored under a name of a secret, name/value pairs, argv lists.
+is stored under a name of a secret, name/value pairs, argv lists, keys made of items.
 """
 
 from __future__ import annotations
@@ -742,12 +742,16 @@ def _hide(item: Any) -> Any:
     return item
 
 
+_Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | frozenset[Any]
+"""What :func:`redact_data` walks: frozensets come as parts of keys (``{("alice", token): 1}``)."""
+_CONTAINERS = (dict, list, tuple, frozenset)
+
 _NAME_FIELDS = ("name", "Name", "NAME", "key", "Key", "KEY")
 _VALUE_FIELDS = ("value", "Value", "VALUE")
 _NOTHING: frozenset[Any] = frozenset()
 
 
-def _assigned(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> frozenset[Any]:
+def _assigned(container: _Container) -> frozenset[Any]:
     """Return the keys or indices of ``container`` whose items a name of a secret is given to.
 
     A mapping with a ``name`` or ``key`` naming a secret assigns its ``value`` to that name
@@ -761,7 +765,7 @@ def _assigned(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> frozen
         if any(_names_secret(container.get(field)) for field in _NAME_FIELDS):
             return frozenset(field for field in _VALUE_FIELDS if field in container)
         return _NOTHING
-    if len(container) == 2 and _names_secret(container[0]):
+    if isinstance(container, list | tuple) and len(container) == 2 and _names_secret(container[0]):
         return frozenset((1,))
     return _NOTHING
 
@@ -823,25 +827,36 @@ class _Frame:
         entries: Its ``(key, item)`` pairs still to copy; a list's keys are its indices.
         hidden: Whether it sits under a name of a secret: every scalar in it is replaced.
         assigned: The keys or indices whose items a name of a secret is given to.
-        copy: The copy being built (a list for a tuple, made a tuple when done).
+        copy: The copy being built (a list for a tuple or a frozenset, made one when done).
         numbers: The next number to try for each key that collided after redaction.
         slot: Where the child being walked goes into the copy.
     """
 
-    source: dict[Any, Any] | list[Any] | tuple[Any, ...]
+    source: _Container
     entries: Iterator[tuple[Any, Any]]
     hidden: bool
     assigned: frozenset[Any]
     copy: dict[Any, Any] | list[Any]
-    numbers: dict[str, int] | None = None
+    numbers: dict[Any, int] | None = None
     slot: Any = None
 
 
-def _unused_key(key: str, frame: _Frame) -> str:
+def _numbered(key: Any, number: int) -> Any:
+    """Return ``key`` with ``number`` added, of the key's own type."""
+    if isinstance(key, str):
+        return f"{key} {number}"
+    if isinstance(key, tuple):
+        return (*key, number)
+    return key | {number}
+
+
+def _unused_key(key: Any, frame: _Frame) -> Any:
     """Return ``key``, or, when the frame's copy already holds it, ``key`` numbered from 2 on.
 
     Two keys that redact alike (two tokens) must not make one entry overwrite the other; the
-    numbers follow the order of the entries, so a replay numbers them the same way.
+    numbers follow the order of the entries, so a replay numbers them the same way. A string
+    key gets `` 2``, a tuple a last item ``2`` and a frozenset an item ``2``, so the key keeps
+    its type.
     """
     copy = frame.copy
     if key not in copy:
@@ -850,13 +865,13 @@ def _unused_key(key: str, frame: _Frame) -> str:
         frame.numbers = {}
     numbers = frame.numbers
     number = numbers.get(key, 2)
-    while f"{key} {number}" in copy:
+    while _numbered(key, number) in copy:
         number += 1
     numbers[key] = number + 1
-    return f"{key} {number}"
+    return _numbered(key, number)
 
 
-def _frame(container: dict[Any, Any] | list[Any] | tuple[Any, ...], *, hidden: bool) -> _Frame:
+def _frame(container: _Container, *, hidden: bool) -> _Frame:
     """Return the frame that starts copying ``container``."""
     if isinstance(container, dict):
         entries: Iterator[tuple[Any, Any]] = iter(container.items())
@@ -871,15 +886,18 @@ def redact_data(value: Any) -> Any:
 
     Strings are redacted as text, string keys included (a map from tokens to their owners
     holds its secrets in its keys; keys that then collide are numbered, ``[REDACTED]``,
-    ``[REDACTED] 2``, so that no entry is lost). What is stored under a name of a secret is
-    replaced whole, unless it is a placeholder: a string or number under such a key
-    (``{"password": "hunter2"}``, ``{"apiKey": 123}``), every string and number inside a list
-    or dict under it, however deep (``{"client_secret": {"value": "x"}}``), and the value of a
-    name/value mapping or of a pair that names a secret (``{"name": "DB_PASSWORD", "value":
-    "x"}``, ``["Authorization", "Basic ..."]``). A list of strings is also redacted as the
-    command line it spells (``["sshpass", "-p", "x", "ssh", "host"]``). Lists, tuples and
-    dicts are walked without recursion, so data nested as deep as the journal can encode it
-    does not exhaust the stack.
+    ``[REDACTED] 2``, so that no entry is lost). A tuple or frozenset key is redacted as the
+    same items would be as a value, keeping its type (``("alice", "[REDACTED]")``); one that
+    then collides gets its number as a further item (``("alice", "[REDACTED]", 2)``). What is
+    stored under a name of a secret is replaced whole, unless it is a placeholder: a string or
+    number under such a key (``{"password": "hunter2"}``, ``{"apiKey": 123}``), every string
+    and number inside a list or dict under it, however deep (``{"client_secret": {"value":
+    "x"}}``), and the value of a name/value mapping or of a pair that names a secret
+    (``{"name": "DB_PASSWORD", "value": "x"}``, ``["Authorization", "Basic ..."]``). A list of
+    strings is also redacted as the command line it spells (``["sshpass", "-p", "x", "ssh",
+    "host"]``). Lists, tuples, frozensets and dicts are walked without recursion, so data
+    nested as deep as the journal can encode it does not exhaust the stack (a key is walked by
+    a call of its own: keys hold no dict, so that call holds no key).
 
     Args:
         value: A step's input or output, an agent's data, an answer: anything journalable.
@@ -887,7 +905,7 @@ def redact_data(value: Any) -> Any:
     Returns:
         The same structure in new containers, with the secrets replaced.
     """
-    if not isinstance(value, dict | list | tuple):
+    if not isinstance(value, _CONTAINERS):
         return redact(value) if isinstance(value, str) else value
     line = _command_line(value)
     if line is not None:
@@ -898,11 +916,15 @@ def redact_data(value: Any) -> Any:
         copy = frame.copy
         for key, item in frame.entries:
             hidden = frame.hidden or key in frame.assigned
-            if isinstance(copy, dict) and isinstance(key, str):
-                redacted = redact(key)
-                hidden = hidden or _names_secret(redacted)
-                key = _unused_key(redacted, frame)  # noqa: PLW2901
-            if isinstance(item, dict | list | tuple):
+            if isinstance(copy, dict):
+                if isinstance(key, str):
+                    redacted = redact(key)
+                    hidden = hidden or _names_secret(redacted)
+                    key = _unused_key(redacted, frame)  # noqa: PLW2901
+                elif isinstance(key, tuple | frozenset):
+                    # Read as the same items would be as a value; a key is never hidden.
+                    key = _unused_key(redact_data(key), frame)  # noqa: PLW2901
+            if isinstance(item, _CONTAINERS):
                 leaf: Any = None if hidden or isinstance(item, dict) else _command_line(item)
                 if leaf is None:
                     # The child is copied whole before the next entry: its place is its key,

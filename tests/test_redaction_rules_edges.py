@@ -1,7 +1,7 @@
 """Redaction rules at the shapes they used to miss (M9; ADR 0018, 0019, 0068): JSON inside a
 JSON string, prefixed names before a colon and a quoted value, no-break spaces, containers and
-name/value pairs under a name of a secret, argv lists, keys that redact alike, and ordinary text
-that lost words it did not need to.
+name/value pairs under a name of a secret, argv lists, keys that redact alike, keys made of items
+(tuples, frozensets), and ordinary text that lost words it did not need to.
 
 Each probe failed before its rule was changed; the tests after it pin the edges of each change.
 Fake secrets are assembled at run time so that no literal here looks like a live credential.
@@ -435,6 +435,58 @@ def test_colliding_keys_are_numbered_in_order_whatever_they_hold() -> None:
     assert redact_data(out) == out
 
 
+@pytest.mark.parametrize(
+    "output",
+    [{("alice", f"token {GITHUB}"): "ok"}, {frozenset({f"token {GITHUB}"}): 1}],
+    ids=["tuple-key", "frozenset-key"],
+)
+def test_a_secret_inside_a_tuple_or_frozenset_key_is_redacted(
+    sqlite_url: str, clock: ManualClock, output: dict[Any, Any]
+) -> None:
+    """M9, ADR 0018, 0068: ``redact_data`` redacted only string keys, so a tool's output keyed
+    by ``(user, token)`` (or a frozenset, journaled as a tuple) was journaled and returned with
+    the token. A tuple or frozenset key is now redacted as the same items would be as a value,
+    keeping its type."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("creds", lambda data: output)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="creds")]))
+        assert result.ok
+        live = result.observations[0].output
+        replayed = rt.runs.at(result.run_id, rt.journal.position()).observations[0].output
+        stored = _everywhere(rt, sqlite_url)
+    assert GITHUB.encode() not in stored
+    assert GITHUB not in repr(live)
+    assert live == replayed
+    assert [type(key) for key in live] == [tuple]
+
+
+def test_tuple_and_frozenset_keys_that_redact_alike_are_numbered_and_keep_their_type() -> None:
+    """M9, ADR 0068: two composite keys that redact alike keep both entries; the number is a
+    further item of the key, in the entries' order, skipping a key the data already has. An
+    item that names a secret hides the next one as in a value's pair; a second pass changes
+    nothing."""
+    data = {
+        ("alice", _github("Al1ce")): "a",
+        ("alice", REDACTED, 2): "taken",
+        ("alice", _github("B0bby")): "b",
+        frozenset({_github("Al1ce")}): 1,
+        frozenset({_github("B0bby")}): 2,
+        ("password", PASSWORD): 3,
+        ("ops", ("deploy", frozenset({f"token {GITHUB}"}))): 4,
+    }
+    out = redact_data(data)
+    assert list(out.items()) == [
+        (("alice", REDACTED), "a"),
+        (("alice", REDACTED, 2), "taken"),
+        (("alice", REDACTED, 3), "b"),
+        (frozenset({REDACTED}), 1),
+        (frozenset({REDACTED, 2}), 2),
+        (("password", REDACTED), 3),
+        (("ops", ("deploy", frozenset({f"token {REDACTED}"}))), 4),
+    ]
+    assert redact_data(out) == out
+
+
 # -- ordinary text ---------------------------------------------------------------------------------
 
 
@@ -521,11 +573,13 @@ def test_a_mebibyte_of_adversarial_text_is_redacted_in_linear_time(piece: str) -
 
 @pytest.mark.timeout(60)
 def test_large_structured_data_in_the_new_shapes_is_redacted_in_linear_time() -> None:
-    """M9, ADR 0068: long argv lists, many colliding keys, many pairs and deep containers under
-    a name of a secret are redacted in a few seconds, and a second pass changes nothing."""
+    """M9, ADR 0068: long argv lists, many colliding keys (strings or tuples), many pairs and
+    deep containers under a name of a secret are redacted in a few seconds, and a second pass
+    changes nothing."""
     data = {
         "argv": ["sshpass", "-p", "pw"] * 20_000,
         "keys": {_github(f"{i:06d}"): i for i in range(20_000)},
+        "tuple keys": {("u", _github(f"{i:06d}")): i for i in range(20_000)},
         "pairs": [["Authorization", "Basic abc"]] * 20_000,
         "env": [{"name": "DB_PASSWORD", "value": "x"}] * 20_000,
         "password": [[["x"] * 10] * 10] * 200,
@@ -534,6 +588,7 @@ def test_large_structured_data_in_the_new_shapes_is_redacted_in_linear_time() ->
     out = redact_data(data)
     assert time.monotonic() - began < 15
     assert len(out["keys"]) == 20_000
+    assert len(out["tuple keys"]) == 20_000
     assert redact_data(out) == out
 
 
