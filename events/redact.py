@@ -37,7 +37,10 @@ What is caught, under the kind name that :func:`find_secrets` reports for it:
   ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept, and
   so is an amount of money after a mid-sentence colon (``price per token: $0.00015``). Quotes
   may be escaped, at any depth, as in JSON carried inside a JSON string
-  (``{\\"password\\": \\"...\\"}``);
+  (``{\\"password\\": \\"...\\"}``). The same names written as XML configuration too:
+  the text of an element named after one (``<password>...</password>``, ``<apiToken>``), and
+  the value of an element whose ``key`` or ``name`` attribute names one (``<add
+  key="DbPassword" value="..."/>``, ``<property name="password" value="..."/>``);
 - ``bearer-token``: the token after ``Authorization: Bearer`` (or ``token``, ``Bot``) or after
   a bare ``Bearer``;
 - ``basic-auth``: the credentials after ``Authorization: Basic``;
@@ -103,6 +106,7 @@ def _bearer_token_is_credential(secret: str) -> bool:
 _PLACEHOLDER = re.compile(
     r"""
     \$\{?[A-Za-z_][A-Za-z0-9_]*\}? | \$\(.*   # ${DB_PASSWORD}, $PGPASS, $(cat file)
+    | \$\{[A-Za-z_][A-Za-z0-9_.-]*\}          # Maven's ${env.DB_PASSWORD}, Spring's ${db.password}
     | \{\{.*\}\} | \{%.*%\} | %\([A-Za-z_]\w*\)s   # templates: {{ secrets.X }}, %(password)s
     | <[^<>]*> | \[[A-Z_ -]+\]                # <your-password>, [PASSWORD]
     | (?:os\.(?:environ|getenv)|getpass|process\.env|ENV\[|env\(|System\.getenv|secrets\.)\S*
@@ -309,7 +313,70 @@ def _assignment_rules(
         rules.append(
             _Rule(kind, re.compile(option, flags), _VALUE_GROUPS, _looks_like_value, needs)
         )
-    return rules
+    return [*rules, *_xml_rules(kind, names, needs)]
+
+
+def _xml_value_is_secret(secret: str) -> bool:
+    # Indentation between an element's tags is layout, not a value.
+    return not secret.isspace() and _not_placeholder(secret)
+
+
+# An XML name (a tag or an attribute's value naming a setting) may carry a namespace and any
+# prefix: <ns:apiToken>, key="DbPassword", name="spring.datasource.password".
+_XML_PREFIX = r"[A-Za-z0-9_.:-]{0,100}"
+# An element's text, or its CDATA section. The text stops at the next "<", where the next
+# element (and the next match) starts, so scans of the text never overlap.
+_XML_TEXT = r"(?:<!\[CDATA\[(?P<xcdata>[^\]<]*)\]\]>|(?P<xtext>[^<]*))"
+# An attribute's value, closed by its own quote; quotes may be escaped, as in XML carried
+# inside a JSON string. The first-letter lookahead, as in the assignment rules, lets most
+# positions fail on one test.
+_XML_VALUE = (
+    rf"""(?=[Vv])(?<![\w.:-])value{_SP}*={_SP}*"""
+    r"""(?:(?P<xe>\\*)"(?P<xdq>[^"<]*?)(?P=xe)"|(?P<xe2>\\*)'(?P<xsq>[^'<]*?)(?P=xe2)')"""
+)
+
+
+def _xml_rules(kind: str, names: str, needs: tuple[str, ...]) -> list[_Rule]:
+    """Build the rules for the same assignments written as XML configuration.
+
+    Args:
+        kind: The kind to report.
+        names: A regex alternation of the names, as for :func:`_assignment_rules`.
+        needs: Lower-case literals of which every one of the names holds at least one.
+
+    Returns:
+        Rules for the text of an element named after a secret (Maven's ``<password>``,
+        ``<apiToken>``, a CDATA section too), and for the ``value`` of an element whose
+        ``key`` or ``name`` attribute names one, before or after it (.NET's ``<add
+        key="DbPassword" value="x"/>``, Spring's and Ant's ``<property name="password"
+        value="x"/>``), or its text (Java's ``<entry key="db.password">x</entry>``, Spring's
+        ``<property name="password"><value>x</value></property>``). A name that only starts
+        with a secret's (``<passwordPolicy>``, ``name="tokenTtl"``) names no secret, and a
+        placeholder (``${db.password}``) is kept, as after ``=``.
+    """
+    flags = re.IGNORECASE
+    # The close must name the same element: "<token>a</b>" is not one element.
+    element = rf"""<(?P<xtag>{_XML_PREFIX}(?:{names}))(?:\s[^<>]*)?>{_XML_TEXT}</(?P=xtag)\s*>"""
+    named = (
+        rf"""(?=[KkNn])(?<![\w.:-])(?:key|name){_SP}*={_SP}*"""
+        rf"""(?P<xq>\\*["']){_XML_PREFIX}(?:{names})(?P=xq)"""
+    )
+    # The bound keeps a run of names in one tag from being rescanned from each (linear). Text
+    # after a name attribute stops at ">" too: its start is no "<" to stop the previous scan.
+    name_first = (
+        rf"""{named}[^<>]{{0,200}}?(?:{_XML_VALUE}|(?<!/)>(?:\s*<value>)?"""
+        r"""(?:<!\[CDATA\[(?P<xcdata>[^\]<]*)\]\]>|(?P<xtext>[^<>]*))</)"""
+    )
+    value_first = rf"""{_XML_VALUE}[^<>]{{0,200}}?{named}"""
+    text, value = ("xcdata", "xtext"), ("xdq", "xsq")
+    return [
+        _Rule(kind, re.compile(pattern, flags), groups, _xml_value_is_secret, needs)
+        for pattern, groups in (
+            (element, text),
+            (name_first, (*value, *text)),
+            (value_first, value),
+        )
+    ]
 
 
 def _discord_id_segment(secret: str) -> bool:

@@ -1,7 +1,7 @@
 """Redaction rules at the shapes they used to miss (M9; ADR 0018, 0019, 0068): JSON inside a
 JSON string, prefixed names before a colon and a quoted value, no-break spaces, containers and
 name/value pairs under a name of a secret, argv lists, keys that redact alike, keys made of items
-(tuples, frozensets), and ordinary text that lost words it did not need to.
+(tuples, frozensets), XML configuration, and ordinary text that lost words it did not need to.
 
 Each probe failed before its rule was changed; the tests after it pin the edges of each change.
 Fake secrets are assembled at run time so that no literal here looks like a live credential.
@@ -487,6 +487,108 @@ def test_tuple_and_frozenset_keys_that_redact_alike_are_numbered_and_keep_their_
     assert redact_data(out) == out
 
 
+# -- XML configuration -----------------------------------------------------------------------------
+
+_XML_SHAPES = {
+    "maven-settings": (
+        f"<server><id>nexus</id><username>deploy</username><password>{PASSWORD}</password>"
+        "</server>",
+        f"<server><id>nexus</id><username>deploy</username><password>{REDACTED}</password>"
+        "</server>",
+    ),
+    "camel-case-tag": (f"<apiToken>{PASSWORD}</apiToken>", f"<apiToken>{REDACTED}</apiToken>"),
+    "namespace-indented": (
+        f'<ns:clientSecret id="1">\n  {PASSWORD}\n</ns:clientSecret>',
+        f'<ns:clientSecret id="1">{REDACTED}</ns:clientSecret>',
+    ),
+    "cdata": (
+        f"<password><![CDATA[{PASSWORD}]]></password>",
+        f"<password><![CDATA[{REDACTED}]]></password>",
+    ),
+    "dotnet-add-key": (
+        f'<appSettings><add key="DbPassword" value="{PASSWORD}"/></appSettings>',
+        f'<appSettings><add key="DbPassword" value="{REDACTED}"/></appSettings>',
+    ),
+    "spring-property": (
+        f"<property name='spring.datasource.password' value='{PASSWORD}' />",
+        f"<property name='spring.datasource.password' value='{REDACTED}' />",
+    ),
+    "value-first": (
+        f'<property value="{PASSWORD}" name="password"/>',
+        f'<property value="{REDACTED}" name="password"/>',
+    ),
+    "java-properties-entry": (
+        f'<entry key="db.password">{PASSWORD}</entry>',
+        f'<entry key="db.password">{REDACTED}</entry>',
+    ),
+    "nested-value": (
+        f'<property name="apiKey">\n  <value>{PASSWORD}</value>\n</property>',
+        f'<property name="apiKey">\n  <value>{REDACTED}</value>\n</property>',
+    ),
+    "inside-a-json-string": (
+        json.dumps({"config": f'<add key="ApiToken" value="{PASSWORD}" />'}),
+        json.dumps({"config": f'<add key="ApiToken" value="{REDACTED}" />'}),
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), _XML_SHAPES.values(), ids=_XML_SHAPES.keys())
+def test_a_secret_in_xml_configuration_is_redacted(text: str, expected: str) -> None:
+    """M9, ADR 0068: the assignment rules knew ``=``, ``:``, JSON, argv and name/value data, so
+    XML configuration kept its secrets: Maven's ``<password>x</password>``, .NET's ``<add
+    key="DbPassword" value="x"/>``, Spring's and Ant's ``<property name="password"
+    value="x"/>``. Now the text of an element named after a secret, and the value (or text) of
+    an element whose ``key`` or ``name`` names one, are redacted; tags and attributes stay, and
+    a second pass changes nothing."""
+    out = redact(text)
+    assert out == expected
+    assert find_secrets(text) == ["credential-assignment"]
+    assert redact(out) == out
+
+
+def test_a_remembered_maven_password_never_reaches_the_journal(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9, ADR 0068: a fact quoting a Maven ``settings.xml`` server was journaled with its
+    password."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        fact = rt.memory.remember("maven settings: " + _XML_SHAPES["maven-settings"][0])
+        assert PASSWORD not in fact.text
+        stored = _everywhere(rt, sqlite_url)
+    assert PASSWORD.encode() not in stored
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<page><name>password reset page</name><title>Forgot your token?</title></page>",
+        "<passwordPolicy>min-length-12</passwordPolicy><tokenTtl>3600</tokenTtl>",
+        '<property name="passwordLength" value="12"/><add key="TokenTtl" value="3600" />',
+        '<add key="password" /><add key="Mode" value="strict-2" />',
+        "<password>${env.NEXUS_PASSWORD}</password>",
+        '<property name="password" value="${db.password}"/>',
+        "<password>\n  \n</password><password/>",
+        "<token>a1</b> and <secret>x2</secrets>",
+    ],
+    ids=[
+        "text-about",
+        "longer-tags",
+        "longer-names",
+        "no-value",
+        "maven-placeholder",
+        "spring-placeholder",
+        "blank",
+        "unclosed",
+    ],
+)
+def test_ordinary_xml_is_kept(text: str) -> None:
+    """M9, ADR 0068: XML that only talks about secrets keeps its text: an element that merely
+    holds the word (``<name>password reset page</name>``), tags and names that start with a
+    secret's name (``<passwordPolicy>``, ``name="passwordLength"``), an element with no value,
+    a placeholder (``${db.password}``), blank text, and tags that do not close each other."""
+    assert redact(text) == text
+
+
 # -- ordinary text ---------------------------------------------------------------------------------
 
 
@@ -558,12 +660,20 @@ def test_what_the_false_positive_fixes_still_redact(text: str, secret: str) -> N
         "xsk-ant-",
         "xghp_" + "a1" * 18,
         "aglpat-",
+        "<password>",
+        "<a.password ",
+        "<password>a ",
+        'key="password" ',
+        'name="password" value="',
+        'name="password">',
+        'value="x" password ',
+        "<token><![CDATA[",
     ],
 )
 def test_a_mebibyte_of_adversarial_text_is_redacted_in_linear_time(piece: str) -> None:
     """M9, ADR 0068: a mebibyte repeating what the changed rules start on (escaped quotes, a
-    prefixed name, no-break spaces, curl, slugs, amounts) is redacted in a few seconds, and a
-    second pass changes nothing."""
+    prefixed name, no-break spaces, curl, slugs, amounts, XML elements and attributes) is
+    redacted in a few seconds, and a second pass changes nothing."""
     text = (piece * ((1 << 20) // len(piece) + 1))[: 1 << 20]
     began = time.monotonic()
     out = redact(text)
