@@ -29,6 +29,7 @@ LEXICAL_WEIGHT: float = 0.5
 RRF_K: int = 60
 """The rank constant k of reciprocal rank fusion (the published default)."""
 
+
 def _best_first(scores: dict[str, float]) -> list[tuple[float, str]]:
     return sorted(((s, d) for d, s in scores.items()), key=lambda h: (-h[0], h[1]))
 
