@@ -59,7 +59,7 @@ from journaled.events.inputs import (
 from journaled.events.journal import Journal
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan
-from journaled.events.redact import redact_data
+from journaled.events.redact import find_secrets, redact_data
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
 from journaled.events.run_state import RunState
 from journaled.events.runs import (
@@ -946,9 +946,18 @@ def _check_limits(limits: Limits | None) -> Limits:
         table = getattr(limits, table_name)
         if not isinstance(table, dict):
             raise ValueError(f"limits.{table_name} must be a dict, got {type(table).__name__}")
-        for key, cap in table.items():
+        for index, (key, cap) in enumerate(table.items()):
             if text_problem(key, empty=False):
                 raise ValueError(f"limits.{table_name} key {key!r} {text_problem(key)}")
+            # Keys are names, journaled as given with the run and kept by its purge, so one that
+            # holds a secret is refused without quoting it, as a plan's ids are (ADR 0069).
+            kinds = find_secrets(key)
+            if kinds:
+                kind = table_name.removeprefix("per_")
+                raise ValueError(
+                    f"limits.{table_name} key #{index} holds a secret ({', '.join(kinds)}): "
+                    f"limits are journaled as they are, never redacted; key them by {kind} name"
+                )
             if int_problem(cap, low=1):
                 raise ValueError(
                     f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}"

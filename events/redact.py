@@ -37,7 +37,10 @@ What is caught, under the kind name that :func:`find_secrets` reports for it:
   ``os.environ[...]``, ``getpass()``, ``<password>``, ``***``) is not a secret and is kept, and
   so is an amount of money after a mid-sentence colon (``price per token: $0.00015``). Quotes
   may be escaped, at any depth, as in JSON carried inside a JSON string
-  (``{\\"password\\": \\"...\\"}``);
+  (``{\\"password\\": \\"...\\"}``). The same names written as XML configuration too:
+  the text of an element named after one (``<password>...</password>``, ``<apiToken>``), and
+  the value of an element whose ``key`` or ``name`` attribute names one (``<add
+  key="DbPassword" value="..."/>``, ``<property name="password" value="..."/>``);
 - ``bearer-token``: the token after ``Authorization: Bearer`` (or ``token``, ``Bot``) or after
   a bare ``Bearer``;
 - ``basic-auth``: the credentials after ``Authorization: Basic``;
@@ -53,7 +56,7 @@ Key names, the words ``Bearer`` and ``Basic``, and the user part of a URL are ke
 redacted text still says what was there: ``password=hunter2`` becomes ``password=[REDACTED]``.
 Redaction is idempotent, and text that was already redacted has no secrets left to find.
 :func:`redact_data` applies the same rules to structured data, and reads its shapes too: what
-is stored under a name of a secret, name/value pairs, argv lists.
+is stored under a name of a secret, name/value pairs, argv lists, keys made of items.
 """
 
 from __future__ import annotations
@@ -103,6 +106,7 @@ def _bearer_token_is_credential(secret: str) -> bool:
 _PLACEHOLDER = re.compile(
     r"""
     \$\{?[A-Za-z_][A-Za-z0-9_]*\}? | \$\(.*   # ${DB_PASSWORD}, $PGPASS, $(cat file)
+    | \$\{[A-Za-z_][A-Za-z0-9_.-]*\}          # Maven's ${env.DB_PASSWORD}, Spring's ${db.password}
     | \{\{.*\}\} | \{%.*%\} | %\([A-Za-z_]\w*\)s   # templates: {{ secrets.X }}, %(password)s
     | <[^<>]*> | \[[A-Z_ -]+\]                # <your-password>, [PASSWORD]
     | (?:os\.(?:environ|getenv)|getpass|process\.env|ENV\[|env\(|System\.getenv|secrets\.)\S*
@@ -309,7 +313,70 @@ def _assignment_rules(
         rules.append(
             _Rule(kind, re.compile(option, flags), _VALUE_GROUPS, _looks_like_value, needs)
         )
-    return rules
+    return [*rules, *_xml_rules(kind, names, needs)]
+
+
+def _xml_value_is_secret(secret: str) -> bool:
+    # Indentation between an element's tags is layout, not a value.
+    return not secret.isspace() and _not_placeholder(secret)
+
+
+# An XML name (a tag or an attribute's value naming a setting) may carry a namespace and any
+# prefix: <ns:apiToken>, key="DbPassword", name="spring.datasource.password".
+_XML_PREFIX = r"[A-Za-z0-9_.:-]{0,100}"
+# An element's text, or its CDATA section. The text stops at the next "<", where the next
+# element (and the next match) starts, so scans of the text never overlap.
+_XML_TEXT = r"(?:<!\[CDATA\[(?P<xcdata>[^\]<]*)\]\]>|(?P<xtext>[^<]*))"
+# An attribute's value, closed by its own quote; quotes may be escaped, as in XML carried
+# inside a JSON string. The first-letter lookahead, as in the assignment rules, lets most
+# positions fail on one test.
+_XML_VALUE = (
+    rf"""(?=[Vv])(?<![\w.:-])value{_SP}*={_SP}*"""
+    r"""(?:(?P<xe>\\*)"(?P<xdq>[^"<]*?)(?P=xe)"|(?P<xe2>\\*)'(?P<xsq>[^'<]*?)(?P=xe2)')"""
+)
+
+
+def _xml_rules(kind: str, names: str, needs: tuple[str, ...]) -> list[_Rule]:
+    """Build the rules for the same assignments written as XML configuration.
+
+    Args:
+        kind: The kind to report.
+        names: A regex alternation of the names, as for :func:`_assignment_rules`.
+        needs: Lower-case literals of which every one of the names holds at least one.
+
+    Returns:
+        Rules for the text of an element named after a secret (Maven's ``<password>``,
+        ``<apiToken>``, a CDATA section too), and for the ``value`` of an element whose
+        ``key`` or ``name`` attribute names one, before or after it (.NET's ``<add
+        key="DbPassword" value="x"/>``, Spring's and Ant's ``<property name="password"
+        value="x"/>``), or its text (Java's ``<entry key="db.password">x</entry>``, Spring's
+        ``<property name="password"><value>x</value></property>``). A name that only starts
+        with a secret's (``<passwordPolicy>``, ``name="tokenTtl"``) names no secret, and a
+        placeholder (``${db.password}``) is kept, as after ``=``.
+    """
+    flags = re.IGNORECASE
+    # The close must name the same element: "<token>a</b>" is not one element.
+    element = rf"""<(?P<xtag>{_XML_PREFIX}(?:{names}))(?:\s[^<>]*)?>{_XML_TEXT}</(?P=xtag)\s*>"""
+    named = (
+        rf"""(?=[KkNn])(?<![\w.:-])(?:key|name){_SP}*={_SP}*"""
+        rf"""(?P<xq>\\*["']){_XML_PREFIX}(?:{names})(?P=xq)"""
+    )
+    # The bound keeps a run of names in one tag from being rescanned from each (linear). Text
+    # after a name attribute stops at ">" too: its start is no "<" to stop the previous scan.
+    name_first = (
+        rf"""{named}[^<>]{{0,200}}?(?:{_XML_VALUE}|(?<!/)>(?:\s*<value>)?"""
+        r"""(?:<!\[CDATA\[(?P<xcdata>[^\]<]*)\]\]>|(?P<xtext>[^<>]*))</)"""
+    )
+    value_first = rf"""{_XML_VALUE}[^<>]{{0,200}}?{named}"""
+    text, value = ("xcdata", "xtext"), ("xdq", "xsq")
+    return [
+        _Rule(kind, re.compile(pattern, flags), groups, _xml_value_is_secret, needs)
+        for pattern, groups in (
+            (element, text),
+            (name_first, (*value, *text)),
+            (value_first, value),
+        )
+    ]
 
 
 def _discord_id_segment(secret: str) -> bool:
@@ -742,12 +809,16 @@ def _hide(item: Any) -> Any:
     return item
 
 
+_Container = dict[Any, Any] | list[Any] | tuple[Any, ...] | frozenset[Any]
+"""What :func:`redact_data` walks: frozensets come as parts of keys (``{("alice", token): 1}``)."""
+_CONTAINERS = (dict, list, tuple, frozenset)
+
 _NAME_FIELDS = ("name", "Name", "NAME", "key", "Key", "KEY")
 _VALUE_FIELDS = ("value", "Value", "VALUE")
 _NOTHING: frozenset[Any] = frozenset()
 
 
-def _assigned(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> frozenset[Any]:
+def _assigned(container: _Container) -> frozenset[Any]:
     """Return the keys or indices of ``container`` whose items a name of a secret is given to.
 
     A mapping with a ``name`` or ``key`` naming a secret assigns its ``value`` to that name
@@ -761,7 +832,7 @@ def _assigned(container: dict[Any, Any] | list[Any] | tuple[Any, ...]) -> frozen
         if any(_names_secret(container.get(field)) for field in _NAME_FIELDS):
             return frozenset(field for field in _VALUE_FIELDS if field in container)
         return _NOTHING
-    if len(container) == 2 and _names_secret(container[0]):
+    if isinstance(container, list | tuple) and len(container) == 2 and _names_secret(container[0]):
         return frozenset((1,))
     return _NOTHING
 
@@ -823,25 +894,36 @@ class _Frame:
         entries: Its ``(key, item)`` pairs still to copy; a list's keys are its indices.
         hidden: Whether it sits under a name of a secret: every scalar in it is replaced.
         assigned: The keys or indices whose items a name of a secret is given to.
-        copy: The copy being built (a list for a tuple, made a tuple when done).
+        copy: The copy being built (a list for a tuple or a frozenset, made one when done).
         numbers: The next number to try for each key that collided after redaction.
         slot: Where the child being walked goes into the copy.
     """
 
-    source: dict[Any, Any] | list[Any] | tuple[Any, ...]
+    source: _Container
     entries: Iterator[tuple[Any, Any]]
     hidden: bool
     assigned: frozenset[Any]
     copy: dict[Any, Any] | list[Any]
-    numbers: dict[str, int] | None = None
+    numbers: dict[Any, int] | None = None
     slot: Any = None
 
 
-def _unused_key(key: str, frame: _Frame) -> str:
+def _numbered(key: Any, number: int) -> Any:
+    """Return ``key`` with ``number`` added, of the key's own type."""
+    if isinstance(key, str):
+        return f"{key} {number}"
+    if isinstance(key, tuple):
+        return (*key, number)
+    return key | {number}
+
+
+def _unused_key(key: Any, frame: _Frame) -> Any:
     """Return ``key``, or, when the frame's copy already holds it, ``key`` numbered from 2 on.
 
     Two keys that redact alike (two tokens) must not make one entry overwrite the other; the
-    numbers follow the order of the entries, so a replay numbers them the same way.
+    numbers follow the order of the entries, so a replay numbers them the same way. A string
+    key gets `` 2``, a tuple a last item ``2`` and a frozenset an item ``2``, so the key keeps
+    its type.
     """
     copy = frame.copy
     if key not in copy:
@@ -850,13 +932,13 @@ def _unused_key(key: str, frame: _Frame) -> str:
         frame.numbers = {}
     numbers = frame.numbers
     number = numbers.get(key, 2)
-    while f"{key} {number}" in copy:
+    while _numbered(key, number) in copy:
         number += 1
     numbers[key] = number + 1
-    return f"{key} {number}"
+    return _numbered(key, number)
 
 
-def _frame(container: dict[Any, Any] | list[Any] | tuple[Any, ...], *, hidden: bool) -> _Frame:
+def _frame(container: _Container, *, hidden: bool) -> _Frame:
     """Return the frame that starts copying ``container``."""
     if isinstance(container, dict):
         entries: Iterator[tuple[Any, Any]] = iter(container.items())
@@ -871,15 +953,18 @@ def redact_data(value: Any) -> Any:
 
     Strings are redacted as text, string keys included (a map from tokens to their owners
     holds its secrets in its keys; keys that then collide are numbered, ``[REDACTED]``,
-    ``[REDACTED] 2``, so that no entry is lost). What is stored under a name of a secret is
-    replaced whole, unless it is a placeholder: a string or number under such a key
-    (``{"password": "hunter2"}``, ``{"apiKey": 123}``), every string and number inside a list
-    or dict under it, however deep (``{"client_secret": {"value": "x"}}``), and the value of a
-    name/value mapping or of a pair that names a secret (``{"name": "DB_PASSWORD", "value":
-    "x"}``, ``["Authorization", "Basic ..."]``). A list of strings is also redacted as the
-    command line it spells (``["sshpass", "-p", "x", "ssh", "host"]``). Lists, tuples and
-    dicts are walked without recursion, so data nested as deep as the journal can encode it
-    does not exhaust the stack.
+    ``[REDACTED] 2``, so that no entry is lost). A tuple or frozenset key is redacted as the
+    same items would be as a value, keeping its type (``("alice", "[REDACTED]")``); one that
+    then collides gets its number as a further item (``("alice", "[REDACTED]", 2)``). What is
+    stored under a name of a secret is replaced whole, unless it is a placeholder: a string or
+    number under such a key (``{"password": "hunter2"}``, ``{"apiKey": 123}``), every string
+    and number inside a list or dict under it, however deep (``{"client_secret": {"value":
+    "x"}}``), and the value of a name/value mapping or of a pair that names a secret
+    (``{"name": "DB_PASSWORD", "value": "x"}``, ``["Authorization", "Basic ..."]``). A list of
+    strings is also redacted as the command line it spells (``["sshpass", "-p", "x", "ssh",
+    "host"]``). Lists, tuples, frozensets and dicts are walked without recursion, so data
+    nested as deep as the journal can encode it does not exhaust the stack (a key is walked by
+    a call of its own: keys hold no dict, so that call holds no key).
 
     Args:
         value: A step's input or output, an agent's data, an answer: anything journalable.
@@ -887,7 +972,7 @@ def redact_data(value: Any) -> Any:
     Returns:
         The same structure in new containers, with the secrets replaced.
     """
-    if not isinstance(value, dict | list | tuple):
+    if not isinstance(value, _CONTAINERS):
         return redact(value) if isinstance(value, str) else value
     line = _command_line(value)
     if line is not None:
@@ -898,11 +983,15 @@ def redact_data(value: Any) -> Any:
         copy = frame.copy
         for key, item in frame.entries:
             hidden = frame.hidden or key in frame.assigned
-            if isinstance(copy, dict) and isinstance(key, str):
-                redacted = redact(key)
-                hidden = hidden or _names_secret(redacted)
-                key = _unused_key(redacted, frame)  # noqa: PLW2901
-            if isinstance(item, dict | list | tuple):
+            if isinstance(copy, dict):
+                if isinstance(key, str):
+                    redacted = redact(key)
+                    hidden = hidden or _names_secret(redacted)
+                    key = _unused_key(redacted, frame)  # noqa: PLW2901
+                elif isinstance(key, tuple | frozenset):
+                    # Read as the same items would be as a value; a key is never hidden.
+                    key = _unused_key(redact_data(key), frame)  # noqa: PLW2901
+            if isinstance(item, _CONTAINERS):
                 leaf: Any = None if hidden or isinstance(item, dict) else _command_line(item)
                 if leaf is None:
                     # The child is copied whole before the next entry: its place is its key,

@@ -133,6 +133,15 @@ def _context_cases() -> list[Case]:
             ("docker-login", f"$ docker login -u bob -p {pw} ghcr.io", (pw,)),
             ("npmrc", f"//registry.npmjs.org/:_authToken={pw}", (pw,)),
             ("k8s-secret", f"kind: Secret\ndata:\n  password: {_b64(12)}{pw}\n", (pw,)),
+            (
+                "maven-settings",
+                f"<server>\n  <id>nexus</id>\n  <username>deploy</username>\n"
+                f"  <password>{pw}</password>\n</server>",
+                (pw,),
+            ),
+            ("dotnet-config", f'<appSettings>\n  <add key="DbPassword" value="{pw}" />', (pw,)),
+            ("spring-xml", f'<property name="spring.datasource.password" value="{pw}"/>', (pw,)),
+            ("xml-token", f"<config><apiToken>{pw}</apiToken></config>", (pw,)),
         ]
         bearer = _pick(_URLSAFE, 40)
         basic = base64.b64encode(f"bob:{pw}".encode()).decode()
@@ -260,6 +269,9 @@ def _look_alikes() -> list[str]:
         "mysql -u root -p shop",
         "machine learning models need a login page and a password reset flow",
         "curl -u bob https://api.example.com  # prompts for the password",
+        "spring.datasource.password=${db.password}",
+        "<password>${env.NEXUS_PASSWORD}</password>",
+        '<property name="password" value="${db.password}"/>',
         # Prose.
         "Please reset your password via the account page.",
         "The password must have at least twelve characters.",
@@ -291,6 +303,12 @@ def _look_alikes() -> list[str]:
         "-----BEGIN CERTIFICATE-----\nMIIDdzCCAl+gAwIBAgIEAgAAuTANBgkq\n-----END CERTIFICATE-----",
         "image: ghcr.io/acme/app@sha256:" + _hex(64),
         "Signature: sig-v4 (see the AWS docs)",
+        # XML about secrets, holding none.
+        "<page><name>password reset page</name><path>/account/reset</path></page>",
+        '<property name="passwordLength" value="12"/>',
+        '<add key="TokenLifetimeMinutes" value="30" />',
+        "<passwordPolicy>min-length-12</passwordPolicy>",
+        '<input type="password" name="password" placeholder="Password" />',
     ]
     texts += [f"commit {_hex(40)}\nAuthor: Bob <bob@example.com>\n\n    Fix it" for _ in range(12)]
     texts += [f"request {uuid.UUID(int=_rng.getrandbits(128))} took 41 ms" for _ in range(10)]

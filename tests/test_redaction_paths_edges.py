@@ -1,7 +1,7 @@
 """Secrets on the paths into the journal that bypassed redaction, and inputs that made the
-journal unreadable (M9, E1, E9, O1, F1; ADR 0018, 0069): forks, agent codes, ids, fact scopes
-and step ids, planner gaps, error messages cut before they were redacted, and a plan id or a
-gap that is not text.
+journal unreadable (M9, E1, E3, E9, O1, F1; ADR 0018, 0069): forks, agent codes, ids, the keys
+of limits, fact scopes and step ids, planner gaps, error messages cut before they were redacted,
+and a plan id or a gap that is not text.
 
 Each test failed before its fix. Fake secrets are assembled at run time."""
 
@@ -116,6 +116,25 @@ def test_a_plan_whose_step_or_plan_id_holds_a_token_is_refused(
         except PlanRejected as refused:
             refusal = str(refused)
         assert GITHUB not in refusal
+        stored = _everywhere(rt, sqlite_url)
+    assert GITHUB.encode() not in stored
+
+
+@pytest.mark.parametrize("table", ["per_tool", "per_skill", "per_agent"])
+def test_limits_keyed_by_a_token_are_refused(
+    sqlite_url: str, clock: ManualClock, table: str
+) -> None:
+    """M9, E3, ADR 0069: a key of ``Limits`` that holds a secret is refused, naming the table
+    and the key's place without quoting it. Keys are names, stored inline in ``run.started`` and
+    kept by a run's purge; one holding a token was journaled as given."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("echo", lambda data: data)
+        plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+        limits = journaled.Limits(**{table: {"echo": 1, f"deploy-{GITHUB}": 1}})
+        with pytest.raises(ValueError, match=rf"limits\.{table} key #1 holds a secret") as refused:
+            rt.execute(plan, limits=limits)
+        assert GITHUB not in str(refused.value)
+        assert rt.runs.ids() == []
         stored = _everywhere(rt, sqlite_url)
     assert GITHUB.encode() not in stored
 

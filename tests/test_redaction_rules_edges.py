@@ -1,7 +1,7 @@
 """Redaction rules at the shapes they used to miss (M9; ADR 0018, 0019, 0068): JSON inside a
 JSON string, prefixed names before a colon and a quoted value, no-break spaces, containers and
-name/value pairs under a name of a secret, argv lists, keys that redact alike, and ordinary text
-that lost words it did not need to.
+name/value pairs under a name of a secret, argv lists, keys that redact alike, keys made of items
+(tuples, frozensets), XML configuration, and ordinary text that lost words it did not need to.
 
 Each probe failed before its rule was changed; the tests after it pin the edges of each change.
 Fake secrets are assembled at run time so that no literal here looks like a live credential.
@@ -435,6 +435,160 @@ def test_colliding_keys_are_numbered_in_order_whatever_they_hold() -> None:
     assert redact_data(out) == out
 
 
+@pytest.mark.parametrize(
+    "output",
+    [{("alice", f"token {GITHUB}"): "ok"}, {frozenset({f"token {GITHUB}"}): 1}],
+    ids=["tuple-key", "frozenset-key"],
+)
+def test_a_secret_inside_a_tuple_or_frozenset_key_is_redacted(
+    sqlite_url: str, clock: ManualClock, output: dict[Any, Any]
+) -> None:
+    """M9, ADR 0018, 0068: ``redact_data`` redacted only string keys, so a tool's output keyed
+    by ``(user, token)`` (or a frozenset, journaled as a tuple) was journaled and returned with
+    the token. A tuple or frozenset key is now redacted as the same items would be as a value,
+    keeping its type."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("creds", lambda data: output)
+        result = rt.execute(Plan(goal="g", steps=[Step("a", tool="creds")]))
+        assert result.ok
+        live = result.observations[0].output
+        replayed = rt.runs.at(result.run_id, rt.journal.position()).observations[0].output
+        stored = _everywhere(rt, sqlite_url)
+    assert GITHUB.encode() not in stored
+    assert GITHUB not in repr(live)
+    assert live == replayed
+    assert [type(key) for key in live] == [tuple]
+
+
+def test_tuple_and_frozenset_keys_that_redact_alike_are_numbered_and_keep_their_type() -> None:
+    """M9, ADR 0068: two composite keys that redact alike keep both entries; the number is a
+    further item of the key, in the entries' order, skipping a key the data already has. An
+    item that names a secret hides the next one as in a value's pair; a second pass changes
+    nothing."""
+    data = {
+        ("alice", _github("Al1ce")): "a",
+        ("alice", REDACTED, 2): "taken",
+        ("alice", _github("B0bby")): "b",
+        frozenset({_github("Al1ce")}): 1,
+        frozenset({_github("B0bby")}): 2,
+        ("password", PASSWORD): 3,
+        ("ops", ("deploy", frozenset({f"token {GITHUB}"}))): 4,
+    }
+    out = redact_data(data)
+    assert list(out.items()) == [
+        (("alice", REDACTED), "a"),
+        (("alice", REDACTED, 2), "taken"),
+        (("alice", REDACTED, 3), "b"),
+        (frozenset({REDACTED}), 1),
+        (frozenset({REDACTED, 2}), 2),
+        (("password", REDACTED), 3),
+        (("ops", ("deploy", frozenset({f"token {REDACTED}"}))), 4),
+    ]
+    assert redact_data(out) == out
+
+
+# -- XML configuration -----------------------------------------------------------------------------
+
+_XML_SHAPES = {
+    "maven-settings": (
+        f"<server><id>nexus</id><username>deploy</username><password>{PASSWORD}</password>"
+        "</server>",
+        f"<server><id>nexus</id><username>deploy</username><password>{REDACTED}</password>"
+        "</server>",
+    ),
+    "camel-case-tag": (f"<apiToken>{PASSWORD}</apiToken>", f"<apiToken>{REDACTED}</apiToken>"),
+    "namespace-indented": (
+        f'<ns:clientSecret id="1">\n  {PASSWORD}\n</ns:clientSecret>',
+        f'<ns:clientSecret id="1">{REDACTED}</ns:clientSecret>',
+    ),
+    "cdata": (
+        f"<password><![CDATA[{PASSWORD}]]></password>",
+        f"<password><![CDATA[{REDACTED}]]></password>",
+    ),
+    "dotnet-add-key": (
+        f'<appSettings><add key="DbPassword" value="{PASSWORD}"/></appSettings>',
+        f'<appSettings><add key="DbPassword" value="{REDACTED}"/></appSettings>',
+    ),
+    "spring-property": (
+        f"<property name='spring.datasource.password' value='{PASSWORD}' />",
+        f"<property name='spring.datasource.password' value='{REDACTED}' />",
+    ),
+    "value-first": (
+        f'<property value="{PASSWORD}" name="password"/>',
+        f'<property value="{REDACTED}" name="password"/>',
+    ),
+    "java-properties-entry": (
+        f'<entry key="db.password">{PASSWORD}</entry>',
+        f'<entry key="db.password">{REDACTED}</entry>',
+    ),
+    "nested-value": (
+        f'<property name="apiKey">\n  <value>{PASSWORD}</value>\n</property>',
+        f'<property name="apiKey">\n  <value>{REDACTED}</value>\n</property>',
+    ),
+    "inside-a-json-string": (
+        json.dumps({"config": f'<add key="ApiToken" value="{PASSWORD}" />'}),
+        json.dumps({"config": f'<add key="ApiToken" value="{REDACTED}" />'}),
+    ),
+}
+
+
+@pytest.mark.parametrize(("text", "expected"), _XML_SHAPES.values(), ids=_XML_SHAPES.keys())
+def test_a_secret_in_xml_configuration_is_redacted(text: str, expected: str) -> None:
+    """M9, ADR 0068: the assignment rules knew ``=``, ``:``, JSON, argv and name/value data, so
+    XML configuration kept its secrets: Maven's ``<password>x</password>``, .NET's ``<add
+    key="DbPassword" value="x"/>``, Spring's and Ant's ``<property name="password"
+    value="x"/>``. Now the text of an element named after a secret, and the value (or text) of
+    an element whose ``key`` or ``name`` names one, are redacted; tags and attributes stay, and
+    a second pass changes nothing."""
+    out = redact(text)
+    assert out == expected
+    assert find_secrets(text) == ["credential-assignment"]
+    assert redact(out) == out
+
+
+def test_a_remembered_maven_password_never_reaches_the_journal(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """M9, ADR 0068: a fact quoting a Maven ``settings.xml`` server was journaled with its
+    password."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        fact = rt.memory.remember("maven settings: " + _XML_SHAPES["maven-settings"][0])
+        assert PASSWORD not in fact.text
+        stored = _everywhere(rt, sqlite_url)
+    assert PASSWORD.encode() not in stored
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "<page><name>password reset page</name><title>Forgot your token?</title></page>",
+        "<passwordPolicy>min-length-12</passwordPolicy><tokenTtl>3600</tokenTtl>",
+        '<property name="passwordLength" value="12"/><add key="TokenTtl" value="3600" />',
+        '<add key="password" /><add key="Mode" value="strict-2" />',
+        "<password>${env.NEXUS_PASSWORD}</password>",
+        '<property name="password" value="${db.password}"/>',
+        "<password>\n  \n</password><password/>",
+        "<token>a1</b> and <secret>x2</secrets>",
+    ],
+    ids=[
+        "text-about",
+        "longer-tags",
+        "longer-names",
+        "no-value",
+        "maven-placeholder",
+        "spring-placeholder",
+        "blank",
+        "unclosed",
+    ],
+)
+def test_ordinary_xml_is_kept(text: str) -> None:
+    """M9, ADR 0068: XML that only talks about secrets keeps its text: an element that merely
+    holds the word (``<name>password reset page</name>``), tags and names that start with a
+    secret's name (``<passwordPolicy>``, ``name="passwordLength"``), an element with no value,
+    a placeholder (``${db.password}``), blank text, and tags that do not close each other."""
+    assert redact(text) == text
+
+
 # -- ordinary text ---------------------------------------------------------------------------------
 
 
@@ -506,12 +660,20 @@ def test_what_the_false_positive_fixes_still_redact(text: str, secret: str) -> N
         "xsk-ant-",
         "xghp_" + "a1" * 18,
         "aglpat-",
+        "<password>",
+        "<a.password ",
+        "<password>a ",
+        'key="password" ',
+        'name="password" value="',
+        'name="password">',
+        'value="x" password ',
+        "<token><![CDATA[",
     ],
 )
 def test_a_mebibyte_of_adversarial_text_is_redacted_in_linear_time(piece: str) -> None:
     """M9, ADR 0068: a mebibyte repeating what the changed rules start on (escaped quotes, a
-    prefixed name, no-break spaces, curl, slugs, amounts) is redacted in a few seconds, and a
-    second pass changes nothing."""
+    prefixed name, no-break spaces, curl, slugs, amounts, XML elements and attributes) is
+    redacted in a few seconds, and a second pass changes nothing."""
     text = (piece * ((1 << 20) // len(piece) + 1))[: 1 << 20]
     began = time.monotonic()
     out = redact(text)
@@ -521,11 +683,13 @@ def test_a_mebibyte_of_adversarial_text_is_redacted_in_linear_time(piece: str) -
 
 @pytest.mark.timeout(60)
 def test_large_structured_data_in_the_new_shapes_is_redacted_in_linear_time() -> None:
-    """M9, ADR 0068: long argv lists, many colliding keys, many pairs and deep containers under
-    a name of a secret are redacted in a few seconds, and a second pass changes nothing."""
+    """M9, ADR 0068: long argv lists, many colliding keys (strings or tuples), many pairs and
+    deep containers under a name of a secret are redacted in a few seconds, and a second pass
+    changes nothing."""
     data = {
         "argv": ["sshpass", "-p", "pw"] * 20_000,
         "keys": {_github(f"{i:06d}"): i for i in range(20_000)},
+        "tuple keys": {("u", _github(f"{i:06d}")): i for i in range(20_000)},
         "pairs": [["Authorization", "Basic abc"]] * 20_000,
         "env": [{"name": "DB_PASSWORD", "value": "x"}] * 20_000,
         "password": [[["x"] * 10] * 10] * 200,
@@ -534,6 +698,7 @@ def test_large_structured_data_in_the_new_shapes_is_redacted_in_linear_time() ->
     out = redact_data(data)
     assert time.monotonic() - began < 15
     assert len(out["keys"]) == 20_000
+    assert len(out["tuple keys"]) == 20_000
     assert redact_data(out) == out
 
 
