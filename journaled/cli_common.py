@@ -99,7 +99,7 @@ def call(read: Callable[[], T]) -> T:
     try:
         return read()
     except (KeyError, ValueError) as exc:
-        fail(str(exc.args[0]) if exc.args else str(exc))
+        fail(render.error_message(exc))
 
 
 @contextmanager

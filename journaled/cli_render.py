@@ -229,6 +229,14 @@ def one_line(text: object, width: int | None = None) -> str:
     return flat
 
 
+def error_message(exc: BaseException) -> str:
+    """Say what an error says: a bare KeyError's key as given, not its repr; any other error
+    as ``str()`` renders it (the first argument alone of a UnicodeEncodeError is ``'utf-8'``)."""
+    if type(exc).__str__ is KeyError.__str__ and len(exc.args) == 1:
+        return str(exc.args[0])
+    return str(exc) or type(exc).__name__
+
+
 def describe_event(event: Event) -> str:
     """Say in one line what any journal event records (memory, run or orchestration)."""
     data = event.data

@@ -499,5 +499,5 @@ def answer(rt: journaled.Runtime, spec: ToolSpec, arguments: dict[str, Any] | No
     except EventsError:
         raise  # a journal that cannot be read is no argument's fault
     except (ValueError, KeyError) as exc:
-        message = str(exc.args[0]) if exc.args else str(exc)
+        message = render.error_message(exc)
         raise ToolError(spec.blame or "arguments", message) from None

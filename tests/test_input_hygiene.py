@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -33,6 +34,7 @@ from journaled import (
     Step,
 )
 from journaled.cli import main
+from journaled.cli_common import call
 from journaled.testing import ManualClock
 
 MIB = 1 << 20
@@ -388,6 +390,67 @@ def test_timeline_refuses_a_fact_id_in_one_line(
     assert "name facts, not runs" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert not page.exists()
+
+
+RUN_DOORS: list[tuple[str, Call]] = [
+    ("resume", lambda r: r.resume("run_" + SURROGATE)),
+    ("runs.why", lambda r: r.runs.why("run_" + SURROGATE)),
+    ("runs.state", lambda r: r.runs.state("run_" + SURROGATE)),
+    ("runs.history", lambda r: r.runs.history("run_" + SURROGATE)),
+    ("runs.at", lambda r: r.runs.at("run_" + SURROGATE, 1)),
+    ("runs.purge", lambda r: r.runs.purge("run_" + SURROGATE, "asked")),
+    ("runs.fork", lambda r: r.runs.fork("run_" + SURROGATE, 1)),
+    ("runs.lineage", lambda r: r.runs.lineage("run_" + SURROGATE)),
+]
+
+
+@pytest.mark.parametrize("door", [d[1] for d in RUN_DOORS], ids=[d[0] for d in RUN_DOORS])
+def test_a_run_id_utf8_cannot_store_is_an_unknown_run(rt: journaled.Runtime, door: Call) -> None:
+    """O6, R1 (ADR 0017): a run id holding a lone surrogate (an argument of invalid UTF-8) names
+    no run: RunNotFound in one line, as an unused id, not the driver's UnicodeEncodeError."""
+    with pytest.raises(RunNotFound) as raised:
+        door(rt)
+    assert "\n" not in str(raised.value)
+    assert not rt.cancel("run_" + SURROGATE)
+    assert [f.text for f in rt.memory.all()] == ["the sky is blue"]
+
+
+def test_a_fact_id_utf8_cannot_store_is_an_unknown_fact(rt: journaled.Runtime) -> None:
+    """M11, R1: a fact id holding a lone surrogate names no fact: why says so, history and
+    used_by are empty, as for an unused id."""
+    fact_id = "mem_" + SURROGATE
+    assert rt.memory.why(fact_id) == f"no fact {fact_id} in this journal"
+    assert rt.memory.history(fact_id) == []
+    assert rt.memory.used_by(fact_id) == []
+    assert rt.memory.get(fact_id) is None
+
+
+@pytest.mark.parametrize(
+    "command", [["runs", "why"], ["runs", "show"], ["memory", "why"], ["memory", "used-by"]]
+)
+def test_an_id_of_invalid_utf8_on_the_command_line_is_unknown_in_one_line(
+    sqlite_url: str, command: list[str]
+) -> None:
+    """O6, M11: an id the shell passed as invalid UTF-8 finds nothing, in one line, exit 1."""
+    with journaled.open(sqlite_url) as runtime:
+        runtime.memory.remember("kept")
+    result = _cli(sqlite_url, *command, "x_" + SURROGATE)
+    assert result.exit_code == 1, result.output
+    assert "Traceback" not in result.output
+    assert "no run" in result.stderr or "no fact" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_an_unexpected_value_error_prints_what_it_says() -> None:
+    """O6: the command line's one-line error of a ValueError it did not foresee is what the
+    error says, not its first argument alone (a UnicodeEncodeError's is only 'utf-8')."""
+    with pytest.raises(click.ClickException) as raised:
+        call(lambda: SURROGATE.encode("utf-8"))
+    assert "can't encode character" in raised.value.message
+    empty: dict[str, int] = {}
+    with pytest.raises(click.ClickException) as raised:
+        call(lambda: empty["missing"])
+    assert raised.value.message == "missing"
 
 
 PLAIN = [

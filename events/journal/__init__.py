@@ -241,6 +241,19 @@ def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | Jo
     )
 
 
+def _storable(stream: str) -> bool:
+    """Tell whether a stream id can be stored: UTF-8 cannot encode a lone surrogate (what an
+    argument of invalid UTF-8 becomes), so such an id names no stream and reads as unknown.
+
+    Asked only after the database driver refused an id, never on the way of a good read.
+    """
+    try:
+        stream.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _holds_journal(path: str) -> bool:
     """Tell whether a SQLite file holds a journal, reading it without changing it.
 
@@ -893,8 +906,11 @@ class Journal:
     ) -> list[Event]:
         """Return a stream's events after a version and up to a position, oldest first."""
         self._check_open()
-        with self._using():
-            rows = self._recorder.select_stream(stream, after_version, upto, limit)
+        try:
+            with self._using():
+                rows = self._recorder.select_stream(stream, after_version, upto, limit)
+        except UnicodeEncodeError:
+            return []  # an id UTF-8 cannot store names nothing stored (see _storable)
         return self._events(rows, stream)
 
     def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
@@ -906,8 +922,11 @@ class Journal:
             stream's last version.
         """
         self._check_open()
-        with self._using():
-            rows = self._recorder.select_stream(stream, 0, None, None)
+        try:
+            with self._using():
+                rows = self._recorder.select_stream(stream, 0, None, None)
+        except UnicodeEncodeError:
+            rows = []  # see _storable
         last = rows[-1][2] if rows else 0
         keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
         inline = [
@@ -947,8 +966,11 @@ class Journal:
     def snapshot(self, stream: str) -> tuple[int, bytes] | None:
         """Return the latest snapshot of a stream as (version, state), or None."""
         self._check_open()
-        with self._using():
-            return self._recorder.select_snapshot(stream)
+        try:
+            with self._using():
+                return self._recorder.select_snapshot(stream)
+        except UnicodeEncodeError:
+            return None  # see _storable
 
     def snapshots(self) -> list[tuple[str, int, bytes]]:
         """Return every snapshot as (key, version or position, state), in key order."""
@@ -982,8 +1004,11 @@ class Journal:
         it is, should not pay for.
         """
         self._check_open()
-        with self._using():
-            found = self._recorder.select_head(stream)
+        try:
+            with self._using():
+                found = self._recorder.select_head(stream)
+        except UnicodeEncodeError:
+            return None  # see _storable
         return None if found is None else (found[0], found[1].partition("@")[0])
 
     def firsts(self, streams: Sequence[str]) -> dict[str, Event]:
@@ -991,14 +1016,27 @@ class Journal:
         self._check_open()
         if not streams:
             return {}
-        with self._using():
-            return {e.stream: e for e in self._events(self._recorder.select_firsts(streams))}
+        try:
+            with self._using():
+                rows = self._recorder.select_firsts(streams)
+        except UnicodeEncodeError:
+            kept = [s for s in streams if _storable(s)]
+            if not kept:
+                return {}
+            with self._using():
+                rows = self._recorder.select_firsts(kept)
+        return {e.stream: e for e in self._events(rows)}
 
     def payloads(self, streams: Sequence[str] | None = None) -> dict[str, bytes]:
         """Return the forgettable payloads of the given streams (all when None)."""
         self._check_open()
-        with self._using():
-            found = self._recorder.select_payloads(streams)
+        try:
+            with self._using():
+                found = self._recorder.select_payloads(streams)
+        except UnicodeEncodeError:
+            kept = [s for s in streams or () if _storable(s)]
+            with self._using():
+                found = self._recorder.select_payloads(kept) if kept else {}
         return {key: unsealed(row) for key, row in found.items()}
 
     # -- named subscriptions (A3) -----------------------------------------------------------------
