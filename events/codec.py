@@ -120,17 +120,18 @@ class Codec:
             CorruptEvent: the payload does not match its type; the position says where.
         """
         # Runs once per event read (a cold time travel reads a thousand): the positional form,
-        # the common case, is one lookup and two bound calls.
-        row = self._row_decoders.get(topic)
-        if row is not None and payload and payload[0] in ARRAY_HEADS:
-            try:
-                positional: DomainEvent = row[1](row[0](payload), None)
-            except (msgspec.ValidationError, msgspec.DecodeError):
-                pass  # decoded again below, for an error that names the field
-            else:
-                return positional
-        decoder = self._decoders.get(topic)
+        # the common case, is one lookup and two bound calls. The try costs nothing until it
+        # catches (Python 3.11): a row edited by hand is told only once it fails.
         try:
+            row = self._row_decoders.get(topic)
+            if row is not None and payload and payload[0] in ARRAY_HEADS:
+                try:
+                    positional: DomainEvent = row[1](row[0](payload), None)
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    pass  # decoded again below, for an error that names the field
+                else:
+                    return positional
+            decoder = self._decoders.get(topic)
             if row is not None and payload and payload[0] in ARRAY_HEADS:
                 named: DomainEvent = self._rows[topic].decode(payload)
                 return named
@@ -142,6 +143,11 @@ class Codec:
             raise CorruptEvent(position, topic, str(exc)) from exc
         except msgspec.DecodeError as exc:
             raise CorruptEvent(position, topic, f"malformed payload: {exc}") from exc
+        except (TypeError, AttributeError) as exc:
+            problem = stored_shape_problem(topic, payload)
+            if problem is None:
+                raise  # not the row's fault: an upcaster's own error, say, shows as it is
+            raise CorruptEvent(position, topic, problem) from exc
 
     def _upcast(self, topic: str, payload: bytes, position: int | None) -> DomainEvent:
         tag, _, version_text = topic.rpartition("@")
@@ -163,6 +169,25 @@ class Codec:
         raw.setdefault("type", tag)
         upcast: DomainEvent = msgspec.convert(raw, cls)
         return upcast
+
+
+def stored_shape_problem(topic: object, payload: object) -> str | None:
+    """Return what is wrong with the types of a stored row's topic and payload, or None.
+
+    A row edited by hand (``state`` NULL, TEXT or INTEGER, ``topic`` NULL) is otherwise a
+    bare TypeError from deep inside a decoder; asked only after a decode failed.
+    """
+    if not isinstance(topic, str):
+        return f"its topic is {_stored_type(topic)}, not text"
+    if not isinstance(payload, bytes | bytearray | memoryview):
+        return f"its payload is {_stored_type(payload)}, not bytes"
+    return None
+
+
+def _stored_type(value: object) -> str:
+    if value is None:
+        return "NULL"
+    return f"{type(value).__name__} {value!r:.40}"
 
 
 _FIXMAP = 0x80

@@ -329,6 +329,74 @@ def test_a_stored_text_that_is_not_utf8_fails_with_its_position(tmp_path: Path) 
     assert "byte 1" in str(raised.value)
 
 
+def _hand_edit(path: Path, prefix: str, change: str) -> int:
+    """Set ``change`` on the first stored row whose topic starts ``prefix``; return its position."""
+    conn = sqlite3.connect(path)
+    (position,) = conn.execute(
+        "SELECT min(rowid) FROM stored_events WHERE substr(topic, 1, ?) = ?", (len(prefix), prefix)
+    ).fetchone()
+    conn.execute(f"UPDATE stored_events SET {change} WHERE rowid = ?", (position,))  # noqa: S608
+    conn.execute("DELETE FROM journaled_snapshots")
+    conn.commit()
+    conn.close()
+    return int(position)
+
+
+EDITS = {"state-null": "state = NULL", "state-text": "state = 'hello'", "state-int": "state = 12"}
+
+
+@pytest.mark.parametrize("change", list(EDITS.values()), ids=list(EDITS))
+def test_a_fact_row_edited_to_another_type_fails_the_open_with_its_position(
+    tmp_path: Path, change: str
+) -> None:
+    """J5: a fact's row whose state a hand edit made NULL, text or an integer fails the open
+    with CorruptEvent naming the position and what is wrong, not a bare TypeError."""
+    path = _journal_file(tmp_path)
+    position = _hand_edit(path, "memory.", change)
+    with pytest.raises(CorruptEvent) as raised:
+        journaled.open(f"sqlite:///{path}")
+    assert raised.value.position == position
+    assert "its payload is" in str(raised.value)
+
+
+@pytest.mark.parametrize("change", list(EDITS.values()), ids=list(EDITS))
+def test_a_run_row_edited_to_another_type_fails_the_reads_with_its_position(
+    tmp_path: Path, change: str
+) -> None:
+    """J5, O6, T2: a run's row whose state a hand edit made NULL, text or an integer fails
+    runs.why and runs.list with CorruptEvent naming the position, as a garbage blob does."""
+    path = tmp_path / "runs.sqlite"
+    with journaled.open(f"sqlite:///{path}") as runtime:
+        runtime.register_tool("echo", lambda data: data)
+        run_id = runtime.execute(_plan()).run_id
+    position = _hand_edit(path, "run.started", change)
+    with journaled.open(f"sqlite:///{path}") as runtime:
+        for read in (runtime.runs.list, lambda: runtime.runs.why(run_id)):
+            with pytest.raises(CorruptEvent) as raised:
+                read()
+            assert raised.value.position == position
+
+
+@pytest.mark.parametrize("prefix", ["memory.", "run.started"])
+def test_a_row_whose_topic_was_erased_by_hand_fails_the_open_not_left_out(
+    tmp_path: Path, prefix: str
+) -> None:
+    """J5: a row whose topic a hand edit made NULL is no longer left out of the reads that
+    filter by topic (a fact silently missing, a run missing from runs.list): the open fails
+    with CorruptEvent naming the position."""
+    path = tmp_path / "topic.sqlite"
+    with journaled.open(f"sqlite:///{path}") as runtime:
+        runtime.register_tool("echo", lambda data: data)
+        runtime.memory.remember("fact one")
+        runtime.memory.remember("fact two")
+        runtime.execute(_plan())
+    position = _hand_edit(path, prefix, "topic = NULL")
+    with pytest.raises(CorruptEvent) as raised:
+        journaled.open(f"sqlite:///{path}")
+    assert raised.value.position == position
+    assert "its topic is NULL" in str(raised.value)
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 

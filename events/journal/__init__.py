@@ -66,7 +66,7 @@ from eventsourcing.utils import Environment, get_topic
 
 from journaled.events.base import DomainEvent, Event, Pending, hollow
 from journaled.events.catalog import NOT_MEMORY
-from journaled.events.codec import Codec, topic_of
+from journaled.events.codec import Codec, stored_shape_problem, topic_of
 from journaled.events.errors import (
     AppendOutcomeUnknown,
     AppendRefused,
@@ -1009,7 +1009,12 @@ class Journal:
                 found = self._recorder.select_head(stream)
         except UnicodeEncodeError:
             return None  # see _storable
-        return None if found is None else (found[0], found[1].partition("@")[0])
+        if found is None:
+            return None
+        position, topic = found
+        if not isinstance(topic, str):  # a row edited by hand: told as its decode tells it
+            raise CorruptEvent(position, topic, stored_shape_problem(topic, b"") or "no topic")
+        return position, topic.partition("@")[0]
 
     def firsts(self, streams: Sequence[str]) -> dict[str, Event]:
         """Return the first event of each of these streams that has one, by stream."""

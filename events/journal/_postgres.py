@@ -1308,11 +1308,12 @@ if _POSTGRES_MISSING is None:
             bound, more = self._bounded(upto)
             query += bound
             params: list[Any] = [after, *more]
+            # A NULL topic passes every filter, to fail its decode (see the SQLite recorder).
             if topics:
-                query += " AND topic = ANY(%s)"
+                query += " AND (topic = ANY(%s) OR topic IS NULL)"
                 params.append(list(topics))
             for prefix in skip_prefixes:
-                query += " AND left(topic, %s) <> %s"
+                query += " AND (left(topic, %s) <> %s OR topic IS NULL)"
                 params += [len(prefix), prefix]
             query += " ORDER BY notification_id LIMIT %s"
             params.append(limit)
@@ -1345,7 +1346,7 @@ if _POSTGRES_MISSING is None:
                 f"WHERE originator_id = %s{bound} ORDER BY originator_version LIMIT 1",
                 [stream, *more],
             )
-            return (int(rows[0][0]), str(rows[0][1])) if rows else None
+            return (int(rows[0][0]), rows[0][1]) if rows else None  # the topic as stored
 
         def select_firsts(self, streams: Sequence[str]) -> list[Row]:
             """Return the first event's row of each of these streams that has one (any order),

@@ -648,11 +648,13 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
         if upto is not None:
             sql += " AND rowid <= ?"
             params.append(upto)
+        # A row whose topic is NULL (edited by hand) passes every filter, to fail its decode
+        # naming its position (J5): compared, NULL is never true, and the row was left out.
         if topics:
-            sql += f" AND topic IN ({','.join('?' * len(topics))})"
+            sql += f" AND (topic IN ({','.join('?' * len(topics))}) OR topic IS NULL)"
             params += list(topics)
         for prefix in skip_prefixes:
-            sql += " AND substr(topic, 1, ?) != ?"
+            sql += " AND (substr(topic, 1, ?) != ? OR topic IS NULL)"
             params += [len(prefix), prefix]
         sql += " ORDER BY rowid LIMIT ?"
         params.append(limit)
@@ -743,7 +745,7 @@ class _SQLiteRecorder(SQLiteApplicationRecorder):
                 [stream],
             )
             row = c.fetchone()
-        return None if row is None else (int(row[0]), str(row[1]))
+        return None if row is None else (int(row[0]), row[1])  # the topic as stored
 
     def select_firsts(self, streams: Sequence[str]) -> list[Row]:
         """Return the first event's row of each of these streams that has one (any order)."""
