@@ -16,6 +16,7 @@ from journaled.events.errors import (
     ConcurrencyConflict,
     CorruptEvent,
     JournalClosed,
+    JournalUnreadable,
     JournalUrlError,
     UnreadableEvent,
 )
@@ -253,6 +254,53 @@ def test_reading_a_missing_journal_creates_nothing(tmp_path: Path) -> None:
     with pytest.raises(JournalUrlError, match="no journal"):
         Journal(parse_url(f"sqlite:///{path}"), Codec(MEMORY_EVENTS), create=False)
     assert not path.exists()
+
+
+FOREIGN = {
+    "own-stored-events": [
+        "CREATE TABLE stored_events (id INTEGER PRIMARY KEY, body TEXT)",
+        "INSERT INTO stored_events (body) VALUES ('precious')",
+    ],
+    "other-tables": [
+        "CREATE TABLE customers (id INTEGER PRIMARY KEY, name TEXT)",
+        "INSERT INTO customers (name) VALUES ('ada')",
+    ],
+}
+
+
+@pytest.mark.parametrize("schema", list(FOREIGN.values()), ids=list(FOREIGN))
+def test_another_applications_database_is_refused_and_left_as_it_was(
+    tmp_path: Path, schema: list[str]
+) -> None:
+    """J4, J5 (ADR 0004): a URL naming another application's SQLite database (its own
+    stored_events table, or tables of its own and no journal) is refused naming the path and
+    what it holds; the file is left byte for byte as it was: no table, no column added."""
+    path = tmp_path / "other_app.sqlite"
+    with sqlite3.connect(path) as conn:
+        for statement in schema:
+            conn.execute(statement)
+    conn.close()
+    before = path.read_bytes()
+    for create in (True, False):
+        with pytest.raises(JournalUnreadable) as raised:
+            Journal(parse_url(f"sqlite:///{path}"), Codec(MEMORY_EVENTS), create=create)
+        assert str(path) in str(raised.value)
+        assert "another application's database" in str(raised.value)
+        assert "stored_events has the columns id, body" in str(raised.value) or (
+            "tables customers" in str(raised.value)
+        )
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other_app.sqlite"]
+
+
+def test_an_empty_sqlite_file_becomes_a_journal(tmp_path: Path) -> None:
+    """J4 (ADR 0004): a SQLite file holding no table (created empty) is made a journal."""
+    path = tmp_path / "empty.sqlite"
+    sqlite3.connect(path).close()
+    j = Journal(parse_url(f"sqlite:///{path}"), Codec(MEMORY_EVENTS))
+    j.append([Pending(stream="a", version=1, data=remembered("a"))])
+    assert j.position() == 1
+    j.close()
 
 
 def test_sqlite_file_is_wal_with_chosen_durability(tmp_path: Path) -> None:

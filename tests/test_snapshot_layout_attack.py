@@ -539,7 +539,8 @@ def test_payload_reads_by_key_whatever_the_database_text_encoding(
     path = tmp_path / "journal.sqlite"
     with sqlite3.connect(path) as conn:
         conn.execute(f"PRAGMA encoding = '{encoding}'")
-        conn.execute("CREATE TABLE operators_own (x)")
+        conn.execute("CREATE TABLE operators_own (x)")  # writes the header: the encoding stays
+        conn.execute("DROP TABLE operators_own")  # a file of other tables is refused (ADR 0004)
     journal = Journal(parse_url(f"sqlite:///{path}"), Codec(STORED_EVENTS))
     try:
         _fill(journal, _ODD)

@@ -254,23 +254,52 @@ def _storable(stream: str) -> bool:
     return True
 
 
+_JOURNAL_COLUMNS = ("originator_id", "originator_version", "topic", "state")
+"""Columns of the events table every release of the journal has had."""
+
+
 def _holds_journal(path: str) -> bool:
     """Tell whether a SQLite file holds a journal, reading it without changing it.
 
+    A file that holds another application's database is refused before anything is written
+    to it (ADR 0004): its own ``stored_events`` table, or tables of its own and no journal,
+    a mistyped URL would otherwise have given a journal's tables and columns.
+
     Raises:
         sqlite3.DatabaseError: the file is not a SQLite database.
+        JournalUnreadable: the file is another application's database.
     """
     name = _sqlite_name(path, create=False)
     if not name.startswith("file:"):
         name = f"file:{quote(str(Path(path).resolve()))}?mode=ro"
     probe = sqlite3.connect(name, uri=True)
     try:
-        found = probe.execute(
-            "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'stored_events'"
-        ).fetchone()
+        tables = [
+            row[0]
+            for row in probe.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name"
+            )
+        ]
+        columns = [row[1] for row in probe.execute("PRAGMA table_info(stored_events)")]
     finally:
         probe.close()
-    return found is not None
+    if "stored_events" in tables:
+        lacking = [c for c in _JOURNAL_COLUMNS if c not in columns]
+        if lacking:
+            raise JournalUnreadable(
+                f"cannot open the journal at {path}: its table stored_events has the columns "
+                f"{', '.join(columns)}, not a journal's (no {', '.join(lacking)}): it is another "
+                "application's database, left as it was; point the URL at a journal or a new file"
+            )
+        return True
+    theirs = [t for t in tables if not t.startswith(("sqlite_", "journaled_"))]
+    if theirs:
+        shown = ", ".join(theirs[:5]) + (f" and {len(theirs) - 5} more" if len(theirs) > 5 else "")
+        raise JournalUnreadable(
+            f"no journal at {path}, but the tables {shown}: it is another application's "
+            "database, left as it was; point the URL at a journal or a new file"
+        )
+    return False
 
 
 def _settings(config: JournalConfig, create: bool = True) -> dict[str, str]:
