@@ -30,7 +30,7 @@ from journaled.actors.steps import AgentContext, AsyncAgentContext, Registry, Se
 from journaled.errors import ConfigurationError, InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import codec
-from journaled.events.inputs import text_problem
+from journaled.events.inputs import INT64_MAX, INT64_MIN, short, text_problem
 from journaled.events.journal import Journal, VerifyReport
 from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
@@ -207,6 +207,8 @@ class Runtime:
             raise ConfigurationError(f"organization {text_problem(organization, limit=1024)}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a callable returning epoch milliseconds")
+        if clock is not None:
+            clock = _checked_clock(clock)
         if embedder is not None and not callable(getattr(embedder, "embed", None)):
             raise ConfigurationError("embedder must have an embed(list[str]) -> list[list[float]]")
         try:
@@ -681,6 +683,25 @@ class Runtime:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _checked_clock(clock: Clock) -> Clock:
+    """Wrap a caller's clock so that an answer that is no epoch-ms int is refused naming it.
+
+    Checked at every reading, not once at open: a manual clock that steps on each call must
+    not be advanced by a check, and a clock may go wrong later. The wall clock is not wrapped.
+    """
+
+    def checked() -> int:
+        now = clock()
+        if type(now) is not int or not INT64_MIN <= now <= INT64_MAX:  # a bool too
+            raise ConfigurationError(
+                f"the clock passed to journaled.open() answered {short(now)} "
+                f"({type(now).__name__}): it must return epoch milliseconds as an int"
+            )
+        return now
+
+    return checked
 
 
 def _check_run_id(run_id: object) -> None:

@@ -17,6 +17,7 @@ from click.testing import CliRunner, Result
 
 import journaled
 from journaled import (
+    ActorsError,
     AgentResult,
     Clarify,
     ConfigurationError,
@@ -231,6 +232,23 @@ def test_bad_input_is_one_line_naming_the_field(
     message.encode("utf-8")  # the message itself can be printed and logged
     assert rt.journal.position() == before
     assert [f.text for f in rt.memory.all()] == texts
+
+
+@pytest.mark.parametrize("answer", ["now", 1.5, True, 2**64], ids=["str", "float", "bool", "2**64"])
+def test_a_clock_answering_no_epoch_ms_int_is_named(sqlite_url: str, answer: object) -> None:
+    """SPEC 5 (clock: () -> epoch ms int), M2, E1: a clock given to open() that answers no int
+    fails remember and execute with an error naming the clock and its answer, in one line;
+    nothing is appended."""
+    with journaled.open(sqlite_url, clock=lambda: answer) as runtime:  # type: ignore[arg-type,return-value]
+        runtime.register_tool("echo", lambda data: data)
+        for call in (lambda: runtime.memory.remember("x"), lambda: runtime.execute(_plan())):
+            # remember's writer is an actor: it passes the error on inside an ActorsError
+            with pytest.raises((ConfigurationError, ActorsError)) as raised:
+                call()
+            assert "clock" in str(raised.value)
+            assert repr(answer) in str(raised.value)
+            assert "\n" not in str(raised.value)
+        assert runtime.journal.position() == 0
 
 
 def _run_one(rt: journaled.Runtime, agent: Callable[[Step, Any], AgentResult]) -> Any:
