@@ -209,6 +209,66 @@ def test_local_without_the_library_says_which_extra(monkeypatch: pytest.MonkeyPa
         SentenceTransformerEmbeddings("all-MiniLM-L6-v2")
 
 
+class _Library:
+    """sentence-transformers as the loader sees it: records what it was asked to load."""
+
+    def __init__(self, fail: OSError | None = None) -> None:
+        self.asked: list[str] = []
+        self.fail = fail
+
+    def SentenceTransformer(self, model: str, device: str) -> object:  # the library's name
+        self.asked.append(model)
+        if self.fail is not None:
+            raise self.fail
+        return object()
+
+
+@pytest.mark.parametrize("model", ["/no/such/model", "./models/typo", "~/no-such-model"])
+def test_local_model_path_that_names_no_directory_is_refused_before_loading(
+    monkeypatch: pytest.MonkeyPatch, model: str
+) -> None:
+    """ADR 0048: a path naming no directory is a ValueError naming it, and the library is never
+    asked (it would take the path for a hub name: the network, or words about repo ids)."""
+    library = _Library()
+    monkeypatch.setattr("journaled.embedders.local._library", lambda: library)
+    with pytest.raises(ValueError, match=r"no such directory"):
+        SentenceTransformerEmbeddings(model)
+    assert library.asked == []
+
+
+def test_local_model_the_library_cannot_load_is_a_value_error_naming_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """ADR 0048: the library's OSError (a name it cannot fetch offline) becomes a ValueError
+    naming the model and what to give instead."""
+    library = _Library(fail=OSError("We couldn't connect to the hub\nmore lines"))
+    monkeypatch.setattr("journaled.embedders.local._library", lambda: library)
+    with pytest.raises(ValueError, match=r"model 'org/typo' could not be loaded: We couldn't"):
+        SentenceTransformerEmbeddings("org/typo")
+    assert library.asked == ["org/typo"]
+
+
+def test_cli_embedder_naming_a_missing_directory_is_one_line(
+    tmp_path: Path, sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0048: JOURNALED_EMBEDDER=local:<missing directory> is one line on stderr, exit 1,
+    not a traceback from the model library."""
+    pytest.importorskip("sentence_transformers")
+    with journaled.open(sqlite_url) as rt:
+        rt.memory.remember("hello world")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = f"local:{tmp_path / 'no_such_model'}"
+    result = CliRunner().invoke(
+        main,
+        ["--url", sqlite_url, "memory", "search", "hello", "--hybrid"],
+        env={"JOURNALED_EMBEDDER": spec},
+    )
+    assert result.exit_code == 1, result.output
+    assert result.stderr.startswith("Error: --embedder: model ")
+    assert "no such directory" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
 # -- the command line ------------------------------------------------------------------------------
 
 

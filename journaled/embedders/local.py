@@ -48,8 +48,7 @@ class SentenceTransformerEmbeddings:
         if instance is None:
             if not str(model):
                 raise ValueError("model must name a model directory or a model (or pass instance=)")
-            library = _library()
-            instance = library.SentenceTransformer(str(model), device=device)
+            instance = _load(str(model), device)
         self._model = instance
         self.model = name or Path(str(model)).name
         """The vector cache's key (ADR 0048). Empty for an instance given without ``name``:
@@ -96,6 +95,28 @@ class SentenceTransformerEmbeddings:
             show_progress_bar=False,
         )
         return [[float(x) for x in row] for row in vectors.tolist()]
+
+
+def _load(model: str, device: str) -> Any:
+    """Load a model from a directory or a name the library resolves, or say what is wrong.
+
+    A path that names no directory is refused before the library is asked: it would take it
+    for a name to fetch from a model hub (over the network, or failing offline with words about
+    repository ids). What the library raises while loading becomes a ``ValueError`` naming it.
+    """
+    library = _library()
+    path = Path(model).expanduser()
+    looks_like_path = model.startswith((".", "~", "/")) or "\\" in model or model.count("/") > 1
+    if looks_like_path and not path.is_dir():
+        raise ValueError(f"model {model!r}: no such directory (a model's directory was expected)")
+    try:
+        return library.SentenceTransformer(str(path) if path.is_dir() else model, device=device)
+    except OSError as exc:
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:300]
+        raise ValueError(
+            f"model {model!r} could not be loaded: {first} (give a directory holding the "
+            "model's files, or a name the library can fetch on a machine with network)"
+        ) from exc
 
 
 def _library() -> Any:
