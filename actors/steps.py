@@ -511,6 +511,7 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
                 builtins = msgspec.to_builtins(value)
             encoded = _ENCODER.encode(builtins)
         size = len(encoded)
+        problem = _key_problem(builtins)
     except RecursionError:
         raise ValueError(
             f"{what} cannot be journaled: it contains itself (or nests too deep)"
@@ -518,9 +519,63 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     except (TypeError, ValueError, OverflowError) as exc:
         # OverflowError: msgpack holds ints of 64 bits; ValueError includes a lone surrogate.
         raise ValueError(f"{what} cannot be journaled: {exc}") from exc
+    if problem:
+        raise ValueError(f"{what} cannot be journaled: {problem}")
     if size > limit:
         raise ValueError(f"{what} is {size} bytes encoded, over the {limit}-byte bound")
     return builtins
+
+
+_JSON = msgspec.json.Encoder()
+
+
+def _key_problem(builtins: Any) -> str | None:
+    """Say where a dict of ``builtins`` has a key JSON cannot carry, or None.
+
+    A JSON object is keyed by text; msgspec writes an int or float key as its text, so those
+    reach every JSON door (the CLI's ``--json``, a JSON wire client, ``why``), but a tuple,
+    None or bool key would break each of them on the stored run, for good (ADR 0098).
+    """
+    try:
+        _JSON.encode(builtins)  # in C: nearly every value passes here, and is not walked
+    except TypeError:
+        pass
+    else:
+        return None
+    # Iterative, each node linked to its parent: a path is spelled only for the key refused.
+    links: list[tuple[int, str]] = [(-1, "$")]
+    todo: list[tuple[Any, int]] = [(builtins, 0)]
+    while todo:
+        value, at = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, bool) or not isinstance(key, str | int | float):
+                    return (
+                        f"a key at {_path(links, at)} is {_key_kind(key)}, not a str: a stored "
+                        "dict is keyed by text (or a number, which JSON reads as its text)"
+                    )
+                links.append((at, f"[{_quoted(key) if isinstance(key, str) else repr(key)}]"))
+                todo.append((item, len(links) - 1))
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                links.append((at, f"[{i}]"))
+                todo.append((item, len(links) - 1))
+    return None
+
+
+def _path(links: list[tuple[int, str]], at: int) -> str:
+    parts: list[str] = []
+    while at >= 0:
+        at, part = links[at]
+        parts.append(part)
+    path = "".join(reversed(parts))
+    return path if len(path) <= 160 else f"{path[:80]}…{path[-72:]}"
+
+
+def _key_kind(key: object) -> str:
+    if key is None or isinstance(key, bool):
+        return repr(key)
+    return f"a {type(key).__name__}"
 
 
 _RAW = (bytes, bytearray, memoryview)

@@ -654,6 +654,60 @@ def test_errors_become_failed_observations(runtime: journaled.Runtime) -> None:
     assert statuses(result)["ok"] == "succeeded"
 
 
+def test_an_output_keyed_by_anything_but_text_or_a_number_fails_naming_its_path(
+    runtime: journaled.Runtime,
+) -> None:
+    """E11, ADR 0098: a tool's or agent's output holding a dict keyed by a tuple, None or a
+    bool fails its step, naming the output and the key's path; an int key is kept. Stored, such
+    a key broke every JSON door on the run (CLI, why, a JSON wire client) for good."""
+    runtime.register_tool("tuple", lambda x: {(1, 2): "x"})
+    runtime.register_tool("deep", lambda x: {"rows": [{"a": 1}, {None: 2}]})
+    runtime.register_tool("flag", lambda x: {True: 1})
+    runtime.register_tool("frame", lambda x: {"col": {0: 1.5, 1: 2.5}})  # pandas' to_dict()
+    runtime.register_agent("odd", lambda step, ctx: AgentResult(output={"k": {(1,): 2}}))
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("t", tool="tuple"),
+            Step("d", tool="deep"),
+            Step("f", tool="flag"),
+            Step("i", tool="frame"),
+            Step("g", agent="odd"),
+        ],
+    )
+    result = runtime.execute(plan, max_parallel_steps=5)
+    obs = {o.step_id: o for o in result.observations}
+    assert obs["t"].error == (
+        "the output of tool 'tuple' cannot be journaled: a key at $ is a tuple, not a str: a "
+        "stored dict is keyed by text (or a number, which JSON reads as its text)"
+    )
+    assert "the output of tool 'deep' cannot be journaled: a key at $['rows'][1] is None" in (
+        obs["d"].error or ""
+    )
+    assert "a key at $ is True, not a str" in (obs["f"].error or "")
+    assert "the output of agent 'odd'" in (obs["g"].error or "")
+    assert "a key at $['k'] is a tuple" in (obs["g"].error or "")
+    assert obs["g"].code == "agent-failed"
+    assert obs["i"].ok
+    assert obs["i"].output == {"col": {0: 1.5, 1: 2.5}}
+    assert runtime.runs.why(result.run_id)
+
+
+def test_a_step_input_keyed_by_a_tuple_is_rejected_naming_step_and_path(
+    runtime: journaled.Runtime,
+) -> None:
+    """E1, ADR 0098: a step input holding a dict keyed by a tuple or None is rejected before
+    anything is stored, naming the step and the key's path."""
+    before = runtime.journal.position()
+    for data, where in (({(1,): 2}, "$"), ({"a": {None: 1}}, "$['a']")):
+        plan = Plan(goal="g", steps=[Step("ok", tool="echo"), Step("s", tool="echo", input=data)])
+        with pytest.raises(journaled.PlanRejected, match="step 's'") as info:
+            runtime.execute(plan)
+        assert info.value.step_id == "s"
+        assert f"its input cannot be journaled: a key at {where} is" in str(info.value)
+    assert runtime.journal.position() == before
+
+
 def test_hanging_tool_times_out_alone(runtime: journaled.Runtime) -> None:
     """E11: a tool hanging past step_timeout fails only its own step; the run goes on."""
     release = threading.Event()
