@@ -747,9 +747,18 @@ def _observe_agent(
     if not isinstance(result, AgentResult):
         error = f"agent {step.agent!r} returned {type(result).__name__}, not journaled.AgentResult"
         return Observation(**base, ok=False, code="agent-failed", error=error), None
+    field = "ok"
     try:
+        if not isinstance(result.ok, bool):
+            # Read by truth, ok="false" would journal a failure as a success.
+            raise ValueError(
+                f"the agent's ok must be True or False, got {type(result.ok).__name__}"
+            )
+        field = "output"
         output = journalable(result.output, f"the output of agent {step.agent!r}")
-        artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
+        field = "artifacts"
+        artifacts = tuple(journalable(_artifacts(result.artifacts), "the agent's artifacts"))
+        field = "calls_used"
         calls = result.calls_used
         problem = None if calls is None else int_problem(calls, low=0)
         if problem:
@@ -765,13 +774,16 @@ def _observe_agent(
                 f"the agent's code must be None or one of {', '.join(sorted(OBSERVATION_CODES))}"
                 f", got {_quoted(result.code)}"
             )
+        field = "data"
+        try:
+            data = journalable(result.data, "the agent's data", MAX_AGENT_DATA_BYTES)
+        except ValueError as exc:
+            data = {"dropped": str(exc)}
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
-    data = result.data
-    try:
-        data = journalable(data, "the agent's data", MAX_AGENT_DATA_BYTES)
-    except ValueError as exc:
-        data = {"dropped": str(exc)}
+    except (Exception, SystemExit) as exc:  # user objects read here run user code (E11)
+        error = f"the agent's {field} could not be read: {type(exc).__name__}: {_error_text(exc)}"
+        return Observation(**base, ok=False, code="agent-failed", error=error), None
     code = result.code
     if code == "agent-waiting":
         question = result.error or "the agent is waiting for input"
@@ -782,7 +794,7 @@ def _observe_agent(
         return obs, question
     obs = Observation(
         **base,
-        ok=bool(result.ok),
+        ok=result.ok,
         output=output,
         error=result.error,
         code=code,
@@ -792,6 +804,21 @@ def _observe_agent(
         agent_task_id=task,
     )
     return obs, None
+
+
+def _artifacts(value: object) -> list[Any]:
+    """Return an agent's artifacts as a list, or raise ValueError naming what came instead."""
+    if value is None or isinstance(value, str | bytes | bytearray | Mapping):
+        raise ValueError(
+            f"the agent's artifacts must be a list or tuple, got {type(value).__name__}"
+        )
+    try:
+        items = iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(
+            f"the agent's artifacts must be a list or tuple, got {type(value).__name__}"
+        ) from None
+    return list(items)
 
 
 def _quoted(value: object) -> str:
@@ -900,6 +927,10 @@ class StepWorker(pykka.ThreadingActor):
                         step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc)
                     )
                     interrupted = True
+        except (Exception, SystemExit) as exc:
+            # Last resort: our code observing the step met what it did not foresee. The step
+            # still fails with an answer, or its run would wait for it for ever (E11).
+            obs, question, interrupted = unobservable(step, exc), None, False
         finally:
             if scope is not None:
                 scope.__exit__(None, None, None)
@@ -926,6 +957,16 @@ class StepWorker(pykka.ThreadingActor):
         if take is None or not take(done):
             services.directory.tell(message.reply_to, done)
         return None
+
+
+def unobservable(step: Step, exc: BaseException) -> Observation:
+    """Observe a step whose outcome could not be read: failed, naming the error's type (E11)."""
+    error = f"step {step.id!r} could not be observed: {type(exc).__name__}: {_error_text(exc)}"
+    if step.agent is not None:
+        return Observation(
+            step_id=step.id, agent=step.agent, ok=False, code="agent-failed", error=error
+        )
+    return Observation(step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=error)
 
 
 def missing(step: Step) -> Observation:

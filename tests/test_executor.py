@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -706,6 +707,76 @@ def test_a_step_input_keyed_by_a_tuple_is_rejected_naming_step_and_path(
         assert info.value.step_id == "s"
         assert f"its input cannot be journaled: a key at {where} is" in str(info.value)
     assert runtime.journal.position() == before
+
+
+@dataclasses.dataclass
+class _Unloaded:
+    """A dataclass whose field raises when read, as a lazy ORM row's does."""
+
+    value: int = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "value":
+            raise RuntimeError("not loaded")
+        return object.__getattribute__(self, name)
+
+    def __iter__(self) -> Iterator[int]:
+        raise RuntimeError("the cursor is closed")
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (
+            AgentResult(artifacts=None),  # type: ignore[arg-type]
+            "the agent's artifacts must be a list or tuple, got NoneType",
+        ),
+        (AgentResult(artifacts=3), "the agent's artifacts must be a list or tuple, got int"),  # type: ignore[arg-type]
+        (
+            AgentResult(artifacts=_Unloaded()),  # type: ignore[arg-type]
+            "the agent's artifacts could not be read: RuntimeError: the cursor is closed",
+        ),
+        (AgentResult(data=_Unloaded()), "the agent's data could not be read: RuntimeError"),
+        (AgentResult(ok="false"), "the agent's ok must be True or False, got str"),  # type: ignore[arg-type]
+        (AgentResult(ok=0), "the agent's ok must be True or False, got int"),  # type: ignore[arg-type]
+    ],
+    ids=["artifacts-None", "artifacts-int", "artifacts-raise", "data-raises", "ok-str", "ok-int"],
+)
+def test_an_agent_result_with_a_bad_field_fails_its_step_naming_the_field(
+    runtime: journaled.Runtime, result: AgentResult, error: str
+) -> None:
+    """E11: an AgentResult whose artifacts are no list, whose data raises when read, or whose
+    ok is not a bool fails its step naming the field; the run ends failed, its other steps
+    run. Before, the step actor died without an answer and the run waited for ever; an
+    ``ok="false"`` was read by truth and journaled as a success."""
+    runtime.register_agent("odd", lambda step, ctx: result)
+    plan = Plan(goal="g", steps=[Step("a", agent="odd"), Step("b", tool="echo", input=1)])
+    done = runtime.execute(plan, step_timeout=WAIT / 2)
+    obs = {o.step_id: o for o in done.observations}
+    assert not obs["a"].ok
+    assert obs["a"].code == "agent-failed"
+    assert (obs["a"].error or "").startswith(error), obs["a"].error
+    assert obs["b"].ok
+    assert statuses(done) == {"a": "failed", "b": "succeeded"}
+    assert {r.run_id: r.status for r in runtime.runs.list()}[done.run_id] == "failed"
+
+
+def test_an_error_escaping_a_steps_observation_still_fails_the_step(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E11: whatever escapes the code that observes a step fails that step, naming the error's
+    type, and the run ends: a step actor never dies leaving its run without an answer."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise LookupError("an unforeseen gap")
+
+    monkeypatch.setattr("journaled.actors.steps.run_callable", broken)
+    plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+    done = runtime.execute(plan, step_timeout=WAIT / 2)
+    (obs,) = done.observations
+    assert not obs.ok
+    assert obs.error == "step 'a' could not be observed: LookupError: an unforeseen gap"
+    assert statuses(done) == {"a": "failed"}
 
 
 def test_hanging_tool_times_out_alone(runtime: journaled.Runtime) -> None:
