@@ -353,8 +353,26 @@ class _BytesMailbox:
         self._encode = encode_msgpack if wire == "msgpack" else encode_json
 
     def tell(self, message: Any) -> None:
-        """Encode the message addressed to this mailbox and hand it to the transport."""
-        self._send(self._encode(Envelope(to=self.address, message=message)))
+        """Encode the message addressed to this mailbox and hand it to the transport.
+
+        A reply that cannot be encoded (a value stored before its shape was checked) is
+        answered by a ``reply.failure`` with its correlation, naming why: dropped, it would
+        leave its asker waiting for ever.
+        """
+        try:
+            data = self._encode(Envelope(to=self.address, message=message))
+        except ProtocolError as exc:
+            correlation = getattr(message, "correlation", None)
+            if not isinstance(correlation, str) or isinstance(message, Failure):
+                raise
+            log.warning("reply to %s could not be encoded: %s", self.address, exc)
+            answer = Failure(
+                correlation=correlation,
+                error="ProtocolError",
+                message=f"the reply could not be sent: {exc}",
+            )
+            data = self._encode(Envelope(to=self.address, message=answer))
+        self._send(data)
 
 
 class ProtocolDoor:

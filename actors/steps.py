@@ -511,6 +511,7 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
                 builtins = msgspec.to_builtins(value)
             encoded = _ENCODER.encode(builtins)
         size = len(encoded)
+        problem = _key_problem(builtins)
     except RecursionError:
         raise ValueError(
             f"{what} cannot be journaled: it contains itself (or nests too deep)"
@@ -518,9 +519,63 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
     except (TypeError, ValueError, OverflowError) as exc:
         # OverflowError: msgpack holds ints of 64 bits; ValueError includes a lone surrogate.
         raise ValueError(f"{what} cannot be journaled: {exc}") from exc
+    if problem:
+        raise ValueError(f"{what} cannot be journaled: {problem}")
     if size > limit:
         raise ValueError(f"{what} is {size} bytes encoded, over the {limit}-byte bound")
     return builtins
+
+
+_JSON = msgspec.json.Encoder()
+
+
+def _key_problem(builtins: Any) -> str | None:
+    """Say where a dict of ``builtins`` has a key JSON cannot carry, or None.
+
+    A JSON object is keyed by text; msgspec writes an int or float key as its text, so those
+    reach every JSON door (the CLI's ``--json``, a JSON wire client, ``why``), but a tuple,
+    None or bool key would break each of them on the stored run, for good (ADR 0098).
+    """
+    try:
+        _JSON.encode(builtins)  # in C: nearly every value passes here, and is not walked
+    except TypeError:
+        pass
+    else:
+        return None
+    # Iterative, each node linked to its parent: a path is spelled only for the key refused.
+    links: list[tuple[int, str]] = [(-1, "$")]
+    todo: list[tuple[Any, int]] = [(builtins, 0)]
+    while todo:
+        value, at = todo.pop()
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(key, bool) or not isinstance(key, str | int | float):
+                    return (
+                        f"a key at {_path(links, at)} is {_key_kind(key)}, not a str: a stored "
+                        "dict is keyed by text (or a number, which JSON reads as its text)"
+                    )
+                links.append((at, f"[{_quoted(key) if isinstance(key, str) else repr(key)}]"))
+                todo.append((item, len(links) - 1))
+        elif isinstance(value, list | tuple):
+            for i, item in enumerate(value):
+                links.append((at, f"[{i}]"))
+                todo.append((item, len(links) - 1))
+    return None
+
+
+def _path(links: list[tuple[int, str]], at: int) -> str:
+    parts: list[str] = []
+    while at >= 0:
+        at, part = links[at]
+        parts.append(part)
+    path = "".join(reversed(parts))
+    return path if len(path) <= 160 else f"{path[:80]}…{path[-72:]}"
+
+
+def _key_kind(key: object) -> str:
+    if key is None or isinstance(key, bool):
+        return repr(key)
+    return f"a {type(key).__name__}"
 
 
 _RAW = (bytes, bytearray, memoryview)
@@ -692,9 +747,18 @@ def _observe_agent(
     if not isinstance(result, AgentResult):
         error = f"agent {step.agent!r} returned {type(result).__name__}, not journaled.AgentResult"
         return Observation(**base, ok=False, code="agent-failed", error=error), None
+    field = "ok"
     try:
+        if not isinstance(result.ok, bool):
+            # Read by truth, ok="false" would journal a failure as a success.
+            raise ValueError(
+                f"the agent's ok must be True or False, got {type(result.ok).__name__}"
+            )
+        field = "output"
         output = journalable(result.output, f"the output of agent {step.agent!r}")
-        artifacts = tuple(journalable(list(result.artifacts), "the agent's artifacts"))
+        field = "artifacts"
+        artifacts = tuple(journalable(_artifacts(result.artifacts), "the agent's artifacts"))
+        field = "calls_used"
         calls = result.calls_used
         problem = None if calls is None else int_problem(calls, low=0)
         if problem:
@@ -710,13 +774,16 @@ def _observe_agent(
                 f"the agent's code must be None or one of {', '.join(sorted(OBSERVATION_CODES))}"
                 f", got {_quoted(result.code)}"
             )
+        field = "data"
+        try:
+            data = journalable(result.data, "the agent's data", MAX_AGENT_DATA_BYTES)
+        except ValueError as exc:
+            data = {"dropped": str(exc)}
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
-    data = result.data
-    try:
-        data = journalable(data, "the agent's data", MAX_AGENT_DATA_BYTES)
-    except ValueError as exc:
-        data = {"dropped": str(exc)}
+    except (Exception, SystemExit) as exc:  # user objects read here run user code (E11)
+        error = f"the agent's {field} could not be read: {type(exc).__name__}: {_error_text(exc)}"
+        return Observation(**base, ok=False, code="agent-failed", error=error), None
     code = result.code
     if code == "agent-waiting":
         question = result.error or "the agent is waiting for input"
@@ -727,7 +794,7 @@ def _observe_agent(
         return obs, question
     obs = Observation(
         **base,
-        ok=bool(result.ok),
+        ok=result.ok,
         output=output,
         error=result.error,
         code=code,
@@ -737,6 +804,21 @@ def _observe_agent(
         agent_task_id=task,
     )
     return obs, None
+
+
+def _artifacts(value: object) -> list[Any]:
+    """Return an agent's artifacts as a list, or raise ValueError naming what came instead."""
+    if value is None or isinstance(value, str | bytes | bytearray | Mapping):
+        raise ValueError(
+            f"the agent's artifacts must be a list or tuple, got {type(value).__name__}"
+        )
+    try:
+        items = iter(value)  # type: ignore[call-overload]
+    except TypeError:
+        raise ValueError(
+            f"the agent's artifacts must be a list or tuple, got {type(value).__name__}"
+        ) from None
+    return list(items)
 
 
 def _quoted(value: object) -> str:
@@ -845,6 +927,10 @@ class StepWorker(pykka.ThreadingActor):
                         step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc)
                     )
                     interrupted = True
+        except (Exception, SystemExit) as exc:
+            # Last resort: our code observing the step met what it did not foresee. The step
+            # still fails with an answer, or its run would wait for it for ever (E11).
+            obs, question, interrupted = unobservable(step, exc), None, False
         finally:
             if scope is not None:
                 scope.__exit__(None, None, None)
@@ -871,6 +957,16 @@ class StepWorker(pykka.ThreadingActor):
         if take is None or not take(done):
             services.directory.tell(message.reply_to, done)
         return None
+
+
+def unobservable(step: Step, exc: BaseException) -> Observation:
+    """Observe a step whose outcome could not be read: failed, naming the error's type (E11)."""
+    error = f"step {step.id!r} could not be observed: {type(exc).__name__}: {_error_text(exc)}"
+    if step.agent is not None:
+        return Observation(
+            step_id=step.id, agent=step.agent, ok=False, code="agent-failed", error=error
+        )
+    return Observation(step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=error)
 
 
 def missing(step: Step) -> Observation:

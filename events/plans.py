@@ -2,7 +2,8 @@
 
 ``Step`` takes its id positionally (``Step("a", tool="fetch")``) as SPEC section 5 shows; every
 other field is a keyword. Outputs, agent data and artifacts are stored in the journal, so they are
-kept as msgspec builtins (str, int, float, bool, None, lists and str-keyed dicts).
+kept as msgspec builtins (str, int, float, bool, None, lists and dicts keyed by str, int or
+float: what a JSON object can carry as its keys, ADR 0098).
 """
 
 from __future__ import annotations

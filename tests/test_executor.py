@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -652,6 +653,130 @@ def test_errors_become_failed_observations(runtime: journaled.Runtime) -> None:
     assert "not journaled.AgentResult" in (obs["g"].error or "")
     assert obs["ok"].output == "fine"
     assert statuses(result)["ok"] == "succeeded"
+
+
+def test_an_output_keyed_by_anything_but_text_or_a_number_fails_naming_its_path(
+    runtime: journaled.Runtime,
+) -> None:
+    """E11, ADR 0098: a tool's or agent's output holding a dict keyed by a tuple, None or a
+    bool fails its step, naming the output and the key's path; an int key is kept. Stored, such
+    a key broke every JSON door on the run (CLI, why, a JSON wire client) for good."""
+    runtime.register_tool("tuple", lambda x: {(1, 2): "x"})
+    runtime.register_tool("deep", lambda x: {"rows": [{"a": 1}, {None: 2}]})
+    runtime.register_tool("flag", lambda x: {True: 1})
+    runtime.register_tool("frame", lambda x: {"col": {0: 1.5, 1: 2.5}})  # pandas' to_dict()
+    runtime.register_agent("odd", lambda step, ctx: AgentResult(output={"k": {(1,): 2}}))
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("t", tool="tuple"),
+            Step("d", tool="deep"),
+            Step("f", tool="flag"),
+            Step("i", tool="frame"),
+            Step("g", agent="odd"),
+        ],
+    )
+    result = runtime.execute(plan, max_parallel_steps=5)
+    obs = {o.step_id: o for o in result.observations}
+    assert obs["t"].error == (
+        "the output of tool 'tuple' cannot be journaled: a key at $ is a tuple, not a str: a "
+        "stored dict is keyed by text (or a number, which JSON reads as its text)"
+    )
+    assert "the output of tool 'deep' cannot be journaled: a key at $['rows'][1] is None" in (
+        obs["d"].error or ""
+    )
+    assert "a key at $ is True, not a str" in (obs["f"].error or "")
+    assert "the output of agent 'odd'" in (obs["g"].error or "")
+    assert "a key at $['k'] is a tuple" in (obs["g"].error or "")
+    assert obs["g"].code == "agent-failed"
+    assert obs["i"].ok
+    assert obs["i"].output == {"col": {0: 1.5, 1: 2.5}}
+    assert runtime.runs.why(result.run_id)
+
+
+def test_a_step_input_keyed_by_a_tuple_is_rejected_naming_step_and_path(
+    runtime: journaled.Runtime,
+) -> None:
+    """E1, ADR 0098: a step input holding a dict keyed by a tuple or None is rejected before
+    anything is stored, naming the step and the key's path."""
+    before = runtime.journal.position()
+    for data, where in (({(1,): 2}, "$"), ({"a": {None: 1}}, "$['a']")):
+        plan = Plan(goal="g", steps=[Step("ok", tool="echo"), Step("s", tool="echo", input=data)])
+        with pytest.raises(journaled.PlanRejected, match="step 's'") as info:
+            runtime.execute(plan)
+        assert info.value.step_id == "s"
+        assert f"its input cannot be journaled: a key at {where} is" in str(info.value)
+    assert runtime.journal.position() == before
+
+
+@dataclasses.dataclass
+class _Unloaded:
+    """A dataclass whose field raises when read, as a lazy ORM row's does."""
+
+    value: int = 0
+
+    def __getattribute__(self, name: str) -> Any:
+        if name == "value":
+            raise RuntimeError("not loaded")
+        return object.__getattribute__(self, name)
+
+    def __iter__(self) -> Iterator[int]:
+        raise RuntimeError("the cursor is closed")
+
+
+@pytest.mark.parametrize(
+    ("result", "error"),
+    [
+        (
+            AgentResult(artifacts=None),  # type: ignore[arg-type]
+            "the agent's artifacts must be a list or tuple, got NoneType",
+        ),
+        (AgentResult(artifacts=3), "the agent's artifacts must be a list or tuple, got int"),  # type: ignore[arg-type]
+        (
+            AgentResult(artifacts=_Unloaded()),  # type: ignore[arg-type]
+            "the agent's artifacts could not be read: RuntimeError: the cursor is closed",
+        ),
+        (AgentResult(data=_Unloaded()), "the agent's data could not be read: RuntimeError"),
+        (AgentResult(ok="false"), "the agent's ok must be True or False, got str"),  # type: ignore[arg-type]
+        (AgentResult(ok=0), "the agent's ok must be True or False, got int"),  # type: ignore[arg-type]
+    ],
+    ids=["artifacts-None", "artifacts-int", "artifacts-raise", "data-raises", "ok-str", "ok-int"],
+)
+def test_an_agent_result_with_a_bad_field_fails_its_step_naming_the_field(
+    runtime: journaled.Runtime, result: AgentResult, error: str
+) -> None:
+    """E11: an AgentResult whose artifacts are no list, whose data raises when read, or whose
+    ok is not a bool fails its step naming the field; the run ends failed, its other steps
+    run. Before, the step actor died without an answer and the run waited for ever; an
+    ``ok="false"`` was read by truth and journaled as a success."""
+    runtime.register_agent("odd", lambda step, ctx: result)
+    plan = Plan(goal="g", steps=[Step("a", agent="odd"), Step("b", tool="echo", input=1)])
+    done = runtime.execute(plan, step_timeout=WAIT / 2)
+    obs = {o.step_id: o for o in done.observations}
+    assert not obs["a"].ok
+    assert obs["a"].code == "agent-failed"
+    assert (obs["a"].error or "").startswith(error), obs["a"].error
+    assert obs["b"].ok
+    assert statuses(done) == {"a": "failed", "b": "succeeded"}
+    assert {r.run_id: r.status for r in runtime.runs.list()}[done.run_id] == "failed"
+
+
+def test_an_error_escaping_a_steps_observation_still_fails_the_step(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """E11: whatever escapes the code that observes a step fails that step, naming the error's
+    type, and the run ends: a step actor never dies leaving its run without an answer."""
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise LookupError("an unforeseen gap")
+
+    monkeypatch.setattr("journaled.actors.steps.run_callable", broken)
+    plan = Plan(goal="g", steps=[Step("a", tool="echo", input=1)])
+    done = runtime.execute(plan, step_timeout=WAIT / 2)
+    (obs,) = done.observations
+    assert not obs.ok
+    assert obs.error == "step 'a' could not be observed: LookupError: an unforeseen gap"
+    assert statuses(done) == {"a": "failed"}
 
 
 def test_hanging_tool_times_out_alone(runtime: journaled.Runtime) -> None:

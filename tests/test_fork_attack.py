@@ -117,6 +117,27 @@ def test_fork_with_an_odd_replacement_is_refused_and_appends_nothing(
     assert rt.journal.position() == end
 
 
+@pytest.mark.parametrize(
+    ("data", "where"),
+    [({(1,): 2}, "$"), ({"rows": [{None: 1}]}, "$['rows'][0]")],
+    ids=["tuple-key", "none-key"],
+)
+def test_fork_with_a_replacement_input_keyed_by_no_text_is_refused_naming_the_path(
+    rt: journaled.Runtime, data: Any, where: str
+) -> None:
+    """F1, ADR 0098: a replacement input holding a dict keyed by a tuple or None is refused,
+    naming the step and the key's path, and nothing is appended; before, the fork was stored
+    and ``why`` of it raised a bare TypeError."""
+    source = _run(rt)
+    end = rt.journal.position()
+    with pytest.raises(ValueError, match=r"replace") as info:
+        rt.runs.fork(source, replace={"a": Step("a", tool="t", input=data)})
+    assert str(info.value).startswith(
+        f"replace['a'].input: its input cannot be journaled: a key at {where} is"
+    ), str(info.value)
+    assert rt.journal.position() == end
+
+
 def test_fork_with_a_huge_replacement_input_keeps_it_and_reruns_downstream(
     rt: journaled.Runtime,
 ) -> None:

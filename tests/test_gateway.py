@@ -317,6 +317,35 @@ def test_json_wire_round_trips_too(runtime: journaled.Runtime) -> None:
     assert envelope.message.position == 0  # type: ignore[union-attr]
 
 
+def test_a_reply_that_cannot_be_encoded_is_answered_by_a_failure(
+    runtime: journaled.Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A4, ADR 0098: a reply that cannot cross the wire (a run's output keyed by a tuple, as an
+    earlier release stored it, sent to a JSON client) reaches its asker as a reply.failure with
+    its correlation, naming why; before, it was dropped and the client waited for ever."""
+    # As an earlier release stored it (raising=False: that release had no such check).
+    monkeypatch.setattr("journaled.actors.steps._key_problem", lambda _: None, raising=False)
+    runtime.register_tool("keyed", lambda _: {(1, 2): "x"})
+    received: list[Any] = []
+    two = threading.Event()
+
+    def take(data: bytes) -> None:
+        received.append(protocol.decode_envelope_json(data).message)
+        if len(received) == 2:
+            two.set()
+
+    runtime.protocol.register_bytes("json/1", take, "json")
+    plan = Plan(goal="g", steps=[Step("a", tool="keyed")])
+    runtime.protocol.send(StartRun(reply_to="json/1", correlation="c1", plan=plan))
+    assert two.wait(WAIT), received
+    ended = received[1]
+    assert isinstance(ended, Failure)
+    assert ended.correlation == "c1"
+    assert ended.error == "ProtocolError"
+    assert ended.message.startswith("the reply could not be sent: cannot encode run.ended")
+    assert "str-like or number-like keys" in ended.message
+
+
 def test_a_child_process_runs_a_plan_and_reads_memory_over_pipes(sqlite_url: str) -> None:
     """A4: a child speaking msgpack envelopes over stdin/stdout drives the parent's runtime."""
     with journaled.open(sqlite_url) as rt:

@@ -6,6 +6,7 @@ the journal again, not by a digest; these tests forge snapshot rows with raw SQL
 
 from __future__ import annotations
 
+import math
 import sqlite3
 from collections.abc import Callable
 from typing import Any
@@ -191,6 +192,54 @@ def test_a_forged_run_snapshot_is_reported(sqlite_url: str, clock: ManualClock) 
     assert report.problem.kind == "snapshot-altered"
     assert run.run_id in report.problem.reason
     assert "observations" in report.problem.reason
+
+
+def test_a_nan_in_a_steps_input_or_a_tools_output_verifies(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """R7, R5, ADR 0097: a NaN or an infinity in a step's input or a tool's output (numpy and
+    pandas give them) is journaled as given; verify finds the untouched run snapshot equal to
+    its fold, though NaN != NaN; replay equals the live result; the JSON doors show null.
+    A NaN forged into something else is still reported."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("echo", lambda data: data)
+        rt.register_tool("score", lambda _: {"score": math.nan, "worst": -math.inf})
+        run = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="echo", input=math.nan), Step("b", tool="score")])
+        )
+        assert run.ok
+        report = rt.journal.verify()
+        assert report.ok, report.problem
+        assert report.snapshots >= 1
+        replayed = rt.runs.at(run.run_id, rt.journal.position())
+        assert msgspec.msgpack.encode(replayed.observations) == msgspec.msgpack.encode(
+            run.observations
+        )
+        assert math.isnan(replayed.observations[1].output["score"])
+    runner = CliRunner()
+    for args in (["runs", "show", run.run_id], ["runs", "history", run.run_id]):
+        for extra in ([], ["--json"]):
+            shown = runner.invoke(main, ["--url", sqlite_url, *args, *extra])
+            assert shown.exit_code == 0, shown.output
+    shown = runner.invoke(main, ["--url", sqlite_url, "runs", "show", run.run_id, "--json"])
+    assert '"score":null' in shown.output.replace(" ", "")
+    conn = sqlite3.connect(_path(sqlite_url))
+    (state,) = conn.execute(
+        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+        (run.run_id,),
+    ).fetchone()
+    snapshot = msgspec.msgpack.decode(inflate(state))
+    snapshot["observations"][1]["output"]["score"] = 0.5
+    conn.execute(
+        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
+    )
+    conn.commit()
+    conn.close()
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.kind == "snapshot-altered"
+    assert report.problem.reason.endswith("it differs in observations")
 
 
 def test_journal_verify_exits_1_naming_the_forged_snapshot(
