@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 
+import msgspec
+
 from journaled.events.errors import CorruptEvent
 
 MAX_TEXT_BYTES = 1 << 20
@@ -113,3 +115,26 @@ def short(value: object) -> str:
         return f"a {value.bit_length()}-bit int"  # repr of a huge int is slow, or refused
     text = repr(value)
     return text if len(text) <= 40 else text[:20] + "…" + text[-8:]
+
+
+def json_bytes(value: object) -> bytes:
+    """Encode a journaled value as JSON. A dict keyed by what JSON has no key for (a tuple,
+    None: runs stored before ADR 0098 refused such keys) gets its keys written as their
+    ``repr``, where the encoder alone would raise a ``TypeError``."""
+    try:
+        return msgspec.json.encode(value)
+    except TypeError:
+        return msgspec.json.encode(_text_keys(msgspec.to_builtins(value)))
+
+
+def _text_keys(value: object) -> object:
+    if isinstance(value, dict):
+        return {
+            k if isinstance(k, str | int | float) and not isinstance(k, bool) else repr(k): (
+                _text_keys(v)
+            )
+            for k, v in value.items()
+        }
+    if isinstance(value, list | tuple):
+        return [_text_keys(v) for v in value]
+    return value

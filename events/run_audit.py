@@ -5,11 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
-import msgspec
-
 from journaled.events.base import Event
 from journaled.events.fork import Lineage
-from journaled.events.inputs import flat
+from journaled.events.inputs import flat, json_bytes
 from journaled.events.memory_audit import when
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -197,7 +195,7 @@ def describe_fork(data: RunForked) -> str:
 
 def _brief(value: Any) -> str:
     """Render a step input as short JSON on one line (an input may be [purged] text)."""
-    text = flat(msgspec.json.encode(value).decode())
+    text = flat(json_bytes(value).decode())
     return text if len(text) <= 80 else text[:79] + "…"
 
 

@@ -17,6 +17,7 @@ import msgspec
 import journaled
 from journaled.events.base import DomainEvent, Event
 from journaled.events.fork import Lineage
+from journaled.events.inputs import json_bytes
 from journaled.events.memory import ConflictKeyClaimed, Fact
 from journaled.events.memory_audit import describe, when
 from journaled.events.plan_rules import waves
@@ -107,8 +108,9 @@ class DemoDone(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def to_json(data: object) -> str:
-    """Encode a Struct, a list of them, or builtins as compact JSON."""
-    return msgspec.json.encode(data).decode()
+    """Encode a Struct, a list of them, or builtins as compact JSON (keys JSON has none for,
+    in runs stored before ADR 0098, written as their repr)."""
+    return json_bytes(data).decode()
 
 
 # -- times -----------------------------------------------------------------------------------------

@@ -586,3 +586,28 @@ def test_json_output_keeps_stored_text_exact(hostile: tuple[str, str, str]) -> N
     assert view["plan"]["goal"] == HOSTILE
     errors = [o["error"] for o in view["observations"] if o.get("error")]
     assert errors == [FORGED + HOSTILE]
+
+
+def test_a_run_stored_with_keys_json_has_none_for_still_reads_everywhere(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0098: a run an earlier release stored with an output keyed by a tuple and by None
+    (which JSON has no key for) still shows: `runs show`, `runs history` (plain and --json)
+    and `rt.runs.why` write such keys as their repr. Before, each crashed with msgspec's
+    TypeError ("Only dicts with str-like or number-like keys")."""
+    # As an earlier release stored it (raising=False: that release had no such check).
+    monkeypatch.setattr("journaled.actors.steps._key_problem", lambda _: None, raising=False)
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("keyed", lambda _: {(1, 2): "pair", None: {"inner": 1}})
+        run = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="keyed")]))
+        assert run.ok
+        assert "a" in rt.runs.why(run.run_id)
+    monkeypatch.undo()
+    for args in (["runs", "show", run.run_id], ["runs", "history", run.run_id]):
+        for options in ([], ["--json"]):
+            result = _cli(sqlite_url, *options, *args)
+            assert result.exit_code == 0, (args, options, result.output)
+            assert "Traceback" not in result.output
+    shown = _cli(sqlite_url, "--json", "runs", "show", run.run_id)
+    assert "(1, 2)" in shown.stdout
+    json.loads(shown.stdout)
