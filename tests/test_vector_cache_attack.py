@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import journaled
+from journaled.events.journal import truncate_wal
 from journaled.events.memory import Fact
 from journaled.testing import KeywordEmbedder, ManualClock
 
@@ -385,3 +386,48 @@ def test_a_purge_the_catch_up_applies_empties_the_cache_files_log(
             assert not rt.memory.scrub_pending
     finally:
         idle.close()
+
+
+def test_the_cache_stays_pending_while_a_checkpoint_is_being_tried(
+    tmp_path: Path, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """M10, ADR 0065 update: while one thread tries the owed checkpoint (the scrubber's, in the
+    background), ``scrub_pending`` still says the log may hold the deleted rows; and a delete
+    made during a checkpoint that then succeeds keeps the debt for the next. Before, the flag
+    was cleared when the attempt began, so a purge's caller could read "nothing pending"
+    while the vector was still in the log."""
+    from journaled.embedders import cache as cache_module  # where the cache looks it up
+
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=clock, embedder=Hashed(WORDS)) as rt:
+        gone = rt.memory.remember(SECRET)
+        other = rt.memory.remember("cat dog")
+        rt.memory.search_semantic("cat")
+        vectors: Any = rt.memory._semantic.cache
+        entered, leave = threading.Event(), threading.Event()
+        real = truncate_wal
+        trying: threading.Thread | None = None
+
+        def slow(path: str, wait: float) -> bool:
+            if threading.current_thread() is trying:  # the other calls pass straight through
+                entered.set()
+                assert leave.wait(10)
+            return real(path, wait)
+
+        with _reading(tmp_path / "journal.sqlite.vectors") as done:
+            assert rt.memory.purge(gone.id, reason="asked to forget")
+            assert vectors.scrub_pending
+            monkeypatch.setattr(cache_module, "truncate_wal", slow)
+            trying = threading.Thread(target=vectors.scrub, args=(0.0,))
+            trying.start()
+            assert entered.wait(10)
+            assert vectors.scrub_pending  # mid-attempt: still owed
+            vectors.forget_facts([other.id])  # a delete during it; its own try meets the reader
+            assert vectors.scrub_pending
+            done.set()
+        leave.set()
+        trying.join(10)
+        assert vectors.scrub_pending  # that attempt began before the delete: owed still
+        monkeypatch.setattr(cache_module, "truncate_wal", real)
+        assert vectors.scrub(10)
+        assert not vectors.scrub_pending

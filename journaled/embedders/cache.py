@@ -103,7 +103,10 @@ class VectorCache:
         self._unscrubbed = path is not None and _logged(path)
         """Whether the file's write-ahead log may still hold rows deleted from it: a checkpoint
         after a delete was held back by another connection, or the log was left by a process
-        that may have stopped before its own (ADR 0065 update)."""
+        that may have stopped before its own (ADR 0065 update). It stays set while a checkpoint
+        is being tried, so a reader of :attr:`scrub_pending` never sees it clear too early."""
+        self._deletes = 0
+        """Deletes made so far: a checkpoint clears the debt only if none came during it."""
         if path is not None:
             with self._connect():
                 pass  # made (or checked) now: a file that cannot be is known at once
@@ -251,6 +254,7 @@ class VectorCache:
             for key in [k for k in self._vectors if k[1] in stale]:
                 del self._vectors[key]
             self._unscrubbed = True
+            self._deletes += 1
         self._scrub_quietly()
         return cursor.rowcount
 
@@ -279,17 +283,13 @@ class VectorCache:
             with self._lock:
                 self._unscrubbed = False
             return True
-        with self._lock:  # a delete committed during the checkpoint sets it again after
-            self._unscrubbed = False
-        try:
-            done = truncate_wal(self.path, wait)
-        except BaseException:
+        with self._lock:
+            seen = self._deletes
+        done = truncate_wal(self.path, wait)  # a full disk: raised, the debt stays
+        if done:
             with self._lock:
-                self._unscrubbed = True
-            raise
-        if not done:
-            with self._lock:
-                self._unscrubbed = True
+                if self._deletes == seen:  # a delete during the checkpoint may be after it
+                    self._unscrubbed = False
         return done
 
     def _scrub_quietly(self) -> None:
