@@ -60,6 +60,9 @@ _SLICE = 1.0
 """Longest single wait: appends whose wake-up was lost are found by reading again after it."""
 log = logging.getLogger(__name__)
 
+_CONTENDED = 0.05
+"""Longest an asyncio wait waits for the lock another consumer's wait holds before looking
+whether its task gave it up."""
 _GONE = 0.2
 """Wait before reading again when the database could not be reached (a server restart)."""
 _FRESH = 0.005
@@ -218,7 +221,6 @@ class Subscription:
         self._closed = False
         self._unreachable = False
         """Set while page reads fail on a dropped connection (said once an outage)."""
-        self._generation = 0
 
     @property
     def position(self) -> int:
@@ -248,7 +250,7 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._ready(left, self._generation):
+            if not self._ready(left):
                 return None
             event = self._take()
             if event is not None:
@@ -311,16 +313,19 @@ class Subscription:
 
     # -- the machinery, shared with AsyncSubscription --------------------------------------------
 
-    def _ready(self, timeout: float | None, generation: int) -> bool:
-        """Wait until an event is buffered (True), or the time is up, or closed/interrupted.
+    def _ready(self, timeout: float | None, given_up: threading.Event | None = None) -> bool:
+        """Wait until an event is buffered (True), or the time is up, closed, or ``given_up``.
 
-        Never takes an event: whoever waits in a thread that is given up on (a cancelled task)
-        leaves what it read in the buffer for the next call.
+        ``given_up`` ends this one wait (its task was cancelled): another consumer's wait goes
+        on. Never takes an event: whoever waits in a thread that is given up on leaves what it
+        read in the buffer for the next call.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        if not self._acquire(deadline, given_up):
+            return False
+        try:
             while True:
-                if self._closed or self._generation != generation:
+                if self._closed or (given_up is not None and given_up.is_set()):
                     return False
                 if self._buffer and self._current():
                     self._vouched = True
@@ -351,6 +356,22 @@ class Subscription:
                 if left <= 0:
                     return False
                 self._journal.wait_for_appends(left, since=mark)
+        finally:
+            self._lock.release()
+
+    def _acquire(self, deadline: float | None, given_up: threading.Event | None) -> bool:
+        """Take the lock another consumer's wait may hold; False: the time is up, or this wait
+        was given up meanwhile (its thread then ends within :data:`_CONTENDED`)."""
+        while True:
+            left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if given_up is not None:
+                left = _CONTENDED if left < 0 else min(_CONTENDED, left)
+            if self._lock.acquire(timeout=left):
+                return True
+            if given_up is not None and given_up.is_set():
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _fill(self) -> bool:
         """Read one page after the cursor; tell whether anything was read (even if hidden)."""
@@ -408,9 +429,9 @@ class Subscription:
         finally:
             self._lock.release()
 
-    def _interrupt(self) -> None:
-        """End the wait of a thread whose caller gave up (its task was cancelled)."""
-        self._generation += 1
+    def _give_up(self, given_up: threading.Event) -> None:
+        """End the one wait ``given_up`` was handed to (its task was cancelled)."""
+        given_up.set()
         self._journal.wake()
 
 
@@ -418,9 +439,9 @@ class AsyncSubscription:
     """A :class:`Subscription` for asyncio: ``async for``, ``await poll()``, ``await ack()``.
 
     Waits and database reads run in a daemon thread, never on the event loop; cancelling the
-    task that awaits ``poll`` (or iterates) cancels the wait, and no event is lost by it. Build
-    it with ``await AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain
-    constructor reads the stored position, which blocks briefly).
+    task that awaits ``poll`` (or iterates) cancels that wait alone (another task's goes on),
+    and no event is lost by it. Build it with ``await AsyncSubscription.open(rt.journal, ...)``
+    on a running loop (the plain constructor reads the stored position, which blocks briefly).
     """
 
     def __init__(
@@ -486,13 +507,13 @@ class AsyncSubscription:
     async def _wait(self, timeout: float | None) -> bool:
         """Wait in a daemon thread until an event is buffered; False: time up or closed."""
         sync = self._sync
-        generation = sync._generation
+        given_up = threading.Event()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
 
         def wait() -> None:
             try:
-                ready = sync._ready(timeout, generation)
+                ready = sync._ready(timeout, given_up)
             except BaseException as exc:  # handed to the awaiting task
                 _settle(loop, done, False, exc)
             else:
@@ -502,7 +523,7 @@ class AsyncSubscription:
         try:
             return await done
         except asyncio.CancelledError:
-            sync._interrupt()
+            sync._give_up(given_up)  # this wait alone: another consumer's goes on
             raise
 
     async def ack(self, position: int) -> None:
