@@ -848,10 +848,16 @@ class _Opening:
     async def _open(self) -> AsyncRuntime:
         loop = asyncio.get_running_loop()
         pool = _Pool(self._workers, loop)
+        # Opening replays the journal: in the pool, never on the loop.
+        call = functools.partial(contextvars.copy_context().run, Runtime, self._url, loop=loop)
+        opening = pool.executor.submit(call, **self._options)
         try:
-            # Opening replays the journal: in the pool, never on the loop.
-            runtime = await pool.run(Runtime, self._url, loop=loop, **self._options)
+            runtime = await asyncio.wrap_future(opening, loop=loop)
         except BaseException:
+            # A cancel (a timeout, a shutdown) while the pool opens: the runtime it may still
+            # open is nobody's, so it is closed as soon as it is there (an open that failed
+            # opened nothing).
+            opening.add_done_callback(_close_unclaimed)
             pool.shutdown()
             raise
         return AsyncRuntime(runtime, pool)
@@ -871,6 +877,15 @@ class _Opening:
     ) -> None:
         if self._runtime is not None:
             await self._runtime.close()
+
+
+def _close_unclaimed(opening: Future[Runtime]) -> None:
+    """Close the runtime an open given up on has opened, on a thread of its own (this callback
+    may run on the loop, which a close must not block: it drains, then stops actors)."""
+    if opening.cancelled() or opening.exception() is not None:
+        return
+    runtime = opening.result()
+    threading.Thread(target=runtime.close, name="journaled-aio-unclaimed").start()
 
 
 def open(

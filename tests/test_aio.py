@@ -7,9 +7,11 @@ import inspect
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import pykka
 import pytest
 
 import journaled
@@ -404,3 +406,55 @@ def test_registrations_may_be_awaited_or_not(sqlite_url: str) -> None:
 
     outputs = {o.step_id: o.output for o in asyncio.run(main())}
     assert outputs == {"a": "page", "b": "summary", "c": "done", "d": "also registered"}
+
+
+@pytest.mark.parametrize("give_up", ["cancel", "timeout"])
+def test_an_open_given_up_on_closes_the_runtime_it_opens(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, give_up: str
+) -> None:
+    """A1, R3, ADR 0025 update: the task awaiting ``journaled.aio.open()`` cancelled (or timed
+    out) while the journal is opened gets its CancelledError at once; the runtime the pool goes
+    on opening is closed as soon as it is there: no actor, thread or open runtime is left."""
+    import journaled.runtime
+
+    opening, release = threading.Event(), threading.Event()
+
+    class SlowOpen(Runtime):  # a long journal: replaying it at open takes a while
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            opening.set()
+            release.wait(WAIT)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(journaled.aio, "Runtime", SlowOpen)
+    before = set(threading.enumerate())
+
+    async def main() -> float:
+        task = asyncio.create_task(journaled.aio.open(sqlite_url).__aenter__())
+        if give_up == "cancel":
+            while not opening.is_set():
+                await asyncio.sleep(0.005)
+            task.cancel()
+            began = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(task, 0.2)
+            began += 0.2
+        return time.monotonic() - began
+
+    try:
+        late = asyncio.run(main())
+    finally:
+        release.set()
+    assert late < 1.0, f"the caller waited {late:.2f} s for the open it gave up on"
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and (
+        set(threading.enumerate()) - before or pykka.ActorRegistry.get_all()
+    ):
+        time.sleep(0.02)
+    assert opening.is_set()
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+    assert pykka.ActorRegistry.get_all() == []
+    assert list(journaled.runtime._OPEN) == [], "the runtime opened for nobody is still open"
