@@ -808,10 +808,13 @@ class AsyncRuntime:
         A second call waits for the first; cancelling the awaiting task does not stop the close.
 
         Raises:
-            RuntimeError: awaited from a run's ``on_progress`` (see :meth:`Runtime.close`);
-                nothing is closed.
+            RuntimeError: awaited from a run's ``on_progress`` (see :meth:`Runtime.close`), or
+                from another event loop than the one the runtime was opened on; nothing is
+                closed, and a close from its own loop works after.
+            ConfigurationError: a bad ``drain``; nothing is closed.
         """
         refuse_close_from_progress()
+        self._pool.check_loop()  # before anything is begun: a refused close changes nothing
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close(drain))
         await asyncio.shield(self._closing)
@@ -821,8 +824,15 @@ class AsyncRuntime:
             # Not in the pool: its workers may all wait on calls the close releases (a search
             # for its embedder), and the close must end within its drain (R3).
             await self._pool.run_apart(self._sync.close, drain)
-        finally:
+        except BaseException:
+            if not self._sync._closed:
+                # Refused before it began (a bad drain): the runtime still serves, and a later
+                # close may try again.
+                self._closing = None
+                raise
             self._pool.shutdown()
+            raise
+        self._pool.shutdown()
 
     async def __aenter__(self) -> AsyncRuntime:
         return self

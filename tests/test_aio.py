@@ -458,3 +458,35 @@ def test_an_open_given_up_on_closes_the_runtime_it_opens(
     assert [t.name for t in set(threading.enumerate()) - before] == []
     assert pykka.ActorRegistry.get_all() == []
     assert list(journaled.runtime._OPEN) == [], "the runtime opened for nobody is still open"
+
+
+def test_a_refused_close_changes_nothing(sqlite_url: str) -> None:
+    """A1, R3, ADR 0025 update: ``await rt.close()`` from another event loop, or with a bad
+    drain, raises and closes nothing: the runtime answers on its own loop, and a close from
+    there then closes it (every later call says RuntimeClosed)."""
+    refused: list[str] = []
+
+    async def main() -> None:
+        rt = await journaled.aio.open(sqlite_url)
+        await rt.memory.remember("staging is in eu-west-1")
+
+        def from_another_loop() -> None:
+            try:
+                asyncio.run(rt.close())
+            except RuntimeError as exc:
+                refused.append(str(exc))
+
+        other = threading.Thread(target=from_another_loop)
+        other.start()
+        other.join(WAIT)
+        with pytest.raises(journaled.ConfigurationError, match="drain"):
+            await rt.close(drain=-1)
+        assert len(await rt.memory.search("staging")) == 1
+        await asyncio.wait_for(rt.close(), WAIT)
+        assert rt._sync._closed
+        with pytest.raises(journaled.RuntimeClosed):
+            await rt.memory.search("staging")
+
+    asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+    assert len(refused) == 1
+    assert "opened on another event loop" in refused[0]
