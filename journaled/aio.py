@@ -824,6 +824,9 @@ class AsyncRuntime:
             # Not in the pool: its workers may all wait on calls the close releases (a search
             # for its embedder), and the close must end within its drain (R3).
             await self._pool.run_apart(self._sync.close, drain)
+        except asyncio.CancelledError:
+            self._pool.shutdown()  # the close goes on in its thread
+            raise
         except BaseException:
             if not self._sync._closed:
                 # Refused before it began (a bad drain): the runtime still serves, and a later
