@@ -93,7 +93,7 @@ class _Pool:
                 "loop that uses it (e.g. inside the coroutine given to asyncio.run)"
             )
 
-    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile.
 
         Raises:
@@ -578,8 +578,11 @@ class AsyncJournal:
         name: str | None = None,
     ) -> AsyncSubscription:
         """Follow the journal as an async iterator (A3): ``async for e in await ...subscribe()``."""
-        # Built in the pool: the constructor reads a named subscription's stored position.
-        return await self._pool.run(AsyncSubscription, self._journal, after, topics, name)
+        # Built in the pool: the constructor reads a named subscription's stored position; its
+        # acks are written there too.
+        return await self._pool.run(
+            AsyncSubscription, self._journal, after, topics, name, run=self._pool.run
+        )
 
     async def subscriptions(self) -> list[StoredSubscription]:
         """Return every named subscription with its acknowledged position (A3)."""

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import difflib
+import functools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
 from itertools import islice
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ParamSpec, Protocol, Self, TypeVar
 
 import msgspec
 
@@ -44,6 +47,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "PAGE",
     "AsyncSubscription",
+    "Runner",
     "StoredSubscription",
     "Subscription",
     "check_name",
@@ -59,6 +63,19 @@ MAX_NAME_BYTES = 200
 _SLICE = 1.0
 """Longest single wait: appends whose wake-up was lost are found by reading again after it."""
 log = logging.getLogger(__name__)
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Run a blocking call off the event loop and await its result: an asyncio runtime's
+    pool (``journaled.aio``), so its subscriptions' blocking calls share its threads."""
+
+    def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+        """Run ``fn(*args, **kwargs)`` in a thread; the loop goes on meanwhile."""
+        ...
+
 
 _CONTENDED = 0.05
 """Longest an asyncio wait waits for the lock another consumer's wait holds before looking
@@ -440,8 +457,10 @@ class AsyncSubscription:
 
     Waits and database reads run in a daemon thread, never on the event loop; cancelling the
     task that awaits ``poll`` (or iterates) cancels that wait alone (another task's goes on),
-    and no event is lost by it. Build it with ``await AsyncSubscription.open(rt.journal, ...)``
-    on a running loop (the plain constructor reads the stored position, which blocks briefly).
+    and no event is lost by it. ``ack`` writes in the asyncio runtime's pool, or on a thread of
+    its own, never in the loop's default executor. Build it with ``await
+    AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain constructor reads the
+    stored position, which blocks briefly).
     """
 
     def __init__(
@@ -450,9 +469,16 @@ class AsyncSubscription:
         after: int = 0,
         topics: Iterable[str] | str | None = None,
         name: str | None = None,
+        *,
+        run: Runner | None = None,
     ) -> None:
-        """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`."""
+        """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`.
+
+        ``run`` runs :meth:`ack`'s write: an asyncio runtime passes its pool; None, a thread
+        of its own per call (never the loop's default executor, the application's).
+        """
         self._sync = Subscription(journal, after, topics, name)
+        self._run: Runner = _apart if run is None else run
 
     @classmethod
     async def open(
@@ -461,9 +487,13 @@ class AsyncSubscription:
         after: int = 0,
         topics: Iterable[str] | str | None = None,
         name: str | None = None,
+        *,
+        run: Runner | None = None,
     ) -> AsyncSubscription:
-        """Subscribe without blocking the loop (the stored position is read in a thread)."""
-        return await asyncio.to_thread(cls, journal, after, topics, name)
+        """Subscribe without blocking the loop: the stored position is read by ``run`` (see
+        :meth:`__init__`)."""
+        runner = _apart if run is None else run
+        return await runner(cls, journal, after, topics, name, run=runner)
 
     @property
     def name(self) -> str | None:
@@ -528,7 +558,7 @@ class AsyncSubscription:
 
     async def ack(self, position: int) -> None:
         """Acknowledge every event delivered up to ``position`` (stored for a named one)."""
-        await asyncio.to_thread(self._sync.ack, position)
+        await self._run(self._sync.ack, position)
 
     async def aclose(self) -> None:
         """Stop delivering; a task waiting in ``poll`` returns None. Idempotent."""
@@ -553,6 +583,22 @@ class AsyncSubscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+async def _apart(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn`` on a thread of its own, never the loop's default executor (the application
+    sizes and fills that one); the caller's context variables go along."""
+    done: Future[T] = Future()
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+
+    def work() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            done.set_exception(exc)
+
+    threading.Thread(target=work, name="journaled-subscription-call").start()
+    return await asyncio.wrap_future(done)
 
 
 def _check_timeout(timeout: object) -> None:

@@ -490,3 +490,44 @@ def test_a_refused_close_changes_nothing(sqlite_url: str) -> None:
     asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
     assert len(refused) == 1
     assert "opened on another event loop" in refused[0]
+
+
+def test_a_subscriptions_ack_runs_in_the_runtimes_pool(sqlite_url: str) -> None:
+    """A1, A3, ADR 0025 update: ``await sub.ack(position)`` of a named subscription writes in
+    the runtime's pool: it acknowledges while the application's own blocking work holds the
+    loop's default executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from journaled.subscriptions import StoredSubscription, Subscription
+
+    threads: list[str] = []
+    real = Subscription.ack
+
+    def recording(self: Subscription, position: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(self, position)
+
+    release = threading.Event()
+
+    async def main() -> tuple[int, list[StoredSubscription]]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # the application sizes its own
+        async with journaled.aio.open(sqlite_url) as rt:
+            await rt.memory.remember("a fact")
+            async with await rt.journal.subscribe(name="consumer") as sub:
+                event = await asyncio.wait_for(sub.poll(WAIT), WAIT)
+                assert event is not None
+                busy = loop.run_in_executor(None, release.wait, WAIT)  # the application's work
+                try:
+                    await asyncio.wait_for(sub.ack(event.position), WAIT / 2)
+                finally:
+                    release.set()
+                    await busy
+            return event.position, await rt.journal.subscriptions()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Subscription, "ack", recording)
+        position, stored = asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+    assert [(s.name, s.position) for s in stored] == [("consumer", position)]
+    assert threads
+    assert all(name.startswith("journaled-aio") for name in threads), threads

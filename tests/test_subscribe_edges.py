@@ -314,3 +314,32 @@ def test_cancelling_an_async_poll_never_ends_a_threads_for_loop(sqlite_url: str)
             consumer.join(WAIT)
         assert not consumer.is_alive()
         assert not ended_open.is_set()
+
+
+def test_an_async_subscription_of_a_sync_runtime_never_uses_the_default_executor(
+    three: journaled.Runtime,
+) -> None:
+    """A3, ADR 0025 update: ``AsyncSubscription.open(rt.journal, name=...)`` and its ``await
+    ack()`` read and write on threads of their own: both complete while the application's
+    blocking work holds the loop's default executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+
+    async def story() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # the application sizes its own
+        busy = loop.run_in_executor(None, release.wait, WAIT)  # and fills it
+        try:
+            opening = AsyncSubscription.open(three.journal, name="consumer")
+            async with await asyncio.wait_for(opening, WAIT / 2) as sub:
+                event = await sub.poll(WAIT)
+                assert event is not None
+                await asyncio.wait_for(sub.ack(event.position), WAIT / 2)
+                return event.position
+        finally:
+            release.set()
+            await busy
+
+    position = asyncio.run(asyncio.wait_for(story(), 3 * WAIT))
+    assert [(s.name, s.position) for s in three.journal.subscriptions()] == [("consumer", position)]
