@@ -93,7 +93,7 @@ class _Pool:
                 "loop that uses it (e.g. inside the coroutine given to asyncio.run)"
             )
 
-    async def run(self, fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    async def run(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         """Run ``fn(*args, **kwargs)`` in the pool; the loop goes on meanwhile.
 
         Raises:
@@ -578,8 +578,11 @@ class AsyncJournal:
         name: str | None = None,
     ) -> AsyncSubscription:
         """Follow the journal as an async iterator (A3): ``async for e in await ...subscribe()``."""
-        # Built in the pool: the constructor reads a named subscription's stored position.
-        return await self._pool.run(AsyncSubscription, self._journal, after, topics, name)
+        # Built in the pool: the constructor reads a named subscription's stored position; its
+        # acks are written there too.
+        return await self._pool.run(
+            AsyncSubscription, self._journal, after, topics, name, run=self._pool.run
+        )
 
     async def subscriptions(self) -> list[StoredSubscription]:
         """Return every named subscription with its acknowledged position (A3)."""
@@ -808,10 +811,13 @@ class AsyncRuntime:
         A second call waits for the first; cancelling the awaiting task does not stop the close.
 
         Raises:
-            RuntimeError: awaited from a run's ``on_progress`` (see :meth:`Runtime.close`);
-                nothing is closed.
+            RuntimeError: awaited from a run's ``on_progress`` (see :meth:`Runtime.close`), or
+                from another event loop than the one the runtime was opened on; nothing is
+                closed, and a close from its own loop works after.
+            ConfigurationError: a bad ``drain``; nothing is closed.
         """
         refuse_close_from_progress()
+        self._pool.check_loop()  # before anything is begun: a refused close changes nothing
         if self._closing is None:
             self._closing = asyncio.ensure_future(self._close(drain))
         await asyncio.shield(self._closing)
@@ -821,8 +827,18 @@ class AsyncRuntime:
             # Not in the pool: its workers may all wait on calls the close releases (a search
             # for its embedder), and the close must end within its drain (R3).
             await self._pool.run_apart(self._sync.close, drain)
-        finally:
+        except asyncio.CancelledError:
+            self._pool.shutdown()  # the close goes on in its thread
+            raise
+        except BaseException:
+            if not self._sync._closed:
+                # Refused before it began (a bad drain): the runtime still serves, and a later
+                # close may try again.
+                self._closing = None
+                raise
             self._pool.shutdown()
+            raise
+        self._pool.shutdown()
 
     async def __aenter__(self) -> AsyncRuntime:
         return self
@@ -848,10 +864,16 @@ class _Opening:
     async def _open(self) -> AsyncRuntime:
         loop = asyncio.get_running_loop()
         pool = _Pool(self._workers, loop)
+        # Opening replays the journal: in the pool, never on the loop.
+        call = functools.partial(contextvars.copy_context().run, Runtime, self._url, loop=loop)
+        opening = pool.executor.submit(call, **self._options)
         try:
-            # Opening replays the journal: in the pool, never on the loop.
-            runtime = await pool.run(Runtime, self._url, loop=loop, **self._options)
+            runtime = await asyncio.wrap_future(opening, loop=loop)
         except BaseException:
+            # A cancel (a timeout, a shutdown) while the pool opens: the runtime it may still
+            # open is nobody's, so it is closed as soon as it is there (an open that failed
+            # opened nothing).
+            opening.add_done_callback(_close_unclaimed)
             pool.shutdown()
             raise
         return AsyncRuntime(runtime, pool)
@@ -871,6 +893,15 @@ class _Opening:
     ) -> None:
         if self._runtime is not None:
             await self._runtime.close()
+
+
+def _close_unclaimed(opening: Future[Runtime]) -> None:
+    """Close the runtime an open given up on has opened, on a thread of its own (this callback
+    may run on the loop, which a close must not block: it drains, then stops actors)."""
+    if opening.cancelled() or opening.exception() is not None:
+        return
+    runtime = opening.result()
+    threading.Thread(target=runtime.close, name="journaled-aio-unclaimed").start()
 
 
 def open(

@@ -16,15 +16,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import difflib
+import functools
 import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
+from concurrent.futures import Future
 from itertools import islice
 from types import TracebackType
-from typing import TYPE_CHECKING, Self
+from typing import TYPE_CHECKING, ParamSpec, Protocol, Self, TypeVar
 
 import msgspec
 
@@ -44,6 +47,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "PAGE",
     "AsyncSubscription",
+    "Runner",
     "StoredSubscription",
     "Subscription",
     "check_name",
@@ -60,6 +64,22 @@ _SLICE = 1.0
 """Longest single wait: appends whose wake-up was lost are found by reading again after it."""
 log = logging.getLogger(__name__)
 
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class Runner(Protocol):
+    """Run a blocking call off the event loop and await its result: an asyncio runtime's
+    pool (``journaled.aio``), so its subscriptions' blocking calls share its threads."""
+
+    def __call__(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Awaitable[T]:
+        """Run ``fn(*args, **kwargs)`` in a thread; the loop goes on meanwhile."""
+        ...
+
+
+_CONTENDED = 0.05
+"""Longest an asyncio wait waits for the lock another consumer's wait holds before looking
+whether its task gave it up."""
 _GONE = 0.2
 """Wait before reading again when the database could not be reached (a server restart)."""
 _FRESH = 0.005
@@ -218,7 +238,6 @@ class Subscription:
         self._closed = False
         self._unreachable = False
         """Set while page reads fail on a dropped connection (said once an outage)."""
-        self._generation = 0
 
     @property
     def position(self) -> int:
@@ -248,7 +267,7 @@ class Subscription:
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not self._ready(left, self._generation):
+            if not self._ready(left):
                 return None
             event = self._take()
             if event is not None:
@@ -311,16 +330,19 @@ class Subscription:
 
     # -- the machinery, shared with AsyncSubscription --------------------------------------------
 
-    def _ready(self, timeout: float | None, generation: int) -> bool:
-        """Wait until an event is buffered (True), or the time is up, or closed/interrupted.
+    def _ready(self, timeout: float | None, given_up: threading.Event | None = None) -> bool:
+        """Wait until an event is buffered (True), or the time is up, closed, or ``given_up``.
 
-        Never takes an event: whoever waits in a thread that is given up on (a cancelled task)
-        leaves what it read in the buffer for the next call.
+        ``given_up`` ends this one wait (its task was cancelled): another consumer's wait goes
+        on. Never takes an event: whoever waits in a thread that is given up on leaves what it
+        read in the buffer for the next call.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
+        if not self._acquire(deadline, given_up):
+            return False
+        try:
             while True:
-                if self._closed or self._generation != generation:
+                if self._closed or (given_up is not None and given_up.is_set()):
                     return False
                 if self._buffer and self._current():
                     self._vouched = True
@@ -351,6 +373,22 @@ class Subscription:
                 if left <= 0:
                     return False
                 self._journal.wait_for_appends(left, since=mark)
+        finally:
+            self._lock.release()
+
+    def _acquire(self, deadline: float | None, given_up: threading.Event | None) -> bool:
+        """Take the lock another consumer's wait may hold; False: the time is up, or this wait
+        was given up meanwhile (its thread then ends within :data:`_CONTENDED`)."""
+        while True:
+            left = -1.0 if deadline is None else max(0.0, deadline - time.monotonic())
+            if given_up is not None:
+                left = _CONTENDED if left < 0 else min(_CONTENDED, left)
+            if self._lock.acquire(timeout=left):
+                return True
+            if given_up is not None and given_up.is_set():
+                return False
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
 
     def _fill(self) -> bool:
         """Read one page after the cursor; tell whether anything was read (even if hidden)."""
@@ -408,9 +446,9 @@ class Subscription:
         finally:
             self._lock.release()
 
-    def _interrupt(self) -> None:
-        """End the wait of a thread whose caller gave up (its task was cancelled)."""
-        self._generation += 1
+    def _give_up(self, given_up: threading.Event) -> None:
+        """End the one wait ``given_up`` was handed to (its task was cancelled)."""
+        given_up.set()
         self._journal.wake()
 
 
@@ -418,9 +456,11 @@ class AsyncSubscription:
     """A :class:`Subscription` for asyncio: ``async for``, ``await poll()``, ``await ack()``.
 
     Waits and database reads run in a daemon thread, never on the event loop; cancelling the
-    task that awaits ``poll`` (or iterates) cancels the wait, and no event is lost by it. Build
-    it with ``await AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain
-    constructor reads the stored position, which blocks briefly).
+    task that awaits ``poll`` (or iterates) cancels that wait alone (another task's goes on),
+    and no event is lost by it. ``ack`` writes in the asyncio runtime's pool, or on a thread of
+    its own, never in the loop's default executor. Build it with ``await
+    AsyncSubscription.open(rt.journal, ...)`` on a running loop (the plain constructor reads the
+    stored position, which blocks briefly).
     """
 
     def __init__(
@@ -429,9 +469,16 @@ class AsyncSubscription:
         after: int = 0,
         topics: Iterable[str] | str | None = None,
         name: str | None = None,
+        *,
+        run: Runner | None = None,
     ) -> None:
-        """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`."""
+        """Subscribe to ``journal`` with the arguments of :meth:`JournalHandle.subscribe`.
+
+        ``run`` runs :meth:`ack`'s write: an asyncio runtime passes its pool; None, a thread
+        of its own per call (never the loop's default executor, the application's).
+        """
         self._sync = Subscription(journal, after, topics, name)
+        self._run: Runner = _apart if run is None else run
 
     @classmethod
     async def open(
@@ -440,9 +487,13 @@ class AsyncSubscription:
         after: int = 0,
         topics: Iterable[str] | str | None = None,
         name: str | None = None,
+        *,
+        run: Runner | None = None,
     ) -> AsyncSubscription:
-        """Subscribe without blocking the loop (the stored position is read in a thread)."""
-        return await asyncio.to_thread(cls, journal, after, topics, name)
+        """Subscribe without blocking the loop: the stored position is read by ``run`` (see
+        :meth:`__init__`)."""
+        runner = _apart if run is None else run
+        return await runner(cls, journal, after, topics, name, run=runner)
 
     @property
     def name(self) -> str | None:
@@ -486,13 +537,13 @@ class AsyncSubscription:
     async def _wait(self, timeout: float | None) -> bool:
         """Wait in a daemon thread until an event is buffered; False: time up or closed."""
         sync = self._sync
-        generation = sync._generation
+        given_up = threading.Event()
         loop = asyncio.get_running_loop()
         done: asyncio.Future[bool] = loop.create_future()
 
         def wait() -> None:
             try:
-                ready = sync._ready(timeout, generation)
+                ready = sync._ready(timeout, given_up)
             except BaseException as exc:  # handed to the awaiting task
                 _settle(loop, done, False, exc)
             else:
@@ -502,12 +553,12 @@ class AsyncSubscription:
         try:
             return await done
         except asyncio.CancelledError:
-            sync._interrupt()
+            sync._give_up(given_up)  # this wait alone: another consumer's goes on
             raise
 
     async def ack(self, position: int) -> None:
         """Acknowledge every event delivered up to ``position`` (stored for a named one)."""
-        await asyncio.to_thread(self._sync.ack, position)
+        await self._run(self._sync.ack, position)
 
     async def aclose(self) -> None:
         """Stop delivering; a task waiting in ``poll`` returns None. Idempotent."""
@@ -532,6 +583,22 @@ class AsyncSubscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+async def _apart(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn`` on a thread of its own, never the loop's default executor (the application
+    sizes and fills that one); the caller's context variables go along."""
+    done: Future[T] = Future()
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+
+    def work() -> None:
+        try:
+            done.set_result(call())
+        except BaseException as exc:  # handed to the awaiting task, raised there
+            done.set_exception(exc)
+
+    threading.Thread(target=work, name="journaled-subscription-call").start()
+    return await asyncio.wrap_future(done)
 
 
 def _check_timeout(timeout: object) -> None:

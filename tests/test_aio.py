@@ -7,9 +7,11 @@ import inspect
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
+import pykka
 import pytest
 
 import journaled
@@ -404,3 +406,128 @@ def test_registrations_may_be_awaited_or_not(sqlite_url: str) -> None:
 
     outputs = {o.step_id: o.output for o in asyncio.run(main())}
     assert outputs == {"a": "page", "b": "summary", "c": "done", "d": "also registered"}
+
+
+@pytest.mark.parametrize("give_up", ["cancel", "timeout"])
+def test_an_open_given_up_on_closes_the_runtime_it_opens(
+    sqlite_url: str, monkeypatch: pytest.MonkeyPatch, give_up: str
+) -> None:
+    """A1, R3, ADR 0025 update: the task awaiting ``journaled.aio.open()`` cancelled (or timed
+    out) while the journal is opened gets its CancelledError at once; the runtime the pool goes
+    on opening is closed as soon as it is there: no actor, thread or open runtime is left."""
+    import journaled.runtime
+
+    opening, release = threading.Event(), threading.Event()
+
+    class SlowOpen(Runtime):  # a long journal: replaying it at open takes a while
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            opening.set()
+            release.wait(WAIT)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(journaled.aio, "Runtime", SlowOpen)
+    before = set(threading.enumerate())
+
+    async def main() -> float:
+        task = asyncio.create_task(journaled.aio.open(sqlite_url).__aenter__())
+        if give_up == "cancel":
+            while not opening.is_set():
+                await asyncio.sleep(0.005)
+            task.cancel()
+            began = time.monotonic()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            began = time.monotonic()
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(task, 0.2)
+            began += 0.2
+        return time.monotonic() - began
+
+    try:
+        late = asyncio.run(main())
+    finally:
+        release.set()
+    assert late < 1.0, f"the caller waited {late:.2f} s for the open it gave up on"
+    deadline = time.monotonic() + WAIT
+    while time.monotonic() < deadline and (
+        set(threading.enumerate()) - before or pykka.ActorRegistry.get_all()
+    ):
+        time.sleep(0.02)
+    assert opening.is_set()
+    assert [t.name for t in set(threading.enumerate()) - before] == []
+    assert pykka.ActorRegistry.get_all() == []
+    assert list(journaled.runtime._OPEN) == [], "the runtime opened for nobody is still open"
+
+
+def test_a_refused_close_changes_nothing(sqlite_url: str) -> None:
+    """A1, R3, ADR 0025 update: ``await rt.close()`` from another event loop, or with a bad
+    drain, raises and closes nothing: the runtime answers on its own loop, and a close from
+    there then closes it (every later call says RuntimeClosed)."""
+    refused: list[str] = []
+
+    async def main() -> None:
+        rt = await journaled.aio.open(sqlite_url)
+        await rt.memory.remember("staging is in eu-west-1")
+
+        def from_another_loop() -> None:
+            try:
+                asyncio.run(rt.close())
+            except RuntimeError as exc:
+                refused.append(str(exc))
+
+        other = threading.Thread(target=from_another_loop)
+        other.start()
+        other.join(WAIT)
+        with pytest.raises(journaled.ConfigurationError, match="drain"):
+            await rt.close(drain=-1)
+        assert len(await rt.memory.search("staging")) == 1
+        await asyncio.wait_for(rt.close(), WAIT)
+        assert rt._sync._closed
+        with pytest.raises(journaled.RuntimeClosed):
+            await rt.memory.search("staging")
+
+    asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+    assert len(refused) == 1
+    assert "opened on another event loop" in refused[0]
+
+
+def test_a_subscriptions_ack_runs_in_the_runtimes_pool(sqlite_url: str) -> None:
+    """A1, A3, ADR 0025 update: ``await sub.ack(position)`` of a named subscription writes in
+    the runtime's pool: it acknowledges while the application's own blocking work holds the
+    loop's default executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from journaled.subscriptions import StoredSubscription, Subscription
+
+    threads: list[str] = []
+    real = Subscription.ack
+
+    def recording(self: Subscription, position: int) -> None:
+        threads.append(threading.current_thread().name)
+        real(self, position)
+
+    release = threading.Event()
+
+    async def main() -> tuple[int, list[StoredSubscription]]:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # the application sizes its own
+        async with journaled.aio.open(sqlite_url) as rt:
+            await rt.memory.remember("a fact")
+            async with await rt.journal.subscribe(name="consumer") as sub:
+                event = await asyncio.wait_for(sub.poll(WAIT), WAIT)
+                assert event is not None
+                busy = loop.run_in_executor(None, release.wait, WAIT)  # the application's work
+                try:
+                    await asyncio.wait_for(sub.ack(event.position), WAIT / 2)
+                finally:
+                    release.set()
+                    await busy
+            return event.position, await rt.journal.subscriptions()
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Subscription, "ack", recording)
+        position, stored = asyncio.run(asyncio.wait_for(main(), 3 * WAIT))
+    assert [(s.name, s.position) for s in stored] == [("consumer", position)]
+    assert threads
+    assert all(name.startswith("journaled-aio") for name in threads), threads

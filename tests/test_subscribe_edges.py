@@ -221,3 +221,125 @@ def test_a_follower_whose_page_reads_fail_reads_again_and_says_so_once(
         unreachable = [r for r in caplog.records if "journal unreachable" in r.getMessage()]
         assert len(unreachable) == 1, caplog.records
         sub.close()
+
+
+def _subscription_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "journaled-subscription"]
+
+
+def test_cancelling_one_async_poll_never_ends_another_consumers_async_for(
+    sqlite_url: str,
+) -> None:
+    """A3, ADR 0026 update: a task's ``await sub.poll()`` cancelled ends that wait alone:
+    another task's ``async for`` over the same subscription goes on and receives the next
+    append; the cancelled wait's thread ends though the other consumer's wait holds the
+    subscription."""
+
+    async def story() -> tuple[bool, list[int], int]:
+        async with journaled.aio.open(sqlite_url) as rt:
+            await rt.memory.remember("fact one")
+            sub = await rt.journal.subscribe(topics="memory.fact-remembered")
+            got: list[int] = []
+
+            async def consume() -> None:
+                async for event in sub:
+                    got.append(event.position)  # noqa: PERF401 - seen one by one, while it waits
+
+            consumer = asyncio.create_task(consume())
+            while not got or not rt._sync._journal._waiters:
+                await asyncio.sleep(0.01)
+            given_up = asyncio.create_task(sub.poll(None))
+            while len(_subscription_threads()) < 2:
+                await asyncio.sleep(0.01)
+            given_up.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await given_up
+            deadline = time.monotonic() + WAIT
+            while len(_subscription_threads()) > 1 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            lingering = len(_subscription_threads()) - 1
+            await asyncio.sleep(0.2)  # a loop ended by the cancel would have ended by now
+            ended_early = consumer.done()
+            await rt.memory.remember("fact two")
+            while len(got) < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            await sub.aclose()
+            await asyncio.wait_for(consumer, WAIT)
+            return ended_early, got, lingering
+
+    ended_early, got, lingering = asyncio.run(asyncio.wait_for(story(), 4 * WAIT))
+    assert not ended_early, "the async for ended though the subscription was open"
+    assert len(got) == 2, got
+    assert lingering == 0, "the cancelled wait's thread still waits"
+
+
+def test_cancelling_an_async_poll_never_ends_a_threads_for_loop(sqlite_url: str) -> None:
+    """A3, ADR 0026 update: a cancelled ``await sub.poll()`` does not end a ``for`` loop over
+    the same subscription in another thread; the loop ends when the subscription is closed."""
+    with journaled.open(sqlite_url) as rt:
+        rt.memory.remember("fact one")
+        asub = AsyncSubscription(rt.journal, topics="memory.fact-remembered")
+        sync = asub._sync
+        seen: list[int] = []
+        ended_open = threading.Event()
+
+        def consume() -> None:
+            seen.extend(event.position for event in sync)
+            if not sync.closed:
+                ended_open.set()
+
+        consumer = threading.Thread(target=consume)
+        consumer.start()
+        try:
+
+            async def cancel_a_poll() -> None:
+                while not seen or not rt._journal._waiters:
+                    await asyncio.sleep(0.01)
+                task = asyncio.create_task(asub.poll(None))
+                await asyncio.sleep(0.1)
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                await asyncio.sleep(0.2)
+
+            asyncio.run(asyncio.wait_for(cancel_a_poll(), WAIT))
+            assert not ended_open.is_set(), "the for loop ended though nobody closed it"
+            rt.memory.remember("fact two")
+            wait_until = time.monotonic() + WAIT
+            while len(seen) < 2 and time.monotonic() < wait_until:
+                time.sleep(0.01)
+            assert len(seen) == 2, seen
+        finally:
+            sync.close()
+            consumer.join(WAIT)
+        assert not consumer.is_alive()
+        assert not ended_open.is_set()
+
+
+def test_an_async_subscription_of_a_sync_runtime_never_uses_the_default_executor(
+    three: journaled.Runtime,
+) -> None:
+    """A3, ADR 0025 update: ``AsyncSubscription.open(rt.journal, name=...)`` and its ``await
+    ack()`` read and write on threads of their own: both complete while the application's
+    blocking work holds the loop's default executor."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    release = threading.Event()
+
+    async def story() -> int:
+        loop = asyncio.get_running_loop()
+        loop.set_default_executor(ThreadPoolExecutor(1))  # the application sizes its own
+        busy = loop.run_in_executor(None, release.wait, WAIT)  # and fills it
+        try:
+            opening = AsyncSubscription.open(three.journal, name="consumer")
+            async with await asyncio.wait_for(opening, WAIT / 2) as sub:
+                event = await sub.poll(WAIT)
+                assert event is not None
+                await asyncio.wait_for(sub.ack(event.position), WAIT / 2)
+                return event.position
+        finally:
+            release.set()
+            await busy
+
+    position = asyncio.run(asyncio.wait_for(story(), 3 * WAIT))
+    assert [(s.name, s.position) for s in three.journal.subscriptions()] == [("consumer", position)]
