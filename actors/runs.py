@@ -303,6 +303,7 @@ class Runs(RunForks):
     ) -> None:
         self._services = services if services is not None else Services(registry, Directory())
         self._services.child_runner = self._child_runner
+        self._services.child_starter = self._child_starter
         self._inbox = Inbox(self._services.directory, "runs")
         super().__init__(journal, clock)
         self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
@@ -839,9 +840,28 @@ class Runs(RunForks):
         A child that finished is answered from the journal; one that did not (the parent step
         waited, crashed, was suspended or retried) is resumed, never started twice.
         """
+        started = self._child_start(plan, parent=parent, call=call, **options)
+        return started.result() if isinstance(started, RunHandle) else started
+
+    def _child_starter(
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
+    ) -> Future[ExecuteResult]:
+        """Start (or find again) a parent step's ``call``-th child plan as :meth:`_child_runner`
+        does; return the future its run completes, for an async agent to await (A1, E9)."""
+        started = self._child_start(plan, parent=parent, call=call, **options)
+        if isinstance(started, RunHandle):
+            return started.future
+        finished: Future[ExecuteResult] = Future()
+        finished.set_result(started)
+        return finished
+
+    def _child_start(
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
+    ) -> RunHandle[ExecuteResult] | ExecuteResult:
+        """Start or resume a parent step's ``call``-th child; a finished one is its result."""
         run_id = child_run_id(parent[0], parent[1], call)
         if self._journal.head(run_id) is None:
-            return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
+            return self.start(plan, parent=parent, run_id=run_id, call=call, **options)
         state = self.state(run_id)
         changed = _child_plan_change(plan, state.plan())
         if changed is not None:
@@ -855,7 +875,7 @@ class Runs(RunForks):
             )
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             return state.result()
-        return self.resume(
+        return self.resume_start(
             run_id,
             call_budget=options.get("call_budget"),
             reserve=options.get("reserve"),
