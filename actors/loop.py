@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from concurrent.futures import CancelledError, Future
 from typing import Any, TypeVar
 
@@ -175,12 +176,33 @@ class LoopRunner:
                 raise RuntimeError(
                     "a step's coroutine cannot be awaited from its own event loop's thread"
                 )
-        future: Future[T] = asyncio.run_coroutine_threadsafe(_as_coroutine(awaitable), loop)
+        coroutine = _as_coroutine(awaitable)
+        try:
+            future: Future[T] = asyncio.run_coroutine_threadsafe(coroutine, loop)
+        except RuntimeError:
+            if not loop.is_closed():
+                raise
+            # The loop ended before this step's turn came (its program's asyncio.run returned
+            # while an earlier step ran on a worker thread): the step never ran (R3).
+            _never_started(coroutine, awaitable)
+            raise LoopGone(_LOOP_GONE) from None
         with self._lock:
             self._running.add(future)
         if token is not None:
             token.on_set(future.cancel)
         try:
+            while True:
+                try:
+                    # Waits as result() does, but returns the coroutine's error (which may be a
+                    # TimeoutError of its own) rather than raising it; a cancel wakes it.
+                    future.exception(_LOOP_CHECK)
+                    break
+                except TimeoutError:
+                    if loop.is_closed() and not future.done():
+                        # Submitted as the loop made its last turn: closing dropped the callback
+                        # that would have started the task; nothing will complete the future.
+                        _never_started(coroutine, awaitable)
+                        raise LoopGone(_LOOP_GONE) from None
             return future.result()
         except _Escaped as escaped:
             raise escaped.original from None
@@ -195,10 +217,7 @@ class LoopRunner:
             if _ending(loop):
                 # The loop's own shutdown cancelled the task (asyncio.run cancels every task
                 # left): the program is ending, which is no cancel of the run (R3).
-                raise LoopGone(
-                    "the event loop the step ran on ended under it (its program's asyncio.run "
-                    "returned): the step runs again when its run is resumed"
-                ) from None
+                raise LoopGone(_LOOP_GONE) from None
             raise StepCancelled(
                 "the step's coroutine raised CancelledError though nothing cancelled it"
             ) from None
@@ -243,6 +262,14 @@ class LoopRunner:
             thread.join(5.0)
 
 
+_LOOP_GONE = (
+    "the event loop the step ran on ended under it (its program's asyncio.run returned): the "
+    "step runs again when its run is resumed"
+)
+
+_LOOP_CHECK = 0.5
+"""Seconds between checks, while a step's coroutine runs, that its loop was not closed."""
+
 _SETTLE_WAIT = 2.0
 """Seconds a closing runner's loop waits for its cancelled step tasks to end before it stops."""
 
@@ -278,6 +305,14 @@ async def _as_coroutine(awaitable: Awaitable[T]) -> T:
         # asyncio lets these out of the loop, which would stop it for every later step: they
         # are raised in the thread that waits for this coroutine instead.
         raise _Escaped(exc) from None
+
+
+def _never_started(coroutine: Coroutine[Any, Any, Any], awaitable: Awaitable[Any]) -> None:
+    """Close a step's coroutine that no loop started, and the awaitable it wraps, so Python
+    warns of no coroutine never awaited; one a loop started is left to that loop."""
+    if inspect.getcoroutinestate(coroutine) == inspect.CORO_CREATED:
+        coroutine.close()
+        _close(awaitable)
 
 
 def _close(awaitable: Awaitable[Any]) -> None:

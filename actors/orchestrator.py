@@ -16,7 +16,7 @@ import contextvars
 import os
 import threading
 from collections.abc import Callable, Mapping
-from concurrent.futures import Future, wait
+from concurrent.futures import Future, InvalidStateError, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,7 +33,7 @@ from journaled.actors.orchestrator_actor import Orchestrator
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_args import check_budget, find_policy, new_run_id, policy_name
 from journaled.actors.run_recorder import Progress
-from journaled.actors.runs import RunHandle, Runs, check_callable
+from journaled.actors.runs import RunHandle, Runs, check_callable, running_future
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, JournalClosed
@@ -366,18 +366,20 @@ class Orchestrations:
             self._inbox.forget(correlation)
             self._let_go(run_id)
             raise
-        done: Future[Outcome] = Future()
+        done: Future[Outcome] = running_future()
 
         def settle(answer: Future[Any]) -> None:
             self._let_go(run_id)
             error = answer.exception()
             if error is not None:
-                done.set_exception(error)
+                with contextlib.suppress(InvalidStateError):  # completed by its caller
+                    done.set_exception(error)
                 return
             stopped: OrchestrationStopped = answer.result()
             if stopped.outcome.status in ("completed", "failed", "dry_run"):
                 self._planners.pop(run_id, None)  # finished: nothing will ask it again
-            done.set_result(stopped.outcome)
+            with contextlib.suppress(InvalidStateError):
+                done.set_result(stopped.outcome)
 
         with self._lock:
             self._actors[run_id] = (actor, done)

@@ -10,7 +10,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -198,6 +198,18 @@ class _Claim:
 R = TypeVar("R")
 
 
+def running_future() -> Future[Any]:
+    """Return the future a run's handle hands out: running already, so it cannot be cancelled.
+
+    A caller cancelling it (directly, or as asyncio does when a wait for it times out) would
+    leave a run that goes on with a future saying it was cancelled, and whatever completes it
+    later failing (A2).
+    """
+    future: Future[Any] = Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
 class RunHandle(Generic[R]):
     """A run that was started and not waited for: its id at once, its result when it stops (A2).
 
@@ -216,7 +228,13 @@ class RunHandle(Generic[R]):
     ) -> None:
         self.run_id = run_id
         self.future = future
-        """Completed with the result (or the error) when the run stops executing."""
+        """Completed with the result (or the error) when the run stops executing.
+
+        The caller's to wait on (``asyncio.wrap_future`` takes it), not to stop the run: it is
+        running while the run executes, so its ``cancel()`` returns False and changes nothing
+        (a timed-out ``asyncio.wait_for`` of it leaves it, the run and :meth:`result` as they
+        were). Cancel the run with :meth:`cancel`.
+        """
         self._cancel = cancel
         self._state = state
         self._may_wait = may_wait
@@ -285,6 +303,7 @@ class Runs(RunForks):
     ) -> None:
         self._services = services if services is not None else Services(registry, Directory())
         self._services.child_runner = self._child_runner
+        self._services.child_starter = self._child_starter
         self._inbox = Inbox(self._services.directory, "runs")
         super().__init__(journal, clock)
         self._scrubber = scrubber if scrubber is not None else Scrubber(journal)
@@ -735,18 +754,21 @@ class Runs(RunForks):
             self._inbox.forget(correlation)
             self._release(run_id, claim)
             raise
-        done: Future[ExecuteResult] = Future()
+        done: Future[ExecuteResult] = running_future()
 
         def settle(answer: Future[Any]) -> None:
-            self._forget(run_id, claim, parent)
-            claim.woken.set()  # whoever waits for the opening (below) waits no more
-            error = answer.exception()
-            if error is not None:
-                done.set_exception(error)
-            else:
-                ended: RunEnded = answer.result()
-                done.set_result(ended.result)
-            claim.settled.set()
+            try:
+                self._forget(run_id, claim, parent)
+                claim.woken.set()  # whoever waits for the opening (below) waits no more
+                error = answer.exception()
+                with contextlib.suppress(InvalidStateError):  # completed by its caller
+                    if error is not None:
+                        done.set_exception(error)
+                    else:
+                        ended: RunEnded = answer.result()
+                        done.set_result(ended.result)
+            finally:
+                claim.settled.set()  # a close and wait_idle wait for this, whatever came before
 
         reply.add_done_callback(settle)
         parent_active = None
@@ -818,9 +840,28 @@ class Runs(RunForks):
         A child that finished is answered from the journal; one that did not (the parent step
         waited, crashed, was suspended or retried) is resumed, never started twice.
         """
+        started = self._child_start(plan, parent=parent, call=call, **options)
+        return started.result() if isinstance(started, RunHandle) else started
+
+    def _child_starter(
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
+    ) -> Future[ExecuteResult]:
+        """Start (or find again) a parent step's ``call``-th child plan as :meth:`_child_runner`
+        does; return the future its run completes, for an async agent to await (A1, E9)."""
+        started = self._child_start(plan, parent=parent, call=call, **options)
+        if isinstance(started, RunHandle):
+            return started.future
+        finished: Future[ExecuteResult] = Future()
+        finished.set_result(started)
+        return finished
+
+    def _child_start(
+        self, plan: Plan, *, parent: tuple[str, str], call: int, **options: Any
+    ) -> RunHandle[ExecuteResult] | ExecuteResult:
+        """Start or resume a parent step's ``call``-th child; a finished one is its result."""
         run_id = child_run_id(parent[0], parent[1], call)
         if self._journal.head(run_id) is None:
-            return self.execute(plan, parent=parent, run_id=run_id, call=call, **options)
+            return self.start(plan, parent=parent, run_id=run_id, call=call, **options)
         state = self.state(run_id)
         changed = _child_plan_change(plan, state.plan())
         if changed is not None:
@@ -834,7 +875,7 @@ class Runs(RunForks):
             )
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             return state.result()
-        return self.resume(
+        return self.resume_start(
             run_id,
             call_budget=options.get("call_budget"),
             reserve=options.get("reserve"),

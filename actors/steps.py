@@ -17,9 +17,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import inspect
 import threading
 from collections.abc import Callable, Coroutine, Generator, Mapping
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -289,6 +291,7 @@ class AgentContext:
         token: StepToken | None = None,
         child_runner: Callable[..., ExecuteResult] | None = None,
         memory: StepMemory | None = None,
+        child_starter: Callable[..., Future[ExecuteResult]] | None = None,
     ) -> None:
         self.memory = memory
         """The runtime's memory; each read's fact ids are journaled with the step (P1)."""
@@ -299,6 +302,8 @@ class AgentContext:
         self.answer = msg.answer
         self._cancel = token
         self._runner = child_runner
+        self._starter = child_starter
+        """Starts a child plan and returns the future its run completes (``execute_async``)."""
         self.child_runs: list[str] = []
         self._calls = 0
         self._calls_lock = threading.Lock()
@@ -360,8 +365,25 @@ class AgentContext:
             self.interrupted = True
             raise
         finally:
-            with self._calls_lock:
-                self._in_flight.remove(child)
+            self._returned(child)
+        return self._child_result(result)
+
+    def _returned(self, child: str) -> None:
+        """Note that the call that started ``child`` no longer waits for it."""
+        with self._calls_lock:
+            self._in_flight.remove(child)
+
+    def _ended_unawaited(self, child: str, ended: Future[ExecuteResult]) -> None:
+        """Note the end of a child whose call stopped waiting for it (its agent was cancelled);
+        one a close cut short leaves the step without a result, as an awaited one does (R3)."""
+        self.child_runs.append(child)
+        self._returned(child)
+        error = ended.exception()
+        if isinstance(error, RuntimeClosed) or (error is None and ended.result().suspended):
+            self.interrupted = True
+
+    def _child_result(self, result: ExecuteResult) -> ExecuteResult:
+        """Return a child run's result to the agent, or raise RuntimeClosed if it was suspended."""
         self.child_runs.append(result.run_id)
         if result.suspended:
             self.interrupted = True
@@ -390,7 +412,33 @@ class AgentContext:
         if self._runner is None:
             raise RuntimeError("this agent context cannot start child runs")
         call, child = self._reserve()
-        return await asyncio.to_thread(self._run_child, plan, call, child, options)
+        if self._starter is None:
+            return await asyncio.to_thread(self._run_child, plan, call, child, options)
+        parent = (self.run_id, self.step_id)
+        started: Future[ExecuteResult] | None = None
+        try:
+            # Only the start runs in a thread (the journal read and the opening append); the
+            # child's whole life is awaited on its future, so no thread waits for it: nested
+            # async agents, however many, hold no thread of the loop's executor (A1).
+            started = await asyncio.to_thread(
+                self._starter, plan, parent=parent, call=call, **options
+            )
+            result = await asyncio.wrap_future(started)
+        except asyncio.CancelledError:
+            # The agent stopped waiting (its run was cancelled, its deadline passed): the child
+            # goes on, and is the one its step names until it ends (E9).
+            if started is not None:
+                started.add_done_callback(functools.partial(self._ended_unawaited, child))
+            raise
+        except RuntimeClosed:
+            self.interrupted = True
+            self._returned(child)
+            raise
+        except BaseException:
+            self._returned(child)
+            raise
+        self._returned(child)
+        return self._child_result(result)
 
 
 class AsyncAgentContext(Protocol):
@@ -687,13 +735,14 @@ def run_agent(
     child_runner: Callable[..., ExecuteResult] | None = None,
     loop: LoopRunner | None = None,
     memory: StepMemory | None = None,
+    child_starter: Callable[..., Future[ExecuteResult]] | None = None,
 ) -> tuple[Observation, str | None]:
     """Run an agent function; return its observation and, if it waits, its question (E9, E10).
 
     Raises:
         RuntimeClosed: a child run was cut short by the runtime closing (R3): no result.
     """
-    ctx = AgentContext(msg, token, child_runner, memory)
+    ctx = AgentContext(msg, token, child_runner, memory, child_starter)
     obs, question = _observe_agent(step, fn, ctx, loop, token)
     if ctx.interrupted:
         raise RuntimeClosed(f"step {step.id!r} was interrupted by the runtime closing")
@@ -837,6 +886,9 @@ class Services:
     loop: LoopRunner = field(default_factory=LoopRunner)
     child_runner: Callable[..., ExecuteResult] | None = None
     """Runs a child plan for ``ctx.execute`` (agent steps)."""
+    child_starter: Callable[..., Future[ExecuteResult]] | None = None
+    """Starts a child plan for an async agent's ``await ctx.execute``, returning the future its
+    run completes; None: such a call waits for its child in a thread."""
     memory: MemoryAccess | None = None
     """The runtime's memory, offered to steps as ``ctx.memory`` (P1)."""
     tracing: Tracing | None = None
@@ -914,6 +966,7 @@ class StepWorker(pykka.ThreadingActor):
                         child_runner=services.child_runner,
                         loop=services.loop,
                         memory=memory,
+                        child_starter=services.child_starter,
                     )
                 except RuntimeClosed as exc:
                     obs = Observation(step_id=step.id, agent=step.agent, ok=False, error=str(exc))

@@ -159,7 +159,9 @@ class AsyncRunHandle(Generic[R]):
         self._pool = pool
         self.run_id = handle.run_id
         self.future: Future[R] = handle.future
-        """Completed with the result (or the error) when the run stops executing."""
+        """Completed with the result (or the error) when the run stops executing; the caller's
+        to wait on, not to stop the run (its ``cancel()`` answers False, see
+        :attr:`RunHandle.future`)."""
 
     async def result(self, timeout: float | None = None) -> R:
         """Wait for the run to stop and return its result (see :meth:`RunHandle.result`).

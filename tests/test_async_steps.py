@@ -17,6 +17,7 @@ import pytest
 from aio_facade import FLAVOURS, open_runtime
 
 import journaled
+import journaled.aio
 from journaled import AgentContext, AgentResult, AsyncAgentContext, NeedsInput, Plan, Step
 
 WAIT = 10.0
@@ -314,3 +315,87 @@ def test_close_without_drain_cancels_async_steps_and_suspends(
     rt.close(drain=0)
     assert handle.result(WAIT).suspended
     assert seen.cancelled.wait(WAIT)
+
+
+def test_nested_async_agents_hold_no_thread_of_the_loops_executor(sqlite_url: str) -> None:
+    """A1/E9 (ADR 0025): an async agent's ``await ctx.execute(plan)`` awaits its child's future
+    instead of holding a thread of the loop's default executor for the child's life: three
+    parallel async agents, each awaiting a child whose async agent awaits a grandchild, complete
+    on a loop whose default executor has one thread (they deadlocked), linked as E9 says."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    async def fetch(x: Any) -> Any:
+        await asyncio.sleep(0.01)
+        return x
+
+    async def inner(step: Step, ctx: AsyncAgentContext) -> AgentResult:
+        result = await ctx.execute(one(Step("t", tool="fetch", input=step.input)))
+        return AgentResult(output=result.observations[0].output)
+
+    async def outer(step: Step, ctx: AsyncAgentContext) -> AgentResult:
+        result = await ctx.execute(one(Step("i", agent="inner", input=step.input)))
+        return AgentResult(output=result.observations[0].output)
+
+    async def story() -> tuple[journaled.ExecuteResult, dict[str, str | None]]:
+        asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(max_workers=1))
+        async with journaled.aio.open(sqlite_url, drain=0.5) as rt:
+            rt.register_tool("fetch", fetch)
+            rt.register_agent("inner", inner)
+            rt.register_agent("outer", outer)
+            plan = Plan(goal="g", steps=[Step(f"o{i}", agent="outer", input=i) for i in range(3)])
+            result = await asyncio.wait_for(rt.execute(plan, max_parallel_steps=3), 3 * WAIT)
+            parents = {s.run_id: s.parent_run for s in await rt.runs.list()}
+            return result, parents
+
+    result, parents = asyncio.run(story())
+    assert result.ok, result.observations
+    assert sorted(o.output for o in result.observations) == [0, 1, 2]
+    for observation in result.observations:
+        child = observation.agent_task_id
+        assert child is not None
+        assert parents[child] == result.run_id
+        assert sum(1 for p in parents.values() if p == child) == 1  # one grandchild each
+
+
+def test_cancelling_an_async_agents_run_cancels_the_child_it_awaits(
+    runtime: journaled.Runtime,
+) -> None:
+    """E5/E9/A1: a cancel of a run whose async agent awaits ``ctx.execute`` cancels the agent's
+    task and the child run (its next step never starts); the step records code ``cancelled``
+    and names the child."""
+    started = threading.Event()
+
+    def block(x: Any) -> Any:
+        started.set()
+        for _ in range(int(WAIT / 0.01)):
+            if released.is_set():
+                break
+            threading.Event().wait(0.01)
+        return x
+
+    released = threading.Event()
+    runtime.register_tool("block", block)
+
+    async def agent(step: Step, ctx: AsyncAgentContext) -> AgentResult:
+        steps = [
+            Step("b", tool="block", input=1),
+            Step("c", tool="block", input=2, depends_on=["b"]),
+        ]
+        await ctx.execute(Plan(goal="child", steps=steps))
+        return AgentResult(output="not cancelled")
+
+    runtime.register_agent("delegate", agent)
+    handle = runtime.start(one(Step("a", agent="delegate", input=None)))
+    try:
+        assert started.wait(WAIT)
+        assert handle.cancel()
+    finally:
+        released.set()
+    result = handle.result(WAIT)
+    observation = result.observations[0]
+    assert observation.code == "cancelled", observation
+    child = observation.agent_task_id
+    assert child is not None
+    assert runtime.runs.summary(child).parent_run == result.run_id
+    assert runtime.runs.wait_idle(WAIT) == []
+    assert runtime.runs.summary(child).status == "cancelled"

@@ -407,3 +407,63 @@ def test_closing_the_async_runtime_settles_an_awaited_handle(sqlite_url: str) ->
     result = asyncio.run(story())
     assert result.suspended
     assert not result.ok
+
+
+def test_a_handles_future_cannot_be_cancelled_and_the_run_settles(sqlite_url: str) -> None:
+    """A2/R3 (ADR 0031): ``handle.future`` is the caller's to wait on, not to stop the run: its
+    cancel() answers False and changes nothing; the run completes, result() returns it, and
+    wait_idle and close wait for the run only, not their whole timeout or drain."""
+    rt = journaled.open(sqlite_url, drain=4.0)
+    try:
+        started, release = _gate(rt)
+        handle = rt.start(Plan(goal="g", steps=[Step("a", tool="gate", input=1)]))
+        assert started.wait(WAIT)
+        cancelled = handle.future.cancel()
+        release.set()
+        began = time.monotonic()
+        assert rt.runs.wait_idle(4.0) == []
+        idle = time.monotonic() - began
+        result = handle.result(WAIT)
+        began = time.monotonic()
+        rt.close()
+        closing = time.monotonic() - began
+    finally:
+        release.set()
+        rt.close()
+    assert cancelled is False
+    assert not handle.future.cancelled()
+    assert result.ok
+    assert idle < 2.0, f"wait_idle waited {idle:.1f}s for a run that had ended"
+    assert closing < 2.0, f"close waited {closing:.1f}s for a run that had ended"
+    with journaled.open(sqlite_url) as again:
+        assert again.runs.summary(handle.run_id).status == "completed"
+
+
+def test_a_timed_out_wait_for_a_wrapped_handle_future_leaves_the_handle_usable(
+    sqlite_url: str,
+) -> None:
+    """A1/A2 (ADR 0031): ``asyncio.wait_for(asyncio.wrap_future(handle.future), t)`` timing out
+    cancels the wait only: the run completes, wait_idle returns once it ended, and awaiting
+    the handle gives the run's result."""
+
+    def slow(x: Any) -> Any:
+        time.sleep(0.3)
+        return x
+
+    async def story() -> tuple[list[str], float, bool, bool]:
+        async with journaled.aio.open(sqlite_url, drain=4.0) as rt:
+            rt.register_tool("slow", slow)
+            handle = await rt.start(Plan(goal="g", steps=[Step("a", tool="slow", input=1)]))
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(asyncio.wrap_future(handle.future), 0.05)
+            began = time.monotonic()
+            still = await rt.runs.wait_idle(4.0)
+            idle = time.monotonic() - began
+            result = await asyncio.wait_for(handle.result(), WAIT)
+            return still, idle, result.ok, handle.future.cancelled()
+
+    still, idle, ok, cancelled = asyncio.run(story())
+    assert still == []
+    assert idle < 2.0, f"wait_idle waited {idle:.1f}s for a run that had ended"
+    assert ok
+    assert not cancelled

@@ -4,13 +4,14 @@ loop only once each has seen its cancellation, whatever its cleanup awaits."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from typing import Any
 
 import pytest
 
 import journaled
-from journaled.actors.loop import LoopRunner, StepCancelled, StepToken
+from journaled.actors.loop import LoopGone, LoopRunner, StepCancelled, StepToken
 
 WAIT = 10.0
 
@@ -112,3 +113,51 @@ def test_a_close_without_drain_lets_an_async_step_clean_up_and_suspends_its_run(
     rt.close(drain=0)
     assert handle.result(WAIT).suspended
     assert step.cleaned.wait(WAIT)
+
+
+def test_a_step_submitted_as_its_loop_closes_raises_loop_gone_not_a_hang() -> None:
+    """R3/A1 (ADR 0025): a step whose coroutine reached a loop that closed before starting it
+    (asyncio.run's last turn) raises LoopGone, so the step runs again on resume; its worker does
+    not wait for ever, and the coroutine is closed rather than left never awaited."""
+    loop = asyncio.new_event_loop()  # not running: the task is queued, never started
+    started = threading.Event()
+    outcome: list[BaseException | None] = []
+
+    async def step() -> None:
+        started.set()
+
+    coroutine = step()
+
+    def work() -> None:
+        try:
+            LoopRunner(loop).run(coroutine)
+            outcome.append(None)
+        except BaseException as exc:
+            outcome.append(exc)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    worker.join(0.2)
+    loop.close()
+    worker.join(WAIT)
+    assert not worker.is_alive(), "the worker waits for a loop that closed"
+    assert len(outcome) == 1, outcome
+    assert isinstance(outcome[0], LoopGone), outcome
+    assert not started.is_set()
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED  # never 'never awaited'
+
+
+def test_a_step_due_on_a_closed_loop_raises_loop_gone() -> None:
+    """R3/A1 (ADR 0025): an async step whose loop closed before its turn came raises LoopGone
+    (no result: it runs again on resume), not the loop's RuntimeError, which its step would
+    have journaled as a failure of the user's code."""
+    loop = asyncio.new_event_loop()
+    loop.close()
+
+    async def step() -> None:
+        raise AssertionError("never runs")
+
+    coroutine = step()
+    with pytest.raises(LoopGone):
+        LoopRunner(loop).run(coroutine)
+    assert inspect.getcoroutinestate(coroutine) == inspect.CORO_CLOSED

@@ -225,3 +225,18 @@ def test_orchestrate_start_refuses_bad_input_before_appending(
         runtime.orchestrate_start(GOAL, lambda *_: _plan(), **options)
     assert runtime.journal.position() == before
     assert not pykka.ActorRegistry.get_by_class(Orchestrator)
+
+
+def test_cancelling_an_orchestrations_future_changes_nothing(runtime: journaled.Runtime) -> None:
+    """A2/O4 (ADR 0031): an orchestration handle's future is the caller's to wait on: its
+    cancel() answers False and the orchestration goes on to its outcome, which result() gives."""
+    planner = Thinking()
+    handle = runtime.orchestrate_start(GOAL, planner)
+    try:
+        assert planner.thinking.wait(WAIT)
+        assert handle.future.cancel() is False
+    finally:
+        planner.done()
+    outcome = handle.result(WAIT)
+    assert outcome.status == "completed"
+    assert not handle.future.cancelled()

@@ -213,6 +213,64 @@ def test_the_event_loop_ending_mid_step_is_no_cancel_and_the_run_resumes(
         assert ran == [1]
 
 
+LOOP_ENDS_BEFORE_AN_ASYNC_STEP = """
+import asyncio, sys, time
+import journaled, journaled.aio
+from journaled import Plan, Step
+url = sys.argv[1]
+
+def slow(x):
+    time.sleep(0.5)
+    return x
+
+async def fast(x):
+    return "fast"
+
+async def main():
+    rt = await journaled.aio.open(url)  # never closed: the loop ends while 'a' runs
+    rt.register_tool("slow", slow)
+    rt.register_tool("fast", fast)
+    plan = Plan(
+        goal="g",
+        steps=[Step("a", tool="slow", input=1), Step("b", tool="fast", input=2, depends_on=["a"])],
+    )
+    handle = await rt.start(plan)
+    print(handle.run_id, flush=True)
+    await asyncio.sleep(0.1)
+
+asyncio.run(main())
+time.sleep(1.5)  # 'a' ends, and 'b' comes due, after the loop closed
+"""
+
+
+def test_an_async_step_due_after_the_event_loop_ended_is_suspended_not_failed(
+    sqlite_url: str,
+) -> None:
+    """R3/A1 (ADR 0025): an async step whose turn comes after its program's asyncio.run
+    returned never ran: it is not journaled as failed ('Event loop is closed'), no coroutine is
+    left never awaited, and the run is suspended and resumes in a new runtime."""
+    done = _child(LOOP_ENDS_BEFORE_AN_ASYNC_STEP, sqlite_url)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "never awaited" not in done.stderr, done.stderr[-3000:]
+    run_id = done.stdout.split()[0]
+    with journaled.open(sqlite_url) as rt:
+        ran: list[object] = []
+
+        async def fast(x: object) -> str:
+            ran.append(x)
+            return "fast"
+
+        rt.register_tool("slow", lambda x: x)
+        rt.register_tool("fast", fast)
+        observations = rt.runs.current(run_id).observations
+        assert [o.step_id for o in observations if not o.ok] == [], observations
+        assert rt.runs.summary(run_id).status == "suspended", observations
+        result = rt.resume(run_id)
+        assert isinstance(result, journaled.ExecuteResult)
+        assert result.ok
+        assert ran == [2]
+
+
 def test_cancelling_the_task_awaiting_execute_leaves_the_run_running(sqlite_url: str) -> None:
     """A1/A2/R3: cancelling the task that awaits ``rt.execute`` stops the wait only: the run
     goes on to completed, its step ran once, and the journal verifies."""
