@@ -22,7 +22,7 @@ from journaled.events.errors import AppendRefused, ConcurrencyConflict
 from journaled.events.fork import RunComparison, compare_states, downstream
 from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
-from journaled.events.orchestration import OrchestrationStarted
+from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.plan_rules import step_problem
 from journaled.events.plans import Plan, Step
 from journaled.events.provenance import (
@@ -94,8 +94,15 @@ class RunForks(RunReads):
         answers: Mapping[str, str] | None,
         call_budget: int | None,
         unheld: Collection[str] = (),
+        *,
+        carried_budget: bool = False,
     ) -> str:
-        """Fork as :meth:`fork` says; ``unheld`` names steps whose held answers are not kept."""
+        """Fork as :meth:`fork` says; ``unheld`` names steps whose held answers are not kept.
+
+        ``carried_budget``: ``call_budget`` is the source's own, carried over (``refresh``), not
+        the caller's: below the calls the fork carries (a step overran it, R6), the fork is
+        made as the source stands, out of budget, rather than refused.
+        """
         first = self._first(run_id)
         if isinstance(first.data, OrchestrationStarted):
             raise ValueError(
@@ -148,7 +155,7 @@ class RunForks(RunReads):
             if state.status[i] == "succeeded" and i not in repended and i in kept
         )
         carried_calls = sum(c.charged for c in carried)
-        if budget is not None and budget < carried_calls:
+        if budget is not None and budget < carried_calls and not carried_budget:
             # As resume refuses it: the fork would stop for budget at once, reading "3 of 2".
             raise ValueError(
                 f"call_budget must be at least the {carried_calls} model call(s) the fork "
@@ -329,6 +336,8 @@ class RunForks(RunReads):
             check_run(run_id, first)
             assert first is not None
             self._check_here(run_id, first)
+            if isinstance(first.data, OrchestrationStarted):
+                raise ValueError(self._orchestration_stale(run_id))
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
             if isinstance(first.data, RunForked):
                 carried = carried_reads(self._journal, first.data, {run_id}, self._recorded_reads)
@@ -338,6 +347,23 @@ class RunForks(RunReads):
             here = self.boundary
             reads = [e for e in reads if not here.run_elsewhere(e.stream)]  # ADR 0074
         return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact, origin)
+
+    def _orchestration_stale(self, run_id: str) -> str:
+        """Say why an orchestration has no stale steps of its own, and which of its pass runs
+        (where its steps ran and read) have some: a plain "none" would be a false all-clear."""
+        passes = [
+            e.data.run for e in self._journal.stream(run_id) if isinstance(e.data, PassStarted)
+        ]
+        with_stale = [p for p in dict.fromkeys(passes) if self.stale(p)]
+        where = (
+            f"pass run(s) with stale steps: {', '.join(with_stale)}"
+            if with_stale
+            else "none of its pass runs has a stale step"
+        )
+        return (
+            f"run_id {run_id} is an orchestration: its steps run, and read memory, in its pass "
+            f"runs; ask of those ({where})"
+        )
 
     def _recorded_reads(self, run_id: str, upto: int) -> builtins.list[Event]:
         """Return the read events a run recorded up to a journal position."""
@@ -373,7 +399,9 @@ class RunForks(RunReads):
         # again (ADR 0086's update). The resume that runs it folds memory up to the journal
         # first (P4).
         stale_steps = {s.step_id for s in found}
-        return self._fork(run_id, at, replace or None, None, state.budget, stale_steps)
+        return self._fork(
+            run_id, at, replace or None, None, state.budget, stale_steps, carried_budget=True
+        )
 
 
 def refresh_point(

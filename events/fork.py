@@ -10,6 +10,7 @@ from typing import Any
 
 import msgspec
 
+from journaled.events.inputs import same_value
 from journaled.events.plans import Observation, Step, StepStatus
 from journaled.events.run_state import RunState
 
@@ -92,7 +93,7 @@ def compare_states(run_a: str, a: RunState, run_b: str, b: RunState) -> RunCompa
                 output_b=out_b,
                 error_a=err_a,
                 error_b=err_b,
-                differs=(sa, out_a, err_a) != (sb, out_b, err_b),
+                differs=(sa, err_a) != (sb, err_b) or not same_value(out_a, out_b),
             )
         )
     return RunComparison(

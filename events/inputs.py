@@ -138,3 +138,21 @@ def _text_keys(value: object) -> object:
     if isinstance(value, list | tuple):
         return [_text_keys(v) for v in value]
     return value
+
+
+_PACK = msgspec.msgpack.Encoder()
+
+
+def same_value(a: object, b: object) -> bool:
+    """Tell whether two journaled values hold the same thing, a NaN the same as itself.
+
+    A step's input or a tool's output may hold a float NaN (pandas, numpy), which ``==`` finds
+    unequal to itself (ADR 0097). Values ``==`` calls unequal are compared by the bytes they
+    encode to: one codec, so equal contents encode alike.
+    """
+    if a == b:
+        return True
+    try:
+        return _PACK.encode(a) == _PACK.encode(b)
+    except (TypeError, ValueError, OverflowError):
+        return False

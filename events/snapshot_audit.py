@@ -18,6 +18,7 @@ import msgspec
 
 from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
+from journaled.events.inputs import same_value
 from journaled.events.inverted_index import IndexSnapshot, decode_posting
 from journaled.events.journal import Journal, Problem, VerifyReport
 from journaled.events.memory import MEMORY_EVENTS, FactPurged, FactRemembered, physical_scope
@@ -382,11 +383,5 @@ def _check_run(
 
 
 def _same(held: object, folded: object) -> bool:
-    """Say whether two decoded values hold the same thing, a NaN the same as itself.
-
-    A step's input or a tool's output may hold a float NaN (pandas, numpy): ``==`` finds it
-    unequal to the NaN decoded again, so the snapshot would read as altered (ADR 0097).
-    Values that ``==`` calls unequal are compared as the bytes they encode to: one codec, one
-    decoded shape, so equal contents encode alike.
-    """
-    return held == folded or _ENCODER.encode(held) == _ENCODER.encode(folded)
+    """Say whether two decoded values hold the same thing, a NaN the same as itself (ADR 0097)."""
+    return same_value(held, folded)

@@ -286,6 +286,8 @@ def _parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
         step_id, sep, value = pair.partition("=")
         if not sep or not step_id:
             fail(f"{option} takes STEP=VALUE, got {pair!r}")
+        if step_id in out:  # the last would win without a word: which one was meant?
+            fail(f"{option} {step_id}: given more than once; give each step once")
         out[step_id] = value
     return out
 

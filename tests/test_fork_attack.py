@@ -345,3 +345,107 @@ def test_a_second_runtime_forks_a_run_the_first_just_extended(
         assert isinstance(result, journaled.ExecuteResult)
         assert result.ok
         assert [o.output for o in result.observations] == [{"v": "a2"}]
+
+
+# -- refresh, stale, compare and the command line at their edges -----------------------------------
+
+
+def _region(query: str, ctx: Any) -> str:
+    return str(ctx.memory.search(query)[0].text.rsplit(" ", 1)[-1])
+
+
+def test_refresh_of_a_run_whose_kept_agent_overran_its_budget(tmp_path: Any) -> None:
+    """P4, R6, ADR 0086: the run overran its budget of 3 (an agent reserved 1 and used 5), then
+    a free step read a fact since superseded. refresh forks just before that step, as a plain
+    fork there does, carrying the run's own budget. Before, it passed that budget on as if the
+    caller had, and the fork refused it: "call_budget must be at least the 5 model call(s)"."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=ManualClock(step=1)) as rt:
+        rt.register_tool("region", _region)
+        rt.register_agent("over", lambda step, ctx: journaled.AgentResult(output="o", calls_used=5))
+        rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+        steps = [
+            Step("a", agent="over"),
+            Step("b", tool="region", input="deploy", depends_on=["a"]),
+        ]
+        run = rt.execute(
+            Plan(goal="g", steps=steps), call_budget=3, reserve=lambda step, remaining: 1
+        )
+        assert run.ok
+        assert run.calls_used == 5
+        rt.memory.remember("The deploy region is us-east", conflict_key="region")
+        fresh = rt.runs.refresh(run.run_id)
+        state = rt.runs.state(fresh)
+        assert state.status == {"a": "succeeded", "b": "pending"}
+        assert state.budget == 3
+        assert rt.journal.verify().ok
+
+
+def test_stale_of_an_orchestration_names_its_pass_runs_not_a_false_all_clear(
+    tmp_path: Any,
+) -> None:
+    """P3, P4, O: an orchestration's steps run and read in its pass runs. ``stale`` and
+    ``refresh`` of the orchestration's id refuse, naming the pass run that has a stale step, as
+    ``fork`` and ``compare`` refuse an orchestration. Before, they answered "nothing stale"."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=ManualClock(step=1)) as rt:
+        rt.register_tool("region", _region)
+        rt.memory.remember("The deploy region is eu-west", conflict_key="region")
+        out = rt.orchestrate(
+            "g",
+            lambda goal, obs, cl: Plan(goal=goal, steps=[Step("a", tool="region", input="deploy")]),
+        )
+        assert out.status == "completed"
+        with pytest.raises(ValueError, match="none of its pass runs has a stale step"):
+            rt.runs.stale(out.run_id)
+        rt.memory.remember("The deploy region is us-east", conflict_key="region")
+        [stale] = rt.runs.stale()
+        for call in (rt.runs.stale, rt.runs.refresh):
+            with pytest.raises(ValueError, match=f"is an orchestration.*{stale.run_id}"):
+                call(out.run_id)
+
+
+def test_compare_finds_a_kept_nan_output_the_same(tmp_path: Any) -> None:
+    """F3, ADR 0097: a step whose output holds a NaN does not differ from itself: not in a run
+    compared with itself, not in a fork that kept it. Before, nan != nan made it differ."""
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=ManualClock(step=1)) as rt:
+        rt.register_tool("nan", lambda x: {"score": float("nan")})
+        rt.register_tool("t", lambda x: f"t({x})")
+        run = rt.execute(
+            Plan(goal="g", steps=[Step("n", tool="nan"), Step("m", tool="t", input=3)])
+        )
+        assert run.ok
+        assert rt.runs.compare(run.run_id, run.run_id).differing == []
+        fork = rt.runs.fork(run.run_id, replace={"m": Step("m", tool="t", input=4)})
+        resumed = rt.resume(fork)
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert resumed.ok
+        assert rt.runs.compare(run.run_id, fork).differing == ["m"]
+
+
+@pytest.mark.parametrize("option", ["--replace", "--answer"])
+def test_cli_fork_refuses_a_step_given_twice(tmp_path: Any, option: str) -> None:
+    """F1: ``runs fork --replace b=… --replace b=…`` (or two ``--answer`` for one step) is
+    refused naming the step, nothing appended. Before, the last silently won."""
+    from click.testing import CliRunner
+
+    from journaled.cli import main
+
+    url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
+    with journaled.open(url, clock=ManualClock(step=1)) as rt:
+        rt.register_tool("t", lambda x: f"t({x})")
+        steps = [Step("a", tool="t", input=1), Step("b", tool="t", input=2, depends_on=["a"])]
+        run = rt.execute(Plan(goal="g", steps=steps))
+        end = rt.journal.position()
+    values = ['b={"tool": "t", "input": 10}', 'b={"tool": "t", "input": 20}']
+    if option == "--answer":
+        values = ["b=yes", "b=no"]
+    args = ["--url", url, "runs", "fork", run.run_id]
+    for value in values:
+        args += [option, value]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 1, result.output
+    assert f"{option} b: given more than once" in result.stderr
+    with journaled.open(url) as rt:
+        assert rt.journal.position() == end

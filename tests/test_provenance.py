@@ -388,7 +388,10 @@ def test_refresh_asks_fork_for_the_position_before_the_stale_step(
         answers: dict[str, str] | None,
         call_budget: int | None,
         unheld: Any = (),
+        *,
+        carried_budget: bool = False,
     ) -> str:
+        assert carried_budget  # the run's own budget, not the caller's (an overrun forks too)
         calls.append((run_id, at, replace, call_budget, sorted(unheld)))
         return "run_forked"
 
