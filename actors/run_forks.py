@@ -134,7 +134,7 @@ class RunForks(RunReads):
         steps.update(replaced)
         plan_steps = [steps[i] for i in state.order]
         repended = downstream(plan_steps, replaced)
-        given = _fork_answers(run_id, at, state.waiting, answers)
+        fresh = _fork_answers(run_id, at, state.waiting, answers)
         # Answers given before `at` (with an earlier fork, or to a resume whose step had not
         # finished by then) are the source's state there: a step that runs again gets its
         # answer as it would have in the source (F1). Not a step a replacement re-pends: its
@@ -146,7 +146,7 @@ class RunForks(RunReads):
             and i not in repended
             and i not in unheld
         }
-        given = {**held, **given}
+        given = {**held, **fresh}
         asked = [i for i in state.order if i in state.waiting or i in held]
         kept = {o.step_id: o for o in state.observations if state.status[o.step_id] == "succeeded"}
         carried = tuple(
@@ -193,6 +193,9 @@ class RunForks(RunReads):
             answers=given,
             questions={i: state.questions[i] for i in asked if i in state.questions},
             budget_from=state.budget,
+            # Still waiting there (E10): a resume or a fork of the fork may answer them. Not a
+            # step a replacement re-pends (its question may be another) or one answered here.
+            waiting=tuple(i for i in state.waiting if i not in repended and i not in fresh),
         )
         # Redacted as every other run event is where it is staged (M9, ADR 0018): the
         # replacements' inputs and the answers given here are new content.

@@ -218,6 +218,9 @@ class RunState:
                     self._observe(carried.observation, "succeeded")
                 self.answers.update(data.answers)
                 self.questions.update(data.questions)
+                # Waiting as the source was at the position, so an answer is taken (E10, F1).
+                waiting = data.waiting if data.waiting is not None else forked_waiting(data)
+                self.waiting = list(waiting)
             case WavePartitioned():
                 self.wave = data.wave
                 for obs in data.skipped:
@@ -407,6 +410,20 @@ class RunState:
             waiting=list(self.waiting),
             suspended=self.suspended is not None,
         )
+
+
+def forked_waiting(forked: RunForked) -> list[str]:
+    """Return the steps a fork stored without ``waiting`` waits on (E10, ADR 0032's update).
+
+    Its questions are those of the steps waiting at its position and of the steps whose answer
+    it holds: the ones with no answer and no replacement were waiting there, unanswered.
+    """
+    plan = [s.id for s in forked.started.plan.steps]
+    return [
+        i
+        for i in plan
+        if i in forked.questions and i not in forked.answers and i not in forked.repended
+    ]
 
 
 def fold_run(events: list[Event]) -> RunState:

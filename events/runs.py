@@ -344,6 +344,11 @@ class RunForked(DomainEvent, frozen=True, kw_only=True, tag="run.forked"):
     """The questions of the steps waiting at ``position``, and of those whose answer it holds."""
     budget_from: int | None = None
     """The source's call budget at ``position`` (``started.call_budget`` is the fork's)."""
+    waiting: tuple[str, ...] | None = None
+    """The steps the fork waits on for an answer (E10): those waiting at ``position`` that no
+    replacement re-pends and no answer given with the fork answers, as the source had them.
+    None in a fork stored without it: its fold takes the steps with a question, no answer and
+    no replacement (ADR 0032's update of 2026-12-08)."""
 
     has_content: ClassVar[bool] = True
 

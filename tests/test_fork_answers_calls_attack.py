@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 from click.testing import CliRunner
 from test_fork_spec import _result
@@ -12,7 +13,8 @@ from test_fork_spec import _result
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Retry, Step
 from journaled.cli import main
-from journaled.events.runs import StepStarted
+from journaled.events.run_state import RunState
+from journaled.events.runs import RunForked, StepStarted
 from journaled.testing import ManualClock
 
 
@@ -253,6 +255,138 @@ def test_a_fork_carries_the_calls_a_kept_step_used_before_it_waited(
     fork = rt.runs.fork(source.run_id)
     assert rt.runs.state(fork).calls_used == 3
     assert rt.runs.state(rt.runs.fork(fork)).calls_used == 3
+
+
+# -- a fork taken where a step waits for an answer waits on it (E10, F1, ADR 0032) ---------------
+
+
+def _ask_region(rt: journaled.Runtime, asked: list[str | None], times: int = 1) -> Plan:
+    """Register ``ask``, an agent asking ``times`` times, and ``t``; return a plan a -> w -> c."""
+
+    questions: list[str] = []
+
+    def ask(step: Step, ctx: journaled.AgentContext) -> AgentResult:
+        asked.append(ctx.answer)
+        if ctx.answer is None or len(questions) < times:
+            questions.append(f"which region? ({len(questions) + 1})")
+            raise NeedsInput(questions[-1])
+        return AgentResult(output=f"ans:{ctx.answer}", calls_used=1)
+
+    rt.register_agent("ask", ask)
+    rt.register_tool("t", lambda x: f"t({x})")
+    return Plan(
+        goal="g",
+        steps=[
+            Step("a", tool="t", input=1),
+            Step("w", agent="ask"),
+            Step("c", tool="t", input=2, depends_on=["w"]),
+        ],
+    )
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_of_a_waiting_run_waits_and_takes_the_answer(rt: journaled.Runtime) -> None:
+    """E10, F1 (ADR 0032's update of 2026-12-08): a fork where a step waits is waiting on it, as
+    its source was; resume(answers=) answers it without running the agent to ask again."""
+    asked: list[str | None] = []
+    source = rt.execute(_ask_region(rt, asked))
+    assert source.waiting == ["w"]
+    fork = rt.runs.fork(source.run_id)
+    state = rt.runs.state(fork)
+    assert state.waiting == ["w"]
+    assert state.status["w"] == "pending"
+    assert state.questions == {"w": "which region? (1)"}
+    assert rt.runs.current(fork).waiting == ["w"]
+    asked.clear()
+    result = _result(rt, fork, answers={"w": "eu"})
+    assert result.ok, result.waiting
+    assert asked == ["eu"]
+    assert [o.output for o in result.observations if o.step_id in ("w", "c")] == [
+        "ans:eu",
+        "t(2)",
+    ]
+    # Its first position, read after the resume, still shows it waiting (T1).
+    first = rt.runs.history(fork)[0].position
+    assert rt.runs.at(fork, first).waiting == ["w"]
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_of_a_waiting_fork_can_pre_answer_it(rt: journaled.Runtime) -> None:
+    """E10, F1: a fork of a waiting fork may answer its step; a fork answered waits no more."""
+    asked: list[str | None] = []
+    source = rt.execute(_ask_region(rt, asked))
+    fork = rt.runs.fork(source.run_id)
+    again = rt.runs.fork(fork, answers={"w": "eu"})
+    state = rt.runs.state(again)
+    assert state.waiting == []
+    assert state.answers == {"w": "eu"}
+    with pytest.raises(journaled.RunNotResumable, match="waiting steps: none"):
+        rt.resume(again, answers={"w": "us"})
+    asked.clear()
+    assert _result(rt, again).ok
+    assert asked == ["eu"]
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_fork_resumed_without_an_answer_asks_again_as_its_source(
+    rt: journaled.Runtime,
+) -> None:
+    """E10, E14: resumed with no answer, a waiting fork runs its step again, as its source
+    would: the agent asks again and the fork waits."""
+    asked: list[str | None] = []
+    source = rt.execute(_ask_region(rt, asked, times=2))
+    fork = rt.runs.fork(source.run_id)
+    result = _result(rt, fork)
+    assert result.waiting == ["w"]
+    assert asked == [None, None]
+    assert rt.runs.state(fork).questions == {"w": "which region? (2)"}
+
+
+@pytest.mark.timeout(60)
+def test_a_fork_waits_only_where_its_source_waited(rt: journaled.Runtime) -> None:
+    """E10, F1: before the question, after its answer, or with the step replaced, a fork is
+    not waiting; asked again after an answer, it is, holding that answer until another."""
+    asked: list[str | None] = []
+    source = rt.execute(_ask_region(rt, asked, times=2))
+    before = rt.runs.history(source.run_id)[0].position
+    assert rt.runs.state(rt.runs.fork(source.run_id, at=before)).waiting == []
+    replaced = rt.runs.fork(source.run_id, replace={"w": Step("w", tool="t", input=3)})
+    assert rt.runs.state(replaced).waiting == []
+    assert _result(rt, replaced).ok
+    again = _result(rt, source.run_id, answers={"w": "eu"})
+    assert again.waiting == ["w"]  # it asked a second time
+    twice = rt.runs.fork(source.run_id)
+    state = rt.runs.state(twice)
+    assert state.waiting == ["w"]
+    assert state.answers == {"w": "eu"}
+    assert state.questions == {"w": "which region? (2)"}
+    result = _result(rt, twice, answers={"w": "eu-west-1"})
+    assert result.ok, result.waiting
+    assert asked[-1] == "eu-west-1"
+    done = _result(rt, source.run_id, answers={"w": "eu-west-2"})
+    assert done.ok
+    assert rt.runs.state(rt.runs.fork(source.run_id)).waiting == []
+
+
+def test_a_fork_stored_without_its_waiting_steps_reads_them_from_its_questions(
+    rt: journaled.Runtime,
+) -> None:
+    """E10, ADR 0032's update of 2026-12-08: a ``run.forked`` stored before it named its
+    waiting steps waits on those with a question, no answer and no replacement."""
+    asked: list[str | None] = []
+    source = rt.execute(_ask_region(rt, asked))
+    forks = [
+        rt.runs.fork(source.run_id),
+        rt.runs.fork(source.run_id, answers={"w": "eu"}),
+        rt.runs.fork(source.run_id, replace={"w": Step("w", tool="t", input=3)}),
+    ]
+    for fork, waiting in zip(forks, (["w"], [], []), strict=True):
+        first = rt.runs.history(fork)[0].data
+        assert isinstance(first, RunForked)
+        assert list(first.waiting or ()) == waiting
+        state = RunState()
+        state.fold(msgspec.structs.replace(first, waiting=None))
+        assert state.waiting == waiting
 
 
 # -- lineage of no run (F2) -----------------------------------------------------------------------
