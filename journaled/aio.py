@@ -49,7 +49,7 @@ from journaled.events.run_summaries import RunSummary
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
 from journaled.semantic import EMBED_TIMEOUT
-from journaled.subscriptions import AsyncSubscription, StoredSubscription
+from journaled.subscriptions import AsyncSubscription, StoredSubscription, on_own_thread
 
 __all__ = [
     "WORKERS",
@@ -110,17 +110,8 @@ class _Pool:
         """Run ``fn`` on a thread of its own, not one of the pool's: the pool's workers may all
         be held by calls this one ends (a close, whose drain bounds it, R3)."""
         self.check_loop()
-        done: Future[T] = Future()
         call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
-
-        def work() -> None:
-            try:
-                done.set_result(call())
-            except BaseException as exc:  # handed to the awaiting task, raised there
-                done.set_exception(exc)
-
-        threading.Thread(target=work, name="journaled-aio-apart").start()
-        return await asyncio.wrap_future(done, loop=self.loop)
+        return await on_own_thread(call, "journaled-aio-apart", self.loop)
 
     def shutdown(self) -> None:
         """Refuse further calls; the workers end (nothing is left running once close returned)."""

@@ -585,11 +585,13 @@ class AsyncSubscription:
         await self.aclose()
 
 
-async def _apart(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
-    """Run ``fn`` on a thread of its own, never the loop's default executor (the application
-    sizes and fills that one); the caller's context variables go along."""
+async def on_own_thread(
+    call: Callable[[], T], name: str, loop: asyncio.AbstractEventLoop | None = None
+) -> T:
+    """Run ``call`` on a thread of its own, named ``name``, and await its result: never the
+    loop's default executor (the application sizes and fills that one), nor a pool whose workers
+    the call may be waiting for."""
     done: Future[T] = Future()
-    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
 
     def work() -> None:
         try:
@@ -597,8 +599,15 @@ async def _apart(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
         except BaseException as exc:  # handed to the awaiting task, raised there
             done.set_exception(exc)
 
-    threading.Thread(target=work, name="journaled-subscription-call").start()
-    return await asyncio.wrap_future(done)
+    threading.Thread(target=work, name=name).start()
+    return await asyncio.wrap_future(done, loop=loop)
+
+
+async def _apart(fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> T:
+    """Run ``fn`` on a thread of its own (:func:`on_own_thread`); the caller's context variables
+    go along."""
+    call = functools.partial(contextvars.copy_context().run, fn, *args, **kwargs)
+    return await on_own_thread(call, "journaled-subscription-call")
 
 
 def _check_timeout(timeout: object) -> None:
