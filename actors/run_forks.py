@@ -340,7 +340,8 @@ class RunForks(RunReads):
             assert first is not None
             self._check_here(run_id, first)
             if isinstance(first.data, OrchestrationStarted):
-                raise ValueError(self._orchestration_stale(run_id))
+                # Its steps run, and read, in its pass runs: theirs are its stale steps.
+                return [s for p in self._passes(run_id) for s in self.stale(p)]
             reads = [e for e in self._journal.stream(run_id) if isinstance(e.data, MemoryRead)]
             if isinstance(first.data, RunForked):
                 carried = carried_reads(self._journal, first.data, {run_id}, self._recorded_reads)
@@ -351,22 +352,12 @@ class RunForks(RunReads):
             reads = [e for e in reads if not here.run_elsewhere(e.stream)]  # ADR 0074
         return stale_reads(reads, self._journal.stream, self._clock(), self.hidden_fact, origin)
 
-    def _orchestration_stale(self, run_id: str) -> str:
-        """Say why an orchestration has no stale steps of its own, and which of its pass runs
-        (where its steps ran and read) have some: a plain "none" would be a false all-clear."""
-        passes = [
+    def _passes(self, run_id: str) -> builtins.list[str]:
+        """Return an orchestration's pass runs, in the order they began."""
+        passes = (
             e.data.run for e in self._journal.stream(run_id) if isinstance(e.data, PassStarted)
-        ]
-        with_stale = [p for p in dict.fromkeys(passes) if self.stale(p)]
-        where = (
-            f"pass run(s) with stale steps: {', '.join(with_stale)}"
-            if with_stale
-            else "none of its pass runs has a stale step"
         )
-        return (
-            f"run_id {run_id} is an orchestration: its steps run, and read memory, in its pass "
-            f"runs; ask of those ({where})"
-        )
+        return list(dict.fromkeys(passes))
 
     def _recorded_reads(self, run_id: str, upto: int) -> builtins.list[Event]:
         """Return the read events a run recorded up to a journal position."""
@@ -392,6 +383,12 @@ class RunForks(RunReads):
         if not isinstance(run_id, str):
             check_run(run_id, None)  # None would ask for every run's stale steps
         found = self.stale(run_id)
+        if isinstance(self._first(run_id).data, OrchestrationStarted):
+            where = ", ".join(dict.fromkeys(s.run_id for s in found)) or "none has a stale step"
+            raise ValueError(
+                f"run_id {run_id} is an orchestration: refresh one of its pass runs instead, "
+                f"where its steps ran and read memory (pass runs with stale steps: {where})"
+            )
         if not found:
             raise ValueError(f"run_id: run {run_id!r} has no stale step to refresh")
         at, carried = refresh_point(self._journal.stream(run_id), found)

@@ -381,12 +381,13 @@ def test_refresh_of_a_run_whose_kept_agent_overran_its_budget(tmp_path: Any) -> 
         assert rt.journal.verify().ok
 
 
-def test_stale_of_an_orchestration_names_its_pass_runs_not_a_false_all_clear(
+def test_stale_of_an_orchestration_is_its_pass_runs_and_refresh_names_them(
     tmp_path: Any,
 ) -> None:
-    """P3, P4, O: an orchestration's steps run and read in its pass runs. ``stale`` and
-    ``refresh`` of the orchestration's id refuse, naming the pass run that has a stale step, as
-    ``fork`` and ``compare`` refuse an orchestration. Before, they answered "nothing stale"."""
+    """P3, P4, O: an orchestration's steps run and read in its pass runs. ``stale`` of the
+    orchestration's id lists its pass runs' stale steps; ``refresh`` of it refuses, naming the
+    pass run to refresh, as ``fork`` and ``compare`` refuse an orchestration. Before, both
+    answered that nothing was stale."""
     url = f"sqlite:///{tmp_path / 'journal.sqlite'}"
     with journaled.open(url, clock=ManualClock(step=1)) as rt:
         rt.register_tool("region", _region)
@@ -396,13 +397,16 @@ def test_stale_of_an_orchestration_names_its_pass_runs_not_a_false_all_clear(
             lambda goal, obs, cl: Plan(goal=goal, steps=[Step("a", tool="region", input="deploy")]),
         )
         assert out.status == "completed"
-        with pytest.raises(ValueError, match="none of its pass runs has a stale step"):
-            rt.runs.stale(out.run_id)
+        assert rt.runs.stale(out.run_id) == []
+        with pytest.raises(ValueError, match="none has a stale step"):
+            rt.runs.refresh(out.run_id)
         rt.memory.remember("The deploy region is us-east", conflict_key="region")
         [stale] = rt.runs.stale()
-        for call in (rt.runs.stale, rt.runs.refresh):
-            with pytest.raises(ValueError, match=f"is an orchestration.*{stale.run_id}"):
-                call(out.run_id)
+        assert rt.runs.stale(out.run_id) == [stale]
+        assert stale.run_id != out.run_id  # the pass run's
+        with pytest.raises(ValueError, match=f"is an orchestration.*{stale.run_id}"):
+            rt.runs.refresh(out.run_id)
+        assert rt.runs.state(rt.runs.refresh(stale.run_id)).status == {"a": "pending"}
 
 
 def test_compare_finds_a_kept_nan_output_the_same(tmp_path: Any) -> None:
