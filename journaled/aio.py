@@ -693,6 +693,8 @@ class AsyncRuntime:
         """Plan toward a goal and run it (O1-O5); await its outcome.
 
         The planner is called by the orchestration's planner worker (a thread), never on this loop.
+        In ``"orchestrate"`` mode a failed pass is replanned, up to ``max_passes`` passes in all
+        (O2's bound), as :meth:`journaled.Runtime.orchestrate` says.
         """
         handle = await self.orchestrate_start(
             goal,

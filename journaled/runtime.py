@@ -427,7 +427,11 @@ class Runtime:
         """Plan toward a goal and run it under the budget and approval policy; wait (O1-O5).
 
         The planner is ``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``.
-        A planner failure is a ``failed`` outcome, never an exception out of here.
+        A planner failure is a ``failed`` outcome, never an exception out of here. In
+        ``"orchestrate"`` mode a failed pass is replanned, up to ``max_passes`` passes in all
+        (3 by default; O2's bound): a planner that keeps proposing a failing plan is asked at
+        most that many times, and the orchestration then ends ``failed`` with the last pass's
+        failure.
 
         Raises:
             RuntimeClosed: the runtime is closing (or closed while a pass ran: that pass was

@@ -88,3 +88,18 @@ def test_python_examples_run_as_written(index: int, tmp_path: Path) -> None:
         check=False,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+
+
+def test_the_replan_bound_is_documented_where_orchestrate_is() -> None:
+    """O2: the replan loop's bound, ``max_passes``, is named with its default in the README's
+    line on ``rt.orchestrate`` and in the method's docstring, sync and asyncio: a user whose
+    planner keeps failing learns why the orchestration stopped."""
+    import journaled
+    import journaled.aio
+
+    text = (ROOT / "README.md").read_text()
+    line = text.split("- `rt.orchestrate(", 1)[1].split("\n- ", 1)[0]
+    assert "max_passes=3" in line
+    assert "at most `max_passes` passes" in line
+    for method in (journaled.Runtime.orchestrate, journaled.aio.AsyncRuntime.orchestrate):
+        assert "max_passes" in (method.__doc__ or ""), method
