@@ -662,10 +662,10 @@ class Orchestrations:
             )
         else:
             if status not in ("completed", "failed", "cancelled"):
-                handle = self._runs.resume_start(
+                handle = self._runs.resume_pass(
                     run_id,
-                    call_budget=self._pass_budget(st),
-                    answers=answers or None,
+                    self._pass_budget(st),
+                    answers or None,
                     reserve=d.reserve,
                     on_progress=d.on_progress,
                     take_over=d.take_over,
@@ -798,7 +798,9 @@ class Orchestrations:
         )
 
     def _pass_state(self, st: OrchestrationState) -> RunState | None:
-        run = st.current_run
+        return self._run_state(st.current_run)
+
+    def _run_state(self, run: str | None) -> RunState | None:
         if run is None:
             return None
         try:
@@ -817,7 +819,12 @@ class Orchestrations:
 
     def outcome(self, st: OrchestrationState) -> Outcome:
         """Describe an orchestration as an :class:`Outcome` from its state."""
-        pass_state = self._pass_state(st)
+        run = st.current_run
+        if run is None and st.pass_no not in st.plans and st.pass_runs:
+            # Its planning failed or asks a question before its plan: the plan shown is the
+            # last pass's run, as its observations and the run listing have it (O1, E13, T2).
+            run = st.pass_runs[max(st.pass_runs)]
+        pass_state = self._run_state(run)
         plan = pass_state.plan() if pass_state is not None else st.plan
         ended = st.ended
         return Outcome(
@@ -830,7 +837,7 @@ class Orchestrations:
             if ended is not None and ended.status == "waiting_for_budget"
             else None,
             gaps=list(st.gaps) if st.gaps else None,
-            pass_run=st.current_run,
+            pass_run=run,
         )
 
     def finish(self, d: _Drive) -> Outcome:

@@ -48,6 +48,7 @@ from journaled.actors.run_recorder import (
 from journaled.actors.scrubber import Scrubber
 from journaled.actors.steps import Registry, Services, journalable
 from journaled.events.base import DomainEvent
+from journaled.events.codec import tag_of
 from journaled.events.errors import PlanRejected
 from journaled.events.inputs import (
     int_problem,
@@ -57,6 +58,7 @@ from journaled.events.inputs import (
     timeout_problem,
 )
 from journaled.events.journal import Journal
+from journaled.events.orchestration import OrchestrationStarted
 from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan
 from journaled.events.redact import find_secrets, redact_data
@@ -457,8 +459,40 @@ class Runs(RunForks):
         """Rebuild a run from the journal alone and start carrying it on (E14, A2).
 
         An unfinished run whose owner is alive (see ``actors.ownership``) is refused with
-        RunOwnedElsewhere unless ``take_over`` is set.
+        RunOwnedElsewhere unless ``take_over`` is set. A pass run of an orchestration is refused:
+        its orchestration drives it, within its budget (O3, ADR 0010).
         """
+        return self._resume_start(
+            run_id, call_budget, answers, reserve, on_progress, trace, take_over, driven=False
+        )
+
+    def resume_pass(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        *,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        take_over: bool,
+    ) -> RunHandle[ExecuteResult]:
+        """Resume a pass run for the orchestration that drives it (the orchestrator alone)."""
+        return self._resume_start(
+            run_id, call_budget, answers, reserve, on_progress, None, take_over, driven=True
+        )
+
+    def _resume_start(
+        self,
+        run_id: str,
+        call_budget: int | None,
+        answers: Mapping[str, str] | None,
+        reserve: Reserve | None,
+        on_progress: Progress | None,
+        trace: Trace | None,
+        take_over: bool,
+        *,
+        driven: bool,
+    ) -> RunHandle[ExecuteResult]:
         try:
             claim = self._claim(run_id, take_over)
         except RunOwnedElsewhere:
@@ -471,6 +505,8 @@ class Runs(RunForks):
             )
             if state.started is not None:
                 self._check_may_resume(run_id, state.started.organization)
+                if not driven:
+                    self._check_not_a_pass(run_id, state.started.parent_run)
             self._catch_up_memory(run_id)
         except BaseException:
             self._release(run_id, claim)
@@ -479,6 +515,18 @@ class Runs(RunForks):
         assert started is not None
         parent = (started.parent_run, started.parent_step or "") if started.parent_run else None
         return self._start(run_id, claim, state, opening, reserve, on_progress, trace, parent)
+
+    def _check_not_a_pass(self, run_id: str, parent: str | None) -> None:
+        """Refuse to resume a pass run apart from its orchestration: it would spend past the
+        orchestration's budget with no event of it (O3, ADR 0010); resume the orchestration."""
+        if parent is None:
+            return
+        head = self._journal.head(parent)  # the tag alone: no plan decoded
+        if head is not None and head[1] == tag_of(OrchestrationStarted):
+            raise RunNotResumable(
+                f"run {run_id} is a pass of orchestration {parent}, which drives it within its "
+                f"budget: resume the orchestration instead (rt.resume({parent!r}))"
+            )
 
     def _catch_up_memory(self, run_id: str) -> None:
         """Fold into memory what other processes appended, before a resumed run's steps read

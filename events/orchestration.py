@@ -71,7 +71,8 @@ class Outcome(msgspec.Struct, frozen=True, kw_only=True):
     budget: Budget | None = None
     gaps: list[Gap] | None = None
     pass_run: str | None = None
-    """The execution run of the current pass, if one started."""
+    """The execution run of the current pass, if one started; when the current pass has no plan
+    (its planning failed or asks a question), the last pass's run (ADR 0010)."""
 
 
 class OrchestrationStarted(DomainEvent, frozen=True, kw_only=True, tag="orchestration.started"):

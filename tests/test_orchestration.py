@@ -359,6 +359,29 @@ def test_orchestrate_mode_is_bounded_by_max_passes(
     assert "no route to db" in out.summary
 
 
+@pytest.mark.timeout(60)
+def test_a_failed_replan_shows_the_last_pass_that_ran(
+    runtime: journaled.Runtime, ran: list[str]
+) -> None:
+    """O1/E13/T2: when the planner fails after a failed pass, the outcome's plan is that pass's
+    run (its step statuses agree with its observations) and pass_run names it, as the listing
+    has it; not the plan as proposed with every step pending."""
+    planner = Scripted(
+        plan(
+            Step("a", tool="fetch", input="db"), Step("b", tool="boom", input="x", depends_on=["a"])
+        ),
+        RuntimeError("the model is down"),
+    )
+    out = runtime.orchestrate(GOAL, planner, mode="orchestrate")
+    assert out.status == "failed"
+    assert {o.step_id: o.ok for o in out.observations} == {"a": True, "b": False}
+    assert statuses(out) == {"a": "succeeded", "b": "failed"}
+    [child] = pass_runs(runtime, out.run_id)
+    assert out.pass_run == child
+    summary = runtime.runs.summary(out.run_id)
+    assert (summary.current_run, summary.steps_done, summary.steps_total) == (child, 2, 2)
+
+
 # -- O3 budget policy ------------------------------------------------------------------------------
 
 
@@ -444,6 +467,35 @@ def test_partial_runs_the_waves_that_fit(runtime: journaled.Runtime, ran: list[s
     assert pass_runs(runtime, out.run_id) == [child]  # the same pass carries on
     assert runtime.runs.state(child).calls_used == 4
     assert len(planner.calls) == 1
+
+
+@pytest.mark.timeout(60)
+def test_a_pass_run_resumes_only_through_its_orchestration(
+    runtime: journaled.Runtime, ran: list[str]
+) -> None:
+    """O3/ADR 0010: a pass run is driven by its orchestration: resuming it directly is refused
+    naming the orchestration, nothing appended, so no pass spends past the orchestration's
+    budget behind its back; the orchestration still resumes it."""
+    planner = Scripted(
+        plan(
+            Step("a", skill="think", input="a"),
+            Step("b", skill="think", input="b", depends_on=["a"]),
+        )
+    )
+    out = runtime.orchestrate(GOAL, planner, call_budget=1, partial=True)
+    assert out.status == "waiting_for_budget"
+    assert out.pass_run is not None
+    end = runtime.journal.position()
+    for resume in (runtime.resume, runtime.runs.resume):
+        with pytest.raises(journaled.RunNotResumable, match=f"orchestration {out.run_id}"):
+            resume(out.pass_run, call_budget=5)
+    assert runtime.journal.position() == end
+    assert runtime.runs.summary(out.run_id).status == "waiting_for_budget"
+    ran.clear()
+    done = resumed(runtime, out.run_id, call_budget=2)
+    assert done.status == "completed"
+    assert ran == ["think b"]
+    assert runtime.runs.state(out.pass_run).calls_used == 2
 
 
 def test_partial_pause_that_is_still_short_waits_again(runtime: journaled.Runtime) -> None:
