@@ -29,6 +29,7 @@ from journaled.actors.errors import (
     RunOwnedElsewhere,
     RuntimeClosed,
 )
+from journaled.actors.loop import LoopRunner
 from journaled.actors.orchestrator_actor import Orchestrator
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_args import check_budget, find_policy, new_run_id, policy_name
@@ -852,6 +853,11 @@ class Orchestrations:
     def closing(self) -> bool:
         """Tell whether the runtime is closing: nothing more is decided (R3)."""
         return self._runs.closing
+
+    @property
+    def loop(self) -> LoopRunner:
+        """The event loop an ``async def`` planner runs on, as async steps do (A1)."""
+        return self._runs.loop
 
     def now(self) -> int:
         """Return the runtime clock's time (epoch ms)."""

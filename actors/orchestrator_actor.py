@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import inspect
 import threading
 import time
 from collections.abc import Callable
@@ -22,10 +23,12 @@ import msgspec
 import pykka
 
 from journaled.actors.directory import Directory, failure, rebuild_error
+from journaled.actors.loop import LoopGone, LoopRunner, StepCancelled
 from journaled.actors.ownership import HEARTBEAT_SECONDS
+from journaled.actors.runs import normalised
 from journaled.actors.steps import storable_text
 from journaled.events.errors import JournalClosed, PlanRejected
-from journaled.events.inputs import text_problem
+from journaled.events.inputs import MAX_TEXT_BYTES, text_problem
 from journaled.events.messages import Failure
 from journaled.events.orchestration import Clarify, Gap, Gaps, Outcome
 from journaled.events.orchestration_messages import (
@@ -58,11 +61,14 @@ class PlannerWorker(pykka.ThreadingActor):
         validate: Callable[[Plan], None],
         directory: Directory,
         context: contextvars.Context | None = None,
+        loop: LoopRunner | None = None,
     ) -> None:
         super().__init__()
         self.planner = planner
         self.validate = validate
         self.directory = directory
+        self.loop = loop
+        """Where an ``async def`` planner's coroutine runs, as an async step's does (A1)."""
         self.context = context if context is not None else contextvars.Context()
         """The context variables of the orchestration's caller (its current span, T3): the
         planner runs in a copy of them, so what it traces nests where the passes do."""
@@ -79,6 +85,15 @@ class PlannerWorker(pykka.ThreadingActor):
                 list(message.observations),
                 list(message.clarifications),
             )
+            if inspect.isawaitable(answer):
+                if self.loop is None:
+                    with contextlib.suppress(Exception):
+                        answer.close()  # type: ignore[attr-defined]
+                    raise RuntimeError("an async planner needs an event loop, and none was given")
+                answer = self.loop.run(answer)
+        except (LoopGone, StepCancelled) as exc:  # its loop ended or the runtime closed under
+            # it: no answer, so the orchestration stops unended (resumable), as a step would
+            reply = failure(message.correlation, exc)
         except Exception as exc:  # user code: a planner failure is an outcome, not a crash
             reason = storable_text(f"the planner raised {_describe_error(exc)}")
             reply = PlannerAnswered(correlation=message.correlation, failure=reason)
@@ -87,8 +102,11 @@ class PlannerWorker(pykka.ThreadingActor):
         else:
             try:
                 reply = self._check(message.correlation, answer)
-            except Exception as exc:
-                reply = failure(message.correlation, exc)
+            except Exception as exc:  # checking user code's answer failed: an outcome too
+                reason = storable_text(
+                    f"the planner's answer could not be checked: {_describe_error(exc)}"
+                )
+                reply = PlannerAnswered(correlation=message.correlation, failure=reason)
         self.directory.tell(message.reply_to, reply)
         return None
 
@@ -112,20 +130,17 @@ class PlannerWorker(pykka.ThreadingActor):
                 g if isinstance(g, Gap) else Gap(kind="capability", name=str(g))
                 for g in answer.gaps
             )
-            for index, gap in enumerate(gaps):
-                for name in ("kind", "name", "reason"):
-                    if not isinstance(getattr(gap, name), str):
-                        # Journaled as it is, it would make the journal unreadable.
-                        return PlannerAnswered(
-                            correlation=correlation,
-                            failure=f"the planner's gap #{index} has a {name} of type "
-                            f"{type(getattr(gap, name)).__name__}, not a string",
-                        )
+            problem = _gaps_problem(gaps)
+            if problem:
+                return PlannerAnswered(correlation=correlation, failure=problem)
             # Quoted from the redacted names: a quote escapes line breaks, and a secret that
-            # began a line would no longer be seen as one once quoted (M9).
+            # began a line would no longer be seen as one once quoted (M9). The gaps are
+            # journaled whole; the reason (and the summary quoting it) names them at most 4 KiB.
             names = ", ".join(f"{redact(g.kind)} {redact(g.name)!r}" for g in gaps) or "unspecified"
             return PlannerAnswered(
-                correlation=correlation, failure=f"missing capabilities: {names}", gaps=gaps
+                correlation=correlation,
+                failure=storable_text(f"missing capabilities: {names}"),
+                gaps=gaps,
             )
         if not isinstance(answer, Plan):
             return PlannerAnswered(
@@ -140,7 +155,15 @@ class PlannerWorker(pykka.ThreadingActor):
             return PlannerAnswered(
                 correlation=correlation, failure=f"the planner's plan is invalid: {exc}"
             )
-        return PlannerAnswered(correlation=correlation, plan=_as_stored(answer))
+        try:
+            # As execute normalises it: a plan without an id gets its pass run's (None reads
+            # as none), and a status its author set is ignored (E1).
+            plan = normalised(msgspec.structs.replace(answer, id=answer.id or ""))
+        except PlanRejected as exc:
+            return PlannerAnswered(
+                correlation=correlation, failure=f"the planner's plan is invalid: {exc}"
+            )
+        return PlannerAnswered(correlation=correlation, plan=_as_stored(plan))
 
 
 class Orchestrator(pykka.ThreadingActor):
@@ -328,6 +351,7 @@ class Orchestrator(pykka.ThreadingActor):
                 validate=self.o.validate,
                 directory=self.directory,
                 context=self.d.context,
+                loop=self.o.loop,
             )
         self._asked = self._thinking = self._next("plan")
         self._worker.tell(
@@ -395,6 +419,29 @@ def _describe_error(exc: Exception) -> str:
     except Exception:  # user code again: an unprintable error still fails planning cleanly
         text = "(its message could not be read)"
     return f"{type(exc).__name__}: {text}"
+
+
+def _gaps_problem(gaps: tuple[Gap, ...]) -> str | None:
+    """Return why a planner's gaps cannot be journaled, or None (ADR 0023).
+
+    Each field is a text as a clarifying question is: a string UTF-8 can store, at most
+    :data:`MAX_TEXT_BYTES`; so are all of them together, so the gaps cost one question's bound.
+    """
+    total = 0
+    for index, gap in enumerate(gaps):
+        for name in ("kind", "name", "reason"):
+            value = getattr(gap, name)
+            # Journaled as it is, a non-string would make the journal unreadable, and a lone
+            # surrogate would fail the append.
+            problem = text_problem(value)
+            if problem:
+                return f"the planner's gap #{index} {name} {problem}"
+            total += len(value.encode("utf-8"))
+    if total > MAX_TEXT_BYTES:
+        return (
+            f"the planner's gaps are {total} bytes in UTF-8, over the {MAX_TEXT_BYTES}-byte bound"
+        )
+    return None
 
 
 def _as_stored(plan: Plan) -> Plan:

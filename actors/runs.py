@@ -106,6 +106,16 @@ def _child_plan_change(plan: Plan, first: Plan) -> str | None:
 
 
 def _normalise(plan: Plan, run_id: str) -> Plan:
+    return normalised(plan, run_id.replace(RUN_PREFIX, "plan_", 1))
+
+
+def normalised(plan: Plan, plan_id: str = "") -> Plan:
+    """Return a validated plan as it is journaled: inputs made journalable, every step pending
+    (a status set by its author is ignored) and ``plan_id`` as its id when it has none (E1).
+
+    Raises:
+        PlanRejected: a step's input cannot be journaled.
+    """
     steps = []
     for step in plan.steps:
         try:
@@ -117,7 +127,7 @@ def _normalise(plan: Plan, run_id: str) -> Plan:
                 step, input=data, depends_on=list(step.depends_on), status="pending"
             )
         )
-    return Plan(goal=plan.goal, steps=steps, id=plan.id or run_id.replace(RUN_PREFIX, "plan_", 1))
+    return Plan(goal=plan.goal, steps=steps, id=plan.id or plan_id)
 
 
 class _Opened(threading.Event):
@@ -961,6 +971,11 @@ class Runs(RunForks):
     def closing(self) -> bool:
         """Tell whether :meth:`close` was called: no run starts any more (R3)."""
         return self._closing
+
+    @property
+    def loop(self) -> LoopRunner:
+        """The event loop ``async def`` user code of this runtime runs on (A1, ADR 0025)."""
+        return self._services.loop
 
     @property
     def _closed_by(self) -> str:

@@ -6,14 +6,17 @@ a careless caller, a broken planner or a second process would; its docstring cit
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from typing import Any
 
+import msgspec
 import pytest
 
 import journaled
-from journaled import Clarify, Gaps, Observation, Plan, RunNotResumable, Step, timeline
+import journaled.aio
+from journaled import Clarify, Gap, Gaps, Observation, Plan, RunNotResumable, Step, timeline
 from journaled.testing import ManualClock
 
 GOAL = "ship the release notes"
@@ -118,6 +121,120 @@ def test_a_planner_error_that_cannot_be_printed_is_a_failed_outcome(
     assert out.status == "failed"
     assert "Unprintable" in out.summary
     assert _kinds(rt, out.run_id)[-1] == "orchestration.ended"
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("field", ["kind", "name", "reason"])
+def test_a_gap_holding_a_lone_surrogate_is_a_failed_outcome(
+    rt: journaled.Runtime, field: str
+) -> None:
+    """O1, ADR 0010, ADR 0023: a gap's text is checked as a clarifying question is; a lone
+    surrogate in it used to raise an empty UnicodeEncodeError out of orchestrate, leaving the
+    orchestration running with only its start journaled."""
+    fields = {"kind": "tool", "name": "search", "reason": "not registered"}
+    fields[field] = "bad \ud800 text"
+    out = rt.orchestrate(GOAL, _always(Gaps([Gap(**fields)])))
+    assert out.status == "failed"
+    assert f"gap #0 {field} holds a lone surrogate" in out.summary
+    assert _kinds(rt, out.run_id)[-1] == "orchestration.ended"
+    assert [s.status for s in rt.runs.list() if s == out.run_id] == ["failed"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("gaps", "says"),
+    [
+        ([Gap(kind="tool", name="x" * (4 << 20))], "gap #0 name is 4194304 bytes"),
+        ([Gap(kind="tool", name="x" * (600 << 10)) for _ in range(2)], "gaps are 1228808 bytes"),
+    ],
+    ids=["one-field", "in-total"],
+)
+def test_gaps_over_the_text_bound_fail_the_planning_unjournaled(
+    rt: journaled.Runtime, gaps: list[Gap], says: str
+) -> None:
+    """O1, ADR 0023: each gap field, and all of them together, are bounded at 1 MiB as a
+    clarifying question is; a 4 MiB gap name used to be journaled three times (~12 MiB)."""
+    out = rt.orchestrate(GOAL, _always(Gaps(gaps)))
+    assert out.status == "failed"
+    assert says in out.summary
+    assert "over the 1048576-byte bound" in out.summary
+    stored = sum(len(msgspec.msgpack.encode(e.data)) for e in rt.runs.history(out.run_id))
+    assert stored < 64 << 10
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    "plan",
+    [
+        Plan(goal=GOAL, steps=[Step("a", tool="fetch")], id=None),  # type: ignore[arg-type]
+        _plan(Step("a", tool="fetch", status=None)),  # type: ignore[arg-type]
+        _plan(Step("a", tool="fetch", status="done")),  # type: ignore[arg-type]
+    ],
+    ids=["id-none", "status-none", "status-done"],
+)
+def test_a_plan_execute_runs_is_run_by_an_orchestration(rt: journaled.Runtime, plan: Plan) -> None:
+    """O1, E1, ADR 0010: a planner's plan is normalised as execute normalises it (no id: one
+    is assigned; a preset status is ignored). These used to crash the orchestrator with a raw
+    ValidationError out of orchestrate, leaving the orchestration unended."""
+    assert rt.execute(plan).ok
+    out = rt.orchestrate(GOAL, _always(plan))
+    assert out.status == "completed", out.summary
+    assert out.plan is not None
+    assert out.plan.id
+    assert [s.status for s in out.plan.steps] == ["succeeded"]
+
+
+@pytest.mark.timeout(60)
+def test_an_answer_that_cannot_be_checked_is_a_failed_outcome(rt: journaled.Runtime) -> None:
+    """O1, ADR 0010: an error while checking a planner's answer fails the planning naming it;
+    it used to crash the orchestrator and leave the orchestration unended."""
+
+    class Unnamed:
+        def __str__(self) -> str:
+            raise ValueError("no name")
+
+    out = rt.orchestrate(GOAL, _always(Gaps([Unnamed()])))  # type: ignore[list-item]
+    assert out.status == "failed"
+    assert "could not be checked: ValueError: no name" in out.summary
+    assert _kinds(rt, out.run_id)[-1] == "orchestration.ended"
+
+
+async def _async_planner(
+    goal: str, observations: list[Observation], clarifications: list[tuple[str, str]]
+) -> Plan:
+    await asyncio.sleep(0)
+    return _plan(Step("a", tool="fetch", input=goal))
+
+
+@pytest.mark.timeout(60)
+def test_an_async_planner_runs_on_the_runtime_s_loop(rt: journaled.Runtime) -> None:
+    """O1, A1, ADR 0029 (update 2026-12-07): an ``async def`` planner is awaited on the loop
+    async steps run on; it used to fail every orchestration ('the planner returned
+    coroutine') with a 'never awaited' warning."""
+    out = rt.orchestrate(GOAL, _async_planner)
+    assert out.status == "completed", out.summary
+    assert [o.output for o in out.observations] == [GOAL]
+
+
+@pytest.mark.timeout(60)
+def test_an_async_planner_runs_on_the_application_s_loop(sqlite_url: str) -> None:
+    """O1, A1, ADR 0025, ADR 0029 (update 2026-12-07): on journaled.aio an ``async def``
+    planner runs on the application's loop, as its async steps do, and its error is a
+    failed outcome as a plain planner's is."""
+
+    async def failing(*_: object) -> Plan:
+        raise RuntimeError("no model")
+
+    async def main() -> None:
+        async with journaled.aio.open(sqlite_url) as art:
+            art.register_tool("fetch", lambda x: x)
+            out = await asyncio.wait_for(art.orchestrate(GOAL, _async_planner), 30)
+            assert out.status == "completed", out.summary
+            out = await asyncio.wait_for(art.orchestrate(GOAL, failing), 30)
+            assert out.status == "failed"
+            assert "RuntimeError: no model" in out.summary
+
+    asyncio.run(main())
 
 
 # -- cancel ---------------------------------------------------------------------------------------

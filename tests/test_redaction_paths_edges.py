@@ -249,7 +249,7 @@ def test_a_gap_whose_fields_are_not_text_fails_the_planning_and_the_journal_stay
             lambda g, o, c: Gaps([Gap(kind=5, name="vault", reason="x")]),  # type: ignore[arg-type]
         )
         assert outcome.status == "failed"
-        assert "gap #0 has a kind of type int, not a string" in outcome.summary
+        assert "gap #0 kind must be a string, got int" in outcome.summary
     with journaled.open(sqlite_url) as rt:
         assert [s.status for s in rt.runs.list()] == ["failed"]
 
