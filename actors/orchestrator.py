@@ -663,7 +663,7 @@ class Orchestrations:
             )
         else:
             if status not in ("completed", "failed", "cancelled"):
-                handle = self._runs.resume_pass(
+                handle = self._runs._resume_pass(
                     run_id,
                     self._pass_budget(st),
                     answers or None,
@@ -857,7 +857,7 @@ class Orchestrations:
     @property
     def loop(self) -> LoopRunner:
         """The event loop an ``async def`` planner runs on, as async steps do (A1)."""
-        return self._runs.loop
+        return self._runs._loop
 
     def now(self) -> int:
         """Return the runtime clock's time (epoch ms)."""

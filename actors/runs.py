@@ -476,7 +476,7 @@ class Runs(RunForks):
             run_id, call_budget, answers, reserve, on_progress, trace, take_over, driven=False
         )
 
-    def resume_pass(
+    def _resume_pass(
         self,
         run_id: str,
         call_budget: int | None,
@@ -973,7 +973,7 @@ class Runs(RunForks):
         return self._closing
 
     @property
-    def loop(self) -> LoopRunner:
+    def _loop(self) -> LoopRunner:
         """The event loop ``async def`` user code of this runtime runs on (A1, ADR 0025)."""
         return self._services.loop
 
