@@ -375,13 +375,8 @@ def _check_run(
     again = decode_snapshot(folded.snapshot())
     if again != held:
         fields = [
-            f for f in held.__struct_fields__ if not _same(getattr(held, f), getattr(again, f))
+            f for f in held.__struct_fields__ if not same_value(getattr(held, f), getattr(again, f))
         ]
         if fields:
             problems.append(_altered(key, position, f"it differs in {', '.join(fields)}"))
     return 1
-
-
-def _same(held: object, folded: object) -> bool:
-    """Say whether two decoded values hold the same thing, a NaN the same as itself (ADR 0097)."""
-    return same_value(held, folded)
