@@ -62,12 +62,13 @@ from journaled.events.tenancy import run_belongs_elsewhere, run_organization
 
 SUMMARIES_KEY = "projection:run-summaries"
 """Snapshot key of the stored projection (one row beside the run snapshots)."""
-SCHEMA = 6
+SCHEMA = 7
 """Bump when the stored projection changes incompatibly: older ones are then refolded.
 3: an orchestration's budget follows its resumes (2 kept the budget it started with).
 4: each run keeps its organization (ADR 0074).
 5: each run keeps its owner, so a read can judge it ``interrupted`` (ADR 0088).
-6: an orchestration keeps the steps of its latest proposed plan (ADR 0088)."""
+6: an orchestration keeps the steps of its latest proposed plan (ADR 0088).
+7: a fork lists the steps it waits on (``run.forked``'s ``waiting``)."""
 EVERY = object()
 """``RunSummaries.read(EVERY)``: the runs of every organization (the projection's own view)."""
 DEFAULT = object()
@@ -316,6 +317,9 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
             _start(data.started, tracked)
             tracked.forked_from = data.source
             tracked.forked_at = data.position
+            # The steps the fork waits on, as the source had them (E10): an earlier release's
+            # fork did not say, and lists none.
+            tracked.waiting = list(data.waiting or ())
             for carried in data.carried:
                 tracked.calls_used += carried.charged
                 tracked.steps[carried.observation.step_id] = "succeeded"

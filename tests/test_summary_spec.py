@@ -419,3 +419,34 @@ def test_an_orchestration_let_go_while_planning_is_suspended_and_resumable_elsew
         for stream in (proc.stdout, proc.stderr):
             if stream is not None:
                 stream.close()
+
+
+# -- 3. a fork waiting on answers lists the steps it waits on ----------------------------------
+
+
+def test_a_fork_of_a_waiting_run_lists_the_steps_it_waits_on(sqlite_url: str) -> None:
+    """T2, F1, E10: a fork taken where its source waited, without answers, waits on the same
+    steps: its summary lists them as ``runs.state`` does, live and after a reopen (the stored
+    projection included)."""
+
+    def asker(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        if ctx.answer is None:
+            raise journaled.NeedsInput("which branch?")
+        return journaled.AgentResult(output=f"on {ctx.answer}", calls_used=1)
+
+    plan = Plan(goal="g", steps=[Step("k", skill="s"), Step("w", agent="asker", depends_on=["k"])])
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("asker", asker)
+        rt.register_skill("s", lambda x: "idea")
+        source = rt.execute(plan, call_budget=10)
+        fork = rt.runs.fork(source.run_id)
+        answered = rt.runs.fork(source.run_id, answers={"w": "left"})
+        assert rt.runs.state(fork).waiting == ["w"]
+        live = {s.run_id: s for s in rt.runs.list()}
+        assert rt.runs.summaries.save()  # the reopen reads the stored projection
+    with journaled.open(sqlite_url) as rt:
+        reopened = {s.run_id: s for s in rt.runs.list()}
+    for summaries in (live, reopened):
+        assert (summaries[fork].status, summaries[fork].waiting) == ("forked", ("w",))
+        assert summaries[answered].waiting == ()
+        assert summaries[source.run_id].waiting == ("w",)
