@@ -234,6 +234,12 @@ class AsyncMemory:
         """Return the embedder semantic and hybrid searches rank with (None: BM25 only, M7)."""
         return self._memory.embedder
 
+    @property
+    def embed_timeout(self) -> float | None:
+        """Return how long one semantic or hybrid search waits for the embedder, in seconds
+        (None: for as long as it takes; ADR 0067)."""
+        return self._memory.embed_timeout
+
     async def remember(
         self,
         text: str,

@@ -217,6 +217,12 @@ class Memory:
         """Return the embedder semantic and hybrid searches rank with (None: BM25 only, M7)."""
         return self._semantic.embedder
 
+    @property
+    def embed_timeout(self) -> float | None:
+        """Return how long one semantic or hybrid search waits for the embedder, in seconds
+        (None: for as long as it takes; ADR 0067)."""
+        return self._semantic.timeout
+
     def remember(
         self,
         text: str,

@@ -268,3 +268,39 @@ def test_an_openai_embedder_is_rebuilt_from_its_config_without_its_key(
             await loaded.close()
 
     with_aio(sqlite_url, body, embedder=embedder)
+
+
+@pytest.mark.parametrize("timeout", [None, 0.25, 30])
+def test_a_loaded_memory_waits_for_its_embedder_as_the_dumped_one_did(
+    sqlite_url: str, timeout: float | None
+) -> None:
+    """X1/M7, ADR 0067: the runtime's embed_timeout is written into the config and a loaded
+    memory's runtime waits for its embedder that long (None: no bound), not the default."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        assert rt.memory.embed_timeout == timeout
+        memory = JournaledMemory(rt, "session")
+        model = memory.dump_component()
+        assert model.config["embed_timeout"] == ("unbounded" if timeout is None else timeout)
+        loaded = JournaledMemory.load_component(json.loads(model.model_dump_json()))
+        try:
+            assert loaded.dump_component().config == model.config
+        finally:
+            await loaded.close()
+
+    with_aio(sqlite_url, body, embedder=KeywordEmbedder(VOCABULARY), embed_timeout=timeout)
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, "10", "none", True, None])
+def test_a_config_with_a_bad_embed_timeout_is_refused_before_a_file_is_made(
+    tmp_path: Path, bad: object
+) -> None:
+    """X1: a hand-edited embed_timeout that is no positive number of seconds is refused,
+    naming it, and no journal file is made."""
+    url = f"sqlite:///{tmp_path / 'j.sqlite'}"
+    config = {"url": url, "embed_timeout": bad}
+    with pytest.raises((ConfigurationError, ValueError), match="embed_timeout"):
+        JournaledMemory.load_component(
+            {"provider": "journaled.integrations.autogen.JournaledMemory", "config": config}
+        )
+    assert not (tmp_path / "j.sqlite").exists()

@@ -10,7 +10,7 @@ import json
 import math
 import warnings
 from collections.abc import Mapping
-from typing import Any, ClassVar, Self
+from typing import Any, ClassVar, Literal, Self
 
 from autogen_core import CancellationToken, Component
 from autogen_core.memory import (
@@ -31,6 +31,7 @@ from journaled.events.inputs import MAX_TEXT_BYTES, int_problem, short, text_pro
 from journaled.events.memory import Fact, physical_scope
 from journaled.runtime import Runtime
 from journaled.runtime import open as open_runtime
+from journaled.semantic import EMBED_TIMEOUT, check_embed_timeout
 
 __all__ = [
     "FACT_FIELDS",
@@ -102,6 +103,14 @@ class JournaledMemoryConfig(BaseModel):
     semantic: bool = True
     embedder: JournaledEmbedderConfig | None = None
     """The runtime's embedder (M7); None: the runtime ranks by BM25 alone (M6)."""
+    embed_timeout: float | Literal["unbounded"] = EMBED_TIMEOUT
+    """How long one search waits for the embedder, in seconds, or ``"unbounded"`` (ADR 0067;
+    the runtime's ``embed_timeout=None``: AutoGen drops a None from a dumped config)."""
+
+
+def _written_timeout(timeout: float | None) -> float | Literal["unbounded"]:
+    """Return a runtime's ``embed_timeout`` as a config holds it (None has no place there)."""
+    return "unbounded" if timeout is None else timeout
 
 
 class _MemoryCalls:
@@ -383,6 +392,7 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
             min_confidence=self._min_confidence,
             semantic=self._semantic,
             embedder=described,
+            embed_timeout=_written_timeout(self._rt.memory.embed_timeout),
         )
 
     @classmethod
@@ -429,6 +439,11 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
         if problem is not None:  # refused before a journal is opened (or a file made)
             arg, why = problem
             raise ConfigurationError(f"the JournaledMemory config's {arg} {why}")
+        embed_timeout = None if config.embed_timeout == "unbounded" else config.embed_timeout
+        try:
+            check_embed_timeout(embed_timeout)
+        except ValueError as exc:
+            raise ConfigurationError(f"the JournaledMemory config's {exc}") from None
         embedder = None
         if config.embedder is not None:
             try:
@@ -437,7 +452,12 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
                 raise ConfigurationError(f"the JournaledMemory config's {exc}") from None
         # The organization dumped with the memory, not the loading process's: a memory of
         # acme's organization scope must never read another organization's facts (R1).
-        rt = open_runtime(config.url, organization=config.organization, embedder=embedder)
+        rt = open_runtime(
+            config.url,
+            organization=config.organization,
+            embedder=embedder,
+            embed_timeout=embed_timeout,
+        )
         try:
             memory = cls(
                 rt,
