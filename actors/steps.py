@@ -575,6 +575,7 @@ def journalable(value: Any, what: str, limit: int = MAX_OUTPUT_BYTES) -> Any:
 
 
 _JSON = msgspec.json.Encoder()
+_JSON_DECODER = msgspec.json.Decoder()
 
 
 def _key_problem(builtins: Any) -> str | None:
@@ -585,23 +586,35 @@ def _key_problem(builtins: Any) -> str | None:
     None or bool key would break each of them on the stored run, for good (ADR 0098).
     """
     try:
-        _JSON.encode(builtins)  # in C: nearly every value passes here, and is not walked
+        text = _JSON.encode(builtins)  # in C: nearly every value passes here, and is not walked
     except TypeError:
         pass
     else:
-        return None
+        # Keys 1 and "1" (or two NaNs) are both written "1" by JSON: a JSON reader keeps one of
+        # the two. Read back and written again, such a text comes out shorter (in C as well).
+        if len(_JSON.encode(_JSON_DECODER.decode(text))) == len(text):
+            return None
     # Iterative, each node linked to its parent: a path is spelled only for the key refused.
     links: list[tuple[int, str]] = [(-1, "$")]
     todo: list[tuple[Any, int]] = [(builtins, 0)]
     while todo:
         value, at = todo.pop()
         if isinstance(value, dict):
+            written: dict[str, object] = {}
             for key, item in value.items():
                 if isinstance(key, bool) or not isinstance(key, str | int | float):
                     return (
                         f"a key at {_path(links, at)} is {_key_kind(key)}, not a str: a stored "
                         "dict is keyed by text (or a number, which JSON reads as its text)"
                     )
+                as_text = key if isinstance(key, str) else _key_text(key)
+                if as_text in written:
+                    return (
+                        f"the keys {_shown(written[as_text])} and {_shown(key)} at "
+                        f"{_path(links, at)} are both written {_quoted(as_text)} in JSON, which "
+                        "would keep one of their values: key the dict by one of them"
+                    )
+                written[as_text] = key
                 links.append((at, f"[{_quoted(key) if isinstance(key, str) else repr(key)}]"))
                 todo.append((item, len(links) - 1))
         elif isinstance(value, list | tuple):
@@ -624,6 +637,16 @@ def _key_kind(key: object) -> str:
     if key is None or isinstance(key, bool):
         return repr(key)
     return f"a {type(key).__name__}"
+
+
+def _key_text(key: int | float) -> str:
+    """Return the text JSON writes for a number key."""
+    (text,) = _JSON_DECODER.decode(_JSON.encode({key: None}))
+    return str(text)
+
+
+def _shown(key: object) -> str:
+    return _quoted(key) if isinstance(key, str) else repr(key)
 
 
 _RAW = (bytes, bytearray, memoryview)

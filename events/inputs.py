@@ -141,17 +141,25 @@ def _text_keys(value: object) -> object:
 
 
 _PACK = msgspec.msgpack.Encoder()
+_PACK_SORTED = msgspec.msgpack.Encoder(order="deterministic")
 
 
 def same_value(a: object, b: object) -> bool:
     """Tell whether two journaled values hold the same thing, a NaN the same as itself.
 
     A step's input or a tool's output may hold a float NaN (pandas, numpy), which ``==`` finds
-    unequal to itself (ADR 0097). Values ``==`` calls unequal are compared by the bytes they
-    encode to: one codec, so equal contents encode alike.
+    unequal to itself (ADR 0097); and ``==`` finds ``1``, ``1.0`` and ``True`` equal, or
+    ``0.0`` and ``-0.0``, which a reader of the record tells apart. So values are compared by
+    the bytes they encode to (one codec: the same contents encode alike), a dict's keys in
+    sorted order where they are all text (its order is not its content); a dict keyed by
+    numbers as well is compared in its own order.
     """
-    if a == b:
+    if a is b:
         return True
+    try:
+        return _PACK_SORTED.encode(a) == _PACK_SORTED.encode(b)
+    except TypeError:  # a dict keyed by a number (ADR 0098): no sorted form
+        pass
     try:
         return _PACK.encode(a) == _PACK.encode(b)
     except (TypeError, ValueError, OverflowError):

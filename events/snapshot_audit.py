@@ -168,12 +168,12 @@ def _scope_difference(held: ScopeSnapshot, folded: ScopeSnapshot) -> str | None:
     ids = sorted(held.facts.keys() | folded.facts.keys())
     for fact_id in ids:
         a, b = held.facts.get(fact_id), folded.facts.get(fact_id)
-        if a == b:
-            continue
+        if a is not None and b is not None and same_value(a, b):
+            continue  # by value and type: == holds -0.0 for 0.0 (ADR 0097)
         if a is None or b is None:
             where = "the snapshot" if a is not None else "the events"
             return f"fact {fact_id} exists only in {where}"
-        fields = [f for f in a.__struct_fields__ if getattr(a, f) != getattr(b, f)]
+        fields = [f for f in a.__struct_fields__ if not same_value(getattr(a, f), getattr(b, f))]
         return f"fact {fact_id} differs in {', '.join(fields)}"
     checks: Sequence[tuple[str, object, object]] = (
         ("superseder expiries", held.superseder_until, folded.superseder_until),
@@ -373,10 +373,11 @@ def _check_run(
         problems.append(_altered(key, position, "its stream does not start a run"))
         return 1
     again = decode_snapshot(folded.snapshot())
-    if again != held:
-        fields = [
-            f for f in held.__struct_fields__ if not same_value(getattr(held, f), getattr(again, f))
-        ]
-        if fields:
-            problems.append(_altered(key, position, f"it differs in {', '.join(fields)}"))
+    # Field by field, by value and type: ``==`` would pass a forged True for a 1, a -0.0 for a
+    # 0.0 (ADR 0097).
+    fields = [
+        f for f in held.__struct_fields__ if not same_value(getattr(held, f), getattr(again, f))
+    ]
+    if fields:
+        problems.append(_altered(key, position, f"it differs in {', '.join(fields)}"))
     return 1

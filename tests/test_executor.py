@@ -933,3 +933,39 @@ def test_runs_at_rebuilds_the_past(runtime: journaled.Runtime) -> None:
     assert then.calls_used == 1
     with pytest.raises(ValueError, match="before run"):
         runtime.runs.at(result.run_id, events[0].position - 1)
+
+
+def test_an_output_whose_keys_json_writes_alike_fails_naming_them(
+    runtime: journaled.Runtime,
+) -> None:
+    """E11, A4, ADR 0098: keys 1 and "1", 1.5 and "1.5", or two NaNs are both written as one
+    name in JSON, whose readers keep one of the two values: such an output fails its step,
+    naming the keys and their path; a step input so keyed is rejected. Keys JSON tells apart
+    (1 and "2") are kept."""
+    runtime.register_tool("mixed", lambda x: {1: "int", "1": "str"})
+    runtime.register_tool("deep", lambda x: {"rows": [{1.5: "f", "1.5": "s"}]})
+    runtime.register_tool("nans", lambda x: {float("nan"): 1, float("nan"): 2})
+    runtime.register_tool("apart", lambda x: {1: "int", "2": "str"})
+    plan = Plan(
+        goal="g",
+        steps=[
+            Step("m", tool="mixed"),
+            Step("d", tool="deep"),
+            Step("n", tool="nans"),
+            Step("a", tool="apart"),
+        ],
+    )
+    result = runtime.execute(plan, max_parallel_steps=4)
+    obs = {o.step_id: o for o in result.observations}
+    assert obs["m"].error == (
+        "the output of tool 'mixed' cannot be journaled: the keys 1 and '1' at $ are both "
+        "written '1' in JSON, which would keep one of their values: key the dict by one of them"
+    )
+    assert "the keys 1.5 and '1.5' at $['rows'][0] are both written '1.5'" in (obs["d"].error or "")
+    assert "the keys nan and nan at $ are both written 'nan'" in (obs["n"].error or "")
+    assert obs["a"].ok
+    assert obs["a"].output == {1: "int", "2": "str"}
+    with pytest.raises(journaled.PlanRejected, match=r"the keys 2 and '2' at \$\['x'\]"):
+        runtime.execute(
+            Plan(goal="g", steps=[Step("s", tool="apart", input={"x": {2: 0, "2": 1}})])
+        )

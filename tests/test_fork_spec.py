@@ -402,3 +402,27 @@ def test_refresh_keeps_the_runs_latest_budget(rt: journaled.Runtime) -> None:
     assert result.ok
     assert not result.stopped_for_budget
     assert result.calls_used == 2
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "differs"),
+    [
+        (1, True, True),
+        (1, 1.0, True),
+        (0.0, -0.0, True),
+        ({"x": 1, "y": 2}, {"y": 2, "x": 1}, False),  # a dict's order is not its content
+        ({1: "a"}, {1: "a"}, False),
+        (float("nan"), float("nan"), False),  # ADR 0097
+    ],
+)
+def test_compare_tells_values_apart_by_value_and_type(
+    rt: journaled.Runtime, a: object, b: object, differs: bool
+) -> None:
+    """F3: outputs Python's ``==`` calls equal (1, 1.0, True; 0.0, -0.0) differ in a
+    comparison, as they do to a reader of either run; the same value does not."""
+    outputs = iter([a, b])
+    rt.register_tool("t", lambda _: next(outputs))
+    first = rt.execute(Plan(goal="g", steps=[Step("s", tool="t")]))
+    second = rt.execute(Plan(goal="g", steps=[Step("s", tool="t")]))
+    comparison = rt.runs.compare(first.run_id, second.run_id)
+    assert comparison.differing == (["s"] if differs else [])

@@ -194,6 +194,46 @@ def test_a_forged_run_snapshot_is_reported(sqlite_url: str, clock: ManualClock) 
     assert "observations" in report.problem.reason
 
 
+EQUAL_BUT_FORGED = {
+    "int to bool": (1, True),
+    "int to float": (1, 1.0),
+    "zero to negative zero": (0.0, -0.0),
+    "false to zero": (False, 0),
+    "nested ints to bools": ({"k": [1, 0]}, {"k": [True, False]}),
+}
+
+
+@pytest.mark.parametrize("case", list(EQUAL_BUT_FORGED))
+def test_a_run_snapshot_forged_to_a_value_equal_by_python_is_reported(
+    sqlite_url: str, clock: ManualClock, case: str
+) -> None:
+    """R7, R5, ADR 0097: ``==`` finds 1, 1.0 and True equal, and 0.0 and -0.0; a reader of the
+    record does not. A snapshot forged so is reported, naming the field, not served by a
+    reopen as the run's state."""
+    real, forged = EQUAL_BUT_FORGED[case]
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("t", lambda _: real)
+        run = rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
+    assert verify(sqlite_url).ok
+    conn = sqlite3.connect(_path(sqlite_url))
+    (state,) = conn.execute(
+        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+        (run.run_id,),
+    ).fetchone()
+    snapshot = msgspec.msgpack.decode(inflate(state))
+    snapshot["observations"][0]["output"] = forged
+    conn.execute(
+        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
+    )
+    conn.commit()
+    conn.close()
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.kind == "snapshot-altered"
+    assert report.problem.reason.endswith("it differs in observations")
+
+
 def test_a_nan_in_a_steps_input_or_a_tools_output_verifies(
     sqlite_url: str, clock: ManualClock
 ) -> None:
