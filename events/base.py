@@ -9,13 +9,32 @@ it belongs to, its version in that stream and its global position.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, ClassVar, Self
 
 import msgspec
 
 PURGED = "[purged]"
 """What erased run content reads as once its payload is gone (ADR 0018)."""
+
+
+class Unpackable(msgspec.Struct, frozen=True):
+    """A value SPEC also describes as a tuple of its fields, in their order: it unpacks
+    (``primary, relationships = rt.memory.delete(id)``) and equals that tuple, while keeping
+    its names and encoding as a Struct (ADR 0099)."""
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter([getattr(self, name) for name in self.__struct_fields__])
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return tuple(self) == other
+        if type(other) is type(self):
+            return tuple(self) == tuple(other)
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(tuple(self))
 
 
 class DomainEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

@@ -10,12 +10,13 @@ from typing import Any
 
 import msgspec
 
+from journaled.events.base import Unpackable
 from journaled.events.inputs import same_value
 from journaled.events.plans import Observation, Step, StepStatus
 from journaled.events.run_state import RunState
 
 
-class Lineage(msgspec.Struct, frozen=True, kw_only=True):
+class Lineage(Unpackable, frozen=True, kw_only=True):
     """One run of a chain of forks: the run, the run it was forked from and where (F2)."""
 
     run_id: str

@@ -14,6 +14,7 @@ from typing import ClassVar
 
 import msgspec
 
+from journaled.events.base import Unpackable
 from journaled.events.memory import Fact, FactEvent
 from journaled.events.memory_state import Query, ScopeSnapshot
 
@@ -102,7 +103,7 @@ class CatchUp(Message, frozen=True, kw_only=True, tag="memory.catch-up"):
     """The first fold after open: also check that no fact lost its text unpurged (J5)."""
 
 
-class Deletion(msgspec.Struct, frozen=True, kw_only=True):
+class Deletion(Unpackable, frozen=True, kw_only=True):
     """What a delete did (M8)."""
 
     primary: bool

@@ -14,7 +14,7 @@ from typing import Any, ClassVar, Literal, Self
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from journaled.events.base import DomainEvent
+from journaled.events.base import DomainEvent, Unpackable
 from journaled.events.plans import Observation, Plan, map_plan
 
 OutcomeStatus = Literal[
@@ -49,7 +49,7 @@ class Gaps(msgspec.Struct, frozen=True):
     gaps: list[Gap]
 
 
-class Budget(msgspec.Struct, frozen=True, kw_only=True):
+class Budget(Unpackable, frozen=True, kw_only=True):
     """Estimated against available model calls, when waiting for budget (O1, O3)."""
 
     est_calls: int

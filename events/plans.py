@@ -212,6 +212,13 @@ class ExecuteResult(msgspec.Struct, frozen=True, kw_only=True):
     """True when the runtime closed under the run: it stopped and can be resumed (R3)."""
 
 
+RunState = ExecuteResult
+"""What ``rt.runs.at(run_id, position)`` returns (SPEC section 5, O7): a run as it was at a
+position, in the shape of an :class:`ExecuteResult` (``.plan .observations .calls_used
+.waiting``). One type under two names, so a state and a result compare and print alike
+(ADR 0099)."""
+
+
 class StatusChange(msgspec.Struct, frozen=True, kw_only=True):
     """One step whose status differs between two positions."""
 

@@ -89,6 +89,7 @@ if TYPE_CHECKING:
         Plan,
         Retry,
         RunDiff,
+        RunState,
         StatusChange,
         Step,
     )
@@ -163,6 +164,7 @@ _HOMES: dict[str, str] = {
     "RunNotPurgeable": "journaled.actors.errors",
     "RunNotResumable": "journaled.actors.errors",
     "RunOwnedElsewhere": "journaled.actors.errors",
+    "RunState": "journaled.events.plans",
     "RunSummary": "journaled.events.run_summaries",
     "Runs": "journaled.actors.runs",
     "Runtime": "journaled.runtime",
@@ -253,6 +255,7 @@ __all__ = [
     "RunNotPurgeable",
     "RunNotResumable",
     "RunOwnedElsewhere",
+    "RunState",
     "RunSummary",
     "Runs",
     "Runtime",

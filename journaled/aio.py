@@ -49,7 +49,12 @@ from journaled.events.run_summaries import RunSummary
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
 from journaled.semantic import EMBED_TIMEOUT
-from journaled.subscriptions import AsyncSubscription, StoredSubscription, on_own_thread
+from journaled.subscriptions import (
+    AsyncSubscription,
+    OpeningSubscription,
+    StoredSubscription,
+    on_own_thread,
+)
 
 __all__ = [
     "WORKERS",
@@ -570,17 +575,19 @@ class AsyncJournal:
         """Check the whole journal against its digest chain (R7)."""
         return await self._pool.run(self._journal.verify, head)
 
-    async def subscribe(
+    def subscribe(
         self,
         after: int = 0,
         topics: Iterable[str] | str | None = None,
         name: str | None = None,
-    ) -> AsyncSubscription:
-        """Follow the journal as an async iterator (A3): ``async for e in await ...subscribe()``."""
-        # Built in the pool: the constructor reads a named subscription's stored position; its
+    ) -> OpeningSubscription:
+        """Follow the journal (A3): ``async for e in rt.journal.subscribe()``, or ``sub = await
+        rt.journal.subscribe()`` for the :class:`AsyncSubscription` (``poll``, ``ack``)."""
+        # Opened in the pool: the constructor reads a named subscription's stored position; its
         # acks are written there too.
-        return await self._pool.run(
-            AsyncSubscription, self._journal, after, topics, name, run=self._pool.run
+        run = self._pool.run
+        return OpeningSubscription(
+            lambda: run(AsyncSubscription, self._journal, after, topics, name, run=run)
         )
 
     async def subscriptions(self) -> list[StoredSubscription]:

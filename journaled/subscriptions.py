@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Generator, Iterable
 from concurrent.futures import Future
 from itertools import islice
 from types import TracebackType
@@ -47,6 +47,7 @@ __all__ = [
     "MAX_NAME_BYTES",
     "PAGE",
     "AsyncSubscription",
+    "OpeningSubscription",
     "Runner",
     "StoredSubscription",
     "Subscription",
@@ -583,6 +584,57 @@ class AsyncSubscription:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+class OpeningSubscription:
+    """What ``subscribe`` of an asyncio runtime returns (A3): an async iterator of the
+    journal's events, or, awaited, the :class:`AsyncSubscription` itself.
+
+    ``async for e in rt.journal.subscribe()`` and ``async with rt.journal.subscribe() as sub``
+    open it on first use; ``sub = await rt.journal.subscribe()`` (every asyncio method is
+    awaited, A1) opens it at once. Either way it is opened once, without blocking the loop, and
+    a bad argument is raised where it is opened.
+    """
+
+    def __init__(self, opener: Callable[[], Awaitable[AsyncSubscription]]) -> None:
+        self._opener = opener
+        self._opened: asyncio.Future[AsyncSubscription] | None = None
+
+    def _open(self) -> asyncio.Future[AsyncSubscription]:
+        if self._opened is None:
+            self._opened = asyncio.ensure_future(self._opener())
+        return self._opened
+
+    def __await__(self) -> Generator[object, None, AsyncSubscription]:
+        return self._open().__await__()
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> Event:
+        return await (await self._open()).__anext__()
+
+    async def __aenter__(self) -> AsyncSubscription:
+        return await self._open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Stop delivering (see :meth:`AsyncSubscription.aclose`); one still opening is closed
+        once open, so none is left following the journal. Idempotent."""
+        if self._opened is None:
+            return
+        try:
+            sub = await self._opened
+        except Exception:  # it never opened: its error was raised where it was used
+            return
+        await sub.aclose()
 
 
 async def on_own_thread(

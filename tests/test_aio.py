@@ -26,6 +26,7 @@ from journaled.aio import (
     AsyncRuns,
     AsyncRuntime,
 )
+from journaled.errors import InvalidArgument
 from journaled.memory import Memory, MemoryView
 from journaled.runtime import JournalHandle, Runtime
 from journaled.testing import KeywordEmbedder, LoopLag
@@ -62,8 +63,10 @@ PLAIN = {
     "done",
     "request_remember",
     "read_mark",
+    "subscribe",
 }
-"""Async-class methods that stay plain: registration, and calls that never wait."""
+"""Async-class methods that stay plain: registration, calls that never wait, and ``subscribe``,
+whose answer is awaited or iterated with ``async for`` (A3)."""
 INSTANCE = {
     Runtime: {"organization", "agents", "memory", "runs", "journal"},
     RunHandle: {"run_id", "future"},
@@ -272,6 +275,44 @@ def test_subscribe_is_an_async_iterator(sqlite_url: str) -> None:
             return kinds
 
     assert asyncio.run(main()) == ["run.started", "run.step-succeeded"]
+
+
+def test_subscribe_is_iterated_and_entered_without_an_await(sqlite_url: str) -> None:
+    """A3: on the asyncio runtime ``async for e in rt.journal.subscribe(...)`` and ``async with
+    rt.journal.subscribe(...) as sub`` work as ``for``/``with`` do on the sync one; a named
+    subscription opened so keeps its acks; a bad argument is raised where it is used; a closed
+    one ends its iteration."""
+
+    async def main() -> tuple[list[str], list[str], int]:
+        async with journaled.aio.open(sqlite_url) as rt:
+            rt.register_tool("echo", lambda x: x)
+            await rt.execute(Plan(goal="g", steps=[Step("a", tool="echo", input=1)]))
+            kinds = []
+            async for event in rt.journal.subscribe(topics=["run.started", "run.finished"]):
+                kinds.append(event.kind)
+                if len(kinds) == 2:
+                    break
+            entered = []
+            async with rt.journal.subscribe(topics="run.started", name="reader") as sub:
+                async for event in sub:
+                    entered.append(event.kind)
+                    await sub.ack(event.position)
+                    break
+            stored = {s.name: s.position for s in await rt.journal.subscriptions()}
+            with pytest.raises(InvalidArgument):
+                async for _ in rt.journal.subscribe(topics=["run.strated"]):
+                    pass
+            opening = rt.journal.subscribe()
+            assert (await opening.__anext__()).kind == "run.started"
+            await opening.aclose()
+            with pytest.raises(StopAsyncIteration):
+                await opening.__anext__()
+            return kinds, entered, stored["reader"]
+
+    kinds, entered, acked = asyncio.run(main())
+    assert kinds == ["run.started", "run.finished"]
+    assert entered == ["run.started"]
+    assert acked > 0
 
 
 def test_importing_journaled_does_not_import_aio() -> None:

@@ -106,6 +106,9 @@ def test_public_api_is_pinned() -> None:
         "Fact",
         "Event",
         "Deletion",
+        "RunState",  # what runs.at returns, named in section 5
+        "ExecuteResult",
+        "Outcome",
         "InvalidFact",
         "OrganizationNotConfigured",
         "CorruptEvent",
