@@ -5,11 +5,13 @@ executor that appends ``run.started`` or ``run.resumed`` names itself as owner, 
 appending at the same version loses. A resume of an unfinished run (one whose last pass never ended)
 first asks whether its owner is alive:
 
-- an owner on this host is alive exactly while its process is: the owner id carries the process id
-  and its start time, checked in ``/proc`` (so a reused pid is not mistaken for the owner, and a
+- an owner on this host, in this PID namespace, is alive exactly while its process is: the owner
+  id carries the host name with the namespace, the process id and its start time, checked in
+  ``/proc`` (so a reused pid is not mistaken for the owner, and a
   process killed but not reaped yet, a zombie, is gone); a process ``/proc`` hides from the
   reader (``hidepid``) is asked of the kernel, and alive while it exists;
-- an owner on another host is presumed alive while its last event is younger than the lease:
+- an owner on another host, or in another PID namespace (a container beside this one, of the
+  same host name), is presumed alive while its last event is younger than the lease:
   the executor appends a heartbeat when it has been quiet for :data:`HEARTBEAT_SECONDS`, and
   the lease is three heartbeats.
 
@@ -19,6 +21,7 @@ owner stopped is ``interrupted`` (:func:`owner_stopped`, ADR 0088).
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 from collections.abc import Callable
@@ -64,8 +67,25 @@ def _start_time(pid: int) -> str | None:
     return None if fields is None else _live_start(fields)
 
 
+@functools.cache
+def _pid_namespace() -> str:
+    """Return ``#`` and the inode of this process's PID namespace, or "" where it cannot be read.
+
+    Containers of one pod (a sidecar), or ``docker run --network host``, share a host name but
+    not their pids: a pid is only comparable with one of the same namespace. A process's own
+    PID namespace never changes (``unshare`` moves its children), so it is read once.
+    """
+    try:
+        return f"#{os.stat('/proc/self/ns/pid').st_ino}"
+    except OSError:
+        return ""
+
+
 def _host() -> str:
-    return socket.gethostname()
+    """Return where a pid means the same process: the host name and the PID namespace. An owner
+    of another namespace (or of a release that did not say its own) is judged as one on another
+    host, by the lease."""
+    return f"{socket.gethostname()}{_pid_namespace()}"
 
 
 def this_process() -> str:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -21,7 +20,7 @@ from test_summary_spec import ROOT, _child_in_flight
 
 import journaled
 from journaled import Plan, Step
-from journaled.actors.ownership import LEASE_MS, owner_alive, owner_stopped
+from journaled.actors.ownership import LEASE_MS, owner_alive, owner_stopped, this_process
 from journaled.cli import main
 from journaled.testing import ManualClock, wait_for
 
@@ -148,7 +147,8 @@ def test_a_live_process_whose_main_thread_ended_is_not_judged_gone() -> None:
         wait_for(lambda: _state_of(pid) == "Z", WAIT)
         stat = Path(f"/proc/{pid}/stat").read_text()
         started = stat[stat.rfind(")") + 2 :].split()[19]
-        owner = f"{socket.gethostname()}/{pid}/{started}"
+        here = this_process().rsplit("/", 2)[0]  # the host name and its PID namespace
+        owner = f"{here}/{pid}/{started}"
         assert not owner_stopped(owner, 0, 10 * LEASE_MS)
         assert owner_alive(owner, 0, 10 * LEASE_MS)
     finally:
