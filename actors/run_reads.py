@@ -32,6 +32,8 @@ from journaled.events.run_summaries import (
     SAVE_AFTER,
     RunSummaries,
     RunSummary,
+    Since,
+    Statuses,
     check_filters,
     select,
 )
@@ -372,7 +374,7 @@ class RunReads:
         return chain[::-1]
 
     def list(
-        self, status: str | None = None, since: int | None = None, limit: int | None = None
+        self, status: Statuses = None, since: Since = None, limit: int | None = None
     ) -> builtins.list[RunSummary]:
         """Return a summary of each run and orchestration, oldest first (T2).
 
@@ -384,8 +386,11 @@ class RunReads:
         projection once it is :data:`SAVE_AFTER` events ahead of the stored copy.
 
         Args:
-            status: keep only runs in this status (one of ``RUN_STATUSES``).
-            since: keep only runs whose last event is at or after this time (epoch ms).
+            status: keep only runs in this status (one of ``RUN_STATUSES``), or in any of
+                several (a list or set of them).
+            since: keep only runs active at or after this time: epoch ms, a ``datetime``
+                (naive: UTC) or an ISO-8601 text. A run is active when its last event is at or
+                after it, or when it is running now.
             limit: keep only the newest ``limit`` runs (by start), still oldest first.
 
         Raises:

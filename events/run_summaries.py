@@ -17,6 +17,7 @@ whose owner stopped without ending it reads ``interrupted`` (ADR 0088).
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from collections.abc import Callable, Iterable
 from typing import Literal, get_args
@@ -538,36 +539,84 @@ def _orchestration_status(t: _Tracked, last: _Tracked | None) -> str:
     return "running"
 
 
+Statuses = str | Iterable[str] | None
+"""``runs.list(status=...)``: one status, or several (a run in any of them is kept)."""
+Since = int | dt.datetime | str | None
+"""``runs.list(since=...)``: epoch ms, a ``datetime`` (naive: UTC), or an ISO-8601 text."""
+
+
 def check_filters(status: object, since: object, limit: object) -> None:
     """Reject a bad ``runs.list`` filter with a one-line error naming the argument.
 
     Raises:
-        ValueError: ``status`` is no known status, ``since`` no epoch ms, ``limit`` not >= 1.
+        ValueError: ``status`` holds no known status, ``since`` is no time, ``limit`` not >= 1.
     """
-    if status is not None and status not in RUN_STATUSES:
-        raise ValueError(
-            f"status: {status!r} is no run status; use one of {', '.join(RUN_STATUSES)}"
-        )
-    if since is not None and (not isinstance(since, int) or isinstance(since, bool) or since < 0):
-        raise ValueError(f"since: give a time as epoch milliseconds (an int >= 0), got {since!r}")
+    _statuses(status)
+    _since_ms(since)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit: give a number of runs >= 1, got {limit!r}")
 
 
+def _statuses(status: object) -> frozenset[str] | None:
+    if status is None:
+        return None
+    given = [status] if isinstance(status, str) else status
+    if isinstance(given, bytes | dict) or not isinstance(given, Iterable):
+        raise ValueError(f"status: give a run status or several, got {status!r}")
+    wanted = list(given)
+    if not wanted:
+        raise ValueError("status: give at least one run status (None: every run)")
+    for one in wanted:
+        if one not in RUN_STATUSES:
+            raise ValueError(
+                f"status: {one!r} is no run status; use one of {', '.join(RUN_STATUSES)}"
+            )
+    return frozenset(wanted)
+
+
+def _since_ms(since: object) -> int | None:
+    if since is None:
+        return None
+    if isinstance(since, str):
+        try:
+            since = dt.datetime.fromisoformat(since.strip())
+        except ValueError:
+            raise ValueError(
+                f"since: cannot read the time {since!r}: give epoch milliseconds, a datetime or "
+                "ISO 8601, e.g. 2026-11-30T07:00:00Z"
+            ) from None
+    if isinstance(since, dt.datetime):
+        stamp = since if since.tzinfo is not None else since.replace(tzinfo=dt.UTC)
+        since = (stamp - _EPOCH) // dt.timedelta(milliseconds=1)
+    if not isinstance(since, int) or isinstance(since, bool) or since < 0:
+        raise ValueError(
+            f"since: give a time as epoch milliseconds (an int >= 0), a datetime or ISO 8601, "
+            f"got {since!r}"
+        )
+    return since
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
 def select(
     summaries: Iterable[RunSummary],
-    status: str | None = None,
-    since: int | None = None,
+    status: Statuses = None,
+    since: Since = None,
     limit: int | None = None,
 ) -> list[RunSummary]:
     """Filter summaries, oldest first (by start), as the journal has them.
 
-    ``since`` keeps runs active at or after it; ``limit`` keeps the newest ``limit`` of them.
+    ``status`` keeps runs in it (or in any of several); ``since`` keeps runs active at or after
+    it: whose last event is at or after it, or that are running now (a run inside one long step
+    appends nothing); ``limit`` keeps the newest ``limit`` of them.
     """
+    wanted, after = _statuses(status), _since_ms(since)
     kept = [
         s
         for s in summaries
-        if (status is None or s.status == status) and (since is None or s.last_at >= since)
+        if (wanted is None or s.status in wanted)
+        and (after is None or s.last_at >= after or s.status == "running")
     ]
     kept.sort(key=lambda s: s.started_position)
     return kept if limit is None else kept[-limit:]

@@ -45,7 +45,7 @@ from journaled.events.plan_rules import Reserve
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step
 from journaled.events.provenance import Stale, Use
 from journaled.events.run_state import RunState
-from journaled.events.run_summaries import RunSummary
+from journaled.events.run_summaries import RunSummary, Since, Statuses
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
 from journaled.semantic import EMBED_TIMEOUT
@@ -529,7 +529,7 @@ class AsyncRuns:
         return await self._pool.run(self._runs.cancel_all)
 
     async def list(
-        self, status: str | None = None, since: int | None = None, limit: int | None = None
+        self, status: Statuses = None, since: Since = None, limit: int | None = None
     ) -> builtins.list[RunSummary]:
         """Return a summary of each run and orchestration, oldest first (T2)."""
         return await self._pool.run(self._runs.list, status, since, limit)

@@ -37,12 +37,22 @@ def runs() -> None:
 
 
 @runs.command("list")
-@click.option("--status", default=None, help="Only runs in this status (e.g. failed, running).")
-@click.option("--since", default=None, help="Only runs active at or after this ISO-8601 time.")
+@click.option(
+    "--status",
+    multiple=True,
+    help="Only runs in this status (e.g. failed, running); repeat it for several.",
+)
+@click.option(
+    "--since",
+    default=None,
+    help="Only runs active at or after this ISO-8601 time (a last event then, or running now).",
+)
 @click.option("--limit", type=int, default=None, help="Only the newest N runs.")
 @json_option
 @click.pass_context
-def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: int | None) -> None:
+def runs_list(
+    ctx: click.Context, status: tuple[str, ...], since: str | None, limit: int | None
+) -> None:
     """List runs and orchestrations at a glance (T2): the table newest first, JSON oldest first.
 
     Each with its status, goal, start, last event, steps done / total, calls used and what it
@@ -58,9 +68,11 @@ def runs_list(ctx: click.Context, status: str | None, since: str | None, limit: 
     from journaled.events.run_summaries import check_filters, select
 
     after = None if since is None else parse_time_option(since)
-    call(lambda: check_filters(status, after, limit))
+    statuses = status or None
+    call(lambda: check_filters(statuses, after, limit))
     with open_journal(ctx) as journal:
-        found = select(run_summaries(journal).read(organization()).values(), status, after, limit)
+        runs = run_summaries(journal).read(organization()).values()
+        found = select(runs, statuses, after, limit)
     if wants_json(ctx):
         emit([row.as_dict() for row in found])
         return

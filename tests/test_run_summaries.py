@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import json
 import pickle
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import msgspec
 import pytest
+from click.testing import CliRunner
 from run_mix import build, expected, listed, register
 
 import journaled
+from journaled import Plan, Step
+from journaled.cli import main
 from journaled.events.catalog import codec
 from journaled.events.compressed import deflate, inflate
 from journaled.events.journal import Journal
 from journaled.events.run_summaries import SUMMARIES_KEY, RunSummaries
 from journaled.events.url import parse_url
+from journaled.testing import ManualClock, wait_for
 
 HERE = Path(__file__).resolve().parent
 STATUSES = {
@@ -222,12 +228,57 @@ def test_filters_status_since_and_limit(clock: object) -> None:
         assert rt.runs.list(status="completed", limit=1)[0].run_id == made[2]
 
 
+def _boom(_: object) -> None:
+    raise RuntimeError("boom")
+
+
+def test_status_takes_several_and_since_takes_a_datetime_or_iso_text(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """T2: ``status`` takes one status or several (a run in any is kept); ``since`` takes epoch
+    ms, a datetime (naive: UTC) or ISO-8601 text, alike; the CLI's --status repeats."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("ok", lambda x: x)
+        rt.register_tool("bad", _boom)
+        done = rt.execute(Plan(goal="ok", steps=[Step("a", tool="ok", input=1)])).run_id
+        clock.advance(60_000)
+        later = clock()
+        failed = rt.execute(Plan(goal="bad", steps=[Step("a", tool="bad")])).run_id
+        both = [s.run_id for s in rt.runs.list(status=["failed", "completed"])]
+        assert both == [done, failed]
+        assert [s.run_id for s in rt.runs.list(status={"failed"})] == [failed]
+        stamp = dt.datetime.fromtimestamp(later / 1000, tz=dt.UTC)
+        for since in (later, stamp, stamp.replace(tzinfo=None), stamp.isoformat()):
+            assert [s.run_id for s in rt.runs.list(since=since)] == [failed], since
+    runner = CliRunner()
+    shown = runner.invoke(
+        main,
+        [
+            "--url",
+            sqlite_url,
+            "--json",
+            "runs",
+            "list",
+            "--status",
+            "failed",
+            "--status",
+            "completed",
+        ],
+    )
+    assert shown.exit_code == 0, shown.output
+    assert [row["run_id"] for row in json.loads(shown.output)] == [done, failed]
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
         ({"status": "done"}, "status: 'done' is no run status"),
         ({"since": -1}, "since: give a time as epoch milliseconds"),
-        ({"since": "yesterday"}, "since: give a time as epoch milliseconds"),
+        ({"since": "yesterday"}, "since: cannot read the time 'yesterday'"),
+        ({"since": 1.5}, "since: give a time as epoch milliseconds"),
+        ({"status": []}, "status: give at least one run status"),
+        ({"status": ["failed", "done"]}, "status: 'done' is no run status"),
+        ({"status": 3}, "status: give a run status or several"),
         ({"limit": 0}, "limit: give a number of runs >= 1"),
         ({"limit": True}, "limit: give a number of runs >= 1"),
     ],
@@ -334,3 +385,23 @@ def test_a_summary_is_its_run_id(tmp_path: Path) -> None:
         assert "status='completed'" in repr(first)
         with pytest.raises(TypeError, match="no field 'colour'"):
             journaled.RunSummary("run_x", colour="red")
+
+
+def test_since_keeps_a_run_that_is_running_now(sqlite_url: str, clock: ManualClock) -> None:
+    """T2: a run inside one long step appends nothing, yet it is active now: ``since`` keeps
+    it, while a run that settled before ``since`` is left out."""
+    gate = threading.Event()
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.register_tool("ok", lambda x: x)
+        rt.register_tool("slow", lambda x: gate.wait(30))
+        settled = rt.execute(Plan(goal="ok", steps=[Step("a", tool="ok", input=1)])).run_id
+        handle = rt.start(Plan(goal="slow", steps=[Step("a", tool="slow")]))
+        try:
+            wait_for(lambda: rt.runs.state(handle.run_id).status.get("a") == "running", 30)
+            clock.advance(3_600_000)
+            kept = [s.run_id for s in rt.runs.list(since=clock())]
+            assert kept == [handle.run_id]
+            assert settled not in kept
+        finally:
+            gate.set()
+        assert handle.result(30).ok
