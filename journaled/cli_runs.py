@@ -307,12 +307,33 @@ def _parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 _STEP_FIELDS = ("skill", "tool", "agent", "input", "depends_on")
 
 
+def _unbounded(value: object) -> bool:
+    """Tell whether a value read from JSON holds an infinite number."""
+    if isinstance(value, float):
+        return math.isinf(value)
+    if isinstance(value, dict):
+        return any(_unbounded(v) for v in value.values())
+    if isinstance(value, list):
+        return any(_unbounded(v) for v in value)
+    return False
+
+
 def _replacement(step_id: str, text: str) -> Step:
     """Build the Step a ``--replace STEP=JSON`` names; without depends_on it keeps the run's."""
+
+    def constant(name: str) -> object:
+        raise ValueError(f"{name} is no JSON value")
+
     try:
-        fields = json.loads(text)
+        # Strict JSON: Python's reader takes NaN and Infinity, and reads 1e999 as infinity,
+        # which the fork would journal as an input nobody gave (JSON has no such number).
+        fields = json.loads(text, parse_constant=constant)
+        if _unbounded(fields):
+            raise ValueError("a number out of range (JSON has no infinity)")
     except json.JSONDecodeError as exc:
         fail(f"--replace {step_id}: the definition is not JSON ({exc.msg} at {exc.pos})")
+    except ValueError as exc:
+        fail(f"--replace {step_id}: the definition is not JSON ({exc})")
     if not isinstance(fields, dict):
         fail(f'--replace {step_id}: the definition must be a JSON object, e.g. \'{{"tool": "t"}}\'')
     unknown = sorted(set(fields) - set(_STEP_FIELDS))

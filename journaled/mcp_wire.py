@@ -231,7 +231,7 @@ class Wire:
             )
             return
         try:
-            value = json.loads(text)
+            value = json.loads(text, parse_constant=_no_constant)
         except RecursionError:
             await self._refuse(
                 _request_id(line),
@@ -357,3 +357,8 @@ def claimed_stdio() -> Iterator[tuple[BinaryIO, BinaryIO]]:
         os.close(null)
         os.close(wire_out)
         # wire_in stays open: the daemon reader may still be blocked on it
+
+
+def _no_constant(name: str) -> object:
+    """Refuse NaN and Infinity, which Python's JSON reader takes and JSON has not (RFC 8259)."""
+    raise ValueError(f"{name} is no JSON value")

@@ -210,12 +210,26 @@ def write(rt: Runtime, run_id: str, path: str | os.PathLike[str]) -> Path:
 
     Raises:
         RunNotFound: no run ``run_id`` in the journal.
+        ValueError: the page cannot be written there.
     """
     out = Path(path)
     text = render(rt, run_id)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    _store(out, text)
     return out
+
+
+def _store(out: Path, text: str) -> None:
+    """Write a page, creating its folder.
+
+    Raises:
+        ValueError: it cannot be written there (a file where a folder is needed, no permission,
+            a full disk), saying where and why.
+    """
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise ValueError(f"cannot write the page to {out}: {exc.strerror or exc}") from None
 
 
 def build(rt: Runtime, run_id: str) -> Page:
@@ -540,12 +554,11 @@ def write_compare(rt: Runtime, run_a: str, run_b: str, path: str | os.PathLike[s
 
     Raises:
         RunNotFound: either run is not in the journal.
-        ValueError: either run is an orchestration.
+        ValueError: either run is an orchestration, or the page cannot be written there.
     """
     out = Path(path)
     text = render_compare(rt, run_a, run_b)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text, encoding="utf-8")
+    _store(out, text)
     return out
 
 

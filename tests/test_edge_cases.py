@@ -177,3 +177,26 @@ def test_a_timed_out_agent_is_told_to_stop(rt: journaled.Runtime) -> None:
         ),
         WAIT,
     )
+
+
+@pytest.mark.parametrize(
+    "args", [["runs", "list"], ["journal", "verify"], ["memory", "remember", "x"]]
+)
+def test_a_url_naming_a_directory_says_so(tmp_path: Path, args: list[str]) -> None:
+    """J4, J5: a URL naming a folder (the file's name left out) is called a directory, with the
+    fix, not a damaged journal to restore from a backup; nothing is made inside it."""
+    from click.testing import CliRunner
+
+    from journaled.cli import main
+
+    folder = tmp_path / "journals"
+    folder.mkdir()
+    url = f"sqlite:///{folder}"
+    with pytest.raises(journaled.JournalUnreadable, match="it is a directory") as info:
+        journaled.open(url)
+    assert "backup" not in str(info.value)
+    result = CliRunner().invoke(main, ["--url", url, *args])
+    assert result.exit_code not in (0, None), result.output
+    assert "it is a directory; point the URL at a journal file" in result.output
+    assert "backup" not in result.output
+    assert list(folder.iterdir()) == []

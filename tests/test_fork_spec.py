@@ -191,6 +191,32 @@ def test_cli_replacement_without_dependencies_keeps_them(sqlite_url: str) -> Non
     assert len(out.output.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"skill": "s2", "input": {"x": NaN}}',
+        '{"skill": "s2", "input": [Infinity]}',
+        '{"skill": "s2", "input": {"x": -Infinity}}',
+        '{"skill": "s2", "input": {"x": [1e999]}}',
+    ],
+)
+def test_cli_replacement_that_is_no_json_is_refused(sqlite_url: str, text: str) -> None:
+    """F1: `runs fork --replace STEP=JSON` with NaN, Infinity or a number out of range (which
+    Python's reader takes, as NaN and infinity) is refused in one line; no fork is made, where
+    one was made with its input journaled as null."""
+    with journaled.open(sqlite_url, clock=ManualClock(step=1)) as rt:
+        source = rt.execute(_charged(rt, [])).run_id
+        before = rt.journal.position()
+    out = CliRunner().invoke(
+        main, ["--url", sqlite_url, "runs", "fork", source, "--replace", f"b={text}"]
+    )
+    assert out.exit_code == 1, out.output
+    assert "--replace b: the definition is not JSON" in out.output
+    assert len(out.output.strip().splitlines()) == 1
+    with journaled.open(sqlite_url) as rt:
+        assert rt.journal.position() == before
+
+
 # -- F2: why shows the lineage --------------------------------------------------------------------
 
 

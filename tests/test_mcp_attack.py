@@ -501,3 +501,28 @@ def test_a_request_the_client_cancels_does_not_hold_the_exit(sqlite_url: str) ->
     replies, err = server.close(timeout=60)
     assert server.proc.returncode == 0, err
     assert [r["id"] for r in replies] in ([], [1])  # the SDK may still answer a late cancel
+
+
+def test_nan_and_infinity_are_no_json_and_are_refused(sqlite_url: str) -> None:
+    """X2: NaN and Infinity are no JSON (RFC 8259), though Python's reader takes them: a line
+    holding one is a PARSE_ERROR naming it, and nothing is stored."""
+    server = Raw(sqlite_url)
+    server.open()
+    server.send(
+        b'{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"memory_remember",'
+        b'"arguments":{"text":"x","confidence":NaN}}}',
+        b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"memory_remember",'
+        b'"arguments":{"text":"y","valid_until":-Infinity}}}',
+        call(3, "memory_search", {"query": "x"}),
+    )
+    said, _ = server.replies(3)
+    assert said[1]["error"] == {
+        "code": mt.PARSE_ERROR,
+        "message": "the line is not JSON: NaN is no JSON value",
+    }
+    assert said[2]["error"]["message"] == "the line is not JSON: -Infinity is no JSON value"
+    assert said[3]["result"]["structuredContent"] == {"facts": []}
+    _, err = server.close()
+    assert server.proc.returncode == 0, err
+    with journaled.open(sqlite_url) as rt:
+        assert rt.memory.all() == []

@@ -725,3 +725,17 @@ def test_an_append_is_on_disk_when_it_returns(tmp_path: Path) -> None:
             again.close()
     finally:
         server.stop()
+
+
+def test_a_short_password_is_hidden_where_a_url_holds_it_without_garbling_the_message() -> None:
+    """J4, T: a password is taken out of a driver's message; a short one only where a URL or
+    a connection string holds it, since replacing every "o" garbles the message and shows which
+    letters the password is made of; a long one wherever it appears."""
+    from journaled.events.journal._common import hide_password
+
+    said = 'connection to server at "127.0.0.1", port 1 failed: Connection refused'
+    assert hide_password(said, "o") == said
+    assert hide_password("postgresql://me:o@db/j", "o") == "postgresql://me:***@db/j"
+    assert hide_password("host=db password=o user=me", "o") == "host=db password=*** user=me"
+    assert hide_password("echo hunter2-long here", "hunter2-long") == "echo *** here"
+    assert hide_password(said, None) == said

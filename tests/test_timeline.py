@@ -573,3 +573,29 @@ def test_compare_of_unrelated_runs_shows_steps_only_in_one(
         assert rows[step_id].count("not in this run") == 1
         assert rows[step_id].index("not in this run") < rows[step_id].index("<pre>")
     assert 'id="relation"' not in page
+
+
+def test_a_page_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> None:
+    """O7, F3: ``journaled timeline -o PATH`` (and ``--compare``) where no page can be written
+    (a file where its folder should be) says where and why in one line, exit 1, no traceback."""
+    from click.testing import CliRunner
+
+    from journaled.cli import main
+
+    url = f"sqlite:///{tmp_path / 'j.sqlite'}"
+    with journaled.open(url) as rt:
+        rt.register_tool("ok", lambda _: "done")
+        run_id = rt.execute(journaled.Plan(goal="g", steps=[journaled.Step("a", tool="ok")])).run_id
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    target = blocker / "page.html"
+    for extra in ([], ["--compare", run_id]):
+        result = CliRunner().invoke(
+            main, ["--url", url, "timeline", run_id, "-o", str(target), *extra]
+        )
+        assert result.exit_code == 1, result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit)
+        assert f"cannot write the page to {target}" in result.output
+        assert len(result.output.strip().splitlines()) == 1
+    with pytest.raises(ValueError, match="cannot write the page"), journaled.open(url) as rt:
+        timeline.write(rt, run_id, target)

@@ -100,6 +100,7 @@ from journaled.events.journal._common import (
     causes,
     content_key,
     disk_full,
+    hide_password,
     truncate_wal,
 )
 from journaled.events.journal._digest import (
@@ -137,11 +138,6 @@ def migrate(config: JournalConfig) -> None:
     See :func:`journaled.events.journal._postgres.migrate`.
     """
     _pg().migrate(config)
-
-
-def _hide(text: str, config: JournalConfig) -> str:
-    """Remove the password from a message (libpq does not echo it; this makes sure)."""
-    return text.replace(config.password, "***") if config.password else text
 
 
 _SQLITE_PROBE = 0.002
@@ -235,6 +231,11 @@ def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | Jo
     full = _out_of_space(config, exc)
     if full is not None:
         return JournalFull(config.url, full)
+    if config.path is not None and Path(config.path).is_dir():
+        return JournalUnreadable(
+            f"cannot open the journal at {config.path}: it is a directory; point the URL at "
+            f"a journal file (e.g. sqlite:///{Path(config.path) / 'journal.sqlite'})"
+        )
     return JournalUnreadable(
         f"cannot open the journal at {config.path}: {exc} (not a journal file, or damaged: "
         "restore it from a backup or point the URL at another file)"
@@ -471,7 +472,9 @@ class Journal:
             full = _out_of_space(config, exc)
             if full is not None:
                 raise JournalFull(config.url, full) from exc
-            error = JournalUrlError(f"cannot open journal {config.url}: {_hide(str(exc), config)}")
+            error = JournalUrlError(
+                f"cannot open journal {config.url}: {hide_password(str(exc), config.password)}"
+            )
             if config.backend == "postgresql":
                 raise error from None  # the driver's reason is above, with any password hidden
             raise error from exc

@@ -52,6 +52,28 @@ def causes(error: object) -> Iterator[BaseException]:
         error = error.__cause__
 
 
+_WHOLE_WORD_HIDDEN = 8
+"""A password this long or longer is hidden wherever it appears in a driver's message; a
+shorter one only where a URL or a connection string would hold it (``:pw@``, ``password=pw``):
+replacing every occurrence of a short one garbles the message ("c***nnecti***n"), and which
+letters vanish tells the password."""
+
+
+def hide_password(text: str, password: str | None) -> str:
+    """Remove a journal URL's password from a message (libpq does not echo it; this makes sure)."""
+    if not password:
+        return text
+    if len(password) >= _WHOLE_WORD_HIDDEN:
+        return text.replace(password, "***")
+    for shown, hidden in (
+        (f":{password}@", ":***@"),
+        (f"password={password}", "password=***"),
+        (f"password='{password}'", "password='***'"),
+    ):
+        text = text.replace(shown, hidden)
+    return text
+
+
 def disk_full(error: object) -> str | None:
     """Return the database's words when ``error``, or an error it was raised from, says that
     the disk holding the journal is full (SQLite's SQLITE_FULL, PostgreSQL's SQLSTATE 53100).

@@ -62,6 +62,7 @@ from journaled.events.journal._common import (
     causes,
     disk_full,
     erases,
+    hide_password,
     refused_after,
 )
 from journaled.events.journal._digest import (
@@ -379,11 +380,6 @@ def _require_postgres() -> None:
         )
 
 
-def _hide(text: str, config: JournalConfig) -> str:
-    """Remove the password from a message (libpq does not echo it; this makes sure)."""
-    return text.replace(config.password, "***") if config.password else text
-
-
 def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
     """Open one connection outside the pool, or raise a clear error without the password."""
     _require_postgres()
@@ -399,7 +395,7 @@ def _pg_connect(config: JournalConfig) -> psycopg.Connection[tuple[Any, ...]]:
             **KEEPALIVES,
         )
     except psycopg.Error as exc:
-        reason = _hide(str(exc).strip(), config)
+        reason = hide_password(str(exc).strip(), config.password)
         if any(words in reason for words in _NO_SLOT):
             raise JournalUrlError(
                 f"cannot connect to the PostgreSQL journal {config.url}: {reason}. The server "
@@ -519,7 +515,7 @@ def migrate(config: JournalConfig) -> None:
         except psycopg.Error as exc:
             raise JournalUrlError(
                 f"cannot create the journal's tables in {config.url}: "
-                f"{_hide(str(exc).strip(), config)}"
+                f"{hide_password(str(exc).strip(), config.password)}"
             ) from None
 
 
