@@ -2,7 +2,7 @@
 
 It never blocks. It tells each step to a step actor and is told the outcome back; the bounds
 (``max_parallel_steps`` batches, per-tool/skill/agent caps, the call budget, waiting) are plain
-counters in its own thread. Every decision is an event folded into the run's :class:`RunState`
+counters in its own thread. Every decision is an event folded into the run's :class:`RunFold`
 first and appended before any step it starts is dispatched — so the journal always knows which
 steps were in flight (E12, E14) — and a step's result is appended as soon as it comes (R4). When
 the runtime closes, the executor starts nothing more, drains, and suspends (R3, ADR 0020).
@@ -57,7 +57,7 @@ from journaled.events.run_messages import (
     StepRetryDue,
     Suspend,
 )
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import (
     BudgetStopped,
     CallsOverrun,
@@ -97,7 +97,7 @@ class Executor(pykka.ThreadingActor):
         *,
         journal: Journal,
         services: Services,
-        state: RunState,
+        state: RunFold,
         opening: list[DomainEvent],
         reply_to: str,
         correlation: str,
@@ -772,7 +772,7 @@ class Executor(pykka.ThreadingActor):
         allows another attempt; False when the failure is the step's result.
 
         The policy's ``attempts`` bounds failed attempts (``run.step-retrying`` folded into
-        ``RunState.retried``), not started ones: an attempt a crash cut short and resume started
+        ``RunFold.retried``), not started ones: an attempt a crash cut short and resume started
         again (E14) costs nothing. An attempt failing while the runtime closes is journaled as
         retrying but not started again here: it is left in flight for resume (R3).
         """

@@ -69,7 +69,7 @@ from journaled.events.orchestration_state import OrchestrationState, fold_orches
 from journaled.events.plan_rules import Reserve, fold_calls
 from journaled.events.plans import ExecuteResult, Observation, Plan
 from journaled.events.redact import redact_data
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 
 Planner = Callable[[str, list[Observation], list[tuple[str, str]]], Any]
 """``planner(goal, observations, clarifications) -> Plan | Clarify | Gaps``."""
@@ -524,7 +524,7 @@ class Orchestrations:
 
     @staticmethod
     def _journaled_policy(
-        state: OrchestrationState, pass_state: RunState | None, reserve: Reserve | None
+        state: OrchestrationState, pass_state: RunFold | None, reserve: Reserve | None
     ) -> Reserve | None:
         """Return the policy a resume costs agent steps with: the one given, else the journaled.
 
@@ -747,7 +747,7 @@ class Orchestrations:
         self,
         st: OrchestrationState,
         plan: Plan,
-        pass_state: RunState | None,
+        pass_state: RunFold | None,
         estimate: int,
     ) -> list[DomainEvent]:
         """Wait for a bigger total budget; the numbers are the orchestration's, across passes."""
@@ -798,10 +798,10 @@ class Orchestrations:
             self._runs.state(run).calls_used for n, run in st.pass_runs.items() if n < st.pass_no
         )
 
-    def _pass_state(self, st: OrchestrationState) -> RunState | None:
+    def _pass_state(self, st: OrchestrationState) -> RunFold | None:
         return self._run_state(st.current_run)
 
-    def _run_state(self, run: str | None) -> RunState | None:
+    def _run_state(self, run: str | None) -> RunFold | None:
         if run is None:
             return None
         try:
@@ -920,7 +920,7 @@ def _closed(run_id: str) -> RuntimeClosed:
     )
 
 
-def _first_failure(state: RunState) -> str:
+def _first_failure(state: RunFold) -> str:
     for step_id in state.order:
         if state.status[step_id] == "failed":
             return f"failed at step {step_id!r}: {state.failures.get(step_id, 'failed')}"

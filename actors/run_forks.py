@@ -33,7 +33,7 @@ from journaled.events.provenance import (
     stale_reads,
 )
 from journaled.events.redact import redact_data
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import (
     CarriedStep,
     MemoryRead,
@@ -123,7 +123,7 @@ class RunForks(RunReads):
         if self.state(run_id).purged is not None:
             raise RunNotResumable(f"run {run_id} was purged: its inputs are gone, it cannot fork")
         events = self._journal.stream(run_id, upto=at)
-        state = RunState()
+        state = RunFold()
         state.apply_all(events)
         charged = self._kept_charges(run_id, events, {run_id})
         started = state.started

@@ -27,7 +27,7 @@ from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plans import ExecuteResult, RunDiff, diff_results
 from journaled.events.run_audit import explain_orchestration, explain_run
 from journaled.events.run_checkpoints import RunCheckpoints
-from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_state import RunFold, fold_run
 from journaled.events.run_summaries import (
     SAVE_AFTER,
     RunSummaries,
@@ -122,7 +122,7 @@ class RunReads:
                 "(rt.runs.fork) and resume the fork, which is this organization's alone"
             )
 
-    def _check_started(self, run_id: str, state: RunState) -> None:
+    def _check_started(self, run_id: str, state: RunFold) -> None:
         """As :meth:`_check_here`, from a folded state's opening (no first event read again)."""
         started = state.started
         boundary = self.boundary
@@ -152,7 +152,7 @@ class RunReads:
         self._check_here(run_id, first)
         return first
 
-    def state(self, run_id: str, position: int | None = None) -> RunState:
+    def state(self, run_id: str, position: int | None = None) -> RunFold:
         """Fold a run's events (up to a journal position) into its state.
 
         The latest state starts from the run's snapshot, when there is one, and folds only the
@@ -182,7 +182,7 @@ class RunReads:
             self._check_started(run_id, state)
             return state
         snapshot = self._journal.snapshot(run_id)
-        restored = RunState.restore(snapshot[1]) if snapshot is not None else None
+        restored = RunFold.restore(snapshot[1]) if snapshot is not None else None
         if restored is None:
             state = fold_run(self._journal.stream(run_id))
             self._check_started(run_id, state)
@@ -396,11 +396,11 @@ class RunReads:
         Raises:
             ValueError: a filter is not of the documented kind; the message names it.
         """
-        check_filters(status, since, limit)
+        filters = check_filters(status, since, limit)
         found = self.summaries.read(self._organization)
         if self.summaries_writable and self.summaries.unsaved >= SAVE_AFTER:
             self._save_summaries(0)
-        return select(found.values(), status, since, limit)
+        return select(found.values(), filters)
 
     def summary(self, run_id: str) -> RunSummary:
         """Return one run's or orchestration's summary (T2), caught up with the journal.

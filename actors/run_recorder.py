@@ -1,6 +1,6 @@
 """Recording a run: each decision is folded at once and appended at the next quiescent point.
 
-The executor decides; the recorder keeps the run's :class:`RunState` and the journal in step. An
+The executor decides; the recorder keeps the run's :class:`RunFold` and the journal in step. An
 event is folded into the state the moment it is staged, so the executor's next decision already
 sees it; the staged events are appended together when the executor flushes — before it
 dispatches any step they started, and at each step's result (R4) — and spans (T3) and progress
@@ -24,7 +24,7 @@ from journaled.events.errors import ConcurrencyConflict
 from journaled.events.journal import Journal
 from journaled.events.plans import ExecuteResult, Observation
 from journaled.events.redact import redact_data
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import implied_partitions
 
 __all__ = ["SNAPSHOT_EVERY", "Progress", "RunRecorder", "Trace"]
@@ -139,7 +139,7 @@ class RunRecorder:
     def __init__(
         self,
         journal: Journal,
-        state: RunState,
+        state: RunFold,
         *,
         on_progress: Progress | None = None,
         trace: Trace | None = None,

@@ -63,7 +63,7 @@ from journaled.events.plan_rules import Reserve, validate
 from journaled.events.plans import ExecuteResult, Limits, Plan
 from journaled.events.redact import find_secrets, redact_data
 from journaled.events.run_messages import Begin, CancelRun, Drain, RunEnded, Suspend
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -414,9 +414,7 @@ class Runs(RunForks):
             reserve=policy_name(reserve),
             organization=self._organization,
         )
-        return self._start(
-            run_id, claim, RunState(), [started], reserve, on_progress, trace, parent
-        )
+        return self._start(run_id, claim, RunFold(), [started], reserve, on_progress, trace, parent)
 
     def validate(self, plan: Plan) -> None:
         """Reject a plan this runtime cannot run (E1), raising PlanRejected."""
@@ -564,7 +562,7 @@ class Runs(RunForks):
         reserve: Reserve | None,
         on_progress: Progress | None,
         take_over: bool,
-    ) -> tuple[RunState, list[DomainEvent], Reserve | None]:
+    ) -> tuple[RunFold, list[DomainEvent], Reserve | None]:
         """Read a run this runtime has claimed and decide the events that reopen it."""
         state = self.state(run_id)
         if state.purged is not None:
@@ -668,7 +666,7 @@ class Runs(RunForks):
         self._check_free(run_id, self.state(run_id), take_over)
 
     def _check_free(
-        self, run_id: str, state: RunState, take_over: bool, *, claimed: bool = False
+        self, run_id: str, state: RunFold, take_over: bool, *, claimed: bool = False
     ) -> str | None:
         """Refuse a run executing here or owned by a live process; return the owner taken over.
 
@@ -779,7 +777,7 @@ class Runs(RunForks):
         self,
         run_id: str,
         claim: _Claim,
-        state: RunState,
+        state: RunFold,
         opening: list[DomainEvent],
         reserve: Reserve | None,
         on_progress: Progress | None,

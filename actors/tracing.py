@@ -17,7 +17,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol
 
 from journaled.events.base import DomainEvent
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 
 __all__ = ["Tracing"]
 
@@ -25,16 +25,14 @@ __all__ = ["Tracing"]
 class Tracing(Protocol):
     """What the executor and the step workers tell a tracer. Called from many threads."""
 
-    def starting(self, state: RunState) -> None:
+    def starting(self, state: RunFold) -> None:
         """Note the context of the thread starting a pass of the run whose state this is.
 
         Called in that thread, before the run's first event is folded (a new run's ``state`` has
         no run id yet): the same ``state`` object is then given to :meth:`appended`.
         """
 
-    def appended(
-        self, state: RunState, events: Sequence[DomainEvent], times: Sequence[int]
-    ) -> None:
+    def appended(self, state: RunFold, events: Sequence[DomainEvent], times: Sequence[int]) -> None:
         """Observe events of a run just appended, each staged at its time in ``times``
         (nanoseconds since the epoch); ``state`` has them all folded (the executor's thread).
 

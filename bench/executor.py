@@ -38,7 +38,7 @@ exits non-zero only when it crashes.
      ``dbstat``) into the record (event rows, their index, digests, side rows) and the caches
      (the run's snapshot and the stored run-summary projection); the growth without the plan
      and the snapshot; decode time per step event in the positional form against the same
-     events re-encoded as maps (ADR 0040); ``RunState.restore`` of the run's deflated snapshot
+     events re-encoded as maps (ADR 0040); ``RunFold.restore`` of the run's deflated snapshot
      against the same snapshot inflated.
    - CPU per step: ``time.process_time`` (every thread of the process) over ``rt.execute`` / N
      at ``durability=normal``; baseline: the process time of the stock recorder writing the same
@@ -94,7 +94,7 @@ from journaled.events.catalog import codec
 from journaled.events.codec import Codec
 from journaled.events.compressed import inflate
 from journaled.events.journal._sqlite import _Pool
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.testing import LoopLag
 
 DURABILITIES = ("normal", "full")
@@ -352,12 +352,12 @@ def bench_stored_forms(path: Path, run_id: str, repeats: int) -> list[Row]:
     mapped = best_of(repeats * 5, decode_all(as_maps)) / len(rows)
     [blob] = [s for key, _, s in _snapshots(path) if key == run_id]
     plain = inflate(blob)
-    deflated = best_of(repeats * 5, lambda: RunState.restore(blob))
-    inflated = best_of(repeats * 5, lambda: RunState.restore(plain))
+    deflated = best_of(repeats * 5, lambda: RunFold.restore(blob))
+    inflated = best_of(repeats * 5, lambda: RunFold.restore(plain))
     return [
         Row("  decode per step event, positional form", f"{positional * 1e6:.2f} us",
             f"{mapped * 1e6:.2f} us (map form)", f"{positional / mapped:.1f}x", "-", None),
-        Row(f"  RunState.restore of the run's snapshot ({len(blob):,} B)", _ms(deflated),
+        Row(f"  RunFold.restore of the run's snapshot ({len(blob):,} B)", _ms(deflated),
             f"{_ms(inflated)} (plain, {len(plain):,} B)", f"{deflated / inflated:.2f}x", "-",
             None),
     ]  # fmt: skip

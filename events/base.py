@@ -20,8 +20,8 @@ PURGED = "[purged]"
 
 class Unpackable(msgspec.Struct, frozen=True):
     """A value SPEC also describes as a tuple of its fields, in their order: it unpacks
-    (``primary, relationships = rt.memory.delete(id)``) and equals that tuple, while keeping
-    its names and encoding as a Struct (ADR 0099)."""
+    (``primary, relationships = rt.memory.delete(id)``), indexes, and equals that tuple, while
+    keeping its names and encoding as a Struct (ADR 0099)."""
 
     def __iter__(self) -> Iterator[Any]:
         return iter([getattr(self, name) for name in self.__struct_fields__])
@@ -33,8 +33,18 @@ class Unpackable(msgspec.Struct, frozen=True):
             return tuple(self) == tuple(other)
         return NotImplemented
 
+    def __ne__(self, other: object) -> bool:
+        equal = self.__eq__(other)
+        return equal if equal is NotImplemented else not equal
+
     def __hash__(self) -> int:
         return hash(tuple(self))
+
+    def __len__(self) -> int:
+        return len(self.__struct_fields__)
+
+    def __getitem__(self, index: int) -> Any:
+        return tuple(self)[index]
 
 
 class DomainEvent(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

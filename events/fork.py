@@ -13,7 +13,7 @@ import msgspec
 from journaled.events.base import Unpackable
 from journaled.events.inputs import same_value
 from journaled.events.plans import Observation, Step, StepStatus
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 
 
 class Lineage(Unpackable, frozen=True, kw_only=True):
@@ -68,14 +68,14 @@ def downstream(steps: Sequence[Step], roots: Iterable[str]) -> list[str]:
     return [s.id for s in steps if s.id in reached]
 
 
-def _last_observations(state: RunState) -> dict[str, Observation]:
+def _last_observations(state: RunFold) -> dict[str, Observation]:
     last: dict[str, Observation] = {}
     for obs in state.observations:
         last[obs.step_id] = obs
     return last
 
 
-def compare_states(run_a: str, a: RunState, run_b: str, b: RunState) -> RunComparison:
+def compare_states(run_a: str, a: RunFold, run_b: str, b: RunFold) -> RunComparison:
     """Compare two runs' latest states step by step: status, output and error (F3)."""
     obs_a, obs_b = _last_observations(a), _last_observations(b)
     order = list(a.order) + [i for i in b.order if i not in a.status]

@@ -142,6 +142,8 @@ def _text_keys(value: object) -> object:
 
 _PACK = msgspec.msgpack.Encoder()
 _PACK_SORTED = msgspec.msgpack.Encoder(order="deterministic")
+_DICT = msgspec.msgpack.Ext(0x4A, b"dict")
+"""Marks a dict in :func:`_canonical`'s form: no journaled value holds an msgpack extension."""
 
 
 def same_value(a: object, b: object) -> bool:
@@ -150,17 +152,50 @@ def same_value(a: object, b: object) -> bool:
     A step's input or a tool's output may hold a float NaN (pandas, numpy), which ``==`` finds
     unequal to itself (ADR 0097); and ``==`` finds ``1``, ``1.0`` and ``True`` equal, or
     ``0.0`` and ``-0.0``, which a reader of the record tells apart. So values are compared by
-    the bytes they encode to (one codec: the same contents encode alike), a dict's keys in
-    sorted order where they are all text (its order is not its content); a dict keyed by
-    numbers as well is compared in its own order.
+    the bytes they encode to (one codec: the same contents encode alike), with no dict's key
+    order counted: the order is not its content.
     """
     if a is b:
         return True
     try:
-        return _PACK_SORTED.encode(a) == _PACK_SORTED.encode(b)
-    except TypeError:  # a dict keyed by a number (ADR 0098): no sorted form
-        pass
-    try:
-        return _PACK.encode(a) == _PACK.encode(b)
+        if _PACK.encode(a) == _PACK.encode(b):  # in C: the common case, the same in order
+            return True
+        try:
+            return _PACK_SORTED.encode(a) == _PACK_SORTED.encode(b)  # text keys sorted, in C
+        except TypeError:  # a dict keyed by a number (ADR 0098): sorted here
+            return _PACK.encode(_canonical(msgspec.to_builtins(a))) == _PACK.encode(
+                _canonical(msgspec.to_builtins(b))
+            )
     except (TypeError, ValueError, OverflowError):
         return False
+
+
+def _canonical(value: object) -> object:
+    """Return ``value`` with each dict as its items sorted by their keys' encodings."""
+    if isinstance(value, dict):
+        items = sorted(((_PACK.encode(k), _canonical(v)) for k, v in value.items()), key=_first)
+        return [_DICT, [[k, v] for k, v in items]]
+    if isinstance(value, list | tuple):
+        return [_canonical(v) for v in value]
+    return value
+
+
+def _first(item: tuple[bytes, object]) -> bytes:
+    return item[0]
+
+
+def holds_infinity(value: object) -> bool:
+    """Tell whether a value read from JSON text holds an infinite number: Python's reader takes
+    a number out of range (``1e999``) as one, and JSON has none (RFC 8259). Iterative: a value
+    nested as deep as the reader allows is walked without recursion."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float):
+            if math.isinf(item):
+                return True
+        elif isinstance(item, dict):
+            todo.extend(item.values())
+        elif isinstance(item, list):
+            todo.extend(item)
+    return False

@@ -27,7 +27,7 @@ from journaled.events.orchestration import (
     ReplanDecided,
 )
 from journaled.events.orchestration_state import fold_orchestration
-from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_state import RunFold, fold_run
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -245,7 +245,7 @@ def describe_lineage(lineage: Sequence[Lineage]) -> list[str]:
 class Touched(dict[str, Any]):
     """A dict that remembers which keys were set since :meth:`take` was last called.
 
-    Put in place of a :class:`RunState`'s ``status`` table, it tells a reader which steps an event
+    Put in place of a :class:`RunFold`'s ``status`` table, it tells a reader which steps an event
     changed, so it need not compare every step after every event. The fold only sets single
     steps' statuses once a run started (it replaces the table whole only at the start).
     """
@@ -275,7 +275,7 @@ class RunWhy:
         self.run_id = run_id
         self.interrupted = interrupted
         """Judged by the run listing, not folded: its owner stopped executing it (ADR 0088)."""
-        self.state = RunState()
+        self.state = RunFold()
         self.timeline: list[str] = []
         """One line per described event so far."""
         self._start: int | None = None
@@ -378,7 +378,7 @@ def _interrupted_now(owner: str, flight: Sequence[str]) -> str:
     )
 
 
-def _run_now(state: RunState, waiting_since: dict[str, int], flight: list[str]) -> str:
+def _run_now(state: RunFold, waiting_since: dict[str, int], flight: list[str]) -> str:
     last = state.last_at
     if state.suspended is not None:
         suspended_flight = state.suspended.in_flight

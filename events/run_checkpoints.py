@@ -6,7 +6,7 @@ holds the whole list of pointers to shared, memoised :class:`Step` objects, the 
 places that changed since the checkpoint before), how many observations there were
 (observations only grow, so a count stands for the list), and a copy of the small fields. The
 state at a position is the nearest checkpoint at or before it plus at most ``every - 1`` events
-folded by the ordinary :meth:`RunState.fold`, so time travel and replay share one fold (ADR 0034).
+folded by the ordinary :meth:`RunFold.fold`, so time travel and replay share one fold (ADR 0034).
 
 :class:`RunCheckpoints` holds timelines for many runs, least recently used first out, within a
 bound on what it holds. It is a cache: the journal stays the truth. It is told of new events
@@ -26,7 +26,7 @@ from typing import Any
 
 from journaled.events.base import Event
 from journaled.events.plans import ExecuteResult, Step, StepStatus
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import RunPurged
 
 __all__ = [
@@ -56,7 +56,7 @@ _REBUILT = frozenset(
     {"status", "observations", "_plan", "attempts", "retried", "failures", "cancelled"}
 )
 """Fields a checkpoint keeps otherwise (plan, observation count) or not at all: a state
-rebuilt from it is exact for :meth:`RunState.result`, which reads none of the last four."""
+rebuilt from it is exact for :meth:`RunFold.result`, which reads none of the last four."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class Checkpoint:
 class _Statuses(dict[str, StepStatus]):
     """A status table holding only what a tail set; reads fall back to the kept plan's step."""
 
-    def __init__(self, state: RunState, index: dict[str, int]) -> None:
+    def __init__(self, state: RunFold, index: dict[str, int]) -> None:
         super().__init__()
         self._state = state
         self._index = index
@@ -106,7 +106,7 @@ class RunTimeline:
         if every < 1:
             raise ValueError(f"every must be at least 1 event, got {every}")
         self.every = every
-        self.head = RunState()
+        self.head = RunFold()
         """The state after the last event held."""
         self.events: list[Event] = []
         self.positions: list[int] = []
@@ -199,7 +199,7 @@ class RunTimeline:
         if self.pending:
             self.extend(())
         out: list[ExecuteResult | None] = []
-        state: RunState | None = None
+        state: RunFold | None = None
         done = 0
         for position in positions:
             held = bisect_right(self.positions, position)
@@ -219,8 +219,8 @@ class RunTimeline:
             out.append(state.result())  # copies what it returns: folding on is safe
         return out
 
-    def _restore(self, number: int) -> RunState:
-        """Rebuild the state at a checkpoint, exact for what :meth:`RunState.result` reads."""
+    def _restore(self, number: int) -> RunFold:
+        """Rebuild the state at a checkpoint, exact for what :meth:`RunFold.result` reads."""
         checkpoint = self.checkpoints[number]
         key = number
         while self.checkpoints[key].plan is None:
@@ -229,7 +229,7 @@ class RunTimeline:
         for later in self.checkpoints[key + 1 : number + 1]:
             for n, step in later.changes:
                 plan[n] = step
-        state = RunState.__new__(RunState)
+        state = RunFold.__new__(RunFold)
         vars(state).update(
             {
                 name: _copied(value) if name not in _SHARED else value
@@ -253,7 +253,7 @@ def fold_at(events: Sequence[Event], positions: Sequence[int]) -> list[ExecuteRe
     lies before the one before it.
     """
     out: list[ExecuteResult | None] = []
-    state = RunState()
+    state = RunFold()
     done = 0
     for position in positions:
         held = bisect_right(events, position, key=_position)
@@ -261,7 +261,7 @@ def fold_at(events: Sequence[Event], positions: Sequence[int]) -> list[ExecuteRe
             out.append(None)
             continue
         if held < done:
-            state, done = RunState(), 0
+            state, done = RunFold(), 0
         state.apply_all(events[done:held])
         done = held
         out.append(state.result())

@@ -1,6 +1,6 @@
 """The run projection: a plan in execution folded from its events (E13, E14, O7).
 
-The executor applies each event it decides to a :class:`RunState` before appending it, resume folds
+The executor applies each event it decides to a :class:`RunFold` before appending it, resume folds
 the stream from the journal, and time travel folds a prefix of it: one code path for all three.
 Folding reads no clock and calls no user code.
 """
@@ -90,7 +90,7 @@ def decode_snapshot(encoded: bytes) -> RunSnapshot:
     return _SNAPSHOT_DECODER.decode(inflate(encoded))
 
 
-class RunState:
+class RunFold:
     """Everything known about one run at one position of its stream."""
 
     _bulk = False
@@ -352,7 +352,7 @@ class RunState:
         )
 
     @classmethod
-    def restore(cls, encoded: bytes) -> RunState | None:
+    def restore(cls, encoded: bytes) -> RunFold | None:
         """Rebuild a state from a snapshot; None if it is unreadable or of another schema."""
         try:
             snap = decode_snapshot(encoded)
@@ -426,8 +426,8 @@ def forked_waiting(forked: RunForked) -> list[str]:
     ]
 
 
-def fold_run(events: list[Event]) -> RunState:
+def fold_run(events: list[Event]) -> RunFold:
     """Fold a run's events (oldest first) into its state."""
-    state = RunState()
+    state = RunFold()
     state.apply_all(events)
     return state

@@ -42,6 +42,7 @@ from journaled.events.orchestration import (
     PassStarted,
     PlanProposed,
 )
+from journaled.events.run_state import forked_waiting
 from journaled.events.runs import (
     RUN_EVENTS,
     BudgetRaised,
@@ -318,9 +319,11 @@ def _fold_run(tracked: _Tracked, event: Event) -> None:
             _start(data.started, tracked)
             tracked.forked_from = data.source
             tracked.forked_at = data.position
-            # The steps the fork waits on, as the source had them (E10): an earlier release's
-            # fork did not say, and lists none.
-            tracked.waiting = list(data.waiting or ())
+            # The steps the fork waits on, as the source had them (E10); an earlier release's
+            # fork did not say them, and its questions and answers tell them (ADR 0032).
+            tracked.waiting = (
+                list(data.waiting) if data.waiting is not None else forked_waiting(data)
+            )
             for carried in data.carried:
                 tracked.calls_used += carried.charged
                 tracked.steps[carried.observation.step_id] = "succeeded"
@@ -545,16 +548,25 @@ Since = int | dt.datetime | str | None
 """``runs.list(since=...)``: epoch ms, a ``datetime`` (naive: UTC), or an ISO-8601 text."""
 
 
-def check_filters(status: object, since: object, limit: object) -> None:
-    """Reject a bad ``runs.list`` filter with a one-line error naming the argument.
+class Filters(msgspec.Struct, frozen=True):
+    """``runs.list``'s filters, checked and in one form: statuses, since (epoch ms), limit."""
+
+    statuses: frozenset[str] | None = None
+    since: int | None = None
+    limit: int | None = None
+
+
+def check_filters(status: object, since: object, limit: object) -> Filters:
+    """Return ``runs.list``'s filters in one form, or reject a bad one with a one-line error
+    naming the argument. ``status`` is read once (an iterator of statuses is used up).
 
     Raises:
         ValueError: ``status`` holds no known status, ``since`` is no time, ``limit`` not >= 1.
     """
-    _statuses(status)
-    _since_ms(since)
+    statuses, after = _statuses(status), _since_ms(since)
     if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
         raise ValueError(f"limit: give a number of runs >= 1, got {limit!r}")
+    return Filters(statuses, after, limit)
 
 
 def _statuses(status: object) -> frozenset[str] | None:
@@ -599,19 +611,18 @@ def _since_ms(since: object) -> int | None:
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def select(
-    summaries: Iterable[RunSummary],
-    status: Statuses = None,
-    since: Since = None,
-    limit: int | None = None,
-) -> list[RunSummary]:
+EVERY_RUN = Filters()
+"""No filter: every run."""
+
+
+def select(summaries: Iterable[RunSummary], filters: Filters = EVERY_RUN) -> list[RunSummary]:
     """Filter summaries, oldest first (by start), as the journal has them.
 
-    ``status`` keeps runs in it (or in any of several); ``since`` keeps runs active at or after
-    it: whose last event is at or after it, or that are running now (a run inside one long step
-    appends nothing); ``limit`` keeps the newest ``limit`` of them.
+    Its statuses keep runs in any of them; ``since`` keeps runs active at or after it: whose
+    last event is at or after it, or that are running now (a run inside one long step appends
+    nothing); ``limit`` keeps the newest ``limit`` of them.
     """
-    wanted, after = _statuses(status), _since_ms(since)
+    wanted, after, limit = filters.statuses, filters.since, filters.limit
     kept = [
         s
         for s in summaries

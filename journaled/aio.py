@@ -44,7 +44,7 @@ from journaled.events.orchestration import Outcome
 from journaled.events.plan_rules import Reserve
 from journaled.events.plans import ExecuteResult, Limits, Plan, RunDiff, Step
 from journaled.events.provenance import Stale, Use
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.run_summaries import RunSummary, Since, Statuses
 from journaled.memory import Embedder, Memory, MemoryView
 from journaled.runtime import DRAIN, AgentFunction, JournalHandle, Runtime
@@ -461,7 +461,7 @@ class AsyncRuns:
         """Return a run's events, oldest first."""
         return await self._pool.run(self._runs.history, run_id)
 
-    async def state(self, run_id: str, position: int | None = None) -> RunState:
+    async def state(self, run_id: str, position: int | None = None) -> RunFold:
         """Return a run's folded state, now or at a journal position."""
         return await self._pool.run(self._runs.state, run_id, position)
 

@@ -24,6 +24,7 @@ from journaled.cli_common import (
     run_summaries,
     wants_json,
 )
+from journaled.events.inputs import holds_infinity
 from journaled.events.memory_audit import when
 from journaled.events.plans import Step
 
@@ -68,11 +69,9 @@ def runs_list(
     from journaled.events.run_summaries import check_filters, select
 
     after = None if since is None else parse_time_option(since)
-    statuses = status or None
-    call(lambda: check_filters(statuses, after, limit))
+    filters = call(lambda: check_filters(status or None, after, limit))
     with open_journal(ctx) as journal:
-        runs = run_summaries(journal).read(organization()).values()
-        found = select(runs, statuses, after, limit)
+        found = select(run_summaries(journal).read(organization()).values(), filters)
     if wants_json(ctx):
         emit([row.as_dict() for row in found])
         return
@@ -307,17 +306,6 @@ def _parse_pairs(pairs: tuple[str, ...], option: str) -> dict[str, str]:
 _STEP_FIELDS = ("skill", "tool", "agent", "input", "depends_on")
 
 
-def _unbounded(value: object) -> bool:
-    """Tell whether a value read from JSON holds an infinite number."""
-    if isinstance(value, float):
-        return math.isinf(value)
-    if isinstance(value, dict):
-        return any(_unbounded(v) for v in value.values())
-    if isinstance(value, list):
-        return any(_unbounded(v) for v in value)
-    return False
-
-
 def _replacement(step_id: str, text: str) -> Step:
     """Build the Step a ``--replace STEP=JSON`` names; without depends_on it keeps the run's."""
 
@@ -328,7 +316,7 @@ def _replacement(step_id: str, text: str) -> Step:
         # Strict JSON: Python's reader takes NaN and Infinity, and reads 1e999 as infinity,
         # which the fork would journal as an input nobody gave (JSON has no such number).
         fields = json.loads(text, parse_constant=constant)
-        if _unbounded(fields):
+        if holds_infinity(fields):
             raise ValueError("a number out of range (JSON has no infinity)")
     except json.JSONDecodeError as exc:
         fail(f"--replace {step_id}: the definition is not JSON ({exc.msg} at {exc.pos})")

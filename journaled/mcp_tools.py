@@ -110,9 +110,10 @@ class AsOfArgs(_Args, frozen=True, kw_only=True):
 class RunsListArgs(_Args, frozen=True, kw_only=True):
     """Arguments of ``runs_list`` (T2)."""
 
-    status: Annotated[RunStatus | None, msgspec.Meta(description="Only runs in this status.")] = (
-        None
-    )
+    status: Annotated[
+        RunStatus | list[RunStatus] | None,
+        msgspec.Meta(description="Only runs in this status, or in any of several (a list)."),
+    ] = None
     since: Annotated[
         str | None, msgspec.Meta(description=f"Only runs active at or after {_ISO}.")
     ] = None

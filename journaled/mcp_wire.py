@@ -40,6 +40,8 @@ import pydantic
 from anyio.abc import ObjectReceiveStream, ObjectSendStream
 from mcp.shared.message import ServerMessageMetadata, SessionMessage
 
+from journaled.events.inputs import holds_infinity
+
 log = logging.getLogger("journaled.mcp")
 
 MAX_LINE_BYTES = 16 * 1024 * 1024
@@ -232,6 +234,8 @@ class Wire:
             return
         try:
             value = json.loads(text, parse_constant=_no_constant)
+            if holds_infinity(value):
+                raise ValueError("a number out of range (JSON has no infinity)")
         except RecursionError:
             await self._refuse(
                 _request_id(line),

@@ -51,7 +51,7 @@ except ImportError as exc:  # pragma: no cover - exercised only without the extr
 from journaled.actors.tracing import Tracing
 from journaled.events.base import DomainEvent
 from journaled.events.plans import Observation
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import (
     BudgetRaised,
     BudgetStopped,
@@ -255,7 +255,7 @@ class OtelTracing(Tracing):
         """Guards :attr:`_last` and :attr:`_callers`, which many threads update."""
         self._passes: dict[str, _Pass] = {}
         """Each run's open pass: changed by that run's executor thread only."""
-        self._callers: weakref.WeakKeyDictionary[RunState, otel_context.Context] = (
+        self._callers: weakref.WeakKeyDictionary[RunFold, otel_context.Context] = (
             weakref.WeakKeyDictionary()
         )
         """The context of the thread that started a pass, when it held a span, by run state."""
@@ -274,16 +274,14 @@ class OtelTracing(Tracing):
         self._warned = True
         _log.log(level, "tracing failed in %s; the run goes on untraced there", hook, exc_info=True)
 
-    def starting(self, state: RunState) -> None:
+    def starting(self, state: RunFold) -> None:
         """Keep the starting thread's context when it holds a span: the pass's parent."""
         try:
             self._starting(state)
         except Exception:  # a span processor's or the SDK's failure must not stop the run
             self._failed("starting")
 
-    def appended(
-        self, state: RunState, events: Sequence[DomainEvent], times: Sequence[int]
-    ) -> None:
+    def appended(self, state: RunFold, events: Sequence[DomainEvent], times: Sequence[int]) -> None:
         """Open, annotate or end the spans these appended events of the run imply.
 
         Spans are started and annotated here; their ends go to the tracer's own thread.
@@ -297,7 +295,7 @@ class OtelTracing(Tracing):
         if ends:
             self._ender.end(ends)
 
-    def staged(self, state: RunState, event: DomainEvent, at: int | None = None) -> None:
+    def staged(self, state: RunFold, event: DomainEvent, at: int | None = None) -> None:
         """Derive the spans of one event of the run, staged at ``at`` (epoch ns; None: now)."""
         self.appended(state, (event,), (time.time_ns() if at is None else at,))
 
@@ -313,13 +311,13 @@ class OtelTracing(Tracing):
             self._ender.end(ends)
         self._ender.wait(SETTLE_WAIT)
 
-    def _starting(self, state: RunState) -> None:
+    def _starting(self, state: RunFold) -> None:
         caller = otel_context.get_current()
         if trace.get_current_span(caller).get_span_context().is_valid:
             with self._lock:
                 self._callers[state] = caller
 
-    def _staged(self, state: RunState, event: DomainEvent, at: int, ends: _Ends) -> None:
+    def _staged(self, state: RunFold, event: DomainEvent, at: int, ends: _Ends) -> None:
         run_id = state.run_id
         # Only this run's executor thread changes its pass; the SDK is called outside any lock,
         # and no span is ended here (an exporter must hold up no executor, ADR 0070).
@@ -413,7 +411,7 @@ class OtelTracing(Tracing):
 
     # -- spans -----------------------------------------------------------------------------------
 
-    def _open_pass(self, state: RunState, first: DomainEvent, at: int) -> _Pass:
+    def _open_pass(self, state: RunFold, first: DomainEvent, at: int) -> _Pass:
         """Start the span of a pass: a new run, or a resumed (or forked) one.
 
         ``state`` has the pass's opening events folded (they are appended together): the
@@ -477,7 +475,7 @@ class OtelTracing(Tracing):
             current.wave.add_event("journaled.steps_skipped", {"journaled.step.ids": skipped}, at)
 
     def _on_step_started(
-        self, state: RunState, current: _Pass, event: StepStarted, at: int, ends: _Ends
+        self, state: RunFold, current: _Pass, event: StepStarted, at: int, ends: _Ends
     ) -> None:
         step = state.steps[event.step_id]
         kind = step.kind or "tool"
@@ -509,7 +507,7 @@ class OtelTracing(Tracing):
 
     def _on_step_ended(
         self,
-        state: RunState,
+        state: RunFold,
         current: _Pass,
         event: StepSucceeded | StepFailed | StepWaiting | StepRetrying,
         at: int,
@@ -547,7 +545,7 @@ class OtelTracing(Tracing):
         ends.append((span, at))
 
     def _end_pass(
-        self, state: RunState, current: _Pass, status: str, at: int, ends: _Ends, *, failed: bool
+        self, state: RunFold, current: _Pass, status: str, at: int, ends: _Ends, *, failed: bool
     ) -> None:
         for _, span in current.steps.values():  # in flight when the runtime closed (R3)
             span.set_attribute("journaled.step.outcome", "interrupted")
@@ -573,7 +571,7 @@ class OtelTracing(Tracing):
         self._let_go(state.run_id)
 
 
-def _failure(state: RunState, obs: Observation) -> str:
+def _failure(state: RunFold, obs: Observation) -> str:
     """Name how a step failed: timed out, cancelled, or failed."""
     started = state.started
     timeout = None if started is None else started.step_timeout

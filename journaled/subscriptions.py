@@ -23,11 +23,11 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Iterable
+from collections.abc import Awaitable, Callable, Coroutine, Generator, Iterable
 from concurrent.futures import Future
 from itertools import islice
 from types import TracebackType
-from typing import TYPE_CHECKING, ParamSpec, Protocol, Self, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, Protocol, Self, TypeVar
 
 import msgspec
 
@@ -586,36 +586,71 @@ class AsyncSubscription:
         await self.aclose()
 
 
-class OpeningSubscription:
+class OpeningSubscription(Coroutine[Any, Any, AsyncSubscription]):
     """What ``subscribe`` of an asyncio runtime returns (A3): an async iterator of the
     journal's events, or, awaited, the :class:`AsyncSubscription` itself.
 
     ``async for e in rt.journal.subscribe()`` and ``async with rt.journal.subscribe() as sub``
     open it on first use; ``sub = await rt.journal.subscribe()`` (every asyncio method is
-    awaited, A1) opens it at once. Either way it is opened once, without blocking the loop, and
-    a bad argument is raised where it is opened.
+    awaited, A1), ``asyncio.create_task(rt.journal.subscribe())`` or ``gather`` open it at once.
+    It is opened once, in the runtime's pool (never on the loop), whichever task asks first; a
+    task cancelled while it opens does not cancel the opening for the others; a bad argument is
+    raised where it is used; :meth:`aclose` closes it, at once or as soon as it is open.
     """
 
     def __init__(self, opener: Callable[[], Awaitable[AsyncSubscription]]) -> None:
         self._opener = opener
         self._opened: asyncio.Future[AsyncSubscription] | None = None
+        self._closed = False
+        self._driven: Coroutine[Any, Any, AsyncSubscription] | None = None
 
     def _open(self) -> asyncio.Future[AsyncSubscription]:
         if self._opened is None:
             self._opened = asyncio.ensure_future(self._opener())
+            self._opened.add_done_callback(self._close_if_closed)
         return self._opened
 
-    def __await__(self) -> Generator[object, None, AsyncSubscription]:
-        return self._open().__await__()
+    async def _subscription(self) -> AsyncSubscription:
+        # Shielded: a waiter cancelled while it opens leaves the opening to the others.
+        return await asyncio.shield(self._open())
+
+    def _close_if_closed(self, opened: asyncio.Future[AsyncSubscription]) -> None:
+        if self._closed and not opened.cancelled() and opened.exception() is None:
+            opened.result()._sync.close()
+
+    # -- awaited, or driven as a coroutine (create_task, gather) -------------------------------
+
+    def __await__(self) -> Generator[Any, None, AsyncSubscription]:
+        return self._subscription().__await__()
+
+    def _coroutine(self) -> Coroutine[Any, Any, AsyncSubscription]:
+        if self._driven is None:
+            self._driven = self._subscription()
+        return self._driven
+
+    def send(self, value: Any) -> Any:
+        return self._coroutine().send(value)
+
+    def throw(self, *args: Any) -> Any:
+        return self._coroutine().throw(*args)
+
+    def close(self) -> None:
+        if self._driven is not None:
+            self._driven.close()
+
+    # -- iterated, or entered --------------------------------------------------------------------
 
     def __aiter__(self) -> Self:
         return self
 
     async def __anext__(self) -> Event:
-        return await (await self._open()).__anext__()
+        sub = await self._subscription()
+        if self._closed:
+            raise StopAsyncIteration
+        return await sub.__anext__()
 
     async def __aenter__(self) -> AsyncSubscription:
-        return await self._open()
+        return await self._subscription()
 
     async def __aexit__(
         self,
@@ -627,14 +662,11 @@ class OpeningSubscription:
 
     async def aclose(self) -> None:
         """Stop delivering (see :meth:`AsyncSubscription.aclose`); one still opening is closed
-        once open, so none is left following the journal. Idempotent."""
-        if self._opened is None:
-            return
-        try:
-            sub = await self._opened
-        except Exception:  # it never opened: its error was raised where it was used
-            return
-        await sub.aclose()
+        as soon as it is open, so none is left following the journal. Idempotent."""
+        self._closed = True
+        opened = self._opened
+        if opened is not None and opened.done():
+            self._close_if_closed(opened)
 
 
 async def on_own_thread(

@@ -45,7 +45,7 @@ from journaled.events.run_audit import (
     explain_orchestration,
     explain_run,
 )
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import (
     AnswersGiven,
     BudgetRaised,
@@ -248,7 +248,7 @@ def build(rt: Runtime, run_id: str) -> Page:
     start = events[0].data.at
     # Every state and why is folded forward one event at a time, never from the start again, so
     # building the page is linear in the run's events (bar the per-step tables of each frame).
-    folds = {s: RunState() for s in (passes if orchestration else [run_id])}
+    folds = {s: RunFold() for s in (passes if orchestration else [run_id])}
     current = None if orchestration else run_id
     current_pass = 0
     lineage = rt.runs.lineage(run_id) if isinstance(own[0].data, RunForked) else []
@@ -452,7 +452,7 @@ class _Tables:
     changed, not the number of steps.
     """
 
-    def __init__(self, fold: RunState, starts: list[tuple[int, str, str]]) -> None:
+    def __init__(self, fold: RunFold, starts: list[tuple[int, str, str]]) -> None:
         self._fold = fold
         self._starts = starts
         """(position, step, child run) of the child runs this run's steps started, in order."""

@@ -1,7 +1,7 @@
 """A journal holding one run of every kind `runs list` tells apart (T2), and a brute-force answer.
 
 ``build`` runs it in this process or in a child (``python run_mix.py URL [--kill]``); ``expected``
-folds every event of every run from the journal with the per-run folds (RunState,
+folds every event of every run from the journal with the per-run folds (RunFold,
 OrchestrationState), independently of the run-summary projection, and judges an unsettled run's
 owner as a listing does (``interrupted``, ADR 0088).
 """

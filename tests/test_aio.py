@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import subprocess
 import sys
@@ -572,3 +573,38 @@ def test_a_subscriptions_ack_runs_in_the_runtimes_pool(sqlite_url: str) -> None:
     assert [(s.name, s.position) for s in stored] == [("consumer", position)]
     assert threads
     assert all(name.startswith("journaled-aio") for name in threads), threads
+
+
+def test_a_subscription_opening_survives_a_cancelled_waiter_and_runs_as_a_task(
+    sqlite_url: str,
+) -> None:
+    """A1, A3: the subscription ``subscribe`` opens is shared: a task cancelled while it opens
+    leaves it opening for the others (who then read from it), ``aclose`` after that neither
+    raises nor leaves it following the journal, and ``create_task(rt.journal.subscribe())``
+    gives the subscription, as for a coroutine."""
+
+    async def main() -> None:
+        async with journaled.aio.open(sqlite_url) as rt:
+            await rt.memory.remember("a fact")
+            opening = rt.journal.subscribe()
+            first = asyncio.create_task(opening.__anext__())
+            await asyncio.sleep(0)  # it began opening
+            first.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await first
+            event = await asyncio.wait_for(opening.__anext__(), WAIT)
+            assert event.kind == "memory.fact-remembered"
+            sub = await opening
+            await opening.aclose()
+            assert await sub.poll(0.05) is None  # closed: it delivers nothing more
+            closed_early = rt.journal.subscribe()
+            entering = asyncio.create_task(closed_early.__aenter__())
+            await asyncio.sleep(0)
+            await closed_early.aclose()  # while it still opens: closed once it is open
+            later = await asyncio.wait_for(entering, WAIT)
+            assert await later.poll(0.05) is None
+            as_task = await asyncio.create_task(rt.journal.subscribe(after=0))
+            assert (await as_task.poll(WAIT)) is not None
+            await as_task.aclose()
+
+    asyncio.run(main())

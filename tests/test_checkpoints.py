@@ -1,7 +1,7 @@
 """Time travel through checkpoints: the nearest checkpoint plus a short tail (SPEC T1, O7, R2).
 
 Every state the cache serves is compared with a plain fold of the stream's prefix that does not
-use it, rebuilt here the way ``RunState.result`` built it before the plan was kept (a step's
+use it, rebuilt here the way ``RunFold.result`` built it before the plan was kept (a step's
 status replaced into its definition, ``ok`` from every status).
 """
 
@@ -21,7 +21,7 @@ from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
 from journaled.events.plans import ExecuteResult, StepStatus, diff_results
 from journaled.events.run_checkpoints import KEYFRAME, RunCheckpoints, RunTimeline
-from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_state import RunFold, fold_run
 from journaled.events.runs import RunStarted, StepSucceeded
 from journaled.testing import ManualClock
 
@@ -223,7 +223,7 @@ def test_every_position_through_the_cache_equals_a_plain_fold(
         if story != "orchestration-with-replans":
             # The kept plan survives a snapshot round trip (resume and runs.state use it).
             state = fold_run(rt.runs.history(run_id))
-            restored = RunState.restore(state.snapshot())
+            restored = RunFold.restore(state.snapshot())
             assert restored is not None
             assert restored.result() == state.result() == _reference(rt.runs.history(run_id))
 
@@ -255,13 +255,13 @@ def test_a_past_state_folds_at_most_every_minus_one_events(
         timeline = RunTimeline(every=every)
         timeline.extend(events)
         folded: list[int] = []
-        original = RunState.apply
+        original = RunFold.apply
 
-        def counting(state: RunState, event: Event) -> None:
+        def counting(state: RunFold, event: Event) -> None:
             folded.append(event.position)
             original(state, event)
 
-        monkeypatch.setattr(RunState, "apply", counting)
+        monkeypatch.setattr(RunFold, "apply", counting)
         for event in events:
             expected = _reference([e for e in events if e.position <= event.position])
             folded.clear()

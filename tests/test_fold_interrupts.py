@@ -22,7 +22,7 @@ import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.events import run_checkpoints, run_state
 from journaled.events.run_checkpoints import RunCheckpoints
-from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_state import RunFold, fold_run
 
 _FOLDING = {Path(run_state.__file__).resolve(), Path(run_checkpoints.__file__).resolve()}
 
@@ -97,7 +97,7 @@ def test_an_interrupt_anywhere_in_a_fold_reaches_the_caller_as_itself(
     expected = fold_run(events).result()
     interrupted = 0
     for n in range(1, 100_000):
-        state = RunState()
+        state = RunFold()
         with interrupt_at_line(n) as seen:
             try:
                 state.apply_all(events)

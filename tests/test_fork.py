@@ -19,7 +19,7 @@ import journaled
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.cli import main
 from journaled.events.orchestration import PassStarted
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.testing import ManualClock
 
 
@@ -503,7 +503,7 @@ def test_a_forks_snapshot_keeps_its_origin(runtime: journaled.Runtime) -> None:
     source = runtime.execute(small_plan()).run_id
     state = runtime.runs.state(runtime.runs.fork(source))
     assert state.forked is not None
-    restored = RunState.restore(state.snapshot())
+    restored = RunFold.restore(state.snapshot())
     assert restored is not None
     assert restored.forked == state.forked
     assert restored.status == state.status

@@ -13,7 +13,7 @@ from test_fork_spec import _result
 import journaled
 from journaled import AgentResult, NeedsInput, Plan, Retry, Step
 from journaled.cli import main
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import RunForked, StepStarted
 from journaled.testing import ManualClock
 
@@ -384,7 +384,7 @@ def test_a_fork_stored_without_its_waiting_steps_reads_them_from_its_questions(
         first = rt.runs.history(fork)[0].data
         assert isinstance(first, RunForked)
         assert list(first.waiting or ()) == waiting
-        state = RunState()
+        state = RunFold()
         state.fold(msgspec.structs.replace(first, waiting=None))
         assert state.waiting == waiting
 

@@ -438,6 +438,9 @@ def test_refresh_keeps_the_runs_latest_budget(rt: journaled.Runtime) -> None:
         (0.0, -0.0, True),
         ({"x": 1, "y": 2}, {"y": 2, "x": 1}, False),  # a dict's order is not its content
         ({1: "a"}, {1: "a"}, False),
+        ({1: "a", 2: "b"}, {2: "b", 1: "a"}, False),  # number keys, another order
+        ({"x": 1, "y": {1: "a"}}, {"y": {1: "a"}, "x": 1}, False),
+        ({1: "a"}, {"1": "a"}, True),
         (float("nan"), float("nan"), False),  # ADR 0097
     ],
 )

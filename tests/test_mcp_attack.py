@@ -328,6 +328,14 @@ def test_a_line_of_tens_of_megabytes_is_refused_with_its_id(sqlite_url: str) -> 
 _WRONG = {"string": 12, "integer": "ten", "number": "high", "array": "one", "boolean": "yes"}
 
 
+def _none_of(kinds: set[str]) -> object:
+    """Return a value of a JSON type none of ``kinds`` is (a number counts as an integer)."""
+    for kind, value in (("integer", 12), ("string", "ten"), ("boolean", True), ("object", {})):
+        if kind not in kinds and not (kind == "integer" and "number" in kinds):
+            return value
+    raise AssertionError(kinds)
+
+
 def _declared_types(schema: dict[str, Any]) -> set[str]:
     choices = schema.get("anyOf", [schema])
     # An enum (a run status) is a string.
@@ -347,9 +355,10 @@ def test_every_argument_of_every_tool_refuses_a_wrong_json_type(sqlite_url: str)
         schema = tool["inputSchema"]
         required = {name: base[name] for name in schema.get("required", [])}
         for name, prop in schema["properties"].items():
-            (kind,) = _declared_types(prop)
+            kinds = _declared_types(prop)
+            wrong = _WRONG[next(iter(kinds))] if len(kinds) == 1 else _none_of(kinds)
             request_id += 1
-            server.send(call(request_id, tool["name"], {**required, name: _WRONG[kind]}))
+            server.send(call(request_id, tool["name"], {**required, name: wrong}))
             sent.append((request_id, tool["name"], name))
     assert len(sent) >= 25
     said, _ = server.replies(len(sent))
@@ -504,8 +513,9 @@ def test_a_request_the_client_cancels_does_not_hold_the_exit(sqlite_url: str) ->
 
 
 def test_nan_and_infinity_are_no_json_and_are_refused(sqlite_url: str) -> None:
-    """X2: NaN and Infinity are no JSON (RFC 8259), though Python's reader takes them: a line
-    holding one is a PARSE_ERROR naming it, and nothing is stored."""
+    """X2: NaN, Infinity and numbers out of range are no JSON (RFC 8259), though Python's
+    reader takes them (the last as an infinity): a line holding one is a PARSE_ERROR naming
+    it, and nothing is stored."""
     server = Raw(sqlite_url)
     server.open()
     server.send(
@@ -513,14 +523,20 @@ def test_nan_and_infinity_are_no_json_and_are_refused(sqlite_url: str) -> None:
         b'"arguments":{"text":"x","confidence":NaN}}}',
         b'{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"memory_remember",'
         b'"arguments":{"text":"y","valid_until":-Infinity}}}',
+        b'{"jsonrpc":"2.0","id":4,"method":"tools/call","params":{"name":"memory_remember",'
+        b'"arguments":{"text":"z","confidence":-1e999}}}',
         call(3, "memory_search", {"query": "x"}),
     )
-    said, _ = server.replies(3)
+    said, _ = server.replies(4)
     assert said[1]["error"] == {
         "code": mt.PARSE_ERROR,
         "message": "the line is not JSON: NaN is no JSON value",
     }
     assert said[2]["error"]["message"] == "the line is not JSON: -Infinity is no JSON value"
+    assert said[4]["error"] == {
+        "code": mt.PARSE_ERROR,
+        "message": "the line is not JSON: a number out of range (JSON has no infinity)",
+    }
     assert said[3]["result"]["structuredContent"] == {"facts": []}
     _, err = server.close()
     assert server.proc.returncode == 0, err

@@ -520,10 +520,10 @@ def test_the_tracer_ends_what_a_stopped_executor_left_open(traced: Traced) -> No
     """T3: spans a pass left open when its executor stopped end as ERROR, never leak."""
     tracing = journaled.otel.OtelTracing(traced.provider)
     from journaled.events.plans import Plan as EventPlan
-    from journaled.events.run_state import RunState
+    from journaled.events.run_state import RunFold
     from journaled.events.runs import RunStarted, StepStarted, WavePartitioned
 
-    state = RunState()
+    state = RunFold()
     plan = EventPlan(goal="g", steps=[Step("a", tool="t")])
     for event in (
         RunStarted(at=1, run_id="r1", plan=plan),

@@ -20,7 +20,7 @@ from journaled.events.catalog import codec
 from journaled.events.compressed import deflate
 from journaled.events.plans import Observation
 from journaled.events.run_audit import describe_run_event
-from journaled.events.run_state import RunState, decode_snapshot
+from journaled.events.run_state import RunFold, decode_snapshot
 from journaled.events.runs import (
     CallsOverrun,
     RunStarted,
@@ -195,10 +195,10 @@ def test_an_attempt_cut_short_by_a_crash_does_not_use_up_the_retry_budget(
 
 
 def test_failed_attempts_are_folded_and_kept_by_the_run_snapshot() -> None:
-    """S2, E14: run.step-retrying events count into RunState.retried, which the run snapshot
+    """S2, E14: run.step-retrying events count into RunFold.retried, which the run snapshot
     carries (schema 2); a snapshot of schema 1, which has no such count, is not restored, so
     the state is folded from the journal instead of being misread."""
-    state = RunState()
+    state = RunFold()
     observation = Observation(step_id="a", tool="t", ok=False, error="boom")
     started = RunStarted(at=1, run_id="r", plan=Plan(goal="g", steps=[Step("a", tool="t")]))
     state.fold(started)
@@ -206,11 +206,11 @@ def test_failed_attempts_are_folded_and_kept_by_the_run_snapshot() -> None:
         state.fold(StepStarted(at=2, step_id="a", attempt=attempt, wave=1))
         state.fold(StepRetrying(at=3, step_id="a", attempt=attempt, observation=observation))
     assert state.retried == {"a": 2}
-    restored = RunState.restore(state.snapshot())
+    restored = RunFold.restore(state.snapshot())
     assert restored is not None
     assert restored.retried == {"a": 2}
     older = msgspec.structs.replace(decode_snapshot(state.snapshot()), schema=1)
-    assert RunState.restore(deflate(msgspec.msgpack.encode(older))) is None
+    assert RunFold.restore(deflate(msgspec.msgpack.encode(older))) is None
 
 
 # -- a closing runtime does not turn a failure into the step's result ------------------------

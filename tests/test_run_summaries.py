@@ -247,6 +247,8 @@ def test_status_takes_several_and_since_takes_a_datetime_or_iso_text(
         both = [s.run_id for s in rt.runs.list(status=["failed", "completed"])]
         assert both == [done, failed]
         assert [s.run_id for s in rt.runs.list(status={"failed"})] == [failed]
+        # read once: an iterator of statuses is used up by the first look at it
+        assert [s.run_id for s in rt.runs.list(status=(x for x in ["failed"]))] == [failed]
         stamp = dt.datetime.fromtimestamp(later / 1000, tz=dt.UTC)
         for since in (later, stamp, stamp.replace(tzinfo=None), stamp.isoformat()):
             assert [s.run_id for s in rt.runs.list(since=since)] == [failed], since

@@ -22,7 +22,7 @@ import journaled
 import journaled.aio
 from journaled import AgentResult, NeedsInput, Plan, Step
 from journaled.errors import JournalClosed
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.runtime import verify
 from journaled.testing import LoopLag, wait_for
 
@@ -451,7 +451,7 @@ def test_a_close_in_the_middle_of_a_resume_suspends_it_and_it_resumes(sqlite_url
         finished = again.resume(run_id, answers={"b": "ok"})
         assert isinstance(finished, journaled.ExecuteResult)
         assert finished.ok
-        state: RunState = again.runs.state(run_id)
+        state: RunFold = again.runs.state(run_id)
         assert state.run_status == "completed"
     assert ran == {"a": 1, "b": 2}  # 'b' asked once, then answered (E10)
     assert verify(sqlite_url).ok

@@ -3,6 +3,8 @@ gives are the types returned (M8, O1, F2, O7; ADR 0099)."""
 
 from __future__ import annotations
 
+import operator
+
 import journaled
 from journaled import Plan, Step
 
@@ -21,6 +23,13 @@ def test_a_deletion_is_the_pair_m8_returns(rt: journaled.Runtime) -> None:
     assert rt.memory.delete("fact_nope") == (False, 0)
     assert rt.memory.delete("fact_nope") == journaled.Deletion(primary=False, relationships=0)
     assert {rt.memory.delete("fact_nope")} == {(False, 0)}  # hashes as the pair
+    missing = rt.memory.delete("fact_nope")
+    pair = (False, 0)
+    assert operator.ne(missing, pair) is False  # != is the negation of ==, both ways
+    assert operator.ne(pair, missing) is False
+    assert missing != (True, 0)
+    assert missing != journaled.Deletion(primary=True, relationships=0)
+    assert (missing[0], missing[1], len(missing)) == (False, 0, 2)
 
 
 def test_lineage_entries_are_run_source_and_position_triples(rt: journaled.Runtime) -> None:

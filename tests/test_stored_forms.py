@@ -20,7 +20,7 @@ from journaled.events.compressed import deflate, inflate
 from journaled.events.errors import CorruptEvent
 from journaled.events.journal import SNAPSHOT_TABLE
 from journaled.events.plans import OBSERVATION_CODES, Limits, Observation, Plan, Step
-from journaled.events.run_state import RunState, fold_run
+from journaled.events.run_state import RunFold, fold_run
 from journaled.events.run_summaries import SUMMARIES_KEY
 from journaled.events.runs import (
     POSITIONAL_RUN_EVENTS,
@@ -216,7 +216,7 @@ def test_a_compressed_run_snapshot_restores_to_the_fold(sqlite_url: str) -> None
     assert stored[0] == 0x78  # a zlib stream, not a msgpack map
     with journaled.open(sqlite_url) as rt:
         folded = fold_run(list(rt.runs.history(run_id)))
-    restored = RunState.restore(stored)
+    restored = RunFold.restore(stored)
     assert restored is not None
     assert restored.result() == folded.result()
     assert inflate(restored.snapshot()) == inflate(folded.snapshot()) == inflate(stored)
@@ -232,7 +232,7 @@ def test_an_uncompressed_snapshot_of_an_earlier_release_restores() -> None:
     )
     plain = inflate(state.snapshot())
     assert plain[0] in (*range(0x80, 0x90), 0xDE)
-    restored = RunState.restore(plain)
+    restored = RunFold.restore(plain)
     assert restored is not None
     assert inflate(restored.snapshot()) == plain
     assert [s.id for s in restored.plan().steps] == ["a"]
@@ -253,7 +253,7 @@ def test_a_corrupt_compressed_snapshot_is_a_cache_miss(sqlite_url: str, damage: 
             "garbage": b"\x78\x9c-not-deflate",
         }[damage]
         _replace_snapshot(sqlite_url, key, broken)
-        assert RunState.restore(broken) is None or key != run_id
+        assert RunFold.restore(broken) is None or key != run_id
         with pytest.raises(msgspec.DecodeError):
             inflate(broken)
     with journaled.open(sqlite_url) as rt:

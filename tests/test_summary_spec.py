@@ -450,3 +450,31 @@ def test_a_fork_of_a_waiting_run_lists_the_steps_it_waits_on(sqlite_url: str) ->
         assert (summaries[fork].status, summaries[fork].waiting) == ("forked", ("w",))
         assert summaries[answered].waiting == ()
         assert summaries[source.run_id].waiting == ("w",)
+
+
+def test_a_fork_of_an_earlier_release_lists_the_steps_its_questions_tell(sqlite_url: str) -> None:
+    """T2, E10, ADR 0032: a ``run.forked`` of an earlier release holds no ``waiting``; its
+    summary lists the steps its questions and answers tell, as ``runs.state`` does."""
+    import msgspec
+
+    from journaled.events.run_state import fold_run
+    from journaled.events.run_summaries import _summaries, fold
+
+    def asker(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        if ctx.answer is None:
+            raise journaled.NeedsInput("which branch?")
+        return journaled.AgentResult(output=f"on {ctx.answer}", calls_used=1)
+
+    plan = Plan(goal="g", steps=[Step("k", skill="s"), Step("w", agent="asker", depends_on=["k"])])
+    with journaled.open(sqlite_url) as rt:
+        rt.register_agent("asker", asker)
+        rt.register_skill("s", lambda x: "idea")
+        fork = rt.runs.fork(rt.execute(plan, call_budget=10).run_id)
+        stream = rt.runs.history(fork)
+    first = stream[0]
+    old = msgspec.structs.replace(first, data=msgspec.structs.replace(first.data, waiting=None))
+    assert fold_run([old, *stream[1:]]).waiting == ["w"]
+    runs: dict[str, Any] = {}
+    for event in (old, *stream[1:]):
+        fold(runs, event)
+    assert _summaries(runs)[fork].waiting == ("w",)

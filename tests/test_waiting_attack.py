@@ -29,7 +29,7 @@ import pytest
 import journaled
 from journaled import AgentResult, Clarify, NeedsInput, Observation, Plan, Step
 from journaled.actors.ownership import owner_stopped
-from journaled.events.run_state import RunState
+from journaled.events.run_state import RunFold
 from journaled.events.runs import StepWaiting
 from journaled.testing import wait_for
 
@@ -85,7 +85,7 @@ def kinds(rt: journaled.Runtime, run_id: str) -> list[str]:
     return [e.kind for e in rt.runs.history(run_id)]
 
 
-def summary_status(state: RunState, interrupted: bool = False) -> str:
+def summary_status(state: RunFold, interrupted: bool = False) -> str:
     """The T2 status a run's folded state stands for (ADR 0037); ``interrupted``: its owner
     was judged stopped (ADR 0088)."""
     if state.purged is not None:
@@ -100,7 +100,7 @@ def summary_status(state: RunState, interrupted: bool = False) -> str:
     return "interrupted" if interrupted else "running"
 
 
-def why_head(state: RunState, interrupted: bool = False) -> str:
+def why_head(state: RunFold, interrupted: bool = False) -> str:
     if state.suspended is not None:
         return "suspended"
     if state.finished is None:
@@ -108,7 +108,7 @@ def why_head(state: RunState, interrupted: bool = False) -> str:
     return state.finished.status.replace("_", " ")
 
 
-def assert_views_agree(rt: journaled.Runtime, run_id: str) -> RunState:
+def assert_views_agree(rt: journaled.Runtime, run_id: str) -> RunFold:
     """runs.state, runs.summary, runs.list(status=...) and runs.why say one thing (T2, O6)."""
     state = rt.runs.state(run_id)
     summary = rt.runs.summary(run_id)
@@ -141,8 +141,8 @@ def assert_views_agree(rt: journaled.Runtime, run_id: str) -> RunState:
     return state
 
 
-def journaled_fold(rt: journaled.Runtime, run_id: str) -> RunState:
-    state = RunState()
+def journaled_fold(rt: journaled.Runtime, run_id: str) -> RunFold:
+    state = RunFold()
     state.apply_all(rt.runs.history(run_id))
     return state
 
