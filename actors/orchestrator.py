@@ -38,6 +38,7 @@ from journaled.actors.runs import RunHandle, Runs, check_callable, running_futur
 from journaled.events.base import DomainEvent, Event, Pending
 from journaled.events.codec import tag_of
 from journaled.events.errors import ConcurrencyConflict, JournalClosed
+from journaled.events.inputs import short
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -294,7 +295,7 @@ class Orchestrations:
         """Fold an orchestration's events (up to a journal position)."""
         events = self._journal.stream(run_id)
         if not events:
-            raise RunNotFound(f"no run {run_id!r} in this journal")
+            raise RunNotFound(f"no run {short(run_id)} in this journal")
         self._runs._check_here(run_id, events[0])  # another organization's is unknown (ADR 0074)
         if position is not None:
             events = [e for e in events if e.position <= position]

@@ -20,7 +20,7 @@ from journaled.actors.ownership import owner_judge
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.fork import Lineage
-from journaled.events.inputs import INT64_MAX, int_problem
+from journaled.events.inputs import INT64_MAX, int_problem, short
 from journaled.events.journal import Journal
 from journaled.events.orchestration import OrchestrationStarted, PassStarted
 from journaled.events.orchestration_state import fold_orchestration
@@ -456,7 +456,7 @@ def no_run(run_id: str) -> RunNotFound:
     hint = ""
     if isinstance(run_id, str) and run_id.startswith(FACT_ID_PREFIX):
         hint = f" (ids starting {FACT_ID_PREFIX!r} name facts, not runs: see `memory why`)"
-    return RunNotFound(f"no run {run_id!r} in this journal{hint}")
+    return RunNotFound(f"no run {short(run_id)} in this journal{hint}")
 
 
 def check_head(run_id: str, head: tuple[int, str] | None) -> None:

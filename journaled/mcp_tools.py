@@ -23,6 +23,7 @@ from journaled.actors.errors import InvalidFact, RunNotFound
 from journaled.errors import InvalidArgument
 from journaled.events.base import Event
 from journaled.events.errors import EventsError
+from journaled.events.inputs import short
 from journaled.events.memory import Fact
 from journaled.events.provenance import Stale
 from journaled.events.run_summaries import RunSummary, SummaryStatus
@@ -231,7 +232,7 @@ def _position(rt: journaled.Runtime, position: int, argument: str = "position") 
 def _known_fact(rt: journaled.Runtime, fact_id: str) -> list[Event]:
     history = rt.memory.history(fact_id)
     if not history:
-        raise ToolError("fact_id", f"no fact {fact_id!r} in this journal")
+        raise ToolError("fact_id", f"no fact {short(fact_id)} in this journal")
     return history
 
 

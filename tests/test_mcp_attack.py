@@ -542,3 +542,25 @@ def test_nan_and_infinity_are_no_json_and_are_refused(sqlite_url: str) -> None:
     assert server.proc.returncode == 0, err
     with journaled.open(sqlite_url) as rt:
         assert rt.memory.all() == []
+
+
+def test_an_unknown_id_of_any_length_is_not_echoed_back_whole(sqlite_url: str) -> None:
+    """X2: an unknown run or fact id of 200 kB is answered by an error of a few hundred bytes
+    naming it shortened, not by the 200 kB sent; serving goes on."""
+    server = Raw(sqlite_url)
+    server.open()
+    server.send(
+        call(1, "runs_at", {"run_id": "r" * 200_000}),
+        call(2, "memory_why", {"fact_id": "m" * 200_000}),
+        call(3, "runs_why", {"run_id": "run_" + "x" * 200_000}),
+        call(4, "memory_search", {"query": "x"}),
+    )
+    said, _ = server.replies(4)
+    for request_id in (1, 2, 3):
+        argument, message = tool_error(said[request_id])
+        assert argument in ("run_id", "fact_id"), message
+        assert len(message) < 300, len(message)
+        assert "…" in message
+    assert said[4]["result"]["structuredContent"] == {"facts": []}
+    _, err = server.close()
+    assert server.proc.returncode == 0, err
