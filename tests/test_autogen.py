@@ -589,6 +589,33 @@ def test_a_runtime_that_was_not_started_fails_the_step_instead_of_hanging(sqlite
     with_aio(sqlite_url, body)
 
 
+class _Elsewhere:
+    """A placement that runs steps in another process (as RaySteps does); never called here."""
+
+    closed = False
+
+    def run_step(self, *args: Any, **kwargs: Any) -> Any:
+        raise AssertionError("no step is placed in this test")
+
+
+def test_an_autogen_agent_is_refused_by_a_runtime_that_places_steps_elsewhere(
+    sqlite_url: str,
+) -> None:
+    """X1, S1: a runtime opened with steps= (Ray) runs agent steps in other processes, which
+    cannot reach an AutoGen runtime of this one: registering the AutoGen agent there is refused
+    naming why and what to do, where each step failed with a pickling error."""
+
+    async def body(rt: AsyncRuntime) -> None:
+        runtime = SingleThreadedAgentRuntime()
+        await ScriptedAgent.register(runtime, "writer", lambda: ScriptedAgent([], []))
+        with pytest.raises(InvalidArgument, match="places its steps elsewhere"):
+            register_autogen_agent(rt, "writer", runtime=runtime, agent_type="writer")
+        with pytest.raises(InvalidArgument, match="without steps="):
+            register_autogen_agent(rt._sync, "writer", runtime=runtime, agent_type="writer")
+
+    with_aio(sqlite_url, body, steps=_Elsewhere())
+
+
 @pytest.fixture
 def autogen_thread() -> Iterator[asyncio.AbstractEventLoop]:
     """Run an event loop in a thread of its own, as a sync program hosting AutoGen would."""

@@ -125,6 +125,15 @@ def register_autogen_agent(
             "must be a runtime from journaled.open() or journaled.aio.open(), got "
             f"{type(rt).__name__}",
         )
+    sync = rt._sync if isinstance(rt, AsyncRuntime) else rt
+    if sync._services.placement is not None:
+        raise InvalidArgument(
+            "rt",
+            "places its steps elsewhere (open(steps=...), e.g. on Ray): an AutoGen agent is "
+            "reached through its AutoGen runtime in this process, which a step run in another "
+            "process cannot reach; register it on a runtime opened without steps= on the same "
+            "journal",
+        )
     if rt.runs.closing:
         raise InvalidArgument(
             "rt", "is a closed runtime: open one with journaled.open() or journaled.aio.open()"
