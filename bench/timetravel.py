@@ -18,11 +18,13 @@ in the same run, with a ratio and PASS/MISS against a target. A miss is reported
 3. The 1,000-step chain at its step 500 (the figure compared with other runtimes): cold, the
    first call of each of 9 new runtimes (p50, target <= 4 ms), and warm, against the plain
    fold of that prefix.
-4. ``rt.memory.as_of(position=p).all()`` over a memory of 100,000 facts (quick: 10,000) at 5
-   positions spread over it, p50, against the eager fold ``as_of`` made before (every text
-   indexed as it comes, every payload read up front), measured in the same run; then both
-   with a first search (which builds the view's index); then at the end (a fold of the whole
-   journal: time travel never starts from a snapshot, ADR 0034).
+4. ``rt.memory.as_of(position=p).all()`` over a memory of 100,000 facts (quick: 10,000), against
+   the eager fold ``as_of`` made before (every text indexed as it comes, every payload read up
+   front), measured in the same run: cold at 5 positions spread over it (no checkpoint held:
+   a fold from the start that leaves checkpoints), p50; warm at 50 positions, p50 and p90,
+   served by the checkpoints a first view of the end left (ADR 0034's update), with the memory
+   they hold (tracemalloc); then with a first search (which builds the view's index); then
+   at the end (time travel never starts from memory's snapshot, ADR 0034).
 5. Informative: the checkpoint cache's units and traced bytes for the 10,000-step run.
 
 Run ``python bench/timetravel.py`` (full sizes) or ``python bench/timetravel.py --quick`` (< 60 s).
@@ -298,13 +300,16 @@ def eager_as_of(rt: journaled.Runtime, position: int) -> MemoryView:
 
 
 def bench_memory(tmp: Path, facts: int) -> list[Row]:
-    """Row 4: memory.as_of at positions spread over a memory, before (eager) and after (lazy)."""
+    """Row 4: memory.as_of at positions spread over a memory: the eager fold it made before,
+    a cold call (no checkpoint held: a full fold that leaves checkpoints), and warm calls served
+    by the checkpoint cache (ADR 0034's update)."""
     url = f"sqlite:///{tmp / f'facts-{facts}.sqlite'}"
     build_journal(url, facts, Corpus(seed=7), seed=facts)
     with journaled.open(url) as rt:
         end = rt.journal.position()
         points = [(k * end) // 6 for k in range(1, 6)]
         word = rt.memory.all()[0].text.split()[0]
+        cache = rt.memory._past_checkpoints
         for p in points[::2]:  # the new path must answer as the old one did
             # A position inside one append is taken at that append's end (ADR 0064).
             new = rt.memory.as_of(position=p)
@@ -312,7 +317,19 @@ def bench_memory(tmp: Path, facts: int) -> list[Row]:
             if old.all() != new.all() or old.search(word) != new.search(word):
                 raise AssertionError(f"memory.as_of({p}) differs from the eager fold")
         before = [_timed(lambda p=p: eager_as_of(rt, p).all()) for p in points]  # type: ignore[misc]
-        after = [_timed(lambda p=p: rt.memory.as_of(position=p).all()) for p in points]  # type: ignore[misc]
+        cold = []
+        for p in points:
+            cache.clear()
+            cold.append(_timed(lambda p=p: rt.memory.as_of(position=p).all()))  # type: ignore[misc]
+        cache.clear()
+        gc.collect()
+        tracemalloc.start()
+        rt.memory.as_of(position=end)  # a first view of the end: it leaves the checkpoints
+        gc.collect()
+        held_bytes = tracemalloc.get_traced_memory()[0]
+        tracemalloc.stop()
+        spread = [(k * end) // 51 for k in range(1, 51)]
+        warm = [_timed(lambda p=p: rt.memory.as_of(position=p).all()) for p in spread]  # type: ignore[misc]
         searched = [
             _timed(lambda p=p: rt.memory.as_of(position=p).search(word))  # type: ignore[misc]
             for p in points
@@ -326,18 +343,45 @@ def bench_memory(tmp: Path, facts: int) -> list[Row]:
             _timed(lambda: rt.memory.as_of(position=end).all()) for _ in range(3)
         )
         eager_end = _timed(lambda: eager_as_of(rt, end).all())
-    b50, a50, s50, e50 = (statistics.median(x) for x in (before, after, searched, eager_searched))
+        held, every = len(cache.positions), cache.every
+    b50, c50, s50, e50 = (statistics.median(x) for x in (before, cold, searched, eager_searched))
+    w50, w90 = statistics.median(warm), sorted(warm)[int(len(warm) * 0.9)]
     return [
         Row(
-            f"memory.as_of p50 (get/all), {len(points)} positions over {facts:,} facts",
-            _ms(a50),
+            f"memory.as_of cold p50 (get/all; no checkpoint held), {len(points)} positions over "
+            f"{facts:,} facts",
+            _ms(c50),
             _ms(b50),
-            f"{a50 / b50:.2f}x",
+            f"{c50 / b50:.2f}x",
             "informative",
             None,
         ),
         Row(
-            "memory.as_of p50 + its first search (builds the index), same positions",
+            "memory.as_of warm p50 (get/all), 50 positions, served by the checkpoint cache",
+            _ms(w50),
+            _ms(b50),
+            f"{w50 / b50:.3f}x",
+            "informative",
+            None,
+        ),
+        Row(
+            "memory.as_of warm p90, same positions, served by the checkpoint cache",
+            _ms(w90),
+            _ms(b50),
+            f"{w90 / b50:.3f}x",
+            "informative",
+            None,
+        ),
+        Row(
+            f"memory checkpoints held: {held}, one per {every:,} positions at least",
+            f"{held_bytes / 1e6:.1f} MB",
+            f"{end:,} positions",
+            "-",
+            "informative",
+            None,
+        ),
+        Row(
+            "memory.as_of p50 + its first search (builds the index), served by the cache",
             _ms(s50),
             _ms(e50),
             f"{s50 / e50:.2f}x",
@@ -345,7 +389,7 @@ def bench_memory(tmp: Path, facts: int) -> list[Row]:
             None,
         ),
         Row(
-            "memory.as_of at the end (events alone; a snapshot lies there)",
+            "memory.as_of at the end, served by the cache (a snapshot lies there, unread)",
             _ms(at_end),
             _ms(eager_end),
             f"{at_end / eager_end:.2f}x",

@@ -185,6 +185,26 @@ class ScopeState:
             state._group_length[scope, domain] = length
         return state
 
+    def copy_deferred(self) -> ScopeState:
+        """Return a copy of a scope folded with its index deferred and never settled (a view of
+        the past, T1): what such a fold holds, copied so that neither copy's fold nor search
+        changes the other. Facts are frozen Structs, shared.
+
+        Raises:
+            ValueError: the scope indexes as it folds, or was settled (its index is not empty).
+        """
+        if not self._deferred or self.settles or self._plain_group or self._conditional:
+            raise ValueError(f"scope {self.physical}: only an unsettled deferred fold is copied")
+        copy = ScopeState(self.physical)
+        copy._deferred = True
+        copy.facts = dict(self.facts)
+        copy._touched = dict(self._touched)
+        copy._superseder_until = dict(self._superseder_until)
+        copy._listed_by = {k: set(v) for k, v in self._listed_by.items()}
+        copy._by_key = {k: set(v) for k, v in self._by_key.items()}
+        copy._erased = set(self._erased)
+        return copy
+
     # -- folding ---------------------------------------------------------------------------------
 
     def apply(self, event: DomainEvent, text: str | None = None) -> None:

@@ -24,7 +24,7 @@ from journaled.events.inputs import int_problem, short, text_problem
 from journaled.events.journal import Journal
 from journaled.events.memory import FACT_EVENTS, Fact, FactRemembered
 from journaled.events.memory_audit import explain
-from journaled.events.memory_past import past_memory
+from journaled.events.memory_past import PastCheckpoints, past_memory
 from journaled.events.memory_state import (
     MemoryState,
     Query,
@@ -206,6 +206,8 @@ class Memory:
         self._clock = clock
         self._organization = organization
         self._semantic = Semantic(embedder, journal, embed_timeout, organization)
+        self._past_checkpoints = PastCheckpoints()
+        """Memory's past states this runtime kept, which views of the past start from (T1)."""
         if self._semantic.cache.path is not None:  # a purge's rows leave its log as well
             self._scrubber.include(self._semantic.cache)
         self._lone_scope = True
@@ -638,23 +640,78 @@ class Memory:
             now = max(now, self._clock())
         return MemoryView(state, now, self._semantic)
 
-    def _past(self, position: int | None, at: int | None) -> tuple[MemoryState, int]:
+    def _past(
+        self, position: int | None, at: int | None, attempts: int = 3
+    ) -> tuple[MemoryState, int]:
         """Fold memory up to a position (or a time) from the journal's events alone.
 
         Never from memory's snapshot: a snapshot is a cache outside the digest chain, which
         ``journal verify`` checks but an answer about the past could not (ADR 0034). Returns the
         state and its time: the last event's (a position) or ``at``. The texts of the facts
         remembered are read with each batch of events, not all at once; the search index is
-        built only if the view is searched (T1).
+        built only if the view is searched (T1). At a position, the fold starts from the
+        nearest checkpoint this runtime kept at or before it, and leaves checkpoints as it goes
+        (:class:`PastCheckpoints`, ADR 0034's update).
         """
-        state = past_memory(list(self._scopes), self._organization)
-        now = at if at is not None else 0
+        if at is not None:
+            return self._past_at(at)
+        assert position is not None
+        erasures = self._journal.erasures()
+        started = self._past_checkpoints.nearest(position, erasures)
+        if started is None:
+            state, now = past_memory(list(self._scopes), self._organization), 0
+        else:
+            state, now = started
+        every, ahead = self._past_checkpoints.spacing(state.position, position)
+        last = state.position
         batch: list[Event] = []
-        # At a time, runs' events are not even read: they change no fact, and say no time of
-        # memory's (below).
-        skipped = NOT_MEMORY if at is not None else ()
-        for event in self._journal.read(upto=position, skip_prefixes=skipped):
-            if at is not None and event.data.at > at:
+        for event in self._journal.read(after=state.position, upto=position):
+            batch.append(event)
+            if len(batch) >= _FOLD_BATCH:
+                now, last = self._fold_keeping(state, batch, now, last, every, ahead, erasures)
+                batch = []
+        now, last = self._fold_keeping(state, batch, now, last, every, ahead, erasures)
+        self._past_checkpoints.settle()
+        if self._journal.erasures() != erasures:
+            # A purge committed while this view folded: it may hold a text read before; the
+            # checkpoints are dropped and the view folded again, so none holds what is erased
+            # (a view folded with purges all along, as one without checkpoints could be, is
+            # judged from where it began: ADR 0062).
+            self._past_checkpoints.clear()
+            if attempts > 1:
+                return self._past(position, None, attempts - 1)
+        return state, now
+
+    def _fold_keeping(
+        self,
+        state: MemoryState,
+        events: list[Event],
+        now: int,
+        last: int,
+        every: int,
+        ahead: int | None,
+        erasures: int,
+    ) -> tuple[int, int]:
+        """Fold events into a past state, keeping a checkpoint wherever one is due; return the
+        state's time and the position of the last checkpoint passed."""
+        remembered = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]
+        texts = self._journal.payloads(remembered) if remembered else {}
+        for event in events:
+            state.apply(event, texts)
+            now = event.data.at
+            due = event.position - last >= every
+            if due and (ahead is None or ahead - event.position >= every):
+                self._past_checkpoints.keep(state, now, erasures)
+                last = event.position
+        return now, last
+
+    def _past_at(self, at: int) -> tuple[MemoryState, int]:
+        """Fold memory as it was at a time (epoch ms): from the start, its events alone."""
+        state = past_memory(list(self._scopes), self._organization)
+        batch: list[Event] = []
+        # Runs' events are not even read: they change no fact, and say no time of memory's.
+        for event in self._journal.read(skip_prefixes=NOT_MEMORY):
+            if event.data.at > at:
                 # Memory's own events say when memory was so: an event of a run or of another
                 # organization, which the fold passes by, does not end it, whatever its clock
                 # said (two processes' clocks disagree). One of this memory ends it, even if a
@@ -666,14 +723,12 @@ class Memory:
                 if state.scope_of(event.data) is not None:
                     break
                 continue
-            if at is None:
-                now = event.data.at
             batch.append(event)
             if len(batch) >= _FOLD_BATCH:
                 self._fold_into(state, batch)
                 batch = []
         self._fold_into(state, batch)
-        return state, now
+        return state, at
 
     def _fold_into(self, state: MemoryState, events: list[Event]) -> None:
         remembered = [e.data.fact_id for e in events if isinstance(e.data, FactRemembered)]

@@ -6,6 +6,9 @@ The reference is how ``as_of`` folded before: every event from the journal's sta
 
 from __future__ import annotations
 
+import random
+import subprocess
+import sys
 import threading
 
 import msgspec
@@ -14,7 +17,8 @@ from in_place import eager_view
 
 import journaled
 from journaled.events.journal import Journal
-from journaled.events.memory_state import ScopeState
+from journaled.events.memory_past import PastCheckpoints, past_memory
+from journaled.events.memory_state import MemoryState, ScopeState
 from journaled.memory import MemoryView
 from journaled.testing import ManualClock
 
@@ -161,3 +165,165 @@ def test_concurrent_first_searches_wait_for_the_whole_index(
         first.join(5.0)
         second.join(5.0)
         assert found == {"first": expected, "second": expected}
+
+
+# -- checkpoints of memory's past (T1, ADR 0034's update) -------------------------------------
+
+
+@pytest.mark.parametrize("order", ["forward", "backward", "shuffled"])
+@pytest.mark.parametrize("budget", [10**6, 12])
+def test_views_started_from_checkpoints_answer_as_a_full_fold(
+    journal_url: str, clock: ManualClock, order: str, budget: int
+) -> None:
+    """T1, M12: views at every position, taken in any order, start from the checkpoints the
+    earlier views left (one every position here; with a budget of 12 facts, thinned and
+    refused) and answer get/all/search as a full fold from the journal's start."""
+    with journaled.open(journal_url, clock=clock) as rt:
+        ids, nows = _story(rt, clock)
+        end = rt.journal.position()
+        rt.memory._past_checkpoints = PastCheckpoints(budget=budget, least_every=1)
+        positions = list(range(end + 1))
+        if order == "backward":
+            positions.reverse()
+        elif order == "shuffled":
+            random.Random(7).shuffle(positions)
+        for position in positions:
+            view = rt.memory.as_of(position=position)
+            expected = eager_view(rt, view.position)
+            assert _answers(view, ids, nows) == _answers(expected, ids, nows), position
+        held = rt.memory._past_checkpoints.positions
+        assert held  # the views left checkpoints
+        if budget == 12:
+            assert len(held) < end // 2
+
+
+def test_a_view_folds_only_the_events_after_the_nearest_checkpoint(
+    sqlite_url: str, clock: ManualClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """T1: once a view left checkpoints, a view at any position reads the journal from the
+    nearest one at or before it, at most ``every`` positions, never from the start."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        for i in range(300):
+            rt.memory.remember(f"fact {i} about topic {i % 7}", conflict_key=f"k{i % 40}")
+        end = rt.journal.position()
+        rt.memory._past_checkpoints = PastCheckpoints(least_every=16)
+        rt.memory.as_of(position=end)  # the first view: a full fold, checkpoints on the way
+        checkpoints = rt.memory._past_checkpoints
+        assert len(checkpoints.positions) >= 8
+        read = Journal.read
+        starts: list[int] = []
+
+        def counted(self: Journal, after: int = 0, **kwargs: object) -> object:
+            starts.append(after)
+            return read(self, after, **kwargs)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(Journal, "read", counted)
+        for position in range(checkpoints.positions[0], end + 1, 17):
+            view = rt.memory.as_of(position=position)
+            assert 0 <= view.position - starts[-1] < checkpoints.every + 64, position
+            expected = eager_view(rt, view.position)
+            assert msgspec.json.encode(view.all()) == msgspec.json.encode(expected.all())
+
+
+def test_a_purge_drops_the_checkpoints_in_this_process_and_from_another(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """T1, R2: checkpoints hold texts; after a purge (by this runtime, or by another process on
+    the same file) no view of any position holds the purged text, checkpoints or not."""
+    secret_two = "second-purged-secret"
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        rt.memory._past_checkpoints = PastCheckpoints(least_every=1)
+        fact = rt.memory.remember(f"{SECRET} in a fact")
+        other = rt.memory.remember(f"{secret_two} in another")
+        for i in range(20):
+            rt.memory.remember(f"filler {i}")
+        end = rt.journal.position()
+        for position in range(end + 1):  # checkpoints everywhere, holding both texts
+            rt.memory.as_of(position=position)
+        assert SECRET in msgspec.json.encode(rt.memory.as_of(position=end).all()).decode()
+        assert rt.memory.purge(fact.id)
+        for position in range(end + 1):
+            assert (
+                SECRET not in msgspec.json.encode(rt.memory.as_of(position=position).all()).decode()
+            )
+        code = (
+            "import sys, journaled\n"
+            "with journaled.open(sys.argv[1]) as rt:\n"
+            "    assert rt.memory.purge(sys.argv[2])\n"
+        )
+        subprocess.run([sys.executable, "-c", code, sqlite_url, other.id], check=True, timeout=60)
+        for position in range(end + 1):
+            shown = msgspec.json.encode(rt.memory.as_of(position=position).all()).decode()
+            assert secret_two not in shown, position
+
+
+def _internals(state: MemoryState) -> object:
+    """Everything a past state holds, in a comparable form."""
+    return [
+        state.position,
+        [
+            (
+                physical,
+                scope.facts,
+                list(scope._touched),
+                scope._superseder_until,
+                {k: sorted(v) for k, v in scope._listed_by.items()},
+                {k: sorted(v) for k, v in scope._by_key.items()},
+                sorted(scope._erased),
+            )
+            for physical, scope in sorted(state.scopes.items())
+        ],
+    ]
+
+
+def test_a_checkpoint_never_changes_once_kept(journal_url: str, clock: ManualClock) -> None:
+    """T1: views folded on from a checkpoint (superseding, relinking, deleting past it) and
+    searched leave it as it was kept: each checkpoint equals a fresh fold to its position."""
+    with journaled.open(journal_url, clock=clock) as rt:
+        _story(rt, clock)
+        end = rt.journal.position()
+        checkpoints = PastCheckpoints(least_every=1)
+        rt.memory._past_checkpoints = checkpoints
+        positions = list(range(end + 1))
+        random.Random(3).shuffle(positions)
+        for position in positions:
+            rt.memory.as_of(position=position).search("deploy region")
+        assert checkpoints.positions
+        journal = rt.memory._journal
+        texts = journal.payloads()
+        for held, state, _ in checkpoints._held:
+            plain = past_memory(list(rt.memory._scopes), rt.memory._organization)
+            for event in journal.read(upto=held):  # to the very position, inside an append too
+                plain.apply(event, texts)
+            assert _internals(state) == _internals(plain), held
+            # The route is shared and only grows: it holds the plain fold's, as it was.
+            assert {k: state.route[k] for k in plain.route} == plain.route, held
+
+
+def test_views_from_several_threads_share_the_checkpoints(
+    sqlite_url: str, clock: ManualClock
+) -> None:
+    """T1: four threads taking views at random positions at once each get a full fold's
+    answers, while they leave and start from the same checkpoints."""
+    with journaled.open(sqlite_url, clock=clock) as rt:
+        ids, nows = _story(rt, clock)
+        for i in range(60):
+            rt.memory.remember(f"filler {i} alpha", conflict_key=f"f{i % 9}")
+        end = rt.journal.position()
+        rt.memory._past_checkpoints = PastCheckpoints(least_every=4)
+        expected = {p: _answers(eager_view(rt, p), ids, nows) for p in range(end + 1)}
+        wrong: list[int] = []
+
+        def views(seed: int) -> None:
+            for position in random.Random(seed).sample(range(end + 1), 40):
+                view = rt.memory.as_of(position=position)
+                if _answers(view, ids, nows) != expected[view.position]:
+                    wrong.append(position)
+
+        threads = [threading.Thread(target=views, args=(seed,)) for seed in range(4)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        assert wrong == []
+        assert rt.memory._past_checkpoints.positions
