@@ -8,6 +8,7 @@ stored text that is not UTF-8 into a :class:`CorruptEvent` carrying its position
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 import msgspec
@@ -199,3 +200,24 @@ def holds_infinity(value: object) -> bool:
         elif isinstance(item, list):
             todo.extend(item)
     return False
+
+
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
+
+def iso_ms(text: str) -> int | None:
+    """Return an ISO-8601 time (``Z``, an offset, or none for UTC; or a date, at 00:00 UTC) in
+    epoch milliseconds, or None when the text is no such time."""
+    try:
+        stamp = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        return None
+    return epoch_ms(stamp)
+
+
+def epoch_ms(stamp: dt.datetime) -> int:
+    """Return a datetime in epoch milliseconds; a naive one is read as UTC (as the CLI reads a
+    time given without an offset)."""
+    if stamp.tzinfo is None:
+        stamp = stamp.replace(tzinfo=dt.UTC)
+    return (stamp - _EPOCH) // dt.timedelta(milliseconds=1)

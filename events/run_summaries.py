@@ -28,6 +28,7 @@ from msgspec import UNSET, UnsetType
 from journaled.events.base import Event
 from journaled.events.codec import tag_of, topics_of
 from journaled.events.compressed import deflate, inflate
+from journaled.events.inputs import epoch_ms, iso_ms
 from journaled.events.journal import Journal
 from journaled.events.orchestration import (
     ORCHESTRATION_EVENTS,
@@ -590,25 +591,21 @@ def _since_ms(since: object) -> int | None:
     if since is None:
         return None
     if isinstance(since, str):
-        try:
-            since = dt.datetime.fromisoformat(since.strip())
-        except ValueError:
+        ms = iso_ms(since)
+        if ms is None:
             raise ValueError(
                 f"since: cannot read the time {since!r}: give epoch milliseconds, a datetime or "
                 "ISO 8601, e.g. 2026-11-30T07:00:00Z"
-            ) from None
+            )
+        since = ms
     if isinstance(since, dt.datetime):
-        stamp = since if since.tzinfo is not None else since.replace(tzinfo=dt.UTC)
-        since = (stamp - _EPOCH) // dt.timedelta(milliseconds=1)
+        since = epoch_ms(since)
     if not isinstance(since, int) or isinstance(since, bool) or since < 0:
         raise ValueError(
             f"since: give a time as epoch milliseconds (an int >= 0), a datetime or ISO 8601, "
             f"got {since!r}"
         )
     return since
-
-
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 EVERY_RUN = Filters()

@@ -7,7 +7,6 @@ added. Human output goes through rich, which colours only when the terminal supp
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,7 @@ import msgspec
 import journaled
 from journaled.events.base import DomainEvent, Event
 from journaled.events.fork import Lineage
-from journaled.events.inputs import json_bytes
+from journaled.events.inputs import iso_ms, json_bytes
 from journaled.events.memory import ConflictKeyClaimed, Fact
 from journaled.events.memory_audit import describe, when
 from journaled.events.plan_rules import waves
@@ -30,7 +29,6 @@ if TYPE_CHECKING:  # rich loads only when something is rendered (T4)
     from rich.table import Table
     from rich.text import Text
 
-_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 _NOTE_WIDTH = 60
 
 # -- JSON shapes -----------------------------------------------------------------------------------
@@ -122,16 +120,13 @@ def parse_time(text: str) -> int:
     Raises:
         ValueError: naming the text and the accepted forms.
     """
-    try:
-        stamp = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
+    ms = iso_ms(text)
+    if ms is None:
         raise ValueError(
             f"cannot read the time {text!r}: use ISO 8601, e.g. 2026-11-30T07:00:00Z, "
             "2026-11-30T08:00:00+01:00 or 2026-11-30"
-        ) from None
-    if stamp.tzinfo is None:
-        stamp = stamp.replace(tzinfo=dt.UTC)
-    return (stamp - _EPOCH) // dt.timedelta(milliseconds=1)
+        )
+    return ms
 
 
 # -- what to show ---------------------------------------------------------------------------------

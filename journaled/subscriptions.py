@@ -453,7 +453,22 @@ class Subscription:
         self._journal.wake()
 
 
-class AsyncSubscription:
+class _ClosedOnExit:
+    """``async with`` ends in ``await self.aclose()``."""
+
+    async def aclose(self) -> None:
+        raise NotImplementedError
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class AsyncSubscription(_ClosedOnExit):
     """A :class:`Subscription` for asyncio: ``async for``, ``await poll()``, ``await ack()``.
 
     Waits and database reads run in a daemon thread, never on the event loop; cancelling the
@@ -577,16 +592,8 @@ class AsyncSubscription:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
-
-class OpeningSubscription(Coroutine[Any, Any, AsyncSubscription]):
+class OpeningSubscription(_ClosedOnExit, Coroutine[Any, Any, AsyncSubscription]):
     """What ``subscribe`` of an asyncio runtime returns (A3): an async iterator of the
     journal's events, or, awaited, the :class:`AsyncSubscription` itself.
 
@@ -651,14 +658,6 @@ class OpeningSubscription(Coroutine[Any, Any, AsyncSubscription]):
 
     async def __aenter__(self) -> AsyncSubscription:
         return await self._subscription()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     async def aclose(self) -> None:
         """Stop delivering (see :meth:`AsyncSubscription.aclose`); one still opening is closed

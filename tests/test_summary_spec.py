@@ -424,20 +424,26 @@ def test_an_orchestration_let_go_while_planning_is_suspended_and_resumable_elsew
 # -- 3. a fork waiting on answers lists the steps it waits on ----------------------------------
 
 
+def _asker(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+    if ctx.answer is None:
+        raise journaled.NeedsInput("which branch?")
+    return journaled.AgentResult(output=f"on {ctx.answer}", calls_used=1)
+
+
+def _waiting_on_w(rt: journaled.Runtime) -> Plan:
+    """Register a skill and an asking agent; return a plan whose step ``w`` waits (E10)."""
+    rt.register_agent("asker", _asker)
+    rt.register_skill("s", lambda x: "idea")
+    return Plan(goal="g", steps=[Step("k", skill="s"), Step("w", agent="asker", depends_on=["k"])])
+
+
 def test_a_fork_of_a_waiting_run_lists_the_steps_it_waits_on(sqlite_url: str) -> None:
     """T2, F1, E10: a fork taken where its source waited, without answers, waits on the same
     steps: its summary lists them as ``runs.state`` does, live and after a reopen (the stored
     projection included)."""
 
-    def asker(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
-        if ctx.answer is None:
-            raise journaled.NeedsInput("which branch?")
-        return journaled.AgentResult(output=f"on {ctx.answer}", calls_used=1)
-
-    plan = Plan(goal="g", steps=[Step("k", skill="s"), Step("w", agent="asker", depends_on=["k"])])
     with journaled.open(sqlite_url) as rt:
-        rt.register_agent("asker", asker)
-        rt.register_skill("s", lambda x: "idea")
+        plan = _waiting_on_w(rt)
         source = rt.execute(plan, call_budget=10)
         fork = rt.runs.fork(source.run_id)
         answered = rt.runs.fork(source.run_id, answers={"w": "left"})
@@ -460,15 +466,8 @@ def test_a_fork_of_an_earlier_release_lists_the_steps_its_questions_tell(sqlite_
     from journaled.events.run_state import fold_run
     from journaled.events.run_summaries import _summaries, fold
 
-    def asker(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
-        if ctx.answer is None:
-            raise journaled.NeedsInput("which branch?")
-        return journaled.AgentResult(output=f"on {ctx.answer}", calls_used=1)
-
-    plan = Plan(goal="g", steps=[Step("k", skill="s"), Step("w", agent="asker", depends_on=["k"])])
     with journaled.open(sqlite_url) as rt:
-        rt.register_agent("asker", asker)
-        rt.register_skill("s", lambda x: "idea")
+        plan = _waiting_on_w(rt)
         fork = rt.runs.fork(rt.execute(plan, call_budget=10).run_id)
         stream = rt.runs.history(fork)
     first = stream[0]

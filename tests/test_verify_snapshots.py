@@ -168,25 +168,34 @@ def test_a_forged_memory_snapshot_is_reported(
     assert key in report.problem.reason
 
 
+def _edit_run_snapshot(url: str, run_id: str, edit: Callable[[dict[str, Any]], None]) -> None:
+    """Decode a run's stored snapshot, let ``edit`` change it, and store it back by hand."""
+    conn = sqlite3.connect(_path(url))
+    (state,) = conn.execute(
+        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
+        (run_id,),
+    ).fetchone()
+    snapshot = msgspec.msgpack.decode(inflate(state))
+    edit(snapshot)
+    conn.execute(
+        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
+        (deflate(msgspec.msgpack.encode(snapshot)), run_id),
+    )
+    conn.commit()
+    conn.close()
+
+
 def test_a_forged_run_snapshot_is_reported(sqlite_url: str, clock: ManualClock) -> None:
     """R7: a run snapshot whose state differs from its stream's fold is reported, named."""
     with journaled.open(sqlite_url, clock=clock) as rt:
         rt.register_tool("echo", lambda data: f"{data}-out")
         run = rt.execute(Plan(goal="tidy", steps=[Step("x", tool="echo", input="logs")]))
     assert verify(sqlite_url).ok
-    conn = sqlite3.connect(_path(sqlite_url))
-    (state,) = conn.execute(
-        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
-        (run.run_id,),
-    ).fetchone()
-    snapshot = msgspec.msgpack.decode(inflate(state))
-    snapshot["observations"][0]["output"] = "rm -rf /"
-    conn.execute(
-        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
-        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
-    )
-    conn.commit()
-    conn.close()
+
+    def edit(snapshot: dict[str, Any]) -> None:
+        snapshot["observations"][0]["output"] = "rm -rf /"
+
+    _edit_run_snapshot(sqlite_url, run.run_id, edit)
     report = verify(sqlite_url)
     assert report.problem is not None
     assert report.problem.kind == "snapshot-altered"
@@ -215,19 +224,11 @@ def test_a_run_snapshot_forged_to_a_value_equal_by_python_is_reported(
         rt.register_tool("t", lambda _: real)
         run = rt.execute(Plan(goal="g", steps=[Step("a", tool="t")]))
     assert verify(sqlite_url).ok
-    conn = sqlite3.connect(_path(sqlite_url))
-    (state,) = conn.execute(
-        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
-        (run.run_id,),
-    ).fetchone()
-    snapshot = msgspec.msgpack.decode(inflate(state))
-    snapshot["observations"][0]["output"] = forged
-    conn.execute(
-        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
-        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
-    )
-    conn.commit()
-    conn.close()
+
+    def edit(snapshot: dict[str, Any]) -> None:
+        snapshot["observations"][0]["output"] = forged
+
+    _edit_run_snapshot(sqlite_url, run.run_id, edit)
     report = verify(sqlite_url)
     assert report.problem is not None
     assert report.problem.kind == "snapshot-altered"
@@ -263,19 +264,11 @@ def test_a_nan_in_a_steps_input_or_a_tools_output_verifies(
             assert shown.exit_code == 0, shown.output
     shown = runner.invoke(main, ["--url", sqlite_url, "runs", "show", run.run_id, "--json"])
     assert '"score":null' in shown.output.replace(" ", "")
-    conn = sqlite3.connect(_path(sqlite_url))
-    (state,) = conn.execute(
-        f"SELECT state FROM {SNAPSHOT_TABLE} WHERE stream = ?",  # noqa: S608
-        (run.run_id,),
-    ).fetchone()
-    snapshot = msgspec.msgpack.decode(inflate(state))
-    snapshot["observations"][1]["output"]["score"] = 0.5
-    conn.execute(
-        f"UPDATE {SNAPSHOT_TABLE} SET state = ? WHERE stream = ?",  # noqa: S608
-        (deflate(msgspec.msgpack.encode(snapshot)), run.run_id),
-    )
-    conn.commit()
-    conn.close()
+
+    def edit(snapshot: dict[str, Any]) -> None:
+        snapshot["observations"][1]["output"]["score"] = 0.5
+
+    _edit_run_snapshot(sqlite_url, run.run_id, edit)
     report = verify(sqlite_url)
     assert report.problem is not None
     assert report.problem.kind == "snapshot-altered"
