@@ -25,7 +25,11 @@ from journaled.events.memory_state import (
     ScopeState,
 )
 
-__all__ = ["PastCheckpoints", "copy_past", "past_memory", "restore_memory"]
+__all__ = ["Erasures", "PastCheckpoints", "copy_past", "past_memory", "restore_memory"]
+
+Erasures = tuple[int, int]
+"""What tells a checkpoint that content may have been erased since it was made: the journal's
+count of erasures and this process's mark (``Journal.erasures``, ``erasures_here``)."""
 
 
 def past_memory(physical: Sequence[str], organization: str | None) -> MemoryState:
@@ -93,18 +97,19 @@ class PastCheckpoints:
 
     def __init__(self, budget: int = 400_000, least_every: int = 256) -> None:
         self.budget = budget
-        """How many facts all checkpoints may hold together (about 90 bytes each)."""
+        """How many facts (and touched ids waiting for a search's index) all checkpoints may
+        hold together (about 90 bytes each); one bigger than that alone is not kept."""
         self.least_every = least_every
         self.every = least_every
         """Positions between two checkpoints, at least."""
         self._held: list[tuple[int, MemoryState, int]] = []
         """(position, state, its time), by position."""
-        self._erasures: int | None = None
+        self._erasures: Erasures | None = None
         self._settled = False
         """Whether a first view's fold ended with checkpoints held (see :meth:`keep`)."""
         self._lock = threading.Lock()
 
-    def nearest(self, position: int, erasures: int) -> tuple[MemoryState, int] | None:
+    def nearest(self, position: int, erasures: Erasures) -> tuple[MemoryState, int] | None:
         """Return a copy of the checkpoint nearest at or before ``position`` and its time, or
         None; every checkpoint is dropped first when ``erasures`` is not the count they saw."""
         with self._lock:
@@ -132,7 +137,7 @@ class PastCheckpoints:
             at = bisect.bisect_right(positions, position)
             return self.every, positions[at] if at < len(positions) else None
 
-    def keep(self, state: MemoryState, now: int, erasures: int) -> None:
+    def keep(self, state: MemoryState, now: int, erasures: Erasures) -> None:
         """Keep a copy of ``state`` (folded to ``state.position``, at time ``now``), folded
         while the journal counted ``erasures``.
 
@@ -152,7 +157,8 @@ class PastCheckpoints:
             if held + weight > self.budget and self._settled:
                 return
             self._held.insert(at, (state.position, copy_past(state), now))
-            while len(self._held) > 1 and sum(_weight(s) for _, s, _ in self._held) > self.budget:
+            while self._held and sum(_weight(s) for _, s, _ in self._held) > self.budget:
+                # One alone over the budget is not kept either: views then fold from the start.
                 self._held = self._held[1::2]
                 self.every *= 2
 
@@ -177,5 +183,6 @@ class PastCheckpoints:
 
 
 def _weight(state: MemoryState) -> int:
-    """Return what a checkpoint holds of its own: its facts (its route is shared)."""
-    return sum(len(s.facts) for s in state.scopes.values())
+    """Return what a checkpoint holds of its own: its facts, and the ids its fold touched (a
+    deleted fact's too) whose indexing waits for a search; its route is shared."""
+    return sum(len(s.facts) + s.pending_count for s in state.scopes.values())

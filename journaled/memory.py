@@ -21,10 +21,10 @@ from journaled.errors import InvalidArgument
 from journaled.events.base import Event
 from journaled.events.catalog import NOT_MEMORY
 from journaled.events.inputs import int_problem, short, text_problem
-from journaled.events.journal import Journal
+from journaled.events.journal import Journal, erasures_here
 from journaled.events.memory import FACT_EVENTS, Fact, FactRemembered
 from journaled.events.memory_audit import explain
-from journaled.events.memory_past import PastCheckpoints, past_memory
+from journaled.events.memory_past import Erasures, PastCheckpoints, past_memory
 from journaled.events.memory_state import (
     MemoryState,
     Query,
@@ -656,7 +656,11 @@ class Memory:
         if at is not None:
             return self._past_at(at)
         assert position is not None
-        erasures = self._journal.erasures()
+        if not self._journal.counts_erasures:
+            # No count would tell a checkpoint of another process's purge (R2): none is used.
+            self._past_checkpoints.clear()
+            return self._past_plain(position)
+        erasures = self._erasures()
         started = self._past_checkpoints.nearest(position, erasures)
         if started is None:
             state, now = past_memory(list(self._scopes), self._organization), 0
@@ -672,7 +676,7 @@ class Memory:
                 batch = []
         now, last = self._fold_keeping(state, batch, now, last, every, ahead, erasures)
         self._past_checkpoints.settle()
-        if self._journal.erasures() != erasures:
+        if self._erasures() != erasures:
             # A purge committed while this view folded: it may hold a text read before; the
             # checkpoints are dropped and the view folded again, so none holds what is erased
             # (a view folded with purges all along, as one without checkpoints could be, is
@@ -680,6 +684,24 @@ class Memory:
             self._past_checkpoints.clear()
             if attempts > 1:
                 return self._past(position, None, attempts - 1)
+        return state, now
+
+    def _erasures(self) -> Erasures:
+        """Return what tells whether content was erased since: the journal's count (every
+        process's purges) and this process's mark (its own, counted or not)."""
+        return self._journal.erasures(), erasures_here()
+
+    def _past_plain(self, position: int) -> tuple[MemoryState, int]:
+        """Fold memory to a position from the journal's start, keeping no checkpoint."""
+        state, now = past_memory(list(self._scopes), self._organization), 0
+        batch: list[Event] = []
+        for event in self._journal.read(upto=position):
+            batch.append(event)
+            now = event.data.at
+            if len(batch) >= _FOLD_BATCH:
+                self._fold_into(state, batch)
+                batch = []
+        self._fold_into(state, batch)
         return state, now
 
     def _fold_keeping(
@@ -690,7 +712,7 @@ class Memory:
         last: int,
         every: int,
         ahead: int | None,
-        erasures: int,
+        erasures: Erasures,
     ) -> tuple[int, int]:
         """Fold events into a past state, keeping a checkpoint wherever one is due; return the
         state's time and the position of the last checkpoint passed."""

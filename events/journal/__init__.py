@@ -795,6 +795,16 @@ class Journal:
             erased, _ = self._recorder.select_scrub_marks()
         return erased
 
+    @property
+    def counts_erasures(self) -> bool:
+        """Whether :meth:`erasures` counts every erasure committed: not on a PostgreSQL
+        journal of an older release read without migrating (no process has made its scrub
+        table yet), where a reader holding content cannot learn of a purge by the count."""
+        if getattr(self._recorder, "track_scrub", True):
+            return True
+        self.erasures()  # looks for the table again: another process may have migrated it
+        return bool(getattr(self._recorder, "track_scrub", True))
+
     def scrub_debt(self) -> int:
         """Return how many committed erasures no scrub has yet removed from the files.
 

@@ -1428,7 +1428,13 @@ if _POSTGRES_MISSING is None:
             return bool(rows[0][0])
 
         def select_scrub_marks(self) -> tuple[int, int]:
-            """Return (erasures committed, erasures scrubbed from the files) so far."""
+            """Return (erasures committed, erasures scrubbed from the files) so far.
+
+            A journal read without migrating, whose scrub table another process has made since,
+            counts from then on: the table is looked for again while it is missing.
+            """
+            if not self.track_scrub:
+                self.track_scrub = self.has_scrub_table()
             if not self.track_scrub:
                 return 0, 0
             rows = self._fetch(f"SELECT erased, scrubbed FROM public.{SCRUB_TABLE}", [])  # noqa: S608
