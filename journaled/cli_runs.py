@@ -273,16 +273,26 @@ def runs_history(ctx: click.Context, run_id: str) -> None:
 
 @runs.command("purge")
 @click.argument("run_id")
-@click.option("--reason", required=True, help="Why the content is erased (kept in the journal).")
+@click.argument("reason_text", metavar="[REASON]", required=False)
+@click.option("--reason", default=None, help="Why the content is erased (kept in the journal).")
 @json_option
 @click.pass_context
-def runs_purge(ctx: click.Context, run_id: str, reason: str) -> None:
+def runs_purge(
+    ctx: click.Context, run_id: str, reason_text: str | None, reason: str | None
+) -> None:
     """Erase a finished run's content from storage, keeping its events' shape (R2).
 
-    Goal, inputs, outputs, errors, questions and answers of the run and of every run started
-    under it are deleted and scrubbed from the files; statuses, times and calls stay, so why,
-    history, show and diff still read (the content as [purged]). JSON: {run_id, erased}.
+    The reason is given as ``--reason TEXT`` or after the run id, as ``rt.runs.purge(run_id,
+    reason)`` takes it. Goal, inputs, outputs, errors, questions and answers of the run and of
+    every run started under it are deleted and scrubbed from the files; statuses, times and
+    calls stay, so why, history, show and diff still read (the content as [purged]).
+    JSON: {run_id, erased}.
     """
+    if reason is not None and reason_text is not None:
+        fail("give the reason once: after the run id or as --reason, not both")
+    reason = reason if reason is not None else reason_text
+    if reason is None:
+        fail("runs purge needs a reason: `journaled runs purge RUN REASON` (or --reason REASON)")
     with open_runtime(ctx) as rt:
         erased = call(lambda: rt.runs.purge(run_id, reason))
         if wants_json(ctx):

@@ -292,6 +292,27 @@ def test_cli_runs_purge(sqlite_url: str) -> None:
     assert MARK.encode() not in _bytes_on_disk(sqlite_url)
 
 
+def test_cli_runs_purge_takes_the_reason_after_the_run_id(sqlite_url: str) -> None:
+    """R2: `runs purge RUN REASON`, as rt.runs.purge(run_id, reason) takes it, or --reason;
+    both at once, or none, is a one-line error that purges nothing."""
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("echo", lambda data: f"{data}-out")
+        first = rt.execute(Plan(goal=f"{MARK}-goal", steps=[Step("a", tool="echo")])).run_id
+        second = rt.execute(Plan(goal="kept", steps=[Step("a", tool="echo")])).run_id
+    runner = CliRunner()
+    for args in (["--reason", "x", "y"], []):
+        refused = runner.invoke(main, ["--url", sqlite_url, "runs", "purge", second, *args])
+        assert refused.exit_code == 1, refused.output
+        assert "reason" in refused.output
+        assert len(refused.output.strip().splitlines()) == 1
+    out = runner.invoke(main, ["--url", sqlite_url, "runs", "purge", first, "gdpr request"])
+    assert out.exit_code == 0, out.output
+    why = runner.invoke(main, ["--url", sqlite_url, "runs", "why", first])
+    assert "content purged: gdpr request" in why.output
+    with journaled.open(sqlite_url) as rt:
+        assert rt.runs.summary(second).goal == "kept"
+
+
 def test_purged_run_content_leaves_postgresql_pages_and_files(pg_url: str) -> None:
     """R2: after runs.purge the content is in no row, no page and no data file of PostgreSQL."""
     psycopg = pytest.importorskip("psycopg")
