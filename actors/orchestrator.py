@@ -192,6 +192,7 @@ class Orchestrations:
                     organization=self._runs._organization,
                 ),
             )
+            self._runs._given_policies.remember(run_id, reserve)
         except JournalClosed as exc:
             self._let_go(run_id)
             raise _closed(run_id) from exc
@@ -523,9 +524,8 @@ class Orchestrations:
             self._planners[run_id] = planner  # later resumes in this runtime may omit it
         return drive
 
-    @staticmethod
     def _journaled_policy(
-        state: OrchestrationState, pass_state: RunFold | None, reserve: Reserve | None
+        self, state: OrchestrationState, pass_state: RunFold | None, reserve: Reserve | None
     ) -> Reserve | None:
         """Return the policy a resume costs agent steps with: the one given, else the journaled.
 
@@ -540,7 +540,9 @@ class Orchestrations:
         )
         if name is None:
             return None
-        found = find_policy(name)
+        found = find_policy(name) or self._runs._given_policies.find(
+            [state.run_id, pass_state.run_id if pass_state is not None else None], name
+        )
         if found is None:
             raise RunNotResumable(
                 f"run {state.run_id} costs its agent steps with reserve={name}, which is not "

@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable
 from typing import Any
 
 from journaled.events.inputs import int_problem, short
@@ -60,6 +63,40 @@ def find_policy(name: str) -> Reserve | None:
         if found is None:
             return None
     return found if callable(found) else None
+
+
+class GivenPolicies:
+    """The ``reserve`` policies a runtime was handed, by run (R6, E14).
+
+    A journal names a policy ``module:qualname``, which a lambda or a local function cannot be
+    found by again; the runtime that was handed one still holds it, so a resume in that runtime
+    costs the run's agent steps the same without being handed it again (as an orchestration's
+    planner is kept, ADR 0029). The newest runs are kept, at most :attr:`bound`. Thread-safe.
+    """
+
+    def __init__(self, bound: int = 4096) -> None:
+        self.bound = bound
+        self._given: OrderedDict[str, Reserve] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def remember(self, run_id: str, reserve: Reserve | None) -> None:
+        """Keep the policy a run was started or resumed with."""
+        if reserve is None:
+            return
+        with self._lock:
+            self._given[run_id] = reserve
+            self._given.move_to_end(run_id)
+            while len(self._given) > self.bound:
+                self._given.popitem(last=False)
+
+    def find(self, run_ids: Iterable[str | None], name: str) -> Reserve | None:
+        """Return the policy named ``name`` that one of these runs was handed here, or None."""
+        with self._lock:
+            for run_id in run_ids:
+                given = self._given.get(run_id) if run_id is not None else None
+                if given is not None and policy_name(given) == name:
+                    return given
+        return None
 
 
 def check_budget(name: str, value: object) -> int | None:

@@ -30,6 +30,7 @@ from journaled.actors.loop import LoopRunner
 from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_args import (
     RUN_PREFIX,
+    GivenPolicies,
     check_budget,
     child_run_id,
     find_policy,
@@ -322,6 +323,8 @@ class Runs(RunForks):
         self._registry = registry
         self._agents = agents_enabled
         self._lock = threading.Lock()
+        self._given_policies = GivenPolicies()
+        """The reserve policies this runtime was handed, by run: its resumes find them (R6)."""
         self._active: dict[str, _Claim] = {}
         """run id -> this runtime's claim on it; only the claim's owner removes it (R8)."""
         self._children: dict[str, list[str]] = {}
@@ -605,7 +608,10 @@ class Runs(RunForks):
         journaled_policy = state.reserve
         given_policy = policy_name(reserve)
         if reserve is None and journaled_policy is not None:
-            reserve = find_policy(journaled_policy)
+            source = state.forked.source if state.forked is not None else None
+            reserve = find_policy(journaled_policy) or self._given_policies.find(
+                [run_id, source], journaled_policy
+            )
             agents_left = any(
                 state.steps[i].agent is not None and state.status[i] != "succeeded"
                 for i in state.order
@@ -789,6 +795,7 @@ class Runs(RunForks):
         The executor answers :class:`RunEnded` (or a failure) at this runtime's ``runs`` address
         when it stops; that reply completes the handle and releases the claim.
         """
+        self._given_policies.remember(run_id, reserve)
         correlation, reply = self._inbox.expect(f"{run_id}.{os.urandom(4).hex()}")
         on_progress = awaited_progress(on_progress, self._services.loop)
         try:

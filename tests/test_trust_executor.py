@@ -538,6 +538,62 @@ def test_the_reserve_policy_is_journaled_and_used_on_resume(sqlite_url: str) -> 
         assert resumed.calls_used == 3
 
 
+def test_the_runtime_handed_a_lambda_reserve_resumes_with_it(journal_url: str) -> None:
+    """R6, E7, E10, E14, O3: a reserve that is a lambda cannot be found by its journaled name,
+    but the runtime it was handed keeps it: SPEC's ``resume(run_id, call_budget, answers)``
+    (no ``reserve``) costs the agent steps the same after a budget stop, a wait, and for an
+    orchestration's partial pass; a fork of such a run too. Another runtime still refuses."""
+
+    def asks(step: Step, ctx: journaled.AgentContext) -> journaled.AgentResult:
+        if step.id == "w" and ctx.answer is None:
+            raise journaled.NeedsInput("which region?")
+        return journaled.AgentResult(output=ctx.answer or "done", calls_used=1)
+
+    chain = [Step("a", skill="s"), Step("b", agent="ag", depends_on=["a"])]
+    with journaled.open(journal_url) as rt:
+        rt.register_skill("s", lambda i: i)
+        rt.register_agent("ag", asks)
+        stopped = rt.execute(Plan(goal="g", steps=chain), call_budget=2, reserve=lambda s, r: 2)
+        assert stopped.stopped_for_budget
+        assert stopped.calls_used == 1
+        fork = rt.runs.fork(stopped.run_id, call_budget=3)
+        short = rt.resume(stopped.run_id, call_budget=2)
+        assert isinstance(short, journaled.ExecuteResult)
+        assert short.stopped_for_budget  # b still costs 2
+        resumed = rt.resume(stopped.run_id, call_budget=3)
+        assert isinstance(resumed, journaled.ExecuteResult)
+        assert (resumed.ok, resumed.calls_used) == (True, 2)
+        forked = rt.resume(fork)
+        assert isinstance(forked, journaled.ExecuteResult)
+        assert forked.ok
+        waiting = rt.execute(
+            Plan(goal="g", steps=[Step("w", agent="ag")]), call_budget=10, reserve=lambda s, r: 2
+        )
+        assert waiting.waiting == ["w"]
+        answered = rt.resume(waiting.run_id, answers={"w": "eu-west"})
+        assert isinstance(answered, journaled.ExecuteResult)
+        assert (answered.ok, answered.observations[-1].output) == (True, "eu-west")
+        outcome = rt.orchestrate(
+            "g",
+            lambda goal, obs, clar: Plan(goal=goal, steps=chain),
+            call_budget=2,
+            partial=True,
+            reserve=lambda s, r: 2,
+        )
+        assert outcome.status == "waiting_for_budget"
+        finished = rt.resume(outcome.run_id, call_budget=3)
+        assert isinstance(finished, journaled.Outcome)
+        assert finished.status == "completed"
+        again = rt.execute(Plan(goal="g", steps=chain), call_budget=2, reserve=lambda s, r: 2)
+    if journal_url.startswith("memory://"):
+        return  # one process's journal: no other runtime opens it
+    with journaled.open(journal_url) as other:
+        other.register_skill("s", lambda i: i)
+        other.register_agent("ag", asks)
+        with pytest.raises(journaled.RunNotResumable, match="pass reserve= to resume"):
+            other.resume(again.run_id, call_budget=3)
+
+
 def test_a_raising_reserve_fails_the_orchestration_without_raising(journal_url: str) -> None:
     """R6/O1: a reserve that raises becomes a failed step and outcome, never an exception."""
 
