@@ -249,12 +249,7 @@ class RunReads:
             then = fold_orchestration(self._journal.stream(run_id, upto=position))
             current = then.current_run
             result = self._checkpointed(current, [position])[0] if current else None
-            if result is None:
-                raise ValueError(
-                    f"run {run_id} had not started executing pass {then.pass_no} "
-                    f"at position {position}"
-                )
-            out.append(result)
+            out.append(result if result is not None else then.not_yet_run())
         return out
 
     def _checkpointed(

@@ -24,6 +24,8 @@ from __future__ import annotations
 import copy
 from typing import Literal
 
+import msgspec
+
 from journaled.events.base import DomainEvent, Event
 from journaled.events.orchestration import (
     ApprovalRequested,
@@ -45,7 +47,7 @@ from journaled.events.orchestration import (
     PlanProposed,
     ReplanDecided,
 )
-from journaled.events.plans import Plan
+from journaled.events.plans import ExecuteResult, Plan
 from journaled.events.runs import RunHeartbeat, RunPurged
 
 Phase = Literal["planning", "settling", "running", "reviewing"]
@@ -96,6 +98,22 @@ class OrchestrationState:
     def current_run(self) -> str | None:
         """Return the execution run of the current pass, if it started."""
         return self.pass_runs.get(self.pass_no)
+
+    def not_yet_run(self) -> ExecuteResult:
+        """Return the current pass as ``runs.at`` shows it before its run began (planning,
+        waiting for an approval or a budget, O3, O4, O7): the plan proposed for it, every step
+        pending, no observation, no call of its own; before any plan, an empty plan of the
+        goal. Its run id is the orchestration's."""
+        goal = self.started.goal if self.started is not None else ""
+        plan = self.plan if self.plan is not None else Plan(goal=goal, steps=[])
+        pending = [msgspec.structs.replace(step, status="pending") for step in plan.steps]
+        return ExecuteResult(
+            run_id=self.run_id,
+            ok=False,
+            plan=msgspec.structs.replace(plan, steps=pending),
+            observations=[],
+            calls_used=0,
+        )
 
     @property
     def waiting_budget(self) -> Budget | None:

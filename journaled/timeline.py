@@ -142,7 +142,8 @@ class Frame(msgspec.Struct, frozen=True, kw_only=True):
     plan: int | None
     """Index into ``Page.plans``; None before any plan was proposed."""
     state: State | None
-    """None when ``rt.runs.at`` has no run yet (an orchestration before its first pass)."""
+    """None while the current pass has no run yet (an orchestration planning or waiting before
+    a pass): ``rt.runs.at`` then shows the proposed plan, every step pending, nothing run."""
     keep: int = 0
     """How many leading lines of the previous frame's why this frame's why keeps."""
     why: list[int]
@@ -406,7 +407,7 @@ def _why(
 def _at(rt: Runtime, run_id: str, position: int) -> ExecuteResult | None:
     try:
         return rt.runs.at(run_id, position)
-    except ValueError:  # an orchestration that has not started a pass yet
+    except ValueError:  # a child run not begun at this position
         return None
 
 

@@ -905,3 +905,36 @@ def test_bad_resume_options_are_rejected_before_anything_is_appended(
         runtime.resume(out.run_id, **{"call_budget": 1, **kwargs})
     assert runtime.journal.position() == before
     assert ran == []
+
+
+def test_an_orchestration_before_its_pass_runs_is_rebuilt_with_its_plan_pending(
+    journal_url: str,
+) -> None:
+    """O7, O4, O3: at every position of an orchestration's history, also before its pass has
+    a run (planning, waiting for approval or for budget), runs.at gives the pass's plan with
+    every step pending, no observation and no call; diff from there to the end shows the pass;
+    before any plan, an empty plan of its goal."""
+
+    def planner(goal: str, observations: object, clarifications: object) -> Plan:
+        return Plan(goal=goal, steps=[Step("a", skill="s"), Step("b", skill="s", depends_on=["a"])])
+
+    with journaled.open(journal_url) as rt:
+        rt.register_skill("s", lambda i: i)
+        outcome = rt.orchestrate("g", planner, require_approval=True)
+        assert outcome.status == "waiting_for_approval"
+        opened = rt.runs.history(outcome.run_id)[0].position
+        waiting = rt.journal.position()
+        at = rt.runs.at(outcome.run_id, waiting)
+        assert [(s.id, s.status) for s in at.plan.steps] == [("a", "pending"), ("b", "pending")]
+        assert (at.observations, at.calls_used, at.waiting, at.ok) == ([], 0, [], False)
+        assert rt.runs.at(outcome.run_id, opened).plan.steps == []
+        done = rt.resume(outcome.run_id, approve=True)
+        assert isinstance(done, journaled.Outcome)
+        assert done.status == "completed"
+        diff = rt.runs.diff(outcome.run_id, waiting, rt.journal.position())
+        assert (diff.calls_used_before, diff.calls_used_after) == (0, 2)
+        assert [o.step_id for o in diff.new_observations] == ["a", "b"]
+        short = rt.orchestrate("h", planner, call_budget=1)  # notify-and-wait (O3)
+        assert short.status == "waiting_for_budget"
+        pending = rt.runs.at(short.run_id, rt.journal.position())
+        assert [s.status for s in pending.plan.steps] == ["pending", "pending"]

@@ -142,10 +142,16 @@ def _positions(rt: journaled.Runtime, run_id: str) -> list[int]:
 
 
 def _expected(rt: journaled.Runtime, run_id: str, position: int) -> dict[str, Any] | None:
-    """What ``rt.runs.at`` says, or None when it has no run there (before a first pass)."""
-    try:
-        result = rt.runs.at(run_id, position)
-    except ValueError:
+    """What ``rt.runs.at`` says, or None where its pass has no run yet (an orchestration
+    planning or waiting before a pass: its plan, every step pending, nothing run, O7)."""
+    result = rt.runs.at(run_id, position)
+    orchestration = rt.runs.history(run_id)[0].kind.startswith("orchestration.")
+    not_yet_run = (
+        result.run_id == run_id
+        and not result.observations
+        and all(s.status == "pending" for s in result.plan.steps)
+    )
+    if orchestration and not_yet_run:
         return None
     return {
         "statuses": {s.id: s.status for s in result.plan.steps},
