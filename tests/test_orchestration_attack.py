@@ -373,8 +373,9 @@ def test_at_and_the_timeline_show_the_new_pass_once_a_replan_proposed_it(
         e.position for e in rt.runs.history(out.run_id) if e.kind == "orchestration.plan-proposed"
     ][-1]
     assert rt._orchestrations.state(out.run_id, proposed).pass_no == 2
-    with pytest.raises(ValueError, match="pass 2"):
-        rt.runs.at(out.run_id, proposed)
+    then = rt.runs.at(out.run_id, proposed)  # pass 2's plan, not yet run (O7, ADR 0010)
+    assert [(s.id, s.status) for s in then.plan.steps] == [("b", "pending")]
+    assert (then.observations, then.calls_used) == ([], 0)
     page = timeline.build(rt, out.run_id)
     [frame] = [f for f in page.frames if f.position == proposed]
     assert frame.plan is not None

@@ -816,18 +816,22 @@ def test_an_orchestration_resumed_without_reserve_costs_agents_the_same(sqlite_u
 def test_an_orchestration_policy_not_loaded_refuses_a_resume_without_reserve(
     sqlite_url: str,
 ) -> None:
-    """R6: a journaled policy this process cannot find is never silently replaced by none."""
+    """R6: a journaled policy this process cannot find is never silently replaced by none: a
+    runtime that was not handed it (here another one on the same file) refuses the resume."""
+
+    def planner(goal: str, obs: object, cl: object) -> Plan:
+        return Plan(goal=goal, steps=[Step("x", agent="a")])
+
     with journaled.open(sqlite_url) as rt:
         rt.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=1))
         started = rt.orchestrate(
-            "g",
-            lambda goal, obs, cl: Plan(goal=goal, steps=[Step("x", agent="a")]),
-            require_approval=True,
-            reserve=lambda step, remaining: 3,
+            "g", planner, require_approval=True, reserve=lambda step, remaining: 3
         )
+    with journaled.open(sqlite_url) as other:
+        other.register_agent("a", lambda step, ctx: journaled.AgentResult(calls_used=1))
         with pytest.raises(journaled.RunNotResumable, match="reserve="):
-            rt.resume(started.run_id, approve=True)
-        assert rt.runs.history(started.run_id)[-1].kind == "orchestration.ended"
+            other.resume(started.run_id, approve=True, planner=planner)
+        assert other.runs.history(started.run_id)[-1].kind == "orchestration.ended"
 
 
 def test_close_waits_for_a_drained_runs_answer_not_only_its_executor(
