@@ -454,10 +454,9 @@ class Subscription:
 
 
 class _ClosedOnExit:
-    """``async with`` ends in ``await self.aclose()``."""
+    """``async with`` ends in ``await self.aclose()``, which each class defines."""
 
-    async def aclose(self) -> None:
-        raise NotImplementedError
+    aclose: Callable[[], Awaitable[None]]
 
     async def __aexit__(
         self,

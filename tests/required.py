@@ -12,7 +12,7 @@ def unavailable(need: str, reason: str) -> NoReturn:
     """Skip with ``reason``, or fail when ``$JOURNALED_TEST_REQUIRE_<NEED>`` is set (as CI does).
 
     Args:
-        need: ``POSTGRES`` or ``BROWSER``.
+        need: ``POSTGRES``, ``BROWSER`` or ``NAMESPACES`` (a PID namespace: ``unshare``).
         reason: What is missing and how to get it.
     """
     if os.environ.get(f"JOURNALED_TEST_REQUIRE_{need}"):

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from required import unavailable
 
 import journaled
 from journaled.actors.ownership import LEASE_MS, owner_alive, owner_stopped, this_process
@@ -70,10 +71,11 @@ def _in_other_pid_namespace(*argv: str) -> subprocess.CompletedProcess[str]:
 @pytest.fixture
 def other_namespace() -> None:
     if shutil.which("unshare") is None:
-        pytest.skip("no unshare on this machine")
+        unavailable("NAMESPACES", "no unshare on this machine (util-linux)")
     probe = _in_other_pid_namespace("true")
     if probe.returncode != 0:
-        pytest.skip(f"no PID namespace can be made here: {probe.stderr.strip()[:200]}")
+        why = probe.stderr.strip()[:200]
+        unavailable("NAMESPACES", f"no PID namespace can be made here (run as root): {why}")
 
 
 @pytest.fixture
