@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import Future
@@ -656,17 +657,22 @@ class Memory:
         if at is not None:
             return self._past_at(at)
         assert position is not None
-        if not self._journal.counts_erasures:
-            # No count would tell a checkpoint of another process's purge (R2): none is used.
+        counted = self._journal.counts_erasures
+        if not counted:
+            # No count would tell a checkpoint of another process's purge (R2): none is used,
+            # and the fold below leaves none.
             self._past_checkpoints.clear()
-            return self._past_plain(position)
         erasures = self._erasures()
-        started = self._past_checkpoints.nearest(position, erasures)
+        started = self._past_checkpoints.nearest(position, erasures) if counted else None
         if started is None:
             state, now = past_memory(list(self._scopes), self._organization), 0
         else:
             state, now = started
-        every, ahead = self._past_checkpoints.spacing(state.position, position)
+        every, ahead = (
+            self._past_checkpoints.spacing(state.position, position)
+            if counted
+            else (sys.maxsize, None)
+        )
         last = state.position
         batch: list[Event] = []
         for event in self._journal.read(after=state.position, upto=position):
@@ -690,19 +696,6 @@ class Memory:
         """Return what tells whether content was erased since: the journal's count (every
         process's purges) and this process's mark (its own, counted or not)."""
         return self._journal.erasures(), erasures_here()
-
-    def _past_plain(self, position: int) -> tuple[MemoryState, int]:
-        """Fold memory to a position from the journal's start, keeping no checkpoint."""
-        state, now = past_memory(list(self._scopes), self._organization), 0
-        batch: list[Event] = []
-        for event in self._journal.read(upto=position):
-            batch.append(event)
-            now = event.data.at
-            if len(batch) >= _FOLD_BATCH:
-                self._fold_into(state, batch)
-                batch = []
-        self._fold_into(state, batch)
-        return state, now
 
     def _fold_keeping(
         self,
