@@ -256,7 +256,8 @@ def test_a_nan_in_a_steps_input_or_a_tools_output_verifies(
         assert msgspec.msgpack.encode(replayed.observations) == msgspec.msgpack.encode(
             run.observations
         )
-        assert math.isnan(replayed.observations[1].output["score"])
+        scored = next(o for o in replayed.observations if o.step_id == "b")
+        assert math.isnan(scored.output["score"])
     runner = CliRunner()
     for args in (["runs", "show", run.run_id], ["runs", "history", run.run_id]):
         for extra in ([], ["--json"]):
@@ -266,7 +267,9 @@ def test_a_nan_in_a_steps_input_or_a_tools_output_verifies(
     assert '"score":null' in shown.output.replace(" ", "")
 
     def edit(snapshot: dict[str, Any]) -> None:
-        snapshot["observations"][1]["output"]["score"] = 0.5
+        # The wave's two steps finish in either order: find "b" by its id.
+        scored = next(o for o in snapshot["observations"] if o["step_id"] == "b")
+        scored["output"]["score"] = 0.5
 
     _edit_run_snapshot(sqlite_url, run.run_id, edit)
     report = verify(sqlite_url)
