@@ -168,7 +168,9 @@ def fact_change(
 ) -> tuple[Change, int, str | None] | None:
     """Return how a fact stands changed now — (change, since position, replacement) — or None.
 
-    ``since`` is the position from which the change holds (for expiry: the epoch ms it expired).
+    ``since`` is the position from which the change holds (for expiry: the first epoch ms at which
+    search no longer returns the fact, ``valid_until + 1``, since M5 keeps it while
+    ``valid_until >= now``).
     Purged outranks deleted, deleted outranks superseded; an expired fact that is otherwise
     active is ``expired``. A fact whose superseder has lapsed (``lapsed(superseder)``: it expired)
     is visible again (M5), so it is not superseded.
@@ -198,8 +200,8 @@ def fact_change(
         return "deleted", deleted, None
     if superseded is not None and not lapsed(superseded[1]):
         return "superseded", superseded[0], superseded[1]
-    if valid_until is not None and valid_until <= now:
-        return "expired", valid_until, None
+    if valid_until is not None and valid_until < now:  # as search judges it (M5)
+        return "expired", valid_until + 1, None
     return None
 
 
