@@ -87,6 +87,10 @@ _FRESH = 0.005
 """Longest a page is delivered from without asking the journal's database whether an erasure
 was committed since it was read: another process's purge reaches the rest of a page within it,
 this process's at once (R2, ADR 0026 update)."""
+_VOUCHED = 0.05
+"""Longest the count a wait has just read vouches for the take that follows it: the asyncio
+subscription's hop from its waiting thread to the loop may be late by a busy loop's turn; a
+take later still reads the count again (ADR 0026 update of 2026-12-08)."""
 
 
 class StoredSubscription(msgspec.Struct, frozen=True, kw_only=True):
@@ -234,7 +238,8 @@ class Subscription:
         self._checked = 0.0
         """When the database's count was last read (monotonic seconds)."""
         self._vouched = False
-        """Set by a wait that has just found the buffer current, for the take that follows it."""
+        """Set by a wait that has just found the buffer current, for the take that follows it
+        (within :data:`_VOUCHED` of the count's read); cleared by a take, or a wait given up."""
         self._lock = threading.Lock()
         self._closed = False
         self._unreachable = False
@@ -415,10 +420,11 @@ class Subscription:
     def _current(self) -> bool:
         """Tell, without reading the database, whether the buffered events may be delivered:
         no erasure of this process since they were read, and the database's count read within
-        :data:`_FRESH` seconds (or by the wait that has just returned)."""
+        :data:`_FRESH` seconds, or :data:`_VOUCHED` for the take after the wait that read it."""
         if erasures_here() != self._erased[1]:
             return False
-        return self._vouched or time.monotonic() - self._checked < _FRESH
+        age = time.monotonic() - self._checked
+        return age < _FRESH or (self._vouched and age < _VOUCHED)
 
     def _refresh(self) -> None:
         """Read the journal's erasure count; if it moved since the buffered events were read,
@@ -448,8 +454,10 @@ class Subscription:
             self._lock.release()
 
     def _give_up(self, given_up: threading.Event) -> None:
-        """End the one wait ``given_up`` was handed to (its task was cancelled)."""
+        """End the one wait ``given_up`` was handed to (its task was cancelled): what it vouched
+        for is no take's any more."""
         given_up.set()
+        self._vouched = False
         self._journal.wake()
 
 
