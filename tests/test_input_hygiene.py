@@ -611,3 +611,38 @@ def test_a_run_stored_with_keys_json_has_none_for_still_reads_everywhere(
     shown = _cli(sqlite_url, "--json", "runs", "show", run.run_id)
     assert "(1, 2)" in shown.stdout
     json.loads(shown.stdout)
+
+
+NUL_ID = "run_\x00"
+"""A run id PostgreSQL's text cannot hold."""
+NUL_RUN_DOORS: list[tuple[str, Call]] = [
+    ("resume", lambda r: r.resume(NUL_ID)),
+    ("runs.why", lambda r: r.runs.why(NUL_ID)),
+    ("runs.state", lambda r: r.runs.state(NUL_ID)),
+    ("runs.history", lambda r: r.runs.history(NUL_ID)),
+    ("runs.at", lambda r: r.runs.at(NUL_ID, 1)),
+    ("runs.purge", lambda r: r.runs.purge(NUL_ID, "asked")),
+    ("runs.fork", lambda r: r.runs.fork(NUL_ID, 1)),
+    ("runs.lineage", lambda r: r.runs.lineage(NUL_ID)),
+    ("runs.compare", lambda r: r.runs.compare(NUL_ID, NUL_ID)),
+    ("runs.refresh", lambda r: r.runs.refresh(NUL_ID)),
+    ("runs.stale", lambda r: r.runs.stale(NUL_ID)),
+]
+
+
+@pytest.mark.parametrize("door", [d[1] for d in NUL_RUN_DOORS], ids=[d[0] for d in NUL_RUN_DOORS])
+def test_an_id_holding_nul_is_unknown_on_every_backend(journal_url: str, door: Call) -> None:
+    """O6, M11, ADR 0017: PostgreSQL's text holds no NUL; an id holding one names no run and
+    no fact there as on SQLite, never the driver's DataError; nothing stored is touched."""
+    with journaled.open(journal_url, clock=ManualClock(1_000)) as runtime:
+        runtime.register_tool("echo", lambda data: data)
+        runtime.memory.remember("the sky is blue")
+        with pytest.raises(RunNotFound):
+            door(runtime)
+        assert not runtime.cancel(NUL_ID)
+        fact_id = "mem_\x00"
+        assert runtime.memory.why(fact_id) == f"no fact {fact_id} in this journal"
+        assert runtime.memory.history(fact_id) == []
+        assert runtime.memory.used_by(fact_id) == []
+        assert runtime.memory.get(fact_id) is None
+        assert [f.text for f in runtime.memory.all()] == ["the sky is blue"]

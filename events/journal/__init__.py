@@ -55,6 +55,7 @@ import msgspec
 from eventsourcing.application import Application
 from eventsourcing.persistence import (
     ConnectionPoolClosedError,
+    DataError,
     IntegrityError,
     InterfaceError,
     Mapper,
@@ -243,16 +244,23 @@ def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | Jo
 
 
 def _storable(stream: str) -> bool:
-    """Tell whether a stream id can be stored: UTF-8 cannot encode a lone surrogate (what an
-    argument of invalid UTF-8 becomes), so such an id names no stream and reads as unknown.
+    """Tell whether a stream id can be stored on every backend: UTF-8 cannot encode a lone
+    surrogate (what an argument of invalid UTF-8 becomes), and PostgreSQL's text holds no NUL,
+    so such an id names no stream and reads as unknown.
 
     Asked only after the database driver refused an id, never on the way of a good read.
     """
+    if "\x00" in stream:
+        return False
     try:
         stream.encode("utf-8")
     except UnicodeEncodeError:
         return False
     return True
+
+
+_REFUSED_ID = (UnicodeEncodeError, DataError)
+"""What a driver raises for an id it cannot store (:func:`_storable` tells which it was)."""
 
 
 _JOURNAL_COLUMNS = ("originator_id", "originator_version", "topic", "state")
@@ -951,8 +959,10 @@ class Journal:
         try:
             with self._using():
                 rows = self._recorder.select_stream(stream, after_version, upto, limit)
-        except UnicodeEncodeError:
-            return []  # an id UTF-8 cannot store names nothing stored (see _storable)
+        except _REFUSED_ID:
+            if _storable(stream):
+                raise
+            return []  # an id no backend can store names nothing stored (see _storable)
         return self._events(rows, stream)
 
     def content_keys(self, stream: str) -> tuple[list[str], list[int], int]:
@@ -967,7 +977,9 @@ class Journal:
         try:
             with self._using():
                 rows = self._recorder.select_stream(stream, 0, None, None)
-        except UnicodeEncodeError:
+        except _REFUSED_ID:
+            if _storable(stream):
+                raise
             rows = []  # see _storable
         last = rows[-1][2] if rows else 0
         keys = [content_key(r[1], r[2]) for r in rows if r[3] in self._content_topics]
@@ -1011,7 +1023,9 @@ class Journal:
         try:
             with self._using():
                 return self._recorder.select_snapshot(stream)
-        except UnicodeEncodeError:
+        except _REFUSED_ID:
+            if _storable(stream):
+                raise
             return None  # see _storable
 
     def snapshots(self) -> list[tuple[str, int, bytes]]:
@@ -1049,7 +1063,9 @@ class Journal:
         try:
             with self._using():
                 found = self._recorder.select_head(stream)
-        except UnicodeEncodeError:
+        except _REFUSED_ID:
+            if _storable(stream):
+                raise
             return None  # see _storable
         if found is None:
             return None
@@ -1066,8 +1082,10 @@ class Journal:
         try:
             with self._using():
                 rows = self._recorder.select_firsts(streams)
-        except UnicodeEncodeError:
+        except _REFUSED_ID:
             kept = [s for s in streams if _storable(s)]
+            if len(kept) == len(streams):
+                raise
             if not kept:
                 return {}
             with self._using():
@@ -1080,8 +1098,10 @@ class Journal:
         try:
             with self._using():
                 found = self._recorder.select_payloads(streams)
-        except UnicodeEncodeError:
+        except _REFUSED_ID:
             kept = [s for s in streams or () if _storable(s)]
+            if streams is None or len(kept) == len(streams):
+                raise
             with self._using():
                 found = self._recorder.select_payloads(kept) if kept else {}
         return {key: unsealed(row) for key, row in found.items()}
