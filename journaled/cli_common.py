@@ -14,7 +14,9 @@ import click
 
 import journaled
 from journaled import cli_render as render
+from journaled.errors import ConfigurationError
 from journaled.events.errors import EventsError
+from journaled.organization import resolve_organization
 
 if TYPE_CHECKING:
     from journaled.events.journal import Journal
@@ -171,7 +173,10 @@ def _executing_here(run_id: str) -> bool:
 def organization() -> str | None:
     """Return the organization the command acts for, as ``journaled.open`` takes it from the
     environment (``JOURNALED_ORGANIZATION``): the journal-only commands show only its runs."""
-    return os.environ.get("JOURNALED_ORGANIZATION") or None
+    try:
+        return resolve_organization()
+    except ConfigurationError as exc:
+        fail(str(exc))
 
 
 def wants_json(ctx: click.Context) -> bool:

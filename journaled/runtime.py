@@ -40,6 +40,7 @@ from journaled.events.snapshot_audit import verify as verify_snapshots
 from journaled.events.tenancy import Boundary
 from journaled.events.url import default_url, parse_url
 from journaled.memory import Embedder, Memory
+from journaled.organization import resolve_organization
 from journaled.semantic import EMBED_TIMEOUT, check_embed_timeout
 from journaled.subscriptions import (
     StoredSubscription,
@@ -63,7 +64,6 @@ SNAPSHOT_MIN_EVENTS = 500
 """On close, memory is snapshotted when at least this many events were folded since the last."""
 _ORCHESTRATOR_STOP_SECONDS = 5.0
 """How long close() waits for orchestrators to stop once the runs are suspended (R3)."""
-ENV_ORGANIZATION = "JOURNALED_ORGANIZATION"
 
 
 class JournalHandle:
@@ -192,19 +192,9 @@ class Runtime:
         self._drain = _check_drain(drain)
         resolved = url if url is not None else os.environ.get(ENV_URL) or default_url()
         config = msgspec.structs.replace(parse_url(resolved), lock_wait=_check_lock_wait(lock_wait))
-        if organization is None:
-            organization = os.environ.get(ENV_ORGANIZATION) or None
-        if organization is not None and (
-            not isinstance(organization, str) or not organization.strip()
-        ):
-            raise ConfigurationError(
-                f"organization must be a non-empty string, got {organization!r}: pass "
-                'organization="acme" to journaled.open() or unset JOURNALED_ORGANIZATION'
-            )
+        organization = resolve_organization(organization)
         if not isinstance(agents, bool):
             raise ConfigurationError(f"agents must be True or False, got {agents!r}")
-        if organization is not None and text_problem(organization, limit=1024):
-            raise ConfigurationError(f"organization {text_problem(organization, limit=1024)}")
         if clock is not None and not callable(clock):
             raise ConfigurationError("clock must be a callable returning epoch milliseconds")
         if clock is not None:

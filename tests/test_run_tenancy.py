@@ -320,3 +320,25 @@ def test_the_projection_itself_holds_every_organizations_runs(
     assert set(_every_run(acme)) <= set(summaries.read("acme"))
     assert set(_every_run(acme)).isdisjoint(summaries.read(None))
     assert set(_every_run(acme)).isdisjoint(summaries.read("other"))
+
+
+@pytest.mark.parametrize("organization", ["   ", "\t"])
+@pytest.mark.parametrize(
+    "command",
+    [("runs", "list", "--json"), ("runs", "follow", "run_x", "--max-seconds", "0")],
+    ids=["runs list", "runs follow"],
+)
+def test_journal_only_commands_refuse_an_organization_the_runtime_refuses(
+    sqlite_url: str, clock: ManualClock, organization: str, command: tuple[str, ...]
+) -> None:
+    """R1 (ADR 0074): a blank JOURNALED_ORGANIZATION is refused in one line
+    naming it by the commands that read the journal alone, as by those that open a runtime;
+    it never lists nothing with exit 0 (which hid every run)."""
+    _acme(sqlite_url, clock)
+    refused = _cli(sqlite_url, organization, "runs", "why", "run_x")
+    assert "JOURNALED_ORGANIZATION" in refused.output
+    out = _cli(sqlite_url, organization, *command)
+    assert out.exit_code != 0, out.output
+    assert "Traceback" not in out.output
+    assert len(out.output.strip().splitlines()) == 1, out.output
+    assert "JOURNALED_ORGANIZATION" in out.output
