@@ -238,3 +238,35 @@ def test_verify_on_a_sqlite_file_without_a_journal_changes_nothing(tmp_path: Pat
         conn.close()
     assert tables == ["notes"]
     assert mode == "delete"
+
+
+@pytest.mark.parametrize("head", [5, b"00" * 16, ["0" * 32]], ids=["int", "bytes", "list"])
+def test_a_head_that_is_no_text_is_refused_naming_head(sqlite_url: str, head: object) -> None:
+    """R7, ADR 0023: ``verify(head=5)`` names the argument, at both doors, not a bare
+    ``TypeError`` from the regular expression."""
+    with journaled.open(sqlite_url) as rt:
+        rt.memory.remember("one")
+        with pytest.raises(ValueError, match=r"^head: "):
+            rt.journal.verify(head=head)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^head: "):
+        verify(sqlite_url, head=head)  # type: ignore[arg-type]
+
+
+def test_a_chained_journal_whose_first_event_is_altered_is_not_called_unchained(
+    sqlite_url: str,
+) -> None:
+    """R7, ADR 0082: with position 1 altered, the report still says where the chain starts
+    (position 1); the CLI never prints "no digest chain yet" above the failure."""
+    with journaled.open(sqlite_url) as rt:
+        rt.memory.remember("one")
+        rt.memory.remember("two")
+    with sqlite3.connect(_path(sqlite_url)) as conn:
+        conn.execute("UPDATE stored_events SET state = x'c1' WHERE rowid = 1")
+    report = verify(sqlite_url)
+    assert report.problem is not None
+    assert report.problem.position == 1
+    assert report.chained_from == 1
+    result = CliRunner().invoke(main, ["--url", sqlite_url, "journal", "verify"])
+    assert result.exit_code == 1, result.output
+    assert "no digest chain" not in result.output
+    assert "position 1" in result.output

@@ -861,7 +861,9 @@ class Journal:
             position) with its kind and reason.
         """
         self._check_open()
-        if head is not None and not re.fullmatch(r"[0-9a-f]{32}|[0-9a-f]{64}", head):
+        if head is not None and (
+            not isinstance(head, str) or not re.fullmatch(r"[0-9a-f]{32}|[0-9a-f]{64}", head)
+        ):
             raise ValueError(
                 f"head: expected the 32 (or 64) lowercase hex digits of a reported digest, "
                 f"got {head!r}"

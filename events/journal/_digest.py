@@ -316,6 +316,9 @@ def verify(
     latest: dict[str, Written] = {}
     count = unchained = 0
     start: int | None = None
+    """Where the chain starts, once its first commit checked out."""
+    chained_from: int | None = None
+    """Where the chain starts, as its first record says, checked out or not."""
     prev: int | None = None
     prev_digest: bytes | None = None
     problem: Problem | None = None
@@ -324,6 +327,7 @@ def verify(
     records = digests()
     for record in records:
         last, first, _, _, _, digest = record
+        chained_from = first if chained_from is None else chained_from
         if start is not None:  # a broken link explains the events before this commit
             problem = _link(record, start, prev, stream, records_in_rows)
         while problem is None and (event := stream.peek()) is not None and event[0] < first:
@@ -389,7 +393,7 @@ def verify(
     return VerifyReport(
         ok=first_problem is None,
         events=count,
-        chained_from=start,
+        chained_from=chained_from,
         unchained=unchained,
         payloads=len(latest),
         head=prev_digest.hex() if prev_digest is not None else None,
