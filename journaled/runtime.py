@@ -466,6 +466,11 @@ class Runtime:
         problem = text_problem(goal, empty=False)
         if problem:
             raise InvalidArgument("goal", problem)
+        for name, flag in (("partial", partial), ("require_approval", require_approval)):
+            if not isinstance(flag, bool):  # "no" would be journaled as True
+                raise InvalidArgument(
+                    name, f"must be True or False, got {type(flag).__name__} {short(flag)}"
+                )
         return self._orchestrations.start(
             goal,
             planner,

@@ -176,6 +176,18 @@ CASES: list[tuple[str, Call, type[Exception], str]] = [
         "goal",
     ),
     (
+        "orchestrate-require-approval-str",  # "no" was journaled as True: a wait not asked for
+        lambda r: r.orchestrate("g", lambda g, o, c: _plan(), require_approval="no"),  # type: ignore[arg-type]
+        InvalidArgument,
+        "require_approval",
+    ),
+    (
+        "orchestrate-partial-int",
+        lambda r: r.orchestrate("g", lambda g, o, c: _plan(), partial=1),  # type: ignore[arg-type]
+        InvalidArgument,
+        "partial",
+    ),
+    (
         "clarification-surrogate",
         lambda r: r.resume("run_x", clarification=SURROGATE),
         RunNotResumable,
