@@ -29,6 +29,7 @@ from journaled import cli_render as render
 from journaled.cli_common import (
     JSON_HELP,
     call,
+    check_interval,
     check_position,
     emit,
     fail,
@@ -291,8 +292,7 @@ def journal_tail(
     """
     if limit < 1:
         fail(f"--limit must be at least 1, got {limit}")
-    if interval <= 0:
-        fail(f"--interval must be a positive number of seconds, got {interval}")
+    check_interval(interval)
     if name is not None and not follow:
         fail("--name needs --follow: a named subscription follows the journal")
     as_json = wants_json(ctx)
