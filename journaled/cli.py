@@ -41,7 +41,7 @@ from journaled.cli_common import (
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
 from journaled.cli_schema import schema
-from journaled.events.errors import JournalFull
+from journaled.events.errors import JournalFull, JournalReadOnly
 
 if TYPE_CHECKING:
     from journaled.events.base import Event
@@ -233,7 +233,8 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
 
     try:
         report = verify_journal(ctx.obj["url"], head)
-    except (ValueError, OSError, sqlite3.Error, JournalFull) as exc:  # a full disk: unreadable
+    # A full disk or a file that cannot be written: the open could not make what it needs.
+    except (ValueError, OSError, sqlite3.Error, JournalFull, JournalReadOnly) as exc:
         message = f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc)
         raise _Unreadable(render.one_line(message)) from exc
     if wants_json(ctx):
