@@ -24,7 +24,7 @@ import time
 from typing import Protocol
 
 from journaled.actors.errors import ScrubPending
-from journaled.events.errors import JournalFull
+from journaled.events.errors import JournalFull, JournalReadOnly
 from journaled.events.journal import Journal
 
 __all__ = ["Scrubbable", "Scrubber"]
@@ -105,6 +105,8 @@ class Scrubber:
         Raises:
             ScrubPending: a reader still holds old data; the background retries go on.
             JournalFull: the disk is full (no reader is to blame); the background retries go on.
+            JournalReadOnly: the journal's file cannot be written (no reader is to blame); the
+                background retries go on.
         """
         deadline = time.monotonic() + timeout
         pause = _FIRST_PAUSE
@@ -153,12 +155,13 @@ class Scrubber:
         return owed
 
     def _attempt(self, wait: float, *, loud: bool = False) -> bool:
-        """Scrub once; False when it could not be done yet. ``loud``: a full disk is raised."""
+        """Scrub once; False when it could not be done yet. ``loud``: a full disk, or a file
+        that cannot be written, is raised."""
         beside = True
         for file in list(self._beside):
             try:
                 done = file.scrub(wait)
-            except Exception as exc:  # a full disk: the journal's own attempt tells it apart
+            except Exception as exc:  # a full disk, a read-only file: the journal's attempt tells
                 log.debug("scrub of a file beside the journal not done yet: %s", exc)
                 done = False
             if not done:
@@ -166,8 +169,9 @@ class Scrubber:
                 beside = False
         try:
             self._journal.scrub(wait)
-        except JournalFull:
-            self._why = "the disk is full"
+        except (JournalFull, JournalReadOnly) as exc:
+            full = isinstance(exc, JournalFull)
+            self._why = "the disk is full" if full else "the journal's file cannot be written"
             if not loud:
                 return False
             self._start()

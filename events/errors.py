@@ -9,6 +9,7 @@ callers can catch either::
     ├── JournalClosed (RuntimeError)         the journal was used after close()
     ├── JournalBusy                          another connection held the write lock too long
     ├── JournalFull                          the disk holding the journal is full
+    ├── JournalReadOnly                      the journal's file cannot be written
     ├── JournalUnavailable                   the database could not be reached; nothing stored
     │   └── AppendOutcomeUnknown             ... after an append was sent: it may be stored
     ├── ConcurrencyConflict                  another writer appended to a stream first
@@ -75,6 +76,29 @@ class JournalFull(EventsError):
         super().__init__(
             f"journal {journal} is out of space ({detail}), so nothing was stored. Free space "
             "where it is kept, then try again: a run it stopped resumes with rt.resume(run_id)"
+        )
+
+    def __reduce__(self) -> tuple[object, ...]:
+        # Rebuilt from its fields: the default rebuilds from ``args``, the one message.
+        return (type(self), (self.journal, self.detail))
+
+
+class JournalReadOnly(EventsError):
+    """The journal's file cannot be written (read-only, immutable, a read-only mount): nothing of
+    the write was stored (ADR 0081 update).
+
+    Everything stored before stays as it was and can still be read; once the file can be
+    written again, the same call can be made again, and a run it stopped is resumed by
+    ``rt.resume(run_id)``.
+    """
+
+    def __init__(self, journal: str, detail: str) -> None:
+        self.journal = journal
+        self.detail = detail
+        super().__init__(
+            f"journal {journal} cannot be written ({detail}), so nothing was stored. Make the "
+            "file writable by this user (its permissions, attributes or mount), then try again: "
+            "a run it stopped resumes with rt.resume(run_id)"
         )
 
     def __reduce__(self) -> tuple[object, ...]:

@@ -7,6 +7,9 @@ One URL chooses the backend: ``memory://`` (an in-process journal for tests), ``
 parameters tune the backend: ``durability=normal|full`` for SQLite (``full`` fsyncs every commit;
 ``normal``, the default, loses nothing when a process is killed, only on power loss);
 ``pool_size=N`` for PostgreSQL (connections kept open per journal, default 5, 1 to 50).
+Refused rather than read as another file or setting: a ``#`` (a URL ends there; PostgreSQL
+names take it percent-encoded, ``%23``), a parameter given twice, and ``sqlite:/path`` or
+``sqlite:path`` (not three slashes).
 
 The password is kept in :class:`JournalConfig` for the adapter, but never in its ``url``, its
 ``repr`` or any error message.
@@ -107,12 +110,14 @@ def parse_url(url: str) -> JournalConfig:
             "'postgresql://user:pass@host:port/db' to journaled.open(), or set JOURNALED_URL"
         )
     masked = _mask(url)
+    if "#" in url:
+        raise _fragment_refused(url.strip(), masked)
     try:
         parts = urlsplit(url.strip())
     except ValueError as exc:
         raise JournalUrlError(f"journal URL {masked!r} is malformed: {exc}") from None
     scheme = parts.scheme.lower()
-    query = dict(parse_qsl(parts.query, keep_blank_values=True))
+    query = _query(parts.query, masked)
     if scheme == "memory":
         _no_params(query, masked, allowed=())
         return JournalConfig(url=masked, backend="memory")
@@ -127,6 +132,15 @@ def parse_url(url: str) -> JournalConfig:
             raise JournalUrlError(
                 f"journal URL {masked!r} has a host {parts.netloc!r}: SQLite journals are files, "
                 "write sqlite:///relative/path.sqlite or sqlite:////absolute/path.sqlite"
+            )
+        if not url.strip()[len("sqlite:") :].startswith("//"):
+            # `sqlite:/abs/j.sqlite` would otherwise be read as `sqlite:///abs/j.sqlite`, the
+            # relative path abs/j.sqlite under the working directory (ADR 0004's update).
+            given = parts.path.lstrip("/") or "journal.sqlite"
+            raise JournalUrlError(
+                f"journal URL {masked!r} does not start with sqlite:/// (three slashes): write "
+                f"sqlite:////{given} for the absolute path /{given}, or sqlite:///{given} for "
+                "a path relative to the working directory"
             )
         raw = parts.path[1:] if parts.path.startswith("/") else parts.path
         if not raw or raw.endswith("/"):
@@ -203,6 +217,42 @@ def _postgres(parts: SplitResult, query: dict[str, str], masked: str) -> Journal
         dbname=dbname,
         pool_size=pool_size,
     )
+
+
+def _fragment_refused(url: str, masked: str) -> JournalUrlError:
+    """Return the error for a URL holding ``#``: what follows it would be dropped as a fragment,
+    so ``sqlite:////dir/my#1.sqlite`` would open ``/dir/my`` (ADR 0004's update)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme in ("postgresql", "postgres"):
+        # A '#' in a password cuts it short, and _mask would then miss it: show no userinfo,
+        # and nothing after a '#' (a password given as ?password=...#... goes on there).
+        head, at, tail = url.rpartition("@")
+        shown = f"{head.split('://', 1)[0]}://***@{tail}" if at and "://" in head else masked
+        shown = shown.split("#", 1)[0] + ("#..." if "#" in shown else "")
+        return JournalUrlError(
+            f"journal URL {shown!r} holds a '#', where a URL ends: percent-encode it as %23 in "
+            "the user, password or database name"
+        )
+    if scheme == "sqlite":
+        return JournalUrlError(
+            f"journal URL {masked!r} holds a '#', where a URL ends (the rest would be dropped and "
+            "another file opened), and a SQLite path is not percent-decoded: rename the file, or "
+            "reach it through a path without '#' (a symbolic link)"
+        )
+    return JournalUrlError(f"journal URL {masked!r} holds a '#', where a URL ends: remove it")
+
+
+def _query(text: str, masked: str) -> dict[str, str]:
+    """Return a URL's query parameters, refusing one given twice (neither would win silently)."""
+    pairs = parse_qsl(text, keep_blank_values=True)
+    names = [name for name, _ in pairs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise JournalUrlError(
+            f"journal URL {masked!r} gives {', '.join(twice)} more than once: give each "
+            "parameter once"
+        )
+    return dict(pairs)
 
 
 def _no_params(query: dict[str, str], masked: str, allowed: tuple[str, ...]) -> None:

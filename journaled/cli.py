@@ -29,6 +29,7 @@ from journaled import cli_render as render
 from journaled.cli_common import (
     JSON_HELP,
     call,
+    check_interval,
     check_position,
     emit,
     fail,
@@ -40,7 +41,7 @@ from journaled.cli_common import (
 from journaled.cli_memory import memory
 from journaled.cli_runs import runs
 from journaled.cli_schema import schema
-from journaled.events.errors import JournalFull
+from journaled.events.errors import JournalFull, JournalReadOnly
 
 if TYPE_CHECKING:
     from journaled.events.base import Event
@@ -232,7 +233,8 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
 
     try:
         report = verify_journal(ctx.obj["url"], head)
-    except (ValueError, OSError, sqlite3.Error, JournalFull) as exc:  # a full disk: unreadable
+    # A full disk or a file that cannot be written: the open could not make what it needs.
+    except (ValueError, OSError, sqlite3.Error, JournalFull, JournalReadOnly) as exc:
         message = f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc)
         raise _Unreadable(render.one_line(message)) from exc
     if wants_json(ctx):
@@ -291,8 +293,7 @@ def journal_tail(
     """
     if limit < 1:
         fail(f"--limit must be at least 1, got {limit}")
-    if interval <= 0:
-        fail(f"--interval must be a positive number of seconds, got {interval}")
+    check_interval(interval)
     if name is not None and not follow:
         fail("--name needs --follow: a named subscription follows the journal")
     as_json = wants_json(ctx)

@@ -96,6 +96,22 @@ def fail(message: str) -> NoReturn:
     raise click.ClickException(render.one_line(message))
 
 
+LONGEST_INTERVAL = 3600.0
+"""The longest wait a follower's ``--interval`` takes between checks for Ctrl-C (an hour)."""
+
+
+def check_interval(interval: float) -> None:
+    """Refuse an ``--interval`` that is not a number of seconds above 0 and at most an hour.
+
+    Also refuses nan and inf: a longer wait would leave Ctrl-C unseen for that long.
+    """
+    if not 0 < interval <= LONGEST_INTERVAL:  # also refuses nan
+        fail(
+            f"--interval must be a number of seconds above 0 and at most {LONGEST_INTERVAL:g}, "
+            f"got {interval}"
+        )
+
+
 def call(read: Callable[[], T]) -> T:
     """Run a library call, turning its errors about bad input into a one-line CLI error."""
     try:

@@ -13,6 +13,7 @@ from journaled import cli_render as render
 from journaled.cli_common import (
     NegativeArguments,
     call,
+    check_interval,
     check_position,
     emit,
     fail,
@@ -138,10 +139,6 @@ def _what(row: RunSummary) -> str:
     return "run"
 
 
-_LONGEST_INTERVAL = 3600.0
-"""The longest wait ``runs follow --interval`` takes between checks (an hour)."""
-
-
 @runs.command("follow")
 @click.argument("run_id")
 @click.option(
@@ -172,11 +169,7 @@ def runs_follow(
     """
     from journaled.cli_follow import follow
 
-    if not 0 < interval <= _LONGEST_INTERVAL:  # also refuses nan
-        fail(
-            f"--interval must be a number of seconds above 0 and at most {_LONGEST_INTERVAL:g}, "
-            f"got {interval}"
-        )
+    check_interval(interval)
     if max_seconds is not None and not 0 <= max_seconds < math.inf:
         fail(f"--max-seconds must be a finite number of seconds, 0 or more, got {max_seconds}")
     with open_journal(ctx) as journal:

@@ -11,6 +11,7 @@
     ├── JournalClosed (RuntimeError)
     ├── JournalBusy                            another writer held the lock past lock_wait
     ├── JournalFull                            the disk holding the journal is full
+    ├── JournalReadOnly                        the journal's file cannot be written
     ├── JournalUnavailable                     the database was unreachable; nothing stored
     │   └── AppendOutcomeUnknown               ... after an append was sent: it may be stored
     ├── ConcurrencyConflict
@@ -53,6 +54,7 @@ from journaled.events.errors import (
     JournalBusy,
     JournalClosed,
     JournalFull,
+    JournalReadOnly,
     JournalUnavailable,
     JournalUnreadable,
     JournalUrlError,
@@ -97,6 +99,7 @@ __all__ = [
     "JournalBusy",
     "JournalClosed",
     "JournalFull",
+    "JournalReadOnly",
     "JournalUnavailable",
     "JournalUnreadable",
     "JournalUrlError",

@@ -12,7 +12,8 @@ def unavailable(need: str, reason: str) -> NoReturn:
     """Skip with ``reason``, or fail when ``$JOURNALED_TEST_REQUIRE_<NEED>`` is set (as CI does).
 
     Args:
-        need: ``POSTGRES``, ``BROWSER`` or ``NAMESPACES`` (a PID namespace: ``unshare``).
+        need: ``POSTGRES``, ``BROWSER``, ``NAMESPACES`` (a PID namespace: ``unshare``) or
+            ``CHATTR`` (``chattr``, to make a journal's file immutable).
         reason: What is missing and how to get it.
     """
     if os.environ.get(f"JOURNALED_TEST_REQUIRE_{need}"):

@@ -225,6 +225,67 @@ def test_malformed_urls_are_clear_errors(url: str, words: str) -> None:
         parse_url(url)
 
 
+@pytest.mark.parametrize(
+    ("tail", "words"),
+    [
+        ("my#1.sqlite", "holds a '#'"),
+        ("j.sqlite#", "holds a '#'"),
+        ("j.sqlite?durability=full&durability=normal", "gives durability more than once"),
+        ("j.sqlite?durability=full&durability=full", "gives durability more than once"),
+    ],
+    ids=["hash-in-file-name", "empty-fragment", "durability-twice", "same-durability-twice"],
+)
+def test_a_sqlite_url_never_silently_opens_another_file_or_setting(
+    tmp_path: Path, tail: str, words: str
+) -> None:
+    """J4, ADR 0004 (update 2026-12-08): `sqlite:////dir/my#1.sqlite` opened `/dir/my` (the rest
+    read as a fragment and dropped), and a parameter given twice silently kept the last; both
+    are refused by name, and nothing is created."""
+    with pytest.raises(JournalUrlError, match=words):
+        parse_url(f"sqlite:///{tmp_path}/{tail}")
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("form", ["sqlite:{}", "sqlite:{}?durability=full"])
+def test_a_sqlite_url_with_one_slash_is_not_moved_under_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, form: str
+) -> None:
+    """J4, ADR 0004 (update 2026-12-08): `sqlite:/abs/j.sqlite` was read as the relative path
+    `abs/j.sqlite` under the working directory; it is refused, naming both spellings."""
+    monkeypatch.chdir(tmp_path)
+    target = tmp_path / "data" / "j.sqlite"
+    with pytest.raises(JournalUrlError) as raised:
+        parse_url(form.format(target))
+    assert f"sqlite:///{target}" in str(raised.value)  # sqlite://// + the absolute path
+    assert f"sqlite:///{str(target).lstrip('/')}" in str(raised.value)  # the relative form
+    with pytest.raises(JournalUrlError, match="three slashes"):
+        parse_url("sqlite:j.sqlite")
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "postgresql://me:hunter#2secret@db/x",
+        "postgresql://me:hunter2secret@db/x#frag",
+        "postgres://db/x?password=hunter2secret#more",
+    ],
+)
+def test_a_hash_in_a_postgresql_url_is_refused_without_showing_the_password(url: str) -> None:
+    """J4, ADR 0004 (update 2026-12-08): a '#' ends a URL, so a password holding one was cut
+    short (and the rest read as a host or dropped); it is refused, saying to write %23, and
+    no part of the password is shown."""
+    with pytest.raises(JournalUrlError, match="%23") as raised:
+        parse_url(url)
+    for part in ("hunter", "2secret", "more"):
+        assert part not in str(raised.value)
+
+
+def test_a_postgresql_parameter_given_twice_is_refused() -> None:
+    """J4, ADR 0004 (update 2026-12-08): `?pool_size=2&pool_size=3` silently kept the last."""
+    with pytest.raises(JournalUrlError, match="gives pool_size more than once"):
+        parse_url("postgresql://me@db/x?pool_size=2&pool_size=3")
+
+
 def test_password_is_masked_in_errors() -> None:
     """J4: a URL's password never appears in an error message."""
     with pytest.raises(JournalUrlError) as info:

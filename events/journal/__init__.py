@@ -76,6 +76,7 @@ from journaled.events.errors import (
     JournalBusy,
     JournalClosed,
     JournalFull,
+    JournalReadOnly,
     JournalUnavailable,
     JournalUnreadable,
     JournalUrlError,
@@ -102,6 +103,7 @@ from journaled.events.journal._common import (
     content_key,
     disk_full,
     hide_password,
+    read_only,
     truncate_wal,
 )
 from journaled.events.journal._digest import (
@@ -226,12 +228,18 @@ def _out_of_space(config: JournalConfig, exc: BaseException) -> str | None:
     return None
 
 
-def _unreadable(config: JournalConfig, exc: Exception) -> JournalUnreadable | JournalFull:
+def _unreadable(
+    config: JournalConfig, exc: Exception
+) -> JournalUnreadable | JournalFull | JournalReadOnly:
     """Return the error for a SQLite file that could not be opened: its disk is full (ADR
-    0081), or it is no journal (never advise restoring a backup for a full disk)."""
+    0081), it cannot be written, or it is no journal (never advise restoring a backup for a
+    full disk or a read-only file)."""
     full = _out_of_space(config, exc)
     if full is not None:
         return JournalFull(config.url, full)
+    unwritable = read_only(exc)
+    if unwritable is not None:
+        return JournalReadOnly(config.url, unwritable)
     if config.path is not None and Path(config.path).is_dir():
         return JournalUnreadable(
             f"cannot open the journal at {config.path}: it is a directory; point the URL at "
@@ -412,6 +420,9 @@ class _Use:
         full = disk_full(error)
         if full is not None:  # the database's words, made the journal's (ADR 0081)
             raise JournalFull(journal.config.url, full) from error
+        unwritable = read_only(error)
+        if unwritable is not None:  # a read-only or immutable file, named (ADR 0081 update)
+            raise JournalReadOnly(journal.config.url, unwritable) from error
         if isinstance(error, ConnectionPoolClosedError) or journal._shut:
             # The connection was closed under this call: a close on this thread (a signal
             # handler's) or one that gave up waiting. The caller learns what happened; a
@@ -480,6 +491,9 @@ class Journal:
             full = _out_of_space(config, exc)
             if full is not None:
                 raise JournalFull(config.url, full) from exc
+            unwritable = read_only(exc)
+            if unwritable is not None:
+                raise JournalReadOnly(config.url, unwritable) from exc
             error = JournalUrlError(
                 f"cannot open journal {config.url}: {hide_password(str(exc), config.password)}"
             )
@@ -775,6 +789,8 @@ class Journal:
             PersistenceError: another connection kept reading old data for ``wait`` seconds; the
                 erased bytes may remain until it is done and a later scrub succeeds.
             JournalFull: the disk is full, so the log cannot be checkpointed into the file.
+            JournalReadOnly: the file cannot be written, so the log cannot be checkpointed into
+                it (no reader is to blame).
         """
         self._check_open()
         # Counted before the attempt: an erasure committed during it may not be covered.
@@ -829,6 +845,9 @@ class Journal:
         try:
             done = truncate_wal(path, wait)
         except sqlite3.OperationalError as exc:  # no reader to wait for: the file cannot grow
+            unwritable = read_only(exc)
+            if unwritable is not None:  # or cannot be written at all
+                raise JournalReadOnly(self.config.url, unwritable) from exc
             raise JournalFull(self.config.url, disk_full(exc) or "disk full") from exc
         if not done:
             raise PersistenceError(

@@ -90,6 +90,20 @@ def disk_full(error: object) -> str | None:
     return None
 
 
+def read_only(error: object) -> str | None:
+    """Return the database's words when ``error``, or an error it was raised from, says that
+    the journal's file cannot be written (SQLite's SQLITE_READONLY and its extended codes: a
+    read-only or immutable file, a read-only mount).
+
+    Only what an error was raised *from* counts, as for :func:`disk_full`.
+    """
+    for cause in causes(error):
+        code = getattr(cause, "sqlite_errorcode", None)
+        if isinstance(code, int) and code & 0xFF == sqlite3.SQLITE_READONLY:
+            return (str(cause).strip().splitlines() or ["read-only"])[0]
+    return None
+
+
 def truncate_wal(path: str, wait: float) -> bool:
     """Copy a SQLite file's write-ahead log into the file and empty the log (ADR 0005).
 
@@ -103,8 +117,9 @@ def truncate_wal(path: str, wait: float) -> bool:
         writing, for ``wait`` seconds.
 
     Raises:
-        sqlite3.OperationalError: the disk is full (:func:`disk_full` names it): no reader is to
-            blame, and the log cannot be copied into the file.
+        sqlite3.OperationalError: the disk is full (:func:`disk_full` names it) or the file
+            cannot be written (:func:`read_only` names it): no reader is to blame, and the log
+            cannot be copied into the file.
     """
     deadline = time.monotonic() + wait
     conn = sqlite3.connect(path, timeout=0, isolation_level=None)
@@ -114,7 +129,7 @@ def truncate_wal(path: str, wait: float) -> bool:
             try:
                 row = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             except sqlite3.OperationalError as exc:
-                if disk_full(exc) is not None:
+                if disk_full(exc) is not None or read_only(exc) is not None:
                     raise
                 row = (1, 0, 0)  # a writer holds the lock right now
             if not row[0]:
