@@ -258,7 +258,12 @@ def _unequal_places(a: Sequence[Step], b: Sequence[Step]) -> list[int]:
 def diff_results(
     run_id: str, a: int, b: int, before: ExecuteResult, after: ExecuteResult
 ) -> RunDiff:
-    """Compare a run's states at positions a and b (observations only grow between them)."""
+    """Compare a run's states at positions a and b.
+
+    Within one run observations only grow between them; across an orchestration's passes
+    (``before`` and ``after`` of two pass runs) every observation of ``after`` is new, and the
+    statuses compared are those of ``after``'s steps (the new pass's plan).
+    """
     steps_a, steps_b = before.plan.steps, after.plan.steps
     candidates: Iterable[Step]
     if before.run_id == after.run_id and len(steps_a) == len(steps_b):
@@ -280,7 +285,11 @@ def diff_results(
         a=a,
         b=b,
         status_changes=changes,
-        new_observations=list(after.observations[len(before.observations) :]),
+        new_observations=list(
+            after.observations[len(before.observations) :]
+            if before.run_id == after.run_id
+            else after.observations
+        ),
         calls_used_before=before.calls_used,
         calls_used_after=after.calls_used,
         waiting_before=list(before.waiting),

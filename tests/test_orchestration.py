@@ -938,3 +938,39 @@ def test_an_orchestration_before_its_pass_runs_is_rebuilt_with_its_plan_pending(
         assert short.status == "waiting_for_budget"
         pending = rt.runs.at(short.run_id, rt.journal.position())
         assert [s.status for s in pending.plan.steps] == ["pending", "pending"]
+
+
+def test_diff_across_passes_lists_the_new_pass_observations(sqlite_url: str) -> None:
+    """O7, T1, ADR 0010: between the end of a failed pass and the end of the replanned one,
+    ``runs.diff`` of the orchestration lists the new pass's observations as new (the two
+    positions show two pass runs, not one run whose observations grew)."""
+
+    def boom(_: object) -> str:
+        raise RuntimeError("x")
+
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("ok", lambda _: "ok")
+        rt.register_tool("boom", boom)
+        calls = {"n": 0}
+
+        def planner(goal: str, _obs: object, _cl: object) -> Plan:
+            calls["n"] += 1
+            if calls["n"] == 1:
+                return Plan(
+                    goal=goal,
+                    steps=[Step("x", tool="ok"), Step("y", tool="boom", depends_on=["x"])],
+                )
+            return Plan(goal=goal, steps=[Step("z", tool="ok")])
+
+        out = rt.orchestrate("g", planner, mode="orchestrate")
+        assert out.status == "completed"
+        passes = [
+            e.data.run for e in rt.runs.history(out.run_id) if isinstance(e.data, PassStarted)
+        ]
+        a = rt.runs.history(passes[0])[-1].position  # the first pass has ended
+        b = rt.journal.position()
+        assert [o.step_id for o in rt.runs.at(out.run_id, a).observations] == ["x", "y"]
+        assert [o.step_id for o in rt.runs.at(out.run_id, b).observations] == ["z"]
+        diff = rt.runs.diff(out.run_id, a, b)
+        assert [o.step_id for o in diff.new_observations] == ["z"]
+        assert [(c.step_id, c.after) for c in diff.status_changes] == [("z", "succeeded")]
