@@ -430,6 +430,20 @@ class Orchestrations:
         status = state.status
         if status is not None and status in ("completed", "failed", "dry_run"):
             raise RunNotResumable(f"run {run_id} already finished ({status}); nothing to resume")
+        pass_state = self._pass_state(state)
+        # Who drives it first, then what the caller asked (R8, ADR 0011), as a plain run's
+        # resume does: one a live process drives is owned elsewhere, whatever phase that process
+        # moved it to since it waited. Let go by its driver's closing runtime (R3): nobody drives
+        # it; journals before ADR 0087 say so by the pass's suspension alone.
+        suspended = state.suspended is not None or (
+            pass_state is not None and pass_state.suspended is not None
+        )
+        if state.ended is None and not suspended:
+            self._check_not_driven(state, take_over)
+        if state.ended is None and pass_state is not None:
+            # Not stopped at a status: either a crash, or another runtime drives it right now.
+            # The pass run's owner tells which; a live one keeps it, and nothing is appended.
+            self._runs.check_free(pass_state.run_id, take_over)
         check_budget("call_budget", call_budget)
         check_callable("planner", planner)
         check_callable("reserve", reserve)
@@ -450,7 +464,6 @@ class Orchestrations:
             )
             raise RunNotResumable(f"run {run_id} is not waiting for approval (it is {where})")
         given = dict(answers or {})
-        pass_state = self._pass_state(state)
         if clarification is not None:
             if not isinstance(clarification, str) or not clarification.strip():
                 raise RunNotResumable("clarification must be a non-empty string")
@@ -469,17 +482,6 @@ class Orchestrations:
                         f"run {run_id}: step {step_id!r} is not waiting for an answer "
                         f"(waiting steps: {', '.join(waiting) or 'none'})"
                     )
-        # Let go by its driver's closing runtime (R3): nobody drives it. Journals before ADR
-        # 0087 say so by the pass's suspension alone.
-        suspended = state.suspended is not None or (
-            pass_state is not None and pass_state.suspended is not None
-        )
-        if state.ended is None and not suspended:
-            self._check_not_driven(state, take_over)
-        if state.ended is None and pass_state is not None:
-            # Not stopped at a status: either a crash, or another runtime drives it right now.
-            # The pass run's owner tells which; a live one keeps it, and nothing is appended.
-            self._runs.check_free(pass_state.run_id, take_over)
         answered = clarification if state.question is not None else None
         resumed = OrchestrationResumed(
             at=self._clock(),
@@ -906,13 +908,29 @@ class Orchestrations:
         try:
             positions = self._journal.append(pending)
         except ConcurrencyConflict as exc:
-            raise RunNotResumable(
-                f"run {stream} is being orchestrated by another process; reload and retry"
-            ) from exc
+            raise self._conflict(stream, st.version) from exc
         for position, item in zip(positions, pending, strict=True):
             st.apply(Event(position=position, stream=stream, version=item.version, data=item.data))
             if d.trace is not None:
                 d.trace(position, st.copy())
+
+    def _conflict(self, stream: str, version: int) -> RunNotResumable:
+        """Say why an append after ``version`` of an orchestration's stream conflicted (R8).
+
+        Another process resumed it (or took it over) since it was read: it drives it, as the
+        executor of a plain run that appended first does (ADR 0011), so RunOwnedElsewhere.
+        Anything else appended since (a purge) is no owner: RunNotResumable, naming it.
+        """
+        newer = [e.data for e in self._journal.stream(stream) if e.version > version]
+        if any(isinstance(data, OrchestrationResumed | OrchestrationStarted) for data in newer):
+            return RunOwnedElsewhere(
+                f"run {stream} is being orchestrated by another process; reload and retry"
+            )
+        kinds = ", ".join(sorted({tag_of(type(data)) for data in newer})) or "nothing it can read"
+        return RunNotResumable(
+            f"run {stream} changed while this process was deciding its next step (another "
+            f"process appended {kinds}); reload and retry"
+        )
 
 
 def _closed(run_id: str) -> RuntimeClosed:
