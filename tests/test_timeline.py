@@ -605,3 +605,52 @@ def test_a_page_that_cannot_be_written_is_a_one_line_error(tmp_path: Path) -> No
         assert len(result.output.strip().splitlines()) == 1
     with pytest.raises(ValueError, match="cannot write the page"), journaled.open(url) as rt:
         timeline.write(rt, run_id, target)
+
+
+_READ_STEPS = """
+return Array.from(document.querySelectorAll('[data-step]')).map(
+  (n) => [n.dataset.step, n.dataset.status, n.querySelector('.pill').textContent,
+          n.querySelector('.note').textContent, n.querySelector('.child').hidden]);
+"""
+
+
+def _refuse(_: object) -> str:
+    raise RuntimeError("no")
+
+
+@pytest.mark.parametrize("ids", [("constructor", "toString"), ("__proto__", "hasOwnProperty")])
+def test_step_ids_named_like_object_members_show_their_own_status(
+    sqlite_url: str, tmp_path: Path, ids: tuple[str, str]
+) -> None:
+    """E1, O7: a step id is any text; in the page, steps named like JavaScript's object
+    members show the status rt.runs.at gives them, with no note and no child run borrowed
+    from ``Object.prototype`` (pending at the first event, then their own)."""
+    _browser()
+    with journaled.open(sqlite_url) as runtime:
+        runtime.register_tool("boom", _refuse)
+        runtime.register_tool("ok", lambda _: "ok")
+        done, never = ids
+        plan = journaled.Plan(
+            goal="g",
+            steps=[
+                journaled.Step(done, tool="ok"),
+                journaled.Step("first", tool="boom"),
+                journaled.Step(never, tool="ok", depends_on=["first"]),
+            ],
+        )
+        result = runtime.execute(plan)
+        assert not result.ok
+        page = timeline.write(runtime, result.run_id, tmp_path / "page.html")
+        history = runtime.runs.history(result.run_id)
+        first, last = history[0].position, history[-1].position
+    with browser.chromium() as driver:
+        driver.get(page.as_uri())
+        driver.execute_script("window.setPosition(arguments[0])", first)
+        at_first = {row[0]: row[1:] for row in driver.execute_script(_READ_STEPS)}
+        driver.execute_script("window.setPosition(arguments[0])", last)
+        at_last = {row[0]: row[1:] for row in driver.execute_script(_READ_STEPS)}
+        _clean(driver)
+    assert at_first[done] == at_first[never] == ["pending", "pending", "", True]
+    assert at_last[done] == ["succeeded", "succeeded", "", True]
+    assert at_last[never][:2] == ["skipped", "skipped"]
+    assert at_last[never][3] is True
