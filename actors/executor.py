@@ -143,6 +143,9 @@ class Executor(pykka.ThreadingActor):
         self._idle: list[Any] = []
         self._workers: list[Any] = []
         self._running_per_key: dict[tuple[str, str], int] = {}
+        self._abandoned: dict[tuple[str, int], Step] = {}
+        """Attempts that timed out while their call ran on, by (step, attempt): each keeps its
+        place under its cap until its late answer comes (E3)."""
         self._finished = False
         self._heartbeat: threading.Timer | None = None
         self._begun = False
@@ -526,6 +529,12 @@ class Executor(pykka.ThreadingActor):
         if flight is None or flight[0] != msg.attempt or flight[1] is None:
             # An attempt that already timed out: its late answer is not journaled, nor is it
             # taken for the attempt waiting out its backoff (no worker) when it was retried.
+            # Its call has ended, though: its place under the cap is free (E3).
+            held = self._abandoned.pop((msg.step_id, msg.attempt), None)
+            if held is not None:
+                self._release(held)
+                if self._begun and not self._finished and self._batch_queue:
+                    self._after_a_step_ended()
             return
         _, worker, timer = self._in_flight.pop(msg.step_id)
         if timer is not None:
@@ -573,7 +582,8 @@ class Executor(pykka.ThreadingActor):
         worker.stop(block=False)  # it is stuck in user code: abandon it, it ends when that returns
         self._workers.remove(worker)
         step = self.state.steps[step_id]
-        self._release(step)
+        # Its call still runs: it keeps its place under the step's cap until it returns (E3).
+        self._abandoned[(step_id, attempt)] = step
         timeout = self._started().step_timeout
         error = f"timed out after {timeout}s"
         obs = Observation(
@@ -584,6 +594,8 @@ class Executor(pykka.ThreadingActor):
             skill=step.skill,
             tool=step.tool,
             agent=step.agent,
+            # The child its agent started goes on; the step names it (E9, ADR 0020).
+            agent_task_id=token.child if token is not None and step.agent is not None else None,
         )
         if not (self.registry.retries and self._retry_later(step, attempt, obs, None)):
             self._record(step, attempt, obs, None)

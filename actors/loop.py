@@ -72,6 +72,9 @@ class StepToken:
         self.reason: str | None = None
         """Why it was set first: :data:`CANCELLED` (the run's cancel), ``"deadline"`` or
         ``"suspended"`` (a close or a stop); None while it is not set."""
+        self.child: str | None = None
+        """The child run the attempt's agent started last (``ctx.execute``), for the
+        observation the executor writes when the attempt times out (E9)."""
 
     def is_set(self) -> bool:
         """Tell whether the step was asked to stop."""

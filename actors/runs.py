@@ -193,6 +193,9 @@ class _Claim:
     """Set once the run's opening events are committed."""
     ready: threading.Event = field(default_factory=threading.Event)
     """Set once the executor exists (or the claim is dropped): what close() waits for first."""
+    done: Future[Any] | None = None
+    """What the run's execution here completes, once its executor exists: a parent step's
+    next attempt waits on it for the child its timed-out attempt left running (R5)."""
     settled: threading.Event = field(default_factory=threading.Event)
     """Set once the run's end was answered here (or the claim is dropped): what close() waits
     for then. An executor is stopped before its answer arrives (it answers from ``on_stop``), so
@@ -837,6 +840,7 @@ class Runs(RunForks):
         parent_active = None
         with self._lock:
             claim.executor = executor
+            claim.done = done
             closing = self._closing
             if parent is not None:
                 self._children.setdefault(parent[0], []).append(run_id)
@@ -938,6 +942,15 @@ class Runs(RunForks):
             )
         if state.is_finished and state.run_status in ("completed", "failed", "cancelled"):
             return state.result()
+        with self._lock:
+            running = self._active.get(run_id)
+            done = None if running is None else running.done
+        if done is not None:
+            # An earlier attempt of the step (it timed out) started this child, which still
+            # runs here: this attempt waits for it too, never a second execution (R5, ADR 0020).
+            return RunHandle(
+                run_id, done, self.cancel, self.current, self._check_may_wait, self._started_by
+            )
         return self.resume_start(
             run_id,
             call_budget=options.get("call_budget"),

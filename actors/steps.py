@@ -352,6 +352,8 @@ class AgentContext:
             call = self._calls
             child = child_run_id(self.run_id, self.step_id, call)
             self._in_flight.append(child)
+            if self._cancel is not None:
+                self._cancel.child = child  # named by a timeout's observation (E9)
         return call, child
 
     def _run_child(
