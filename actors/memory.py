@@ -23,7 +23,7 @@ import msgspec
 import pykka
 
 from journaled.actors.asking import ask, ask_all
-from journaled.actors.clock import Clock, new_fact_id
+from journaled.actors.clock import FACT_ID_PREFIX, Clock, new_fact_id
 from journaled.actors.desk import GROUP_MAX as _GROUP_MAX
 from journaled.actors.desk import WriterDesk
 from journaled.actors.directory import CountingInbox, Directory, failure
@@ -473,6 +473,8 @@ class MemoryWriter(pykka.ThreadingActor):
 
     def _delete(self, fact_id: str) -> Deletion:
         target = self._get(fact_id)
+        if target is None and self._appended_elsewhere(fact_id):
+            target = self._get(fact_id)
         if target is None:
             return Deletion(primary=False, relationships=0)
         pending, relationships = self._cascade(target, self.clock())
@@ -481,7 +483,11 @@ class MemoryWriter(pykka.ThreadingActor):
 
     def _purge(self, fact_id: str, reason: str | None) -> bool:
         # Another organization's fact is routed nowhere here: unknown, like a fact never seen (R1).
-        if fact_id in self.purged or self.route.get(fact_id) is None:
+        if fact_id in self.purged:
+            return False
+        if self.route.get(fact_id) is None and (
+            not self._appended_elsewhere(fact_id) or self.route.get(fact_id) is None
+        ):
             return False
         now = self.clock()
         pending: list[Staged] = []
@@ -493,6 +499,21 @@ class MemoryWriter(pykka.ThreadingActor):
         # Erased once this commits; scrubbing the files is the caller's cleanup (actors.scrubber),
         # so that readers holding old data never hold up this writer.
         self._append(pending, forget=[fact_id], drop_snapshots=MEMORY_SNAPSHOT_PREFIX)
+        return True
+
+    def _appended_elsewhere(self, fact_id: str) -> bool:
+        """Fold the journal when a fact unknown here has a stream in it (another runtime or
+        process remembered it after this writer's position); tell whether it folded.
+
+        A delete or a purge of such a fact then acts on it instead of calling it unknown: a
+        runtime that follows late, or not at all, can still erase what another wrote (M8, M10,
+        R2). An id with no stream costs one indexed read and folds nothing.
+        """
+        if not isinstance(fact_id, str) or not fact_id.startswith(FACT_ID_PREFIX):
+            return False
+        if self.journal.head(fact_id) is None:
+            return False
+        self._catch_up()
         return True
 
     def _cascade(self, target: Fact, now: int) -> tuple[list[Staged], int]:

@@ -19,8 +19,12 @@ from journaled.events.memory import (
 
 
 def when(ms: int) -> str:
-    """Render epoch milliseconds as an ISO-8601 UTC time."""
-    stamp = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    """Render epoch milliseconds as an ISO-8601 UTC time; one past the calendar's years 1-9999
+    (a "never expires" of 2**63 - 1, say) as its milliseconds."""
+    try:
+        stamp = dt.datetime.fromtimestamp(ms / 1000, tz=dt.UTC)
+    except (ValueError, OverflowError, OSError):
+        return f"epoch ms {ms}"
     return stamp.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
@@ -46,10 +50,10 @@ def describe(event: Event) -> str:
                 )
             return " ".join(parts)
         case FactSuperseded():
+            until = data.by_valid_until
             return (
                 f"superseded at {at} by {data.by}, which claimed the same conflict key "
-                f"{data.conflict_key!r}"
-                + (f" (until {when(data.by_valid_until)})" if data.by_valid_until else "")
+                f"{data.conflict_key!r}" + (f" (until {when(until)})" if until is not None else "")
             )
         case FactRelinked():
             return (

@@ -79,7 +79,11 @@ def _query(
     _check("now", int_problem(now, unit="epoch milliseconds (int)"))
     names = {"scopes": _names("scopes", scopes), "domains": _names("domains", domains)}
     _check("limit", int_problem(limit, low=0, unit="a non-negative int"))
-    if not isinstance(min_confidence, int | float) or math.isnan(min_confidence):
+    if (
+        not isinstance(min_confidence, int | float)
+        or isinstance(min_confidence, bool)  # True would filter as 1.0
+        or math.isnan(min_confidence)
+    ):
         raise InvalidArgument("min_confidence", f"must be a number, got {short(min_confidence)}")
     return Query(
         terms=plan_terms(query),
@@ -655,7 +659,12 @@ class Memory:
         (:class:`PastCheckpoints`, ADR 0034's update).
         """
         if at is not None:
-            return self._past_at(at)
+            erasures = self._erasures()
+            folded = self._past_at(at)
+            if self._erasures() != erasures and attempts > 1:
+                # A purge committed while it folded: the view may hold a text read before (R2).
+                return self._past(None, at, attempts - 1)
+            return folded
         assert position is not None
         counted = self._journal.counts_erasures
         if not counted:

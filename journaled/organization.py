@@ -30,6 +30,10 @@ def resolve_organization(organization: object = None) -> str | None:
             f"organization must be a non-empty string, got {organization!r}: pass "
             'organization="acme" to journaled.open() or unset JOURNALED_ORGANIZATION'
         )
+    if "\x00" in organization:  # PostgreSQL's text holds none: the journals would disagree
+        raise ConfigurationError(
+            f"organization holds a NUL character at index {organization.index(chr(0))}"
+        )
     if text_problem(organization, limit=1024):
         raise ConfigurationError(f"organization {text_problem(organization, limit=1024)}")
     return organization
