@@ -14,6 +14,7 @@ own completion callback.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 from collections import OrderedDict
@@ -315,6 +316,61 @@ class Gateway(pykka.ThreadingActor):
         future.add_done_callback(ended)
 
 
+class _ReplyAddress(msgspec.Struct):
+    reply_to: Any = None
+    correlation: Any = None
+
+
+class _Addressed(msgspec.Struct):
+    """The one part of an envelope a failure reply needs; every other field is skipped unread."""
+
+    message: _ReplyAddress | None = None
+
+
+def _reply_address(data: bytes | str, wire: Wire) -> tuple[object, object, str | None] | None:
+    """Return (reply_to, correlation, the field holding a lone surrogate or None) of a request
+    that does not decode, or None.
+
+    MessagePack: decoded for those two fields alone (the rest is skipped, not validated).
+    JSON: read by the standard library, which takes a lone surrogate escape that msgspec
+    refuses; bytes of invalid UTF-8 are replaced first.
+    """
+    try:
+        if isinstance(data, str) or wire == "json":
+            text = data if isinstance(data, str) else data.decode("utf-8", "replace")
+            raw = json.loads(text)
+            message = raw.get("message") if isinstance(raw, dict) else None
+            if not isinstance(message, dict):
+                return None
+            bad = next((k for k, v in message.items() if _unencodable(v)), None)
+            return message.get("reply_to"), message.get("correlation"), bad
+        envelope = msgspec.msgpack.decode(data, type=_Addressed)
+    except (ValueError, TypeError, RecursionError, msgspec.DecodeError):
+        return None
+    if envelope.message is None:
+        return None
+    return envelope.message.reply_to, envelope.message.correlation, None
+
+
+def _unencodable(value: object, depth: int = 0) -> bool:
+    """Tell whether a JSON value holds a string UTF-8 cannot encode (a lone surrogate)."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return True
+        return False
+    if depth > 64:
+        return False
+    if isinstance(value, dict):
+        return any(
+            _unencodable(k, depth + 1) or _unencodable(v, depth + 1) for k, v in value.items()
+        )
+    if isinstance(value, list):
+        return any(_unencodable(v, depth + 1) for v in value)
+    return False
+
+
 def _field_error(field: str, text: str) -> ProtocolError:
     """Return a ProtocolError naming the request field whose value is out of range."""
     error = ProtocolError(f"{field} {text}")
@@ -484,24 +540,26 @@ class ProtocolDoor:
         return address == self.address or foreign(self._directory, address)
 
     def _answer_malformed(self, data: bytes | str, wire: Wire, exc: ProtocolError) -> None:
-        try:
-            raw: Any = (
-                msgspec.json.decode(data)
-                if isinstance(data, str) or wire == "json"
-                else msgspec.msgpack.decode(data)
-            )
-        except (msgspec.DecodeError, TypeError):
+        """Tell the asker of a request that could not be read why, when its address can be:
+        read leniently (a string of invalid UTF-8, a lone surrogate, elsewhere in the message
+        must not leave the asker waiting for nothing, A4)."""
+        address = _reply_address(data, wire)
+        if address is None:
             return
-        message = raw.get("message") if isinstance(raw, dict) else None
-        if not isinstance(message, dict):
-            return
-        reply_to, corr = message.get("reply_to"), message.get("correlation")
+        reply_to, corr, bad = address
         if (
             isinstance(reply_to, str)
             and isinstance(corr, str)
             and foreign(self._directory, reply_to)
         ):
-            self._directory.tell(reply_to, protocol_failure(corr, exc))
+            reply = protocol_failure(corr, exc)
+            if bad is not None and reply.field is None:
+                reply = msgspec.structs.replace(
+                    reply,
+                    field=bad,
+                    message=f"{bad} holds text that is not valid Unicode (a lone surrogate)",
+                )
+            self._directory.tell(reply_to, reply)
 
     def close(self) -> None:
         """Stop the gateway: requests sent from now on are dropped."""

@@ -99,13 +99,22 @@ class GivenPolicies:
         return None
 
 
+def argument_error(field: str, message: str) -> ValueError:
+    """Return a ValueError that names the argument at fault in ``.field`` too: a refusal told
+    by message (``reply.failure``, A4) then carries it as its ``field``."""
+    error = ValueError(message)
+    error.field = field  # type: ignore[attr-defined]
+    return error
+
+
 def check_budget(name: str, value: object) -> int | None:
     """Return a model-call budget, or raise ValueError naming the argument."""
     if value is None:
         return None
     if int_problem(value, low=0):
-        raise ValueError(
-            f"{name} must be a non-negative 64-bit int (model calls) or None, got {short(value)}"
+        raise argument_error(
+            name,
+            f"{name} must be a non-negative 64-bit int (model calls) or None, got {short(value)}",
         )
     assert isinstance(value, int)
     return value

@@ -31,6 +31,7 @@ from journaled.actors.ownership import owner_alive, this_process
 from journaled.actors.run_args import (
     RUN_PREFIX,
     GivenPolicies,
+    argument_error,
     check_budget,
     child_run_id,
     find_policy,
@@ -393,13 +394,17 @@ class Runs(RunForks):
         budget = check_budget("call_budget", call_budget)
         problem = int_problem(max_parallel_steps, low=1, high=MAX_PARALLEL)
         if problem:
-            raise ValueError(f"max_parallel_steps {problem}")
+            raise argument_error("max_parallel_steps", f"max_parallel_steps {problem}")
         limits = _check_limits(limits)
         check_callable("reserve", reserve)
         check_callable("on_progress", on_progress)
-        if step_timeout is not None and (number_problem(step_timeout) or step_timeout <= 0):
-            raise ValueError(
-                f"step_timeout must be a positive, finite number of seconds, got {step_timeout!r}"
+        if step_timeout is not None and (
+            number_problem(step_timeout) or not 0 < step_timeout <= threading.TIMEOUT_MAX
+        ):
+            raise argument_error(
+                "step_timeout",
+                "step_timeout must be a positive, finite number of seconds (at most "
+                f"{threading.TIMEOUT_MAX:.0f}), got {step_timeout!r}",
             )
         now = self._clock()
         run_id = run_id or new_run_id(now)
@@ -1063,26 +1068,35 @@ def _check_limits(limits: Limits | None) -> Limits:
     if limits is None:
         return Limits()
     if not isinstance(limits, Limits):
-        raise ValueError(f"limits must be a journaled.Limits, got {type(limits).__name__}")
+        raise argument_error(
+            "limits", f"limits must be a journaled.Limits, got {type(limits).__name__}"
+        )
     for table_name in ("per_tool", "per_skill", "per_agent"):
         table = getattr(limits, table_name)
         if not isinstance(table, dict):
-            raise ValueError(f"limits.{table_name} must be a dict, got {type(table).__name__}")
+            raise argument_error(
+                f"limits.{table_name}",
+                f"limits.{table_name} must be a dict, got {type(table).__name__}",
+            )
         for index, (key, cap) in enumerate(table.items()):
             if text_problem(key, empty=False):
-                raise ValueError(f"limits.{table_name} key {key!r} {text_problem(key)}")
+                raise argument_error(
+                    f"limits.{table_name}", f"limits.{table_name} key {key!r} {text_problem(key)}"
+                )
             # Keys are names, journaled as given with the run and kept by its purge, so one that
             # holds a secret is refused without quoting it, as a plan's ids are (ADR 0069).
             kinds = find_secrets(key)
             if kinds:
                 kind = table_name.removeprefix("per_")
-                raise ValueError(
+                raise argument_error(
+                    f"limits.{table_name}",
                     f"limits.{table_name} key #{index} holds a secret ({', '.join(kinds)}): "
-                    f"limits are journaled as they are, never redacted; key them by {kind} name"
+                    f"limits are journaled as they are, never redacted; key them by {kind} name",
                 )
             if int_problem(cap, low=1):
-                raise ValueError(
-                    f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}"
+                raise argument_error(
+                    f"limits.{table_name}",
+                    f"limits.{table_name}[{key!r}] must be a 64-bit int >= 1, got {short(cap)}",
                 )
     return limits
 

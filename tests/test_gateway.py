@@ -235,7 +235,7 @@ def test_a_request_that_does_not_decode_gets_a_failure_naming_the_field(
             StartRun,
             {"plan": Plan(goal="g", steps=[Step("a", tool="echo")]), "max_parallel_steps": 0},
             "ValueError",
-            None,
+            "max_parallel_steps",  # the argument at fault (docs/protocol.md, "Failures")
         ),
         (RememberRequest, {"text": "  "}, "InvalidFact", "text"),
         (ReadJournal, {"limit": 0}, "ProtocolError", "limit"),
