@@ -563,6 +563,11 @@ class AsyncJournal:
         """Return the journal URL (password masked)."""
         return self._journal.url
 
+    @property
+    def path(self) -> str | None:
+        """Return the SQLite journal's file as an absolute path (None on other backends)."""
+        return self._journal.path
+
     async def position(self) -> int:
         """Return the global position of the last event (J1)."""
         return await self._pool.run(self._journal.position)

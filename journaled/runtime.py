@@ -76,8 +76,14 @@ class JournalHandle:
 
     @property
     def url(self) -> str:
-        """Return the journal URL (password masked)."""
+        """Return the journal URL as given (password masked)."""
         return self._journal.config.url
+
+    @property
+    def path(self) -> str | None:
+        """Return the SQLite journal's file as an absolute path (None on other backends): what
+        a relative ``sqlite:///`` URL named when the journal was opened."""
+        return self._journal.config.path
 
     def position(self) -> int:
         """Return the global position of the last event (J1)."""

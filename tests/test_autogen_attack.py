@@ -781,3 +781,53 @@ def test_an_agent_type_not_registered_on_the_autogen_runtime_says_so(sqlite_url:
         "AutoGen agent writer/default failed: no agent type 'writer' is registered on the "
         "AutoGen runtime"
     )
+
+
+@pytest.mark.parametrize("given", ['["zebra", 1]', "3", '"zebra"'])
+def test_json_content_that_is_no_object_comes_back_as_given(tmp_path: Path, given: str) -> None:
+    """X1, ADR 0041: MemoryContent holds a JSON object, never an array or a number; JSON
+    content given as such text is stored, and query and update_context answer it as the text it
+    was given as, instead of failing every turn that finds it."""
+
+    async def main() -> None:
+        async with journaled.aio.open(f"sqlite:///{tmp_path}/j.sqlite") as rt:
+            memory = JournaledMemory(rt, "session")
+            await memory.add(MemoryContent(content=given, mime_type=MemoryMimeType.JSON))
+            await memory.add(MemoryContent(content="the zebra fact", mime_type="text/plain"))
+            found = await memory.query("zebra" if "zebra" in given else "3")
+            contents = {r.content for r in found.results}
+            assert given in contents
+            context = UnboundedChatCompletionContext()
+            await context.add_message(UserMessage(content="zebra 3", source="user"))
+            await memory.update_context(context)
+            assert len(await context.get_messages()) == 2
+
+    asyncio.run(main())
+
+
+def test_a_config_dumped_over_a_relative_path_loads_the_same_journal_elsewhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ADR 0041: loading a dumped config opens the journal it was dumped from; a relative
+    ``sqlite:///`` URL is written as its absolute file, so another working directory does not
+    open a new, empty journal."""
+    monkeypatch.chdir(tmp_path)
+
+    async def main() -> None:
+        with journaled.open("sqlite:///rel.sqlite?durability=full") as rt:
+            memory = JournaledMemory(rt, "session")
+            await memory.add(MemoryContent(content="the zebra fact", mime_type="text/plain"))
+            dumped = memory.dump_component()
+        assert dumped.config["url"] == f"sqlite:///{tmp_path / 'rel.sqlite'}?durability=full"
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        monkeypatch.chdir(elsewhere)
+        loaded = JournaledMemory.load_component(dumped)
+        try:
+            found = await loaded.query("zebra")
+        finally:
+            await loaded.close()
+        assert [r.content for r in found.results] == ["the zebra fact"]
+        assert not (elsewhere / "rel.sqlite").exists()
+
+    asyncio.run(main())

@@ -375,6 +375,11 @@ class JournaledMemory(Memory, Component[JournaledMemoryConfig]):
                 "an in-memory journal (memory://) lives in one process and cannot be written "
                 "into a component config: open the runtime on a SQLite or PostgreSQL URL"
             )
+        path = self._rt.journal.path
+        if path is not None and not url.startswith("sqlite:////"):
+            # A relative path names another file wherever the config is loaded (ADR 0041).
+            _, sep, query = url.partition("?")
+            url = f"sqlite:///{path}{sep}{query}"
         embedder = self._rt.memory.embedder
         described = None
         if embedder is not None:
@@ -627,9 +632,13 @@ def _as_content(fact: Fact, score: float, ranking: str) -> MemoryContent:
     content: Any = fact.text
     if mime == MemoryMimeType.JSON.value:
         try:
-            content = json.loads(fact.text)
+            decoded = json.loads(fact.text)
         except ValueError:  # redaction (M9) may have cut it: the text is still the fact
             mime = MemoryMimeType.TEXT.value
+        else:
+            # MemoryContent holds an object, never a JSON array or number: those stay the JSON
+            # text they were given as, as a JSON string content is.
+            content = decoded if isinstance(decoded, dict) else fact.text
     known = {
         "id": fact.id,
         "scope": fact.scope,
