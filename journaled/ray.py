@@ -258,12 +258,16 @@ class RaySteps:
 
     def _task_for(self, resources: Mapping[str, Any] | None) -> tuple[Any, dict[str, float]]:
         """Return the remote function with these resources and what it asks of one node, made
-        once per distinct set."""
-        key = repr(sorted((resources or {}).items()))
+        once per distinct set.
+
+        A registration naming resources asks for those alone; one naming none (or ``{}``) asks
+        for the placement's defaults, which are never merged under it (ADR 0045).
+        """
+        options = dict(resources) if resources else self._defaults
+        key = repr(sorted(options.items()))
         with self._lock:
             made = self._tasks.get(key)
             if made is None:
-                options = {**self._defaults, **(resources or {})}
                 made = self._tasks[key] = (self._task.options(**options), demand(options))
             return made
 

@@ -448,3 +448,26 @@ def test_a_placement_ending_the_thread_fails_the_step_not_the_executor() -> None
         rt.register_tool("echo", echo)
         result = rt.execute(Plan(goal="g", steps=[Step("a", tool="echo")]))
     assert result.observations[0].error == "step 'a' could not be placed: SystemExit: 0"
+
+
+def assigned(value: Any) -> dict[str, float]:
+    """Return the Ray resources this task was given."""
+    return dict(ray.get_runtime_context().get_assigned_resources())  # type: ignore[no-untyped-call]
+
+
+def test_registered_resources_replace_the_placements_defaults(
+    ray_address: str, sqlite_url: str
+) -> None:
+    """S1, ADR 0045: RaySteps(resources=...) is what a step asks when its registration names
+    none; a registration that names resources asks for those alone, never for a default it did
+    not name (a custom resource here; num_gpus on a GPU fleet)."""
+    steps = RaySteps(resources={"num_cpus": 1, "resources": {"special": 1}})
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("cpu", assigned, resources={"num_cpus": 1})
+        rt.register_tool("plain", assigned)
+        result = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="cpu", input=1), Step("b", tool="plain")])
+        )
+    assert result.ok, result.observations
+    outputs = {o.step_id: o.output for o in result.observations}
+    assert outputs == {"a": {"CPU": 1.0}, "b": {"CPU": 1.0, "special": 1.0}}
