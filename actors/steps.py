@@ -731,8 +731,15 @@ def run_callable(
     loop: LoopRunner | None = None,
     token: StepToken | None = None,
     ctx: ToolContext | None = None,
+    *,
+    ending: Callable[[BaseException], bool] | None = None,
 ) -> Observation:
-    """Run a skill or tool function and observe the outcome (E11); ``ctx`` is passed if given."""
+    """Run a skill or tool function and observe the outcome (E11); ``ctx`` is passed if given.
+
+    ``ending`` picks out what ends the process rather than the step (a Ray worker told to
+    terminate, S2): that is raised on, not observed; a ``sys.exit()`` of user code still fails
+    its step.
+    """
     try:
         output = call_user(fn, (step.input,), loop, token, ctx)
         stored = journalable(output, f"the output of {kind} {step.target!r}")
@@ -745,6 +752,8 @@ def run_callable(
             step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc), code=code
         )
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
+        if ending is not None and ending(exc):
+            raise
         return Observation(
             step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=_error_text(exc)
         )
@@ -761,14 +770,18 @@ def run_agent(
     loop: LoopRunner | None = None,
     memory: StepMemory | None = None,
     child_starter: Callable[..., Future[ExecuteResult]] | None = None,
+    ending: Callable[[BaseException], bool] | None = None,
 ) -> tuple[Observation, str | None]:
     """Run an agent function; return its observation and, if it waits, its question (E9, E10).
+
+    ``ending`` picks out what ends the process rather than the step, as for
+    :func:`run_callable`.
 
     Raises:
         RuntimeClosed: a child run was cut short by the runtime closing (R3): no result.
     """
     ctx = AgentContext(msg, token, child_runner, memory, child_starter)
-    obs, question = _observe_agent(step, fn, ctx, loop, token)
+    obs, question = _observe_agent(step, fn, ctx, loop, token, ending)
     if ctx.interrupted:
         raise RuntimeClosed(f"step {step.id!r} was interrupted by the runtime closing")
     return obs, question
@@ -780,6 +793,7 @@ def _observe_agent(
     ctx: AgentContext,
     loop: LoopRunner | None,
     token: StepToken | None,
+    ending: Callable[[BaseException], bool] | None = None,
 ) -> tuple[Observation, str | None]:
     base: dict[str, Any] = {"step_id": step.id, "agent": step.agent}
     try:
@@ -803,6 +817,8 @@ def _observe_agent(
         said: ObservationCode = "cancelled" if exc.reason == CANCELLED else "agent-failed"
         return Observation(**base, ok=False, code=said, error=str(exc), agent_task_id=task), None
     except BaseException as exc:  # SystemExit from user code fails its step, not the process
+        if ending is not None and ending(exc):
+            raise
         task = ctx.last_child()
         obs = Observation(
             **base, ok=False, code="agent-failed", error=_error_text(exc), agent_task_id=task
@@ -856,6 +872,8 @@ def _observe_agent(
     except ValueError as exc:
         return Observation(**base, ok=False, code="agent-failed", error=str(exc)), None
     except (Exception, SystemExit) as exc:  # user objects read here run user code (E11)
+        if ending is not None and ending(exc):
+            raise
         error = f"the agent's {field} could not be read: {type(exc).__name__}: {_error_text(exc)}"
         return Observation(**base, ok=False, code="agent-failed", error=error), None
     code = result.code

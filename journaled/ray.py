@@ -365,9 +365,20 @@ def _run_remote(
     step = msg.step
     loop = _worker_loop()
     if step.agent is not None:
-        return run_agent(step, fn, msg, loop=loop, child_runner=_no_child_runs)
+        return run_agent(step, fn, msg, loop=loop, child_runner=_no_child_runs, ending=_terminating)
     ctx = ToolContext(msg, None) if with_ctx else None
-    return run_callable(step.kind or "tool", step, fn, loop, None, ctx), None
+    return run_callable(step.kind or "tool", step, fn, loop, None, ctx, ending=_terminating), None
+
+
+def _terminating(exc: BaseException) -> bool:
+    """Tell the SystemExit Ray raises to end its worker (its SIGTERM handler: ``ray stop``, a
+    node drained, a pod pre-empted) from one user code raised (``sys.exit()``).
+
+    Ray raises it with ``ray_terminate_msg`` set, which a plain SystemExit never has: let it
+    through and the worker exits, so the step is observed as lost (S2). A user's own
+    ``sys.exit()`` still fails its step, as on a local worker.
+    """
+    return isinstance(exc, SystemExit) and getattr(exc, "ray_terminate_msg", None) is not None
 
 
 def _no_child_runs(*args: Any, **kwargs: Any) -> Any:

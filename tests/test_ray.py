@@ -292,6 +292,49 @@ def test_a_killed_worker_is_retried_under_the_retry_policy(
     assert "lost: the Ray worker running step 'a' died" in (retrying[0].observation.error or "")
 
 
+def test_a_worker_terminated_by_sigterm_is_a_lost_worker(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """S2: Ray turns a SIGTERM of its worker (ray stop, a node drained, a pod pre-empted) into
+    a SystemExit in the task's thread; the step does not observe it as its own failure: the
+    worker exits and the step fails naming the loss."""
+    pid_file = tmp_path / "pid"
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("sleep", pid_then_sleep)
+        handle = rt.start(
+            Plan(goal="g", steps=[Step("a", tool="sleep", input={"pid_file": str(pid_file)})])
+        )
+        pid = _pid(pid_file)
+        os.kill(pid, signal.SIGTERM)
+        result = handle.result(timeout=60)
+    error = result.observations[0].error or ""
+    assert error.startswith("lost: the Ray worker running step 'a' died"), error
+    wait_for(lambda: not _alive(pid), 30)
+
+
+def exits(value: int) -> int:
+    """Call sys.exit, as user code may."""
+    sys.exit(value)
+
+
+def exits_agent(step: Step, ctx: Any) -> journaled.AgentResult:
+    """An agent calling sys.exit."""
+    sys.exit(4)
+
+
+def test_sys_exit_of_user_code_on_ray_fails_only_its_step(steps: RaySteps, sqlite_url: str) -> None:
+    """S2, E11: a tool's or agent's own sys.exit() on Ray fails its step as on a local worker
+    (SystemExit named), not as a lost worker: only Ray's SIGTERM exit ends the worker."""
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_tool("exits", exits)
+        rt.register_agent("exits_agent", exits_agent)
+        result = rt.execute(
+            Plan(goal="g", steps=[Step("a", tool="exits", input=3), Step("b", agent="exits_agent")])
+        )
+    errors = {o.step_id: o.error for o in result.observations}
+    assert errors == {"a": "SystemExit(3)", "b": "SystemExit(4)"}
+
+
 def test_an_unpicklable_function_fails_its_step_by_name(steps: RaySteps, sqlite_url: str) -> None:
     """S1: a function that cannot be pickled fails its step with an error naming the step and
     the tool; the run is not harmed."""
