@@ -24,10 +24,12 @@ the ``ray`` extra (``pip install 'journaled[ray]'``); ``import journaled`` never
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import re
 import threading
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -49,6 +51,8 @@ DEFAULT_RESOURCES: Mapping[str, Any] = {"num_cpus": 1}
 
 _POLL = 0.1
 """Seconds a step thread waits on Ray at a time before it looks whether shutdown() was called."""
+_PINNED = 64
+"""Functions that cannot be weakly referenced whose stored copy is kept for later steps."""
 _SHUTDOWN_WAIT = 10.0
 """Seconds shutdown() waits for step threads to leave Ray before it disconnects anyway."""
 _CLOSED = (
@@ -111,8 +115,14 @@ class RaySteps:
         self.closed = False
         """Whether :meth:`shutdown` was called: no step runs here any more."""
         self._task = ray.remote(max_retries=0)(_run_remote)
-        self._functions: dict[int, tuple[Callable[..., Any], Any]] = {}
-        """id(fn) -> (fn, its ObjectRef): a function is sent to the object store once."""
+        self._functions: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        """id(fn) -> (a weak reference to fn, its ObjectRef): a function is sent to the object
+        store once, and its entry (so its stored copy) goes when the function does."""
+        self._pinned: collections.OrderedDict[int, tuple[Callable[..., Any], Any]] = (
+            collections.OrderedDict()
+        )
+        """id(fn) -> (fn, its ObjectRef) for functions that cannot be weakly referenced: the
+        last :data:`_PINNED` used are kept, so none is held for ever nor sent on every step."""
         self._tasks: dict[str, tuple[Any, dict[str, float]]] = {}
         """Resources (as text) -> the remote function with those options, and what it asks."""
         self._cluster = ClusterResources()
@@ -139,6 +149,7 @@ class RaySteps:
         self.connected_here = False
         with self._lock:
             self._functions.clear()
+            self._pinned.clear()
 
     def run_step(
         self,
@@ -278,17 +289,48 @@ class RaySteps:
             return
         with self._lock:
             self._functions.clear()
+            self._pinned.clear()
             self._session = session
         self._cluster.forget()
 
     def _stored(self, fn: Callable[..., Any]) -> Any:
+        """Return the ObjectRef of ``fn``'s pickled copy, put in the object store on first use.
+
+        The cache holds ``fn`` weakly: once the function is gone (its registration replaced,
+        its runtime closed) its entry and ObjectRef are dropped, so Ray frees the copy. A
+        callable that cannot be weakly referenced is kept among the last few used instead.
+        """
+        key = id(fn)
         with self._lock:
-            held = self._functions.get(id(fn))
-            if held is not None and held[0] is fn:
+            held = self._functions.get(key)
+            if held is not None and held[0]() is fn:
                 return held[1]
+            pinned = self._pinned.get(key)
+            if pinned is not None and pinned[0] is fn:
+                self._pinned.move_to_end(key)
+                return pinned[1]
         ref = ray.put(fn)
+        functions = self._functions
+
+        def forget(gone: weakref.ref[Any]) -> None:
+            # Called as fn is freed, maybe by the garbage collector inside a ``with self._lock``
+            # of this thread: no lock here, a dict operation is atomic. The id is not reused
+            # before fn is freed, so the entry found is fn's unless a later put replaced it.
+            entry = functions.get(key)
+            if entry is not None and entry[0] is gone:
+                functions.pop(key, None)
+
+        try:
+            weak = weakref.ref(fn, forget)
+        except TypeError:  # no __weakref__ slot (a callable with __slots__, some builtins)
+            with self._lock:
+                self._pinned[key] = (fn, ref)
+                self._pinned.move_to_end(key)
+                while len(self._pinned) > _PINNED:
+                    self._pinned.popitem(last=False)
+            return ref
         with self._lock:
-            self._functions[id(fn)] = (fn, ref)
+            functions[key] = (weak, ref)
         return ref
 
 

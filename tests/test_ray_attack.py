@@ -7,6 +7,8 @@ The cluster is the session's (the ``ray_address`` fixture of conftest).
 
 from __future__ import annotations
 
+import functools
+import gc
 import inspect
 import json
 import os
@@ -17,6 +19,7 @@ import threading
 import time
 from pathlib import Path
 from typing import Any, cast
+from weakref import ref
 
 import pytest
 import ray
@@ -471,3 +474,85 @@ def test_registered_resources_replace_the_placements_defaults(
     assert result.ok, result.observations
     outputs = {o.step_id: o.output for o in result.observations}
     assert outputs == {"a": {"CPU": 1.0}, "b": {"CPU": 1.0, "special": 1.0}}
+
+
+class Sized:
+    """A callable object holding a payload, weakly referenceable as most callables are."""
+
+    def __init__(self, size: int) -> None:
+        self.payload = b"x" * size
+
+    def __call__(self, value: Any) -> int:
+        return len(self.payload)
+
+    def method(self, value: Any) -> int:
+        return len(self.payload) + 1
+
+
+def sized(payload: bytes, value: Any) -> int:
+    """The length of ``payload``, bound by a functools.partial."""
+    return len(payload)
+
+
+def test_a_replaced_function_is_released_by_the_placement(
+    ray_address: str, sqlite_url: str
+) -> None:
+    """S1: RaySteps puts a function in Ray's object store once, but does not keep it (nor its
+    stored copy) once nothing else does: a callable object, a bound method and a partial whose
+    registrations were replaced, of a runtime since closed, are freed."""
+    steps = RaySteps()
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        tool, owner = Sized(1000), Sized(10)
+        part = functools.partial(sized, b"y" * 100)
+        rt.register_tool("t", tool)
+        rt.register_tool("m", owner.method)
+        rt.register_tool("p", part)
+        plan = Plan(goal="g", steps=[Step(s, tool=s, input=1) for s in "tmp"])
+        for _ in range(2):
+            result = rt.execute(plan)
+            assert result.ok, result.observations
+        assert len(steps._functions) == 3  # each sent once, kept while registered
+        for name in "tmp":
+            rt.register_tool(name, echo)
+    gone: list[ref[Any]] = [ref(tool), ref(owner), ref(part)]
+    del tool, owner, part
+    gc.collect()
+    assert [r() for r in gone] == [None, None, None]
+    assert steps._functions == {}
+
+
+class Slotted:
+    """A callable that cannot be weakly referenced (``__slots__`` without ``__weakref__``)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+    def __call__(self, value: Any) -> int:
+        return self.n
+
+
+def test_a_callable_that_cannot_be_weakly_referenced_is_put_once_and_not_kept_for_ever(
+    steps: RaySteps, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S1: a callable with no weak reference is put in the object store once however many
+    steps use it; only the last few such callables are kept, so none is held for ever."""
+    from journaled import ray as placement_module
+
+    puts: list[object] = []
+    put = ray.put
+
+    def counting(value: Any, **kwargs: Any) -> Any:
+        puts.append(value)
+        return put(value, **kwargs)
+
+    monkeypatch.setattr(ray, "put", counting)  # the module journaled.ray calls
+    first = Slotted(0)
+    stored = steps._stored(first)
+    assert steps._stored(first) is stored
+    assert puts == [first]
+    for n in range(1, placement_module._PINNED + 1):
+        steps._stored(Slotted(n))
+    assert len(steps._pinned) == placement_module._PINNED
+    assert id(first) not in steps._pinned  # the least recently used went first
