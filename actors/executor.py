@@ -564,11 +564,13 @@ class Executor(pykka.ThreadingActor):
                         read_at=msg.read_at,
                     )
                 )
+            # A step its placement refused before it ran is neither charged nor retried (R6).
             if not (
-                self.registry.retries
+                msg.ran
+                and self.registry.retries
                 and self._retry_later(step, msg.attempt, msg.observation, msg.question)
             ):
-                self._record(step, msg.attempt, msg.observation, msg.question)
+                self._record(step, msg.attempt, msg.observation, msg.question, ran=msg.ran)
         self._after_a_step_ended()
 
     def _on_deadline(self, step_id: str, attempt: int) -> None:
@@ -698,9 +700,10 @@ class Executor(pykka.ThreadingActor):
     ) -> None:
         """Turn a step's observation into its event, charging calls (E8, R6).
 
-        A step that did not run (its skill, tool or agent is missing, its reserve failed) is
-        charged nothing; an agent reporting more calls than its reservation is charged what it
-        reported and the overrun is journaled next to its result.
+        A step that did not run (its skill, tool or agent is missing, its reserve failed, its
+        placement refused it before sending it: ``StepDone.ran``) is charged nothing; an agent
+        reporting more calls than its reservation is charged what it reported and the overrun is
+        journaled next to its result.
         """
         if not ran:
             charged, overrun = 0, None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from journaled.actors.loop import StepToken
 from journaled.events.plans import Observation
@@ -20,6 +20,18 @@ from journaled.events.run_messages import RunStep
 
 RESOURCE_KEYS = ("num_cpus", "num_gpus", "memory", "resources", "accelerator_type")
 """What a registration may ask of the engine that places its steps."""
+
+
+class Placed(NamedTuple):
+    """A step attempt's outcome as a placement tells it, and whether its code ran at all."""
+
+    observation: Observation
+    question: str | None = None
+    """Set when an agent asked for input."""
+    ran: bool = True
+    """False: the placement refused the step before any of its code was sent to run (its
+    resources no node has, a function that cannot be sent, a placement shut down): it made no
+    call, so it is charged nothing and not retried, as a missing skill is (E8, R6)."""
 
 
 class Placement(Protocol):
@@ -33,12 +45,13 @@ class Placement(Protocol):
         with_ctx: bool,
         resources: Mapping[str, Any] | None,
         token: StepToken,
-    ) -> tuple[Observation, str | None]:
+    ) -> tuple[Observation, str | None] | Placed:
         """Run the step's function and return its observation and, if it waits, its question.
 
         Called from the step worker's thread; returns once the step ended, failed, was lost or
         was cancelled (``token`` is set by a cancel of the run or by the step's deadline).
-        Never raises for anything user code or the engine did: that is the observation.
+        Never raises for anything user code or the engine did: that is the observation. A step
+        refused before it ran is returned as ``Placed(observation, ran=False)`` (R6).
         """
         ...
 
@@ -81,13 +94,18 @@ def run_placed(
     with_ctx: bool,
     resources: Mapping[str, Any] | None,
     token: StepToken,
-) -> tuple[Observation, str | None]:
+) -> Placed:
     """Run a step attempt on ``placement``; a placement that raises fails the step (E11).
 
-    The worker must answer the executor whatever happens, or the run would wait forever.
+    The worker must answer the executor whatever happens, or the run would wait forever. A
+    placement that raises may have run the step: it is charged as one that ran.
     """
     try:
-        return placement.run_step(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
+        got = placement.run_step(msg, fn, with_ctx=with_ctx, resources=resources, token=token)
+        if isinstance(got, Placed):
+            return got
+        obs, question = got
+        return Placed(obs, question)
     except (Exception, SystemExit) as exc:  # SystemExit: an engine ending the waiting thread
         step = msg.step
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
@@ -101,4 +119,4 @@ def run_placed(
             agent=step.agent,
             code="agent-failed" if step.agent is not None else None,
         )
-        return obs, None
+        return Placed(obs)

@@ -965,6 +965,7 @@ class StepWorker(pykka.ThreadingActor):
         token = services.cancellations.open(message.run_id, step.id, message.attempt)
         question = None
         interrupted = False
+        ran = True
         # Only an agent, or a skill or tool that takes ``ctx``, can reach the memory: no other
         # step needs its reads noted (P1).
         takes_ctx = fn is not None and step.agent is None and services.registry.takes_ctx(step)
@@ -991,7 +992,7 @@ class StepWorker(pykka.ThreadingActor):
             if fn is None:
                 obs = missing(step)
             elif services.placement is not None:  # elsewhere (S1): no ctx.memory, no child runs
-                obs, question = run_placed(
+                obs, question, ran = run_placed(
                     services.placement,
                     message,
                     fn,
@@ -1026,7 +1027,7 @@ class StepWorker(pykka.ThreadingActor):
         except (Exception, SystemExit) as exc:
             # Last resort: our code observing the step met what it did not foresee. The step
             # still fails with an answer, or its run would wait for it for ever (E11).
-            obs, question, interrupted = unobservable(step, exc), None, False
+            obs, question, interrupted, ran = unobservable(step, exc), None, False, True
         finally:
             if scope is not None:
                 scope.__exit__(None, None, None)
@@ -1044,6 +1045,7 @@ class StepWorker(pykka.ThreadingActor):
             read_position=None if memory is None else memory.began[0],
             read_at=None if memory is None else memory.began[1],
             memory=memory is not None,
+            ran=ran,
         )
         # The executor takes the result in this thread when it is free: on a chain the next step
         # comes back to this worker without crossing a thread (ADR 0043). Otherwise it is told;

@@ -78,6 +78,9 @@ class StepDone(RunMessage, frozen=True, kw_only=True, tag="run.step-done"):
     memory: bool = False
     """The attempt was offered ``ctx.memory``: a re-run that read nothing journals an empty
     read, so an earlier attempt's reads no longer stand for its result (ADR 0062)."""
+    ran: bool = True
+    """False: the step's placement refused it before any of its code ran (resources no node
+    has, a function that cannot be sent to Ray, ...): charged nothing, not retried (R6, S1)."""
 
 
 class StepDeadline(RunMessage, frozen=True, kw_only=True, tag="run.step-deadline"):

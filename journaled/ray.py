@@ -37,7 +37,7 @@ import ray
 from ray import exceptions as ray_errors
 
 from journaled.actors.loop import LoopRunner, StepToken
-from journaled.actors.placement import resources_problem
+from journaled.actors.placement import Placed, resources_problem
 from journaled.actors.steps import ToolContext, run_agent, run_callable, storable_text
 from journaled.errors import ConfigurationError
 from journaled.events.plans import CANCELLED_ABORT, Observation, Step
@@ -159,15 +159,19 @@ class RaySteps:
         with_ctx: bool,
         resources: Mapping[str, Any] | None,
         token: StepToken,
-    ) -> tuple[Observation, str | None]:
-        """Run one step attempt as a Ray task and return its observation (S1, S2)."""
+    ) -> Placed:
+        """Run one step attempt as a Ray task and return its observation (S1, S2).
+
+        A step refused before its task was submitted is returned with ``ran=False``: it made
+        no call, so it is charged nothing and not retried (R6).
+        """
         step = msg.step
         with self._calling_ray():
             if self.closed:
-                return _failed(step, _CLOSED.format(step=step.id)), None
+                return _refused(step, _CLOSED.format(step=step.id))
             if not ray.is_initialized():
                 error = f"step {step.id!r} could not run: this process is no longer connected"
-                return _failed(step, f"{error} to Ray"), None
+                return _refused(step, f"{error} to Ray")
             self._follow_session()
             try:
                 function = self._stored(fn)
@@ -176,12 +180,12 @@ class RaySteps:
                     f"{step.kind or 'step'} {step.target!r} of step {step.id!r} cannot be sent to "
                     f"Ray: its function must pickle ({_first_line(exc)})"
                 )
-                return _failed(step, storable_text(error)), None
+                return _refused(step, storable_text(error))
             try:
                 task, wants = self._task_for(resources)
             except Exception as exc:  # resources Ray refuses (a custom resource named "CPU", ...)
                 error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
-                return _failed(step, storable_text(error)), None
+                return _refused(step, storable_text(error))
             # Ray queues a task no node can run without a word, for ever: refuse it here instead.
             missing = None if self._wait else self._cluster.shortfall(wants)
             if missing is not None:
@@ -189,18 +193,18 @@ class RaySteps:
                     f"step {step.id!r} cannot run on this Ray cluster: {missing}; add such a node, "
                     "or pass RaySteps(wait_for_resources=True) to wait for an autoscaler to add one"
                 )
-                return _failed(step, storable_text(error)), None
+                return _refused(step, storable_text(error))
             try:
                 ref = task.remote(function, msg, with_ctx)
             except Exception as exc:  # Ray shutting down, ...
                 error = f"step {step.id!r} could not be submitted to Ray: {_first_line(exc)}"
-                return _failed(step, storable_text(error)), None
+                return _refused(step, storable_text(error))
             # A cancel of the run or the step's deadline stops the task where it runs: a worker
             # busy in user code cannot be asked, so the cancel is forced.
             held = [ref]  # the hook must not keep the ref alive past the step (see shutdown())
             token.on_set(lambda: _cancel(held[0]) if held else None)
             try:
-                return self._outcome(step, ref, token)
+                return Placed(*self._outcome(step, ref, token))
             finally:
                 held.clear()
 
@@ -377,6 +381,11 @@ def _failed(step: Step, error: str) -> Observation:
         agent=step.agent,
         code="agent-failed" if step.agent is not None else None,
     )
+
+
+def _refused(step: Step, error: str) -> Placed:
+    """Fail a step refused before its task was submitted: it did not run (R6)."""
+    return Placed(_failed(step, error), ran=False)
 
 
 def _cancelled(step: Step) -> Observation:

@@ -7,11 +7,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import journaled
-from journaled import Plan, Step
+from journaled import Plan, Retry, Step
 from journaled.actors.loop import StepToken
+from journaled.actors.placement import Placed
 from journaled.actors.steps import run_agent, run_callable
 from journaled.events.plans import Observation
 from journaled.events.run_messages import RunStep
+from journaled.events.runs import StepFailed, StepRetrying
 
 
 class Recording:
@@ -83,3 +85,36 @@ def test_a_placement_that_raises_fails_the_step_not_the_run(sqlite_url: str) -> 
     assert result.observations[0].error == (
         "step 'x' could not be placed: ConnectionError: the cluster went away"
     )
+
+
+class Refusing:
+    """A placement that refuses every step before running any of its code."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def run_step(self, msg: RunStep, fn: Callable[..., Any], **kwargs: Any) -> Placed:
+        self.calls += 1
+        obs = Observation(step_id=msg.step.id, skill=msg.step.skill, ok=False, error="refused")
+        return Placed(obs, ran=False)
+
+
+def test_a_step_its_placement_refused_is_charged_nothing_and_not_retried(sqlite_url: str) -> None:
+    """R6, E8, S1: a skill step its placement says did not run (``Placed(ran=False)``) is
+    journaled failed, charged 0 and not retried under its policy; a placement answering a plain
+    ``(observation, question)`` is taken as having run, and its skill is charged its call."""
+    refusing = Refusing()
+    with journaled.open(sqlite_url, steps=refusing) as rt:
+        rt.register_skill("s", lambda value: "said", retry=Retry(attempts=3, backoff=0.01))
+        result = rt.execute(Plan(goal="g", steps=[Step("x", skill="s")]), call_budget=5)
+        events = [e.data for e in rt.runs.history(result.run_id)]
+    assert result.observations[0].error == "refused"
+    assert result.calls_used == 0
+    assert refusing.calls == 1
+    assert not [e for e in events if isinstance(e, StepRetrying)]
+    assert [e.charged for e in events if isinstance(e, StepFailed)] == [0]
+    with journaled.open("memory://", steps=Recording()) as rt:
+        rt.register_skill("s", lambda value: "said")
+        ran = rt.execute(Plan(goal="g", steps=[Step("y", skill="s")]), call_budget=5)
+    assert ran.ok
+    assert ran.calls_used == 1

@@ -26,8 +26,9 @@ import ray
 from crash import ROOT
 
 import journaled
-from journaled import Plan, Step, ray_cluster
+from journaled import Plan, Retry, Step, ray_cluster
 from journaled.events.run_messages import RunStep
+from journaled.events.runs import StepFailed, StepRetrying
 from journaled.ray import RaySteps
 from journaled.ray_cluster import ClusterResources, demand, shortfall
 
@@ -451,6 +452,64 @@ def test_a_placement_ending_the_thread_fails_the_step_not_the_executor() -> None
         rt.register_tool("echo", echo)
         result = rt.execute(Plan(goal="g", steps=[Step("a", tool="echo")]))
     assert result.observations[0].error == "step 'a' could not be placed: SystemExit: 0"
+
+
+def test_a_skill_refused_before_it_reaches_ray_is_charged_nothing(
+    steps: RaySteps, sqlite_url: str, tmp_path: Path
+) -> None:
+    """R6, E8, S1: a skill step RaySteps refuses before submitting its task (resources no node
+    has, a function that cannot pickle, a shut-down placement) made no model call: it is
+    charged nothing and, under a retry policy, not tried again, as a missing skill is. A skill
+    that ran and failed is still charged its call."""
+    lock = threading.Lock()
+
+    def locked(value: Any) -> Any:
+        with lock:
+            return value
+
+    def fails(value: Any) -> Any:
+        raise ValueError("no")
+
+    with journaled.open(sqlite_url, steps=steps) as rt:
+        rt.register_skill("gpu", echo, resources={"num_gpus": 1})
+        rt.register_skill("locked", locked)
+        rt.register_skill(
+            "gpu_retried", echo, resources={"num_gpus": 1}, retry=Retry(attempts=3, backoff=0.01)
+        )
+        rt.register_skill("fails", fails)
+        result = rt.execute(
+            Plan(
+                goal="g",
+                steps=[
+                    Step("a", skill="gpu", input=1),
+                    Step("b", skill="locked", input=1),
+                    Step("c", skill="gpu_retried", input=1),
+                    Step("d", skill="fails", input=1),
+                ],
+            ),
+            call_budget=10,
+        )
+        events = [e.data for e in rt.runs.history(result.run_id)]
+    errors = {o.step_id: o.error or "" for o in result.observations}
+    assert "cannot run on this Ray cluster" in errors["a"], errors
+    assert "cannot be sent to Ray" in errors["b"], errors
+    assert "cannot run on this Ray cluster" in errors["c"], errors
+    assert errors["d"] == "no", errors
+    assert result.calls_used == 1  # the skill that ran
+    assert not [e for e in events if isinstance(e, StepRetrying)]
+    charged = {e.step_id: e.charged for e in events if isinstance(e, StepFailed)}
+    assert charged == {"a": 0, "b": 0, "c": 0, "d": 1}
+
+    placement = RaySteps()
+    with journaled.open(f"sqlite:///{tmp_path / 'closed.sqlite'}", steps=placement) as rt:
+        rt.register_skill("echo", echo, retry=Retry(attempts=3, backoff=0.01))
+        placement.shutdown()
+        closed = rt.execute(Plan(goal="g", steps=[Step("e", skill="echo")]), call_budget=10)
+    assert (closed.observations[0].error or "").startswith(
+        "step 'e' could not run: its RaySteps was shut down"
+    )
+    assert closed.calls_used == 0
+    assert ray.is_initialized()
 
 
 def assigned(value: Any) -> dict[str, float]:
