@@ -941,6 +941,9 @@ class Services:
     steps run in that tracer's spans, whatever :attr:`tracing` has become since (ADR 0070)."""
     placement: Placement | None = None
     """Where user code runs (S1); None: in the worker's own thread."""
+    closing: threading.Event = field(default_factory=threading.Event)
+    """Set once the runtime began to close: a step that meets :class:`RuntimeClosed` calling
+    back into it then has no result and runs again on resume (R3)."""
 
 
 class StepWorker(pykka.ThreadingActor):
@@ -1018,8 +1021,20 @@ class StepWorker(pykka.ThreadingActor):
             else:
                 ctx = ToolContext(message, memory) if takes_ctx else None
                 try:
-                    obs = run_callable(step.kind or "tool", step, fn, services.loop, token, ctx)
-                except LoopGone as exc:
+                    obs = run_callable(
+                        step.kind or "tool",
+                        step,
+                        fn,
+                        services.loop,
+                        token,
+                        ctx,
+                        # Its own runtime closing under a call back into it ends no step's work:
+                        # the step runs again on resume, as an agent's would (R3).
+                        ending=lambda exc: (
+                            isinstance(exc, RuntimeClosed) and services.closing.is_set()
+                        ),
+                    )
+                except RuntimeClosed as exc:  # LoopGone, or the runtime closing (above)
                     obs = Observation(
                         step_id=step.id, skill=step.skill, tool=step.tool, ok=False, error=str(exc)
                     )

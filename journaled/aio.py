@@ -169,6 +169,7 @@ class AsyncRunHandle(Generic[R]):
             ValueError: ``timeout`` is not None nor a non-negative number.
         """
         check_timeout(timeout)
+        self._pool.check_loop()  # another loop's wait would be woken on this one's (ADR 0025)
         if self.future.done():  # at once: a wrapped future settles only on the loop's next turn
             return self.future.result()
         reporter = self._handle._waits_on_caller()
@@ -256,7 +257,12 @@ class AsyncMemory:
         valid_from: int | None = None,
         valid_until: int | None = None,
     ) -> Fact:
-        """Store a fact (M2, M3) and await the writer's reply; no thread waits for it."""
+        """Store a fact (M2, M3) and await the writer's reply; no thread waits for it.
+
+        Raises:
+            RuntimeError: called from another event loop than the runtime's (ADR 0025).
+        """
+        self._pool.check_loop()
         request = Remember(
             text=text,
             scope=scope,

@@ -639,6 +639,9 @@ class Runtime:
         with self._close_lock:
             first = not self._closed
             self._closed = True
+        # Before any door refuses: a step calling back into this runtime from now on is cut
+        # short by the close, not failed by it (R3).
+        self._services.closing.set()
         if not first:
             # Another thread is closing: return once it has, so that whoever returns from
             # close() finds the runs suspended and the journal closed (R3). That close is

@@ -28,6 +28,7 @@ from journaled.aio import (
     AsyncRuntime,
 )
 from journaled.errors import InvalidArgument
+from journaled.events.plans import ExecuteResult
 from journaled.memory import Memory, MemoryView
 from journaled.runtime import JournalHandle, Runtime
 from journaled.testing import KeywordEmbedder, LoopLag
@@ -400,9 +401,65 @@ def test_a_runtime_refuses_another_event_loop(sqlite_url: str) -> None:
     try:
         with pytest.raises(RuntimeError, match="opened on another event loop"):
             asyncio.run(rt.memory.get("x"))
+        # remember awaits the writer's reply without the pool: it checks the loop itself
+        with pytest.raises(RuntimeError, match="opened on another event loop"):
+            asyncio.run(rt.memory.remember("tea is hot"))
+        assert rt._sync.memory.all() == []
     finally:
         rt._sync.close()
         rt._pool.shutdown()
+
+
+def test_a_handle_refuses_another_event_loop(sqlite_url: str) -> None:
+    """A2, ADR 0025: a handle is its runtime's: awaited from another loop, it says so at once,
+    as its cancel() and state() do."""
+
+    async def started() -> tuple[AsyncRuntime, AsyncRunHandle[Any]]:
+        rt = await journaled.aio.open(sqlite_url)
+        rt.register_tool("t", lambda _: 1)
+        return rt, await rt.start(Plan(goal="g", steps=[Step("a", tool="t")]))
+
+    rt, handle = asyncio.run(started())
+    try:
+        with pytest.raises(RuntimeError, match="opened on another event loop"):
+            asyncio.run(handle.result(WAIT))
+    finally:
+        rt._sync.close()
+        rt._pool.shutdown()
+
+
+def test_a_tool_calling_back_into_its_closing_runtime_leaves_its_run_resumable(
+    sqlite_url: str,
+) -> None:
+    """R3, ADR 0020: a tool in flight when close() begins that calls back into its runtime
+    (``await rt.execute``) meets RuntimeClosed: the close cut it short, so the run is
+    suspended and the step runs again on resume, as an agent's ctx.execute would; it is not
+    failed by the close."""
+    box: dict[str, AsyncRuntime] = {}
+
+    async def parent(_: object) -> bool:
+        await asyncio.sleep(0.3)
+        child = await box["rt"].execute(Plan(goal="child", steps=[Step("c", tool="t")]))
+        return child.ok
+
+    async def main() -> ExecuteResult:
+        rt = await journaled.aio.open(sqlite_url, drain=5)
+        box["rt"] = rt
+        rt.register_tool("t", lambda _: "child")
+        rt.register_tool("parent", parent)
+        handle = await rt.start(Plan(goal="g", steps=[Step("p", tool="parent")]))
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(rt.close(), WAIT)
+        return await asyncio.wait_for(handle.result(), WAIT)
+
+    result = asyncio.run(main())
+    assert result.suspended, result.observations
+    with journaled.open(sqlite_url) as rt:
+        rt.register_tool("t", lambda _: "child")
+        rt.register_tool("parent", lambda _: True)
+        resumed = rt.resume(result.run_id)
+        assert isinstance(resumed, ExecuteResult)
+        assert resumed.ok
 
 
 def test_close_is_idempotent_and_later_calls_say_closed(sqlite_url: str) -> None:
