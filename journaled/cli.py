@@ -11,7 +11,6 @@ nothing written. JSON shapes are documented in each command's ``--help`` and def
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sqlite3
 import sys
@@ -33,8 +32,10 @@ from journaled.cli_common import (
     check_position,
     emit,
     fail,
+    fit_output,
     json_option,
     open_runtime,
+    reader_gone,
     set_json,
     wants_json,
 )
@@ -60,6 +61,7 @@ URL_HELP = "Journal URL (default: $JOURNALED_URL, then ./.journaled/journal.sqli
 def main(ctx: click.Context, url: str | None, as_json: bool) -> None:
     """journaled: an event-sourced actor runtime for AI agents."""
     ctx.obj = {"url": url, "json": as_json}
+    fit_output(as_json=as_json)
 
 
 main.add_command(memory)
@@ -237,11 +239,15 @@ def journal_verify(ctx: click.Context, head: str | None) -> None:
     except (ValueError, OSError, sqlite3.Error, JournalFull, JournalReadOnly) as exc:
         message = f"cannot open the journal: {exc}" if isinstance(exc, sqlite3.Error) else str(exc)
         raise _Unreadable(render.one_line(message)) from exc
-    if wants_json(ctx):
-        emit(report)
-    else:
-        for line in render.verify_lines(report):
-            click.echo(line)
+    try:
+        if wants_json(ctx):
+            emit(report)
+        else:
+            for line in render.verify_lines(report):
+                click.echo(line)
+        sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+    except BrokenPipeError:  # the reader went away: the exit status still tells (R7)
+        reader_gone()
     if not report.ok:
         ctx.exit(1)
 
@@ -308,7 +314,7 @@ def journal_tail(
             try:
                 click.echo(line)
             except BrokenPipeError:  # the reader (`| head`) went away: stop quietly
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+                reader_gone()
                 stop.set()
 
         end = rt.journal.position()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import os
 import sqlite3
@@ -30,6 +31,24 @@ JSON_HELP = "Print machine-readable JSON (shape in each command's help)."
 def set_json(ctx: click.Context, _: click.Parameter, value: bool) -> None:
     if value:
         ctx.obj["json"] = True
+        fit_output(as_json=True)
+
+
+def fit_output(*, as_json: bool) -> None:
+    """Fit the output streams when they are not UTF-8 (``PYTHONIOENCODING=ascii``, a C locale
+    without Python's UTF-8 mode), instead of failing with a traceback on the first glyph,
+    arrow or stored character they cannot encode (ADR 0023): JSON, which is UTF-8 by its
+    definition, is written in UTF-8 whole; plain text shows such a character as ``?``."""
+    for stream in (sys.stdout, sys.stderr):
+        encoding = (getattr(stream, "encoding", None) or "").lower().replace("-", "")
+        reconfigure = getattr(stream, "reconfigure", None)
+        if encoding in ("utf8", "") or reconfigure is None:
+            continue
+        with contextlib.suppress(ValueError, OSError):  # a stream that cannot be changed
+            if as_json and stream is sys.stdout:
+                reconfigure(encoding="utf-8")
+            else:
+                reconfigure(errors="replace")
 
 
 def json_option(command: F) -> F:
@@ -193,6 +212,13 @@ def organization() -> str | None:
         return resolve_organization()
     except ConfigurationError as exc:
         fail(str(exc))
+
+
+def reader_gone() -> None:
+    """Point standard output at the null device once its reader went away (``| head``): what
+    is still printed, and the interpreter's last flush, then go nowhere instead of raising
+    BrokenPipeError again."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def wants_json(ctx: click.Context) -> bool:

@@ -115,7 +115,7 @@ def memory_search(
             return
         if hybrid and embedder is None:
             render.echo("no embedder (--embedder or JOURNALED_EMBEDDER): ranked by BM25 alone")
-        render.console().print(render.facts_table(facts))
+        render.table_console().print(render.facts_table(facts))
 
 
 @memory.command("as-of")
@@ -147,7 +147,7 @@ def memory_as_of(
             return
         then = f"#{view.position}" + ("" if at is None else f" ({when(at)})")
         title = f"memory as of {then}" + ("" if query is None else f": search {query!r}")
-        render.console().print(render.facts_table(facts, title=title))
+        render.table_console().print(render.facts_table(facts, title=title))
 
 
 @memory.command("show")

@@ -7,6 +7,7 @@ added. Human output goes through rich, which colours only when the terminal supp
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -314,10 +315,37 @@ _GLYPHS = {
 
 
 def console(*, stderr: bool = False, soft_wrap: bool = False) -> Console:
-    """Return a rich console, importing rich on first use (T4: ``--json`` never loads it)."""
+    """Return a rich console, importing rich on first use (T4: ``--json`` never loads it).
+
+    When the reader of its output goes away (``| head``), it raises BrokenPipeError, as
+    ``click.echo`` does, instead of rich's own ``SystemExit(1)``: the commands whose exit
+    status means something (``runs follow``, ``journal verify``) then keep it.
+    """
+    return _console_class()(stderr=stderr, soft_wrap=soft_wrap)
+
+
+PIPED_WIDTH = 400
+"""Width of a console whose output is piped: whole rows for grep, never cut to 80 columns."""
+
+
+def table_console() -> Console:
+    """Return a console for tables: on a terminal its width; piped, :data:`PIPED_WIDTH`."""
+    out = console()
+    if not out.is_terminal:
+        out.width = PIPED_WIDTH
+    return out
+
+
+@functools.cache
+def _console_class() -> type[Console]:
     from rich.console import Console
 
-    return Console(stderr=stderr, soft_wrap=soft_wrap)
+    class PipeAwareConsole(Console):
+        def on_broken_pipe(self) -> None:
+            self.quiet = True  # nothing more is written; the caller decides how to end
+            raise BrokenPipeError
+
+    return PipeAwareConsole
 
 
 def _glyph(status: str) -> tuple[str, str]:
@@ -339,9 +367,12 @@ def facts_table(facts: Sequence[Fact], title: str | None = None) -> Table:
     from rich.text import Text
 
     table = Table(title=title, title_justify="left")
-    table.add_column("fact", no_wrap=True)
+    # The id is what a reader copies into `memory why`: its column never shrinks below the
+    # longest one, however narrow the screen; the text folds instead.
+    longest = max((len(safe(f.id)) for f in facts), default=0)
+    table.add_column("fact", no_wrap=True, min_width=longest)
     table.add_column("scope", no_wrap=True)
-    table.add_column("text")
+    table.add_column("text", overflow="fold")
     for fact in facts:
         text = Text(safe(fact.text, lines=True))
         if fact.superseded_by:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import TYPE_CHECKING
 
 import click
@@ -22,6 +23,7 @@ from journaled.cli_common import (
     open_runtime,
     organization,
     parse_time_option,
+    reader_gone,
     run_summaries,
     wants_json,
 )
@@ -96,11 +98,10 @@ def runs_list(
         )
     console = render.console()
     if not console.is_terminal:
-        console.width = _PIPED_WIDTH  # piped: whole rows for grep, never cut to 80 columns
+        console.width = render.PIPED_WIDTH  # piped: whole rows for grep, never cut to 80 columns
     console.print(table)
 
 
-_PIPED_WIDTH = 400
 _STATUS_STYLE = {
     "completed": "green",
     "failed": "red",
@@ -162,7 +163,7 @@ def runs_follow(
     resumed and settles).
     Exit status: 0 completed (or a dry run); 3 failed; 4 cancelled; 5 waiting; 6 suspended;
     7 purged; 8 interrupted; 1 for an unknown run; 130 when stopped by Ctrl-C before it
-    settled.
+    settled; 0 when the reader of its output went away (`| head`).
 
     JSON: one RunSummary per line (JSON Lines), a line each time it changes; the last line is
     the settled state. Shape as in `runs list --json`.
@@ -173,7 +174,12 @@ def runs_follow(
     if max_seconds is not None and not 0 <= max_seconds < math.inf:
         fail(f"--max-seconds must be a finite number of seconds, 0 or more, got {max_seconds}")
     with open_journal(ctx) as journal:
-        settled = follow(journal, run_id, interval, max_seconds, as_json=wants_json(ctx))
+        try:
+            settled = follow(journal, run_id, interval, max_seconds, as_json=wants_json(ctx))
+            sys.stdout.flush()  # what is still buffered meets a closed pipe here, not at exit
+        except BrokenPipeError:  # the reader went away: stop quietly, as `journal tail` does
+            reader_gone()
+            ctx.exit(0)
     ctx.exit(130 if settled is None else FOLLOW_EXIT.get(settled.status, 1))
 
 
