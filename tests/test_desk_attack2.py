@@ -11,7 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from in_place import (
@@ -139,7 +139,7 @@ def test_many_callers_against_a_writer_busy_at_random_store_each_remember_once_i
     earlier one, the last claim is the key's current fact; nothing hangs."""
     import asyncio
 
-    from journaled.aio import AsyncMemory
+    from journaled.aio import AsyncMemory, _Pool
 
     callers, each = 6, 30
     outcomes: dict[int, list[Any]] = {i: [] for i in range(callers)}
@@ -163,12 +163,15 @@ def test_many_callers_against_a_writer_busy_at_random_store_each_remember_once_i
                 time.sleep(rng.random() * 0.003)
 
     def aio_caller() -> None:
-        memory = AsyncMemory(rt.memory, cast(Any, None))  # remember needs no pool
-
         async def run() -> None:
-            for j in range(each):
-                key = "aio-k" if j % 2 else None
-                outcomes[callers].append(await memory.remember(f"aio r{j}", conflict_key=key))
+            pool = _Pool(1, asyncio.get_running_loop())  # remember checks the loop, runs no job
+            memory = AsyncMemory(rt.memory, pool)
+            try:
+                for j in range(each):
+                    key = "aio-k" if j % 2 else None
+                    outcomes[callers].append(await memory.remember(f"aio r{j}", conflict_key=key))
+            finally:
+                pool.shutdown()
 
         try:
             asyncio.run(run())
