@@ -485,10 +485,10 @@ class MemoryWriter(pykka.ThreadingActor):
         # Another organization's fact is routed nowhere here: unknown, like a fact never seen (R1).
         if fact_id in self.purged:
             return False
-        if self.route.get(fact_id) is None and (
-            not self._appended_elsewhere(fact_id) or self.route.get(fact_id) is None
-        ):
-            return False
+        if self.route.get(fact_id) is None:
+            self._appended_elsewhere(fact_id)  # folds it if another runtime just wrote it
+            if self.route.get(fact_id) is None:
+                return False
         now = self.clock()
         pending: list[Staged] = []
         target = self._get(fact_id)
